@@ -1,0 +1,46 @@
+"""clustersdk: train PyTorch models on Dask-managed GPU workers from a notebook.
+
+>>> import clustersdk as cs
+>>> cluster = cs.Cluster.local(workers=2)            # doctest: +SKIP
+>>> job = cluster.launch(train, world_size=2)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from . import config  # noqa: F401  (registers the clustersdk.* defaults)
+from .cluster import Cluster
+from .errors import (
+    CapacityError,
+    ClusterSDKError,
+    InvalidTransitionError,
+    JobFailedError,
+    JobNotFoundError,
+    JobStoppedError,
+    JobTimeoutError,
+    PluginMissingError,
+    SpecError,
+)
+from .job import Job
+from .runtime.context import TrainContext
+from .spec import STRATEGIES, JobSpec
+from .status import JobStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STRATEGIES",
+    "CapacityError",
+    "Cluster",
+    "ClusterSDKError",
+    "InvalidTransitionError",
+    "Job",
+    "JobFailedError",
+    "JobNotFoundError",
+    "JobSpec",
+    "JobStatus",
+    "JobStoppedError",
+    "JobTimeoutError",
+    "PluginMissingError",
+    "SpecError",
+    "TrainContext",
+]

@@ -1,0 +1,5 @@
+"""Bring up or attach to a Dask cluster."""
+
+from .base import Cluster
+
+__all__ = ["Cluster"]

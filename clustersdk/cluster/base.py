@@ -1,0 +1,177 @@
+"""``Cluster``: a Dask client plus the clustersdk control plane on its scheduler."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any, Callable
+
+from distributed import Client
+
+from .. import config
+from ..control.plugin import ControlPlane, topic
+from ..errors import PluginMissingError
+from ..job import Job
+from ..runtime.agent import Agent
+from ..spec import JobSpec
+
+
+class Cluster:
+    """GPU (or CPU) slots on a Dask cluster, ready to run distributed jobs.
+
+    Make one with :meth:`local` or :meth:`connect`; use it as a context manager
+    or call :meth:`close`.
+
+    >>> with Cluster.local(workers=2) as cluster:           # doctest: +SKIP
+    ...     job = cluster.launch(train, world_size=2)
+    ...     job.wait()
+    """
+
+    @classmethod
+    def local(cls, workers: int | None = None, **options: Any) -> Cluster:
+        """Start a local Dask cluster: one worker per GPU, or ``workers`` CPU slots.
+
+        See :func:`clustersdk.cluster.local.local` for the options.
+        """
+        from .local import local
+
+        return local(cls, workers, **options)
+
+    @classmethod
+    def connect(cls, target: Any, **options: Any) -> Cluster:
+        """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
+
+        See :func:`clustersdk.cluster.connect.connect` for the options.
+        """
+        from .connect import connect
+
+        return connect(cls, target, **options)
+
+    def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
+                 owns_client: bool = True, state_dir: str | None = None):
+        self.client = client
+        self.kind = kind
+        self.dask_cluster = dask_cluster
+        self.state_dir = config.state_dir(state_dir)
+        self._owns_client = owns_client
+        self._watchers: dict[str, list[Callable]] = defaultdict(list)
+        self._watch_lock = threading.Lock()
+        self._closed = False
+        install(client, self.state_dir)
+
+    # properties ----------------------------------------------------------------
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    def slots(self) -> list[dict[str, Any]]:
+        """Every slot (GPU or CPU) in rank order: worker, host, kind, index and its job."""
+        return self._call("inventory")
+
+    # jobs ------------------------------------------------------------------------
+    def launch(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        world_size: int,
+        strategy: str = "ddp",
+        name: str | None = None,
+        timeout: float | None = None,
+        metrics_interval: float | None = None,
+    ) -> Job:
+        """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
+
+        The job is queued until ``world_size`` slots are free, then all start at
+        once. ``timeout`` bounds every collective (seconds).
+        """
+        spec = JobSpec(
+            fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
+            world_size=world_size, strategy=strategy, name=name,
+            timeout=config.get("timeout") if timeout is None else timeout,
+            metrics_interval=(config.get("metrics-interval") if metrics_interval is None
+                              else metrics_interval),
+        )
+        payload = spec.payload()
+        self._subscribe(spec.id)  # before submit, so that no event is missed
+        try:
+            record = self._call("submit", spec=spec.to_wire(), payload=payload)
+        except BaseException:
+            self._unsubscribe(spec.id)
+            raise
+        return Job(self, record)
+
+    def jobs(self) -> list[Job]:
+        """Every job this cluster's scheduler has run or is running, oldest first."""
+        return [Job(self, record) for record in self._call("jobs")]
+
+    def job(self, name: str) -> Job:
+        """The newest job called ``name`` (same as ``Job.attach(cluster, name)``)."""
+        return Job.attach(self, name)
+
+    # plumbing ------------------------------------------------------------------
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        handler = getattr(self.client.scheduler, f"clustersdk_{op}")
+        return self.client.sync(handler, **kwargs)
+
+    def _subscribe(self, job: str) -> None:
+        with self._watch_lock:
+            if job in self._watchers:
+                return
+            self._watchers[job] = []
+        self.client.subscribe_topic(topic(job), lambda event: self._dispatch(job, event[1]))
+
+    def _unsubscribe(self, job: str) -> None:
+        with self._watch_lock:
+            self._watchers.pop(job, None)
+        self.client.unsubscribe_topic(topic(job))
+
+    def _watch(self, job: str, callback: Callable[[dict], None]) -> None:
+        self._subscribe(job)
+        with self._watch_lock:
+            self._watchers[job].append(callback)
+
+    def _dispatch(self, job: str, msg: dict) -> None:
+        for callback in list(self._watchers.get(job, ())):
+            callback(msg)
+
+    # lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Disconnect; a cluster made by :meth:`local` is shut down too."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self.client.close()
+        if self.dask_cluster is not None:
+            self.dask_cluster.close()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"<Cluster {self.kind} (closed)>"
+        slots = self.slots()
+        kinds = sorted({s["kind"] for s in slots}) or ["none"]
+        busy = sum(1 for s in slots if s["job"])
+        hosts = len({s["host"] for s in slots})
+        return (f"<Cluster {self.kind} {self.scheduler_address} slots={len(slots)} "
+                f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>")
+
+
+def install(client: Client, state_dir: str) -> None:
+    """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
+    client.register_plugin(ControlPlane(state_dir))
+    client.register_plugin(Agent())
+    try:
+        client.sync(client.scheduler.clustersdk_inventory)
+    except Exception as e:  # pragma: no cover - only with a foreign scheduler
+        raise PluginMissingError(
+            f"the scheduler at {client.scheduler.address} did not accept the clustersdk control "
+            f"plane ({e}); is clustersdk installed in the scheduler's environment?"
+        ) from e

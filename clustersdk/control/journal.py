@@ -1,0 +1,160 @@
+"""Job records, metric history and rank logs in SQLite.
+
+The journal lives in the state directory so that what a job did outlives the
+kernel that launched it and any client that watched it. All writes come from
+the scheduler's event loop; each is one small transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Iterable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    scheduler TEXT NOT NULL,
+    status TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    submitted REAL NOT NULL,
+    started REAL,
+    ended REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    ranks TEXT NOT NULL DEFAULT '[]',
+    error TEXT,
+    result BLOB
+);
+CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
+CREATE TABLE IF NOT EXISTS metrics (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    time REAL NOT NULL,
+    scalars TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, seq);
+CREATE TABLE IF NOT EXISTS logs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    time REAL NOT NULL,
+    stream TEXT NOT NULL,
+    text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS logs_by_job ON logs (job, rank, seq);
+"""
+
+_JSON_FIELDS = ("spec", "ranks", "error")
+
+
+class Journal:
+    """SQLite-backed store of jobs, metrics and logs.
+
+    >>> j = Journal(":memory:")
+    >>> j.add_job({"id": "a1", "name": "a", "scheduler": "s", "status": "QUEUED",
+    ...            "spec": {}, "submitted": 0.0})
+    >>> j.get("a1")["name"]
+    'a'
+    """
+
+    def __init__(self, path: str):
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # jobs -----------------------------------------------------------------
+    def add_job(self, record: dict[str, Any]) -> None:
+        row = _encode(record)
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self._db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def update(self, job: str, **fields: Any) -> None:
+        row = _encode(fields)
+        sets = ", ".join(f"{k} = ?" for k in row)
+        self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*row.values(), job))
+
+    def get(self, job: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job,)).fetchone()
+        return _decode(row) if row else None
+
+    def find(self, scheduler: str, name: str) -> dict[str, Any] | None:
+        """The newest job of that name on that scheduler."""
+        row = self._db.execute(
+            "SELECT * FROM jobs WHERE scheduler = ? AND name = ? ORDER BY submitted DESC LIMIT 1",
+            (scheduler, name),
+        ).fetchone()
+        return _decode(row) if row else None
+
+    def jobs(self, scheduler: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE scheduler = ? ORDER BY submitted", (scheduler,)
+        ).fetchall()
+        return [_decode(r) for r in rows]
+
+    # metrics --------------------------------------------------------------
+    def add_metrics(self, job: str, rows: Iterable[dict[str, Any]]) -> None:
+        values = [
+            (job, r["rank"], r["step"], r["time"], json.dumps(r["scalars"]))
+            for r in rows
+        ]
+        self._db.executemany(
+            "INSERT INTO metrics (job, rank, step, time, scalars) VALUES (?, ?, ?, ?, ?)", values
+        )
+
+    def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Rows after sequence number ``since``: seq, rank, step, time and each scalar."""
+        sql = "SELECT seq, rank, step, time, scalars FROM metrics WHERE job = ? AND seq > ? ORDER BY seq"
+        params: tuple = (job, since)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
+        out = []
+        for seq, rank, step, t, scalars in self._db.execute(sql, params):
+            out.append({"seq": seq, "rank": rank, "step": step, "time": t, **json.loads(scalars)})
+        return out
+
+    # logs -----------------------------------------------------------------
+    def add_logs(self, job: str, lines: Iterable[tuple[int, float, str, str]]) -> None:
+        self._db.executemany(
+            "INSERT INTO logs (job, rank, time, stream, text) VALUES (?, ?, ?, ?, ?)",
+            [(job, *line) for line in lines],
+        )
+
+    def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
+        sql = "SELECT seq, rank, time, stream, text FROM logs WHERE job = ? AND seq > ?"
+        params: tuple = (job, since)
+        if rank is not None:
+            sql += " AND rank = ?"
+            params += (rank,)
+        rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
+        return [dict(r) for r in rows]
+
+
+def _encode(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: (json.dumps(v) if k in _JSON_FIELDS and v is not None else v) for k, v in record.items()}
+
+
+def _decode(row: sqlite3.Row) -> dict[str, Any]:
+    record = dict(row)
+    for k in _JSON_FIELDS:
+        if record.get(k) is not None:
+            record[k] = json.loads(record[k])
+    return record
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,314 @@
+"""The control plane: a Dask ``SchedulerPlugin`` that owns jobs and slots.
+
+It keeps the slot inventory the worker agents report, queues jobs, allocates
+whole gangs through :mod:`.policy`, tells the chosen agents to start their
+ranks, follows what the ranks report and journals everything in SQLite.
+Every method runs on the scheduler's event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from ..errors import CapacityError, InvalidTransitionError, JobNotFoundError, SpecError
+from ..status import JobStatus, check_transition
+from . import policy
+from .journal import Journal
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "clustersdk-control"
+STOP = 1  # the control word that asks ranks to leave at the next step boundary
+
+
+def topic(job: str) -> str:
+    """The Dask event topic a job's metrics, logs and status changes go to."""
+    return f"clustersdk-job-{job}"
+
+
+@dataclasses.dataclass
+class Run:
+    """What the plugin holds in memory about a job that isn't terminal yet."""
+
+    spec: dict[str, Any]
+    payload: bytes
+    status: JobStatus = JobStatus.QUEUED
+    slots: list[policy.Slot] = dataclasses.field(default_factory=list)
+    started: set[int] = dataclasses.field(default_factory=set)
+    exited: dict[int, dict] = dataclasses.field(default_factory=dict)
+    result: bytes | None = None
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @property
+    def id(self) -> str:
+        return self.spec["id"]
+
+
+class ControlPlane(SchedulerPlugin):
+    """Job registry, slot inventory and gang allocation, inside the scheduler."""
+
+    name = PLUGIN_NAME
+    idempotent = True  # a second client must not replace the live registry
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+
+    # lifecycle -------------------------------------------------------------
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.id = scheduler.id
+        self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
+        self.slots: dict[str, policy.Slot] = {}
+        self.busy: dict[str, str] = {}       # worker address -> job id
+        self.queue: list[str] = []           # queued job ids, FIFO
+        self.runs: dict[str, Run] = {}       # non-terminal jobs
+        for name in (
+            "worker_ready", "submit", "stop", "wait", "job", "jobs",
+            "history", "logs", "inventory", "rank_event",
+        ):
+            scheduler.handlers[f"clustersdk_{name}"] = getattr(self, f"_h_{name}")
+
+    async def close(self) -> None:
+        for run in list(self.runs.values()):
+            self._finish(run, JobStatus.FAILED, error=_error(None, "SchedulerClosed",
+                         "the Dask scheduler shut down while the job was active"))
+        self.journal.close()
+
+    def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
+        self.slots.pop(worker, None)
+        job = self.busy.pop(worker, None)
+        run = self.runs.get(job) if job else None
+        if run is None:
+            return
+        rank = next(i for i, s in enumerate(run.slots) if s.worker == worker)
+        run.exited[rank] = {"status": "lost"}
+        if not run.status.terminal:
+            msg = f"worker {worker} (host {run.slots[rank].host}) left the cluster"
+            self._fail(run, _error(rank, "WorkerLost", msg))
+        self._maybe_done(run)
+
+    def log_event(self, topic_name: str, msg: Any) -> None:
+        if topic_name.startswith("clustersdk-job-") and isinstance(msg, dict) and msg.get("kind") == "metrics":
+            job = topic_name[len("clustersdk-job-"):]
+            if msg.get("rows"):
+                self.journal.add_metrics(job, msg["rows"])
+            if msg.get("logs"):
+                self.journal.add_logs(job, msg["logs"])
+
+    # handlers: inventory -----------------------------------------------------
+    def _h_worker_ready(self, slot: dict) -> None:
+        self.slots[slot["worker"]] = policy.Slot(**slot)
+        self._schedule()
+
+    def _h_inventory(self) -> list[dict]:
+        return [
+            {**dataclasses.asdict(s), "job": self.busy.get(s.worker)}
+            for s in policy.rank_order(self.slots.values())
+        ]
+
+    # handlers: jobs ------------------------------------------------------------
+    def _h_submit(self, spec: dict, payload: bytes) -> dict:
+        ws, total = spec["world_size"], len(self.slots)
+        if ws > total:
+            raise CapacityError(
+                f"world_size={ws} is more than this cluster can ever hold: it has {total} "
+                f"slot(s) on {len({s.host for s in self.slots.values()})} host(s); add workers or "
+                "ask for fewer ranks"
+            )
+        clash = self.journal.find(self.id, spec["name"])
+        if clash and not JobStatus[clash["status"]].terminal:
+            raise SpecError(
+                f"a job named {spec['name']!r} is already {clash['status']}; stop it or pick "
+                "another name"
+            )
+        run = Run(spec=spec, payload=payload)
+        self.runs[run.id] = run
+        self.journal.add_job({
+            "id": run.id, "name": spec["name"], "scheduler": self.id,
+            "status": JobStatus.QUEUED.name, "spec": spec, "submitted": time.time(),
+        })
+        self.queue.append(run.id)
+        self._schedule()
+        return self._record(run.id)
+
+    def _h_stop(self, job: str) -> dict:
+        run = self.runs.get(job)
+        if run is None:
+            record = self._record(job)
+            raise InvalidTransitionError(
+                f"job {record['name']!r} is {record['status']}; there is nothing to stop"
+            )
+        if run.status is JobStatus.QUEUED:
+            self.queue.remove(job)
+            self._finish(run, JobStatus.STOPPED, reason="stopped while queued")
+            self._schedule()
+        elif run.status is not JobStatus.STOPPING:
+            self._transition(run, JobStatus.STOPPING, reason="stop requested")
+            self._broadcast(run, STOP)
+        return self._record(job)
+
+    async def _h_wait(self, job: str, timeout: float | None = None) -> dict:
+        run = self.runs.get(job)
+        if run is not None:
+            try:
+                await asyncio.wait_for(run.done.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self._record(job, with_result=True)
+
+    def _h_job(self, job: str | None = None, name: str | None = None) -> dict:
+        if job is None:
+            found = self.journal.find(self.id, name)
+            if found is None:
+                known = sorted({r["name"] for r in self.journal.jobs(self.id)})
+                raise JobNotFoundError(
+                    f"no job named {name!r} on this cluster; known jobs: {', '.join(known) or 'none'}"
+                )
+            job = found["id"]
+        return self._record(job)
+
+    def _h_jobs(self) -> list[dict]:
+        return [_public(r) for r in self.journal.jobs(self.id)]
+
+    def _h_history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
+        return self.journal.history(job, since, limit)
+
+    def _h_logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
+        return self.journal.logs(job, rank, since)
+
+    # handlers: ranks ---------------------------------------------------------
+    def _h_rank_event(self, job: str, rank: int, event: str, data: dict | None = None) -> None:
+        data = data or {}
+        if data.get("rows") or data.get("logs"):
+            # through the broker, so that subscribers see the last rows too
+            self.scheduler.log_event(topic(job), {"kind": "metrics", "rows": data.pop("rows", []),
+                                                  "logs": data.pop("logs", [])})
+        run = self.runs.get(job)
+        if run is None:
+            return
+        if event == "started":
+            run.started.add(rank)
+            if run.status is JobStatus.STARTING and len(run.started) == run.spec["world_size"]:
+                self._transition(run, JobStatus.RUNNING, started=time.time(), reason="")
+        elif event == "failed":
+            if not run.status.terminal:
+                self._fail(run, data["error"])
+        elif event == "exit":
+            run.exited[rank] = data
+            if rank == 0 and data.get("result") is not None:
+                run.result = data["result"]
+            slot = run.slots[rank]
+            if self.busy.get(slot.worker) == job:
+                del self.busy[slot.worker]
+            self._maybe_done(run)
+            self._schedule()
+
+    # internals -----------------------------------------------------------------
+    def _schedule(self) -> None:
+        free = [s for w, s in self.slots.items() if w not in self.busy]
+        pending = [policy.Pending(j, self.runs[j].spec["world_size"]) for j in self.queue]
+        for job, gang in policy.schedule(pending, free):
+            self.queue.remove(job)
+            run = self.runs[job]
+            run.slots = gang
+            for slot in gang:
+                self.busy[slot.worker] = job
+            ranks = [{"rank": i, "worker": s.worker, "host": s.host, "device": _device(s)}
+                     for i, s in enumerate(gang)]
+            self._transition(run, JobStatus.STARTING, ranks=ranks, reason="")
+            self.scheduler.loop.add_callback(self._start, run)
+        nfree, total = len(self.slots) - len(self.busy), len(self.slots)
+        for ahead, job in enumerate(self.queue):
+            reason = policy.wait_reason(self.runs[job].spec["world_size"], nfree, total, ahead)
+            self.journal.update(job, reason=reason)
+
+    async def _start(self, run: Run) -> None:
+        spec, gang = run.spec, run.slots
+        try:
+            port = await self.scheduler.rpc(gang[0].worker).clustersdk_open_store(
+                job=run.id, world_size=spec["world_size"], timeout=spec["timeout"]
+            )
+            await asyncio.gather(*(
+                self.scheduler.rpc(slot.worker).clustersdk_start_rank(
+                    job=run.id, rank=rank, spec=spec, payload=run.payload,
+                    master_addr=gang[0].host, master_port=port,
+                )
+                for rank, slot in enumerate(gang)
+            ))
+        except Exception as e:  # a worker vanished or refused: the job can't start
+            logger.exception("clustersdk: could not start job %s", run.id)
+            if not run.status.terminal:
+                self._fail(run, _error(None, type(e).__name__, f"could not start the ranks: {e}"))
+            self._broadcast(run, STOP)
+            # ranks that never started will never report an exit
+            for rank, slot in enumerate(gang):
+                if rank not in run.started and self.busy.get(slot.worker) == run.id:
+                    del self.busy[slot.worker]
+                    run.exited.setdefault(rank, {"status": "not started"})
+            self._maybe_done(run)
+            self._schedule()
+
+    def _broadcast(self, run: Run, word: int) -> None:
+        for slot in run.slots:
+            if slot.worker in self.slots:
+                self.scheduler.loop.add_callback(self._control, slot.worker, run.id, word)
+
+    async def _control(self, worker: str, job: str, word: int) -> None:
+        try:
+            await self.scheduler.rpc(worker).clustersdk_control(job=job, word=word)
+        except Exception:  # the worker is gone; remove_worker deals with it
+            logger.info("clustersdk: control word to %s failed", worker, exc_info=True)
+
+    def _fail(self, run: Run, error: dict) -> None:
+        """First error wins; the other ranks are told to stop and will exit."""
+        self._finish(run, JobStatus.FAILED, error=error, reason="")
+        self._broadcast(run, STOP)
+
+    def _maybe_done(self, run: Run) -> None:
+        if len(run.exited) < run.spec["world_size"]:
+            return
+        if not run.status.terminal:
+            final = JobStatus.STOPPED if run.status is JobStatus.STOPPING else JobStatus.FINISHED
+            self._finish(run, final, reason="")
+        self.journal.update(run.id, result=run.result)
+        self.runs.pop(run.id, None)
+        run.done.set()
+
+    def _finish(self, run: Run, status: JobStatus, **fields: Any) -> None:
+        self._transition(run, status, ended=time.time(), **fields)
+        if not run.slots or all(s.worker not in self.busy for s in run.slots):
+            # nothing runs: nobody will report an exit
+            self.journal.update(run.id, result=run.result)
+            self.runs.pop(run.id, None)
+            run.done.set()
+
+    def _transition(self, run: Run, status: JobStatus, **fields: Any) -> None:
+        check_transition(run.spec["name"], run.status, status)
+        run.status = status
+        self.journal.update(run.id, status=status.name, **fields)
+        self.scheduler.log_event(topic(run.id), {"kind": "status", "status": status.name})
+
+    def _record(self, job: str, with_result: bool = False) -> dict:
+        record = self.journal.get(job)
+        if record is None:
+            raise JobNotFoundError(f"no job with id {job!r} on this cluster")
+        return record if with_result else _public(record)
+
+
+def _public(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "result"}
+
+
+def _device(slot: policy.Slot) -> str:
+    return f"cuda:{slot.index}" if slot.kind == "cuda" else "cpu"
+
+
+def _error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict:
+    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}

@@ -1,0 +1,77 @@
+"""The one exception tree of clustersdk.
+
+::
+
+    ClusterSDKError
+     ├── SpecError (also ValueError)        a bad argument, caught before anything runs
+     ├── CapacityError (also ValueError)    asks for more slots than the cluster can ever hold
+     ├── PluginMissingError                  the scheduler has no clustersdk control plane
+     ├── JobNotFoundError (also KeyError)    no job by that name or id
+     ├── InvalidTransitionError              an action that makes no sense in the job's state
+     ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
+     ├── JobStoppedError                     the job was stopped before it produced a result
+     └── JobFailedError                      a rank raised; carries rank, type, message, traceback
+
+Every message names the bad value and what was expected, so that a user can
+fix the call without reading our code.
+"""
+
+from __future__ import annotations
+
+
+class ClusterSDKError(Exception):
+    """Base class of every error clustersdk raises on purpose."""
+
+
+class SpecError(ClusterSDKError, ValueError):
+    """A launch argument is invalid; nothing was started."""
+
+
+class CapacityError(ClusterSDKError, ValueError):
+    """The job asks for more slots than the cluster has in total."""
+
+
+class PluginMissingError(ClusterSDKError):
+    """The Dask scheduler does not run the clustersdk control plane."""
+
+
+class JobNotFoundError(ClusterSDKError, KeyError):
+    """No job with that name or id is known to the scheduler."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidTransitionError(ClusterSDKError):
+    """The requested action is not allowed in the job's current state."""
+
+
+class JobTimeoutError(ClusterSDKError, TimeoutError):
+    """``Job.wait`` timed out; the job itself keeps running."""
+
+
+class JobStoppedError(ClusterSDKError):
+    """The job was stopped before rank 0 returned a result."""
+
+
+class JobFailedError(ClusterSDKError):
+    """A rank raised: the job is FAILED.
+
+    Attributes name the first failing ``rank``, the exception type
+    (``exc_type``), its ``message`` and the remote ``traceback`` text.
+    """
+
+    def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str):
+        self.job = job
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.traceback = traceback
+        super().__init__(
+            f"job {job!r} failed: rank {rank} raised {exc_type}: {message}\n\n"
+            f"Remote traceback (rank {rank}):\n{traceback}"
+        )
+
+    @classmethod
+    def from_record(cls, job: str, error: dict) -> JobFailedError:
+        return cls(job, error["rank"], error["type"], error["message"], error["traceback"])

@@ -1,0 +1,222 @@
+"""The worker agent: a Dask ``WorkerPlugin`` that runs ranks in threads.
+
+The control plane reaches it through worker handlers, which run on the
+worker's event loop: a control word reaches a rank even while the rank's
+thread is busy training (a ``client.submit`` task would wait behind it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import cloudpickle
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.utils import sync
+from tornado.ioloop import PeriodicCallback
+
+from . import capture
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "clustersdk-agent"
+FLUSH_MS = 50  # how often the agent looks for metrics to ship; each job sets its own rate
+
+
+class Agent(WorkerPlugin):
+    name = AGENT_NAME
+    idempotent = True
+
+    async def setup(self, worker) -> None:
+        self.worker = worker
+        self.ranks: dict[str, RankThread] = {}
+        self.stores: dict[str, Any] = {}
+        # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
+        slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
+        for name in ("open_store", "start_rank", "control"):
+            worker.handlers[f"clustersdk_{name}"] = getattr(self, name)
+        capture.install()
+        _exit_without_finalizers()
+        self._flusher = PeriodicCallback(self.flush, FLUSH_MS)
+        self._flusher.start()
+        slot.update(worker=worker.address, host=_host_of(worker.address))
+        await worker.scheduler.clustersdk_worker_ready(slot=slot)
+
+    def teardown(self, worker) -> None:
+        self._flusher.stop()
+        for rank in self.ranks.values():
+            rank.control(1)
+
+    # handlers ------------------------------------------------------------------
+    def open_store(self, job: str, world_size: int, timeout: float) -> int:
+        from .process_group import open_store
+
+        store = open_store(world_size, timeout)
+        self.stores[job] = store
+        return store.port
+
+    def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
+                   master_addr: str, master_port: int) -> None:
+        store = self.stores.pop(job, None) if rank == 0 else None
+        thread = RankThread(self, job, rank, spec, payload, master_addr, master_port, store)
+        self.ranks[job] = thread
+        thread.start()
+
+    def control(self, job: str, word: int) -> bool:
+        rank = self.ranks.get(job)
+        if rank is None:
+            return False
+        rank.control(word)
+        return True
+
+    # metrics -------------------------------------------------------------------
+    def flush(self) -> None:
+        for rank in list(self.ranks.values()):
+            if rank.due():
+                msg = rank.drain()
+                if msg["rows"] or msg["logs"]:
+                    self.worker.log_event(rank.topic, msg)
+
+    def report(self, job: str, rank: int, event: str, **data: Any) -> None:
+        """From a rank thread: tell the control plane, and wait until it has heard."""
+        sync(self.worker.loop, self.worker.scheduler.clustersdk_rank_event,
+             job=job, rank=rank, event=event, data=data)
+
+
+class RankThread(threading.Thread):
+    """One rank of one job: process group up, user function, process group down."""
+
+    def __init__(self, agent: Agent, job: str, rank: int, spec: dict, payload: bytes,
+                 master_addr: str, master_port: int, store: Any):
+        super().__init__(name=f"clustersdk-{spec['name']}-rank{rank}", daemon=True)
+        self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
+        self.payload, self.store = payload, store
+        self.master = (master_addr, master_port)
+        self.topic = f"clustersdk-job-{job}"
+        self.sink = capture.Sink(rank)
+        self.ctx = None
+        self._early_word = 0
+        self._lock = threading.Lock()
+        self._last_flush = 0.0
+
+    def control(self, word: int) -> None:
+        with self._lock:
+            self._early_word = max(self._early_word, word)
+            if self.ctx is not None:
+                self.ctx._control = max(self.ctx._control, word)
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_flush >= self.spec["metrics_interval"]:
+            self._last_flush = now
+            return True
+        return False
+
+    def drain(self, final: bool = False) -> dict[str, Any]:
+        ctx = self.ctx
+        rows = ctx.drain_rows() if ctx is not None else []
+        return {"kind": "metrics", "rows": rows, "logs": self.sink.drain(final)}
+
+    def run(self) -> None:
+        from . import process_group as pg
+        from .context import TrainContext
+
+        capture.bind(self.sink)
+        spec, rank, ws = self.spec, self.rank, self.spec["world_size"]
+        outcome: dict[str, Any] = {"status": "ok"}
+        try:
+            device = pg.rank_device(_slot_kind())
+            pg.set_env(rank, ws, *self.master)
+            store = self.store or pg.join_store(*self.master, ws, spec["timeout"])
+            self.store = None
+            control_group = pg.init(store, rank, ws, device, spec["timeout"])
+            with self._lock:
+                self.ctx = TrainContext(
+                    job=self.job, name=spec["name"], rank=rank, world_size=ws, local_rank=0,
+                    device=device, strategy=spec["strategy"], control_group=control_group,
+                )
+                self.ctx._control = self._early_word
+            self.agent.report(self.job, rank, "started")
+            fn, args, kwargs = cloudpickle.loads(self.payload)
+            result = fn(self.ctx, *args, **kwargs)
+            if self.ctx.stopped:
+                outcome["status"] = "stopped"
+            if rank == 0:
+                outcome["result"] = cloudpickle.dumps(result)
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the user
+            outcome = {"status": "failed"}
+            error = {"rank": rank, "type": type(e).__name__, "message": str(e),
+                     "traceback": "".join(traceback.format_exception(e))}
+            try:  # before teardown, so that the first failure is the one reported
+                self.agent.report(self.job, rank, "failed", error=error, **self.drain(final=True))
+            except Exception:
+                logger.exception("clustersdk: could not report the failure of rank %d", rank)
+        finally:
+            msg = self.drain(final=True)
+            self.ctx = None
+            fn = args = kwargs = result = None  # noqa: F841 - drop the job's objects
+            try:
+                pg.teardown()
+            except Exception:
+                logger.exception("clustersdk: process-group teardown failed on rank %d", rank)
+            capture.bind(None)
+            if self.agent.ranks.get(self.job) is self:
+                del self.agent.ranks[self.job]
+            self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"], **outcome)
+
+
+def _warm_up_and_probe() -> dict[str, Any]:
+    import gc
+
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    # Move the hundreds of thousands of objects torch creates at import out of
+    # the collector's reach: the full collection after each job then costs
+    # milliseconds instead of ~0.1 s.
+    gc.collect()
+    gc.freeze()
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        index = int(visible) if visible.isdigit() else 0
+        return {"kind": "cuda", "index": index, "uuid": str(getattr(props, "uuid", ""))}
+    return {"kind": "cpu", "index": -1, "uuid": ""}
+
+
+def _exit_without_finalizers() -> None:
+    """End the worker process with ``os._exit`` once its atexit work is done.
+
+    Gloo objects still alive at interpreter finalization abort the process
+    ("terminate called without an active exception"). Registered first among
+    ours, this runs after the hooks registered later (atexit is LIFO).
+    """
+    def hard_exit() -> None:
+        for stream in (sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(0)
+
+    atexit.register(hard_exit)
+
+
+def _slot_kind() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _host_of(address: str) -> str:
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host or socket.gethostname()

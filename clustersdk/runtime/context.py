@@ -1,0 +1,164 @@
+"""``TrainContext``: what a training function gets as its first argument."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..errors import SpecError
+from . import strategies
+from .data import ShardedLoader
+
+RUN, STOP = 0, 1  # control words; the highest word any rank holds wins
+
+
+class TrainContext:
+    """The rank's view of its job.
+
+    >>> def train(ctx):
+    ...     model = ctx.prepare(torch.nn.Linear(4, 1))
+    ...     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ...     ctx.register(optimizer=opt)
+    ...     for step, (x, y) in ctx.loop(ctx.shard(dataset, batch_size=8), steps=100):
+    ...         loss = torch.nn.functional.mse_loss(model(x), y)
+    ...         loss.backward(); opt.step(); opt.zero_grad()
+    ...         ctx.log(loss=loss)
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        name: str,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        device: torch.device,
+        strategy: str,
+        control_group: Any = None,
+    ):
+        self.job = job
+        self.name = name
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.device = device
+        self.strategy = strategy
+        self.step = 0
+        self.stopped = False
+        self.stateful: dict[str, Any] = {}
+        self._control_group = control_group
+        self._control = RUN  # written by the worker's event loop, read at step boundaries
+        self._rows: collections.deque = collections.deque()
+
+    def __repr__(self) -> str:
+        return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
+                f"device={self.device} strategy={self.strategy!r} step={self.step}>")
+
+    # model and state -------------------------------------------------------
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to this rank's device and wrap it for the job's strategy."""
+        if not isinstance(model, torch.nn.Module):
+            raise SpecError(f"ctx.prepare expects a torch.nn.Module, got {type(model).__name__}")
+        model = strategies.wrap(self.strategy, model.to(self.device), self)
+        self.stateful.setdefault("model", model)
+        return model
+
+    def register(self, **objects: Any) -> None:
+        """Name what a checkpoint holds besides the model (optimizers, schedulers, ...)."""
+        for key, obj in objects.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise SpecError(
+                    f"ctx.register({key}=...) needs an object with state_dict() and "
+                    f"load_state_dict(), got {type(obj).__name__}"
+                )
+            self.stateful[key] = obj
+
+    # data ----------------------------------------------------------------------
+    def shard(self, dataset: Any, batch_size: int, **options: Any) -> ShardedLoader:
+        """This rank's share of every global batch (``batch_size`` samples per rank).
+
+        Options: ``shuffle=True``, ``seed=0``, ``collate_fn``, ``num_workers``.
+        """
+        loader = ShardedLoader(dataset, batch_size, self.rank, self.world_size, self.device, **options)
+        self.stateful.setdefault("data", loader)
+        return loader
+
+    def loop(self, data: Iterable[Any] | None, steps: int) -> Iterator[tuple[int, Any]]:
+        """Yield ``(step, batch)`` until ``steps`` steps are done or the job is stopped.
+
+        ``data`` is iterated again when it runs out (a new epoch). At every step
+        boundary the ranks agree on a control word with one small all-reduce,
+        issued asynchronously one step ahead so that it overlaps the step's
+        compute; all ranks therefore act on a stop at the same step.
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise SpecError(f"steps must be a non-negative int, got {steps!r}")
+        batches = _cycle(data) if data is not None else None
+        pending = None
+        try:
+            while self.step < steps:
+                if pending is not None:
+                    work, word = pending
+                    work.wait()
+                    pending = None
+                    if int(word[0]) >= STOP:
+                        self.stopped = True
+                        return
+                if self.world_size > 1:
+                    word = torch.tensor([self._control], dtype=torch.int32)
+                    work = dist.all_reduce(word, op=dist.ReduceOp.MAX, group=self._control_group,
+                                           async_op=True)
+                    pending = (work, word)
+                elif self._control >= STOP:
+                    self.stopped = True
+                    return
+                batch = next(batches) if batches is not None else None
+                yield self.step, batch
+                self.step += 1
+        finally:
+            if pending is not None:  # keep every rank's sequence of collectives aligned
+                pending[0].wait()
+
+    # metrics -------------------------------------------------------------------
+    def log(self, **scalars: Any) -> None:
+        """Record scalars (numbers or one-element tensors) for the current step."""
+        row = {}
+        for key, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise SpecError(
+                        f"ctx.log({key}=...) needs a number or a one-element tensor, got a tensor "
+                        f"of shape {tuple(value.shape)}"
+                    )
+                value = value.detach()
+                if value.device.type == "cpu":
+                    value = value.item()
+            elif not isinstance(value, (int, float)):
+                raise SpecError(f"ctx.log({key}=...) needs a number, got {type(value).__name__}")
+            row[key] = value
+        self._rows.append({"rank": self.rank, "step": self.step, "time": time.time(), "scalars": row})
+
+    def drain_rows(self) -> list[dict[str, Any]]:
+        """Logged rows since the last drain, as plain numbers (called by the agent)."""
+        out = []
+        while self._rows:
+            row = self._rows.popleft()
+            row["scalars"] = {k: (v.item() if isinstance(v, torch.Tensor) else v)
+                              for k, v in row["scalars"].items()}
+            out.append(row)
+        return out
+
+
+def _cycle(data: Iterable[Any]) -> Iterator[Any]:
+    while True:
+        empty = True
+        for item in data:
+            empty = False
+            yield item
+        if empty:
+            raise SpecError("ctx.loop got an empty data iterable")

@@ -1,0 +1,97 @@
+"""``ctx.shard``: each rank's part of every global batch, with a saveable position.
+
+The dataset is permuted once per epoch (seeded, identical on every rank);
+global batch ``b`` is ``perm[b*G:(b+1)*G]`` with ``G = batch_size * world_size``
+and rank ``r`` takes its ``r``-th slice of it. So the union of the ranks'
+batches at a step is the same whatever the world size, and the position is
+one number: samples consumed in the current epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+
+class ShardedLoader:
+    """Iterates one epoch of this rank's batches per ``iter()``, moved to ``device``."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        shuffle: bool = True,
+        seed: int = 0,
+        collate_fn: Callable | None = None,
+        num_workers: int = 0,
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        n = len(dataset)
+        if n < batch_size * world_size:
+            raise ValueError(
+                f"the dataset has {n} samples, fewer than one global batch "
+                f"({batch_size} x {world_size} ranks = {batch_size * world_size})"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.shuffle = shuffle
+        self.seed = seed
+        self.collate_fn = collate_fn
+        self.num_workers = num_workers
+        self.epoch = 0
+        self.consumed = 0  # samples of the current epoch consumed by all ranks together
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def __len__(self) -> int:
+        """Batches per epoch (the last partial global batch is dropped)."""
+        return len(self.dataset) // self.global_batch
+
+    def _batches(self) -> list[list[int]]:
+        n = len(self.dataset)
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            perm = torch.randperm(n, generator=g).tolist()
+        else:
+            perm = list(range(n))
+        G, B, r = self.global_batch, self.batch_size, self.rank
+        start = self.consumed // G
+        return [perm[b * G + r * B: b * G + (r + 1) * B] for b in range(start, len(self))]
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = DataLoader(
+            self.dataset, batch_sampler=self._batches(), collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+        )
+        for batch in loader:
+            self.consumed += self.global_batch
+            yield to_device(batch, self.device)
+        self.epoch += 1
+        self.consumed = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch

@@ -1,0 +1,64 @@
+"""TCPStore and process-group bring-up and teardown for one rank.
+
+We create the ``TCPStore`` ourselves and pass ``store=``: after one ``tcp://``
+init times out, every later ``tcp://`` init in that process fails, and a warm
+worker must be able to host many jobs in a row.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def open_store(world_size: int, timeout: float) -> dist.TCPStore:
+    """Rank 0's store on a free port (``store.port`` tells which)."""
+    return dist.TCPStore(
+        "0.0.0.0", 0, world_size, is_master=True,
+        timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+    )
+
+
+def join_store(host: str, port: int, world_size: int, timeout: float) -> dist.TCPStore:
+    return dist.TCPStore(host, port, world_size, is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
+def rank_device(kind: str) -> torch.device:
+    """The worker owns one GPU, visible as cuda:0; otherwise the CPU."""
+    if kind == "cuda":
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def set_env(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    os.environ.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+    })
+
+
+def init(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: float):
+    """Init the default group (NCCL on CUDA, gloo on CPU) and a gloo group for control words."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout),
+        device_id=device if device.type == "cuda" else None,
+    )
+    # control words travel on their own small gloo group, never queued behind
+    # (or interleaved with) the training collectives
+    return dist.new_group(backend="gloo") if world_size > 1 else None
+
+
+def teardown() -> None:
+    """Destroy every group so that the next job starts clean on this worker."""
+    gc.collect()  # drop DDP reducers and their pending work before the groups go
+    if dist.is_initialized():
+        dist.destroy_process_group()
