@@ -120,7 +120,7 @@ class Job:
 
     def history(self, since: int = 0) -> list[dict[str, Any]]:
         """Every logged row after sequence number ``since``: seq, rank, step, time, scalars."""
-        return self.cluster._call("history", job=self.id, since=since)
+        return list(self.cluster._call("history", job=self.id, since=since))
 
     def logs(self, rank: int = 0) -> str:
         """What rank ``rank`` printed or logged, as text."""

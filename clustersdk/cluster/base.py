@@ -66,7 +66,7 @@ class Cluster:
 
     def slots(self) -> list[dict[str, Any]]:
         """Every slot (GPU or CPU) in rank order: worker, host, kind, index and its job."""
-        return self._call("inventory")
+        return list(self._call("inventory"))
 
     # jobs ------------------------------------------------------------------------
     def launch(

@@ -37,7 +37,7 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
 
     scheduler = {"cls": Scheduler, "options": {
         "host": "127.0.0.1", "port": 0, "dashboard": dashboard,
-        "dashboard_address": ":0" if dashboard else None,
+        "dashboard_address": "127.0.0.1:0",  # Dask's HTTP routes; the Bokeh UI only with dashboard=True
     }}
     specs = {}
     for i in range(workers):

@@ -1,0 +1,60 @@
+"""Shared fixtures: one warm local cluster per test module, cleaned up always."""
+
+from __future__ import annotations
+
+import logging
+
+import dask.config
+import pytest
+
+import clustersdk as cs
+
+# Dask's INFO lines drown the test output; warnings still show.
+dask.config.set({"distributed.logging.distributed": "warning"})
+logging.getLogger("distributed").setLevel(logging.WARNING)
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two CPU slots, shared by the tests of one module."""
+    state = tmp_path_factory.mktemp("state")
+    c = cs.Cluster.local(workers=2, state_dir=str(state))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def idle(cluster):
+    """The module's cluster, checked to have every slot free before and after the test."""
+    _wait_idle(cluster)
+    yield cluster
+    for job in cluster.jobs():  # a failed test may leave a job behind: stop it
+        if not job.status.terminal:
+            job.stop(wait=False)
+    _wait_idle(cluster)
+
+
+def _wait_idle(cluster, timeout: float = 30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = [s for s in cluster.slots() if s["job"]]
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"slots still busy after {timeout} s: {busy}")
+        time.sleep(0.05)

@@ -1,0 +1,230 @@
+"""Jobs on a real two-worker LocalCluster: results, failures, queueing, stop, attach."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import cloudpickle
+import pytest
+import torch
+
+import clustersdk as cs
+from clustersdk.control.journal import Journal
+
+from . import workloads
+
+# The workers import these functions by value: tests/ is not on their path.
+cloudpickle.register_pickle_by_value(workloads)
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def test_ddp_equals_single_process_reference(idle):
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 40}, world_size=2, name="ddp-ref")
+    out = job.wait(timeout=120)
+    reference = workloads.reference_mlp(world_size=2, steps=40)
+    assert out["params"].keys() == reference.keys()
+    for key, expected in reference.items():
+        torch.testing.assert_close(out["params"][key], expected, rtol=0, atol=1e-6)
+    assert job.status is cs.JobStatus.FINISHED
+
+
+def test_history_has_every_step_of_every_rank(idle):
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 25}, world_size=2)
+    out = job.wait(timeout=120)
+    rows = job.history()
+    assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in (0, 1) for s in range(25)]
+    assert [r["loss"] for r in rows if r["rank"] == 0] == pytest.approx(out["losses"])
+    assert all(isinstance(r["time"], float) for r in rows)
+    # incremental reads: nothing new after the last sequence number
+    assert job.history(since=rows[-1]["seq"]) == []
+
+
+def test_rank_failure_reports_rank_type_message_traceback_and_frees_slots(idle):
+    started = time.monotonic()
+    job = idle.launch(workloads.fail_at, kwargs={"rank": 1, "step": 3}, world_size=2, timeout=10)
+    with pytest.raises(cs.JobFailedError) as info:
+        job.wait(timeout=60)
+    err = info.value
+    assert (err.rank, err.exc_type) == (1, "ValueError")
+    assert err.message == "boom at step 3 on rank 1"
+    assert "in fail_at" in err.traceback and err.traceback.rstrip().endswith(err.message)
+    assert "rank 1 raised ValueError: boom at step 3" in str(err)
+    assert job.status is cs.JobStatus.FAILED
+    # wait() returns once every rank is torn down: the slots are free already
+    assert [s["job"] for s in idle.slots()] == [None, None]
+    assert time.monotonic() - started < 10
+    # the warm workers are not poisoned: the next job runs normally
+    out = idle.launch(workloads.train_mlp, kwargs={"steps": 5}, world_size=2).wait(timeout=60)
+    assert len(out["losses"]) == 5
+
+
+def test_two_jobs_in_a_row_on_warm_workers(idle):
+    first = idle.launch(workloads.train_mlp, kwargs={"steps": 10}, world_size=2).wait(timeout=60)
+    second = idle.launch(workloads.train_mlp, kwargs={"steps": 10}, world_size=2).wait(timeout=60)
+    assert first["losses"] == second["losses"]  # same seeds, same data: same run
+
+
+def test_one_rank_job_and_two_jobs_side_by_side(idle):
+    a = idle.launch(workloads.train_mlp, kwargs={"steps": 8}, world_size=1, name="side-a")
+    b = idle.launch(workloads.train_mlp, kwargs={"steps": 8}, world_size=1, name="side-b")
+    ref = workloads.reference_mlp(world_size=1, steps=8)
+    for job in (a, b):
+        params = job.wait(timeout=60)["params"]
+        for key, expected in ref.items():
+            torch.testing.assert_close(params[key], expected, rtol=0, atol=1e-6)
+
+
+def test_stop_acts_at_the_same_step_on_every_rank(idle):
+    job = idle.launch(workloads.spin, world_size=2, name="spinner")
+    wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) > 4)
+    assert job.stop(timeout=30) is cs.JobStatus.STOPPED
+    out = job.wait()
+    assert out["stopped"] is True
+    last = {}
+    for row in job.history():
+        last[row["rank"]] = max(last.get(row["rank"], -1), row["step"])
+    assert last[0] == last[1] == out["stopped_at"] - 1
+    with pytest.raises(cs.InvalidTransitionError, match="STOPPED"):
+        job.stop()
+
+
+def test_queued_job_says_what_it_waits_for_then_runs(idle):
+    running = idle.launch(workloads.spin, world_size=2, name="hog")
+    queued = idle.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2, name="patient")
+    wait_for(lambda: running.status is cs.JobStatus.RUNNING)
+    assert queued.status is cs.JobStatus.QUEUED
+    assert queued.reason == "waiting for 2 free slots (0 of 2 free now)"
+    running.stop()
+    assert len(queued.wait(timeout=60)["losses"]) == 3
+
+
+def test_stop_while_queued(idle):
+    running = idle.launch(workloads.spin, world_size=2)
+    queued = idle.launch(workloads.spin, world_size=1)
+    assert queued.stop() is cs.JobStatus.STOPPED
+    with pytest.raises(cs.JobStoppedError):
+        queued.wait()
+    running.stop()
+
+
+def test_logs_capture_print_and_logging_per_rank(idle):
+    job = idle.launch(workloads.chatty, world_size=2)
+    assert job.wait(timeout=60) == "done"
+    for rank in (0, 1):
+        text = job.logs(rank)
+        assert f"hello from rank {rank} of 2" in text
+        assert "partial line without newline" in text
+        assert f"a warning from rank {rank}" in text
+        assert f"rank {1 - rank} of 2" not in text
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"world_size": 0}, "world_size must be at least 1, got 0"),
+        ({"world_size": "2"}, "world_size must be an int, got '2'"),
+        ({"world_size": 2.0}, "world_size must be an int, got 2.0"),
+        ({"world_size": 2, "strategy": "zero"}, "unknown strategy 'zero'; valid strategies: 'ddp'"),
+    ],
+)
+def test_bad_launch_arguments_fail_at_launch(idle, kwargs, match):
+    before = len(idle.jobs())
+    with pytest.raises(cs.SpecError, match=match):
+        idle.launch(workloads.train_mlp, **kwargs)
+    assert len(idle.jobs()) == before
+
+
+def test_unpicklable_function_fails_at_launch(idle):
+    lock = threading.Lock()
+
+    def train(ctx):
+        with lock:
+            pass
+
+    with pytest.raises(cs.SpecError, match="can't be pickled"):
+        idle.launch(train, world_size=1)
+
+
+def test_more_ranks_than_the_cluster_can_hold(idle):
+    with pytest.raises(cs.CapacityError, match="world_size=3 is more than this cluster can ever hold: it has 2"):
+        idle.launch(workloads.train_mlp, world_size=3)
+
+
+def test_unknown_job_name(idle):
+    with pytest.raises(cs.JobNotFoundError, match="no job named 'nope'"):
+        cs.Job.attach(idle, "nope")
+
+
+def test_wait_timeout_leaves_the_job_running(idle):
+    job = idle.launch(workloads.spin, world_size=1)
+    with pytest.raises(cs.JobTimeoutError, match="still"):
+        job.wait(timeout=0.3)
+    assert job.status is cs.JobStatus.RUNNING
+    job.stop()
+
+
+ATTACH_SCRIPT = textwrap.dedent("""
+    import json, sys, clustersdk as cs
+    with cs.Cluster.connect(sys.argv[1], state_dir=sys.argv[3]) as cluster:
+        job = cs.Job.attach(cluster, sys.argv[2])
+        rows = job.history()
+        print(json.dumps({"status": job.status.name, "id": job.id, "rows": len(rows),
+                          "ranks": sorted({r["rank"] for r in rows}),
+                          "jobs": [j.name for j in cluster.jobs()]}))
+""")
+
+
+def test_another_process_attaches_by_name(idle):
+    job = idle.launch(workloads.spin, world_size=2, name="shared-run")
+    wait_for(lambda: len(job.history()) >= 6)
+    proc = subprocess.run(
+        [sys.executable, "-c", ATTACH_SCRIPT, idle.scheduler_address, "shared-run", idle.state_dir],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "RUNNING"
+    assert seen["id"] == job.id
+    assert seen["rows"] >= 6 and seen["ranks"] == [0, 1]
+    assert "shared-run" in seen["jobs"]
+    job.stop()
+
+
+def test_job_records_outlive_the_cluster(tmp_path):
+    with cs.Cluster.local(workers=1, state_dir=str(tmp_path)) as cluster:
+        job = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=1, name="kept")
+        job.wait(timeout=60)
+    journal = Journal(os.path.join(tmp_path, "journal.sqlite"))
+    try:
+        record = next(r for r in journal.jobs(journal.get(job.id)["scheduler"]))
+        assert (record["name"], record["status"]) == ("kept", "FINISHED")
+        assert len(journal.history(job.id)) == 3
+    finally:
+        journal.close()
+
+
+def test_connect_accepts_a_client_and_shares_the_registry(idle):
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 2}, world_size=1, name="via-client")
+    job.wait(timeout=60)
+    other = cs.Cluster.connect(idle.client, state_dir=idle.state_dir)
+    try:
+        assert "via-client" in [j.name for j in other.jobs()]
+        assert "slots=2" in repr(other)
+    finally:
+        other.close()
+    assert not idle.client.status == "closed"  # not ours to close

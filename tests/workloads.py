@@ -1,0 +1,84 @@
+"""Training functions the tests launch, and their single-process references."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+N, D_IN, D_OUT = 512, 8, 2
+
+
+def dataset(seed: int = 0) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D_IN, generator=g)
+    w = torch.randn(D_IN, D_OUT, generator=g)
+    return torch.utils.data.TensorDataset(x, x @ w + 0.1 * torch.randn(N, D_OUT, generator=g))
+
+
+def model() -> nn.Module:
+    torch.manual_seed(1234)
+    return nn.Sequential(nn.Linear(D_IN, 16), nn.Tanh(), nn.Linear(16, D_OUT))
+
+
+def train_mlp(ctx, steps: int = 20, batch_size: int = 16, lr: float = 0.05) -> dict:
+    """Plain DDP regression; rank 0 returns its final parameters and losses."""
+    net = ctx.prepare(model())
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    ctx.register(optimizer=opt)
+    losses = []
+    for _step, (x, y) in ctx.loop(ctx.shard(dataset(), batch_size=batch_size), steps=steps):
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ctx.log(loss=loss)
+        losses.append(loss.item())
+    params = {k.removeprefix("module."): v.detach().clone() for k, v in net.state_dict().items()}
+    return {"params": params, "losses": losses, "rank": ctx.rank}
+
+
+def reference_mlp(world_size: int, steps: int = 20, batch_size: int = 16, lr: float = 0.05) -> dict:
+    """One process, the same global batches: what DDP on ``world_size`` ranks must equal."""
+    data = dataset()
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    G = batch_size * world_size
+    per_epoch = N // G
+    for step in range(steps):
+        epoch, b = divmod(step, per_epoch)
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(epoch)).tolist()
+        x, y = data[perm[b * G:(b + 1) * G]]
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def fail_at(ctx, rank: int = 1, step: int = 3) -> None:
+    """DDP training where one rank raises at one step; the others are mid-collective."""
+    net = ctx.prepare(model())
+    for s, (x, y) in ctx.loop(ctx.shard(dataset(), batch_size=8), steps=50):
+        if ctx.rank == rank and s == step:
+            raise ValueError(f"boom at step {s} on rank {ctx.rank}")
+        nn.functional.mse_loss(net(x), y).backward()
+
+
+def spin(ctx, steps: int = 1_000_000, sleep: float = 0.01) -> dict:
+    """Runs until stopped; returns the step each rank stopped at."""
+    print(f"rank {ctx.rank} starting on {ctx.device}")
+    logging.getLogger("workload").warning("rank %d says hello through logging", ctx.rank)
+    for step, _ in ctx.loop(None, steps=steps):
+        time.sleep(sleep)
+        ctx.log(value=float(step))
+    return {"stopped_at": ctx.step, "stopped": ctx.stopped}
+
+
+def chatty(ctx) -> str:
+    print(f"hello from rank {ctx.rank} of {ctx.world_size}")
+    print("partial line without newline", end="")
+    logging.getLogger("workload").warning("a warning from rank %d", ctx.rank)
+    return "done"
