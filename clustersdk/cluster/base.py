@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from distributed import Client
+from distributed.utils import silence_logging_cmgr
 
 from .. import config
 from ..control.plugin import ControlPlane, topic
@@ -57,6 +59,7 @@ class Cluster:
         self._watchers: dict[str, list[Callable]] = defaultdict(list)
         self._watch_lock = threading.Lock()
         self._closed = False
+        self._silence_logs: int | bool = False
         install(client, self.state_dir)
 
     # properties ----------------------------------------------------------------
@@ -142,10 +145,12 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
-        if self._owns_client:
-            self.client.close()
-        if self.dask_cluster is not None:
-            self.dask_cluster.close()
+        quiet = silence_logging_cmgr(self._silence_logs) if self._silence_logs else nullcontext()
+        with quiet:
+            if self._owns_client:
+                self.client.close()
+            if self.dask_cluster is not None:
+                self.dask_cluster.close()
 
     def __enter__(self) -> Cluster:
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -13,12 +14,14 @@ if TYPE_CHECKING:
 
 
 def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None = None,
-          state_dir: str | None = None, dashboard: bool = False) -> Cluster:
+          state_dir: str | None = None, dashboard: bool = False,
+          silence_logs: int | bool = logging.WARNING) -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
     GPU ``i`` (``CUDA_VISIBLE_DEVICES``), so two ranks never share a device.
-    Every worker has one thread and imports torch when it starts.
+    Every worker has one thread and imports torch when it starts. Dask's own
+    log lines below ``silence_logs`` are hidden (``False`` shows them all).
 
     >>> cluster = Cluster.local(workers=2)   # doctest: +SKIP
     """
@@ -44,13 +47,16 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
         env = {"CUDA_VISIBLE_DEVICES": str(i) if n_gpus else ""}
         specs[f"slot-{i}"] = {"cls": Nanny, "options": {
             "nthreads": 1, "env": env, "host": "127.0.0.1", "name": f"slot-{i}",
-            "dashboard": False,
+            "dashboard": False, "silence_logs": silence_logs,
         }}
     with dask.config.set(_nanny_environ()):
-        dask_cluster = SpecCluster(workers=specs, scheduler=scheduler, name="clustersdk-local")
+        dask_cluster = SpecCluster(workers=specs, scheduler=scheduler, name="clustersdk-local",
+                                   silence_logs=silence_logs)
     try:
         client = Client(dask_cluster)
-        return cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir)
+        cluster = cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir)
+        cluster._silence_logs = silence_logs
+        return cluster
     except BaseException:
         dask_cluster.close()
         raise

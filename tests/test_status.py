@@ -1,0 +1,56 @@
+"""The job lifecycle table, checked pair by pair against an explicit list."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from clustersdk.errors import InvalidTransitionError
+from clustersdk.status import TERMINAL, TRANSITIONS, JobStatus, check_transition
+
+Q, S, R, G, F, X, D = (
+    JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.STOPPING,
+    JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED,
+)
+
+ALLOWED = {
+    (Q, S), (Q, D), (Q, X),
+    (S, R), (S, G), (S, X), (S, F),
+    (R, G), (R, F), (R, X),
+    (G, D), (G, X), (G, F),
+}
+
+PAIRS = list(itertools.product(JobStatus, repeat=2))
+
+
+def test_the_table_covers_every_state():
+    assert set(TRANSITIONS) == set(JobStatus)
+
+
+def test_terminal_states_have_no_exits():
+    assert TERMINAL == {F, X, D}
+    assert {s for s in JobStatus if s.terminal} == TERMINAL
+    assert all(not TRANSITIONS[s] for s in TERMINAL)
+
+
+@pytest.mark.parametrize("current, new", PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
+def test_check_transition(current, new):
+    if (current, new) in ALLOWED:
+        check_transition("train-1", current, new)
+    else:
+        with pytest.raises(InvalidTransitionError, match=re.escape(f"job 'train-1' is {current.name}")):
+            check_transition("train-1", current, new)
+
+
+def test_the_error_says_what_is_allowed_instead():
+    with pytest.raises(InvalidTransitionError, match=r"allowed from FINISHED: nothing \(terminal\)"):
+        check_transition("j", F, R)
+    with pytest.raises(InvalidTransitionError, match="allowed from QUEUED: FAILED, STARTING, STOPPED"):
+        check_transition("j", Q, R)
+
+
+def test_status_prints_as_its_name_and_round_trips_by_value():
+    assert str(JobStatus.RUNNING) == "RUNNING"
+    assert JobStatus("running") is JobStatus.RUNNING
