@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -228,3 +229,37 @@ def test_connect_accepts_a_client_and_shares_the_registry(idle):
     finally:
         other.close()
     assert not idle.client.status == "closed"  # not ours to close
+
+
+def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
+    job = idle.launch(workloads.spin, kwargs={"sleep": 0.002}, world_size=2, metrics_interval=0.25)
+    wait_for(lambda: set(job.latest) == {0, 1})
+    first = job.latest
+    time.sleep(0.6)
+    later = job.latest
+    assert all(later[r]["step"] > first[r]["step"] for r in (0, 1))  # it keeps up
+    job.stop()
+    rows = job.history()
+    events = [e for _, e in idle.client.get_events(f"clustersdk-job-{job.id}") if e.get("kind") == "metrics"]
+    duration = rows[-1]["time"] - rows[0]["time"]
+    # hundreds of steps, but a handful of batched events per rank per second
+    assert len(rows) > 200
+    assert len(events) <= 2 * (duration / 0.25 + 2)
+    assert sum(len(e["rows"]) for e in events) == len(rows)
+
+
+def test_job_fails_when_a_worker_dies(tmp_path):
+    with cs.Cluster.local(workers=2, state_dir=str(tmp_path)) as cluster:
+        job = cluster.launch(workloads.spin, world_size=2, timeout=10)
+        wait_for(lambda: job.status is cs.JobStatus.RUNNING)
+        victim = next(s["worker"] for s in cluster.slots() if s["job"])
+        pid = cluster.client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(cs.JobFailedError, match="left the cluster|Connection closed") as info:
+            job.wait(timeout=60)
+        assert info.value.rank in (0, 1)
+        assert job.status is cs.JobStatus.FAILED
+        # the nanny brings the worker back; its slot rejoins and takes new work
+        wait_for(lambda: len(cluster.slots()) == 2, timeout=60)
+        out = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2).wait(timeout=60)
+        assert len(out["losses"]) == 3
