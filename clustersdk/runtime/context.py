@@ -14,6 +14,8 @@ from . import strategies
 from .data import ShardedLoader
 
 RUN, STOP = 0, 1  # control words; the highest word any rank holds wins
+CHECK_INTERVAL = 0.05  # seconds between control checks in a loop of fast steps
+MAX_CHECK_EVERY = 1000
 
 
 class TrainContext:
@@ -91,38 +93,21 @@ class TrainContext:
     def loop(self, data: Iterable[Any] | None, steps: int) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` until ``steps`` steps are done or the job is stopped.
 
-        ``data`` is iterated again when it runs out (a new epoch). At every step
-        boundary the ranks agree on a control word with one small all-reduce,
-        issued asynchronously one step ahead so that it overlaps the step's
-        compute; all ranks therefore act on a stop at the same step.
+        ``data`` is iterated again when it runs out (a new epoch). Every few
+        steps the ranks agree on a control word with one tiny all-reduce, so all
+        of them act on a stop at the same step; see :class:`ControlCheck`.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise SpecError(f"steps must be a non-negative int, got {steps!r}")
         batches = _cycle(data) if data is not None else None
-        pending = None
-        try:
-            while self.step < steps:
-                if pending is not None:
-                    work, word = pending
-                    work.wait()
-                    pending = None
-                    if int(word[0]) >= STOP:
-                        self.stopped = True
-                        return
-                if self.world_size > 1:
-                    word = torch.tensor([self._control], dtype=torch.int32)
-                    work = dist.all_reduce(word, op=dist.ReduceOp.MAX, group=self._control_group,
-                                           async_op=True)
-                    pending = (work, word)
-                elif self._control >= STOP:
-                    self.stopped = True
-                    return
-                batch = next(batches) if batches is not None else None
-                yield self.step, batch
-                self.step += 1
-        finally:
-            if pending is not None:  # keep every rank's sequence of collectives aligned
-                pending[0].wait()
+        check = ControlCheck(self)
+        while self.step < steps:
+            if check.due(self.step) and check.agree() >= STOP:
+                self.stopped = True
+                return
+            batch = next(batches) if batches is not None else None
+            yield self.step, batch
+            self.step += 1
 
     # metrics -------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -152,6 +137,42 @@ class TrainContext:
                               for k, v in row["scalars"].items()}
             out.append(row)
         return out
+
+
+class ControlCheck:
+    """When and how the ranks agree on the control word.
+
+    The all-reduce is synchronous (a request is acted on at the next check, not
+    one later) and spaced so that checks come about every ``CHECK_INTERVAL``
+    seconds: every step when steps are slow, every N steps when they are fast,
+    where one more collective per step would cost several percent of
+    throughput. N comes from the slowest rank's step time, carried in the same
+    all-reduce, so every rank computes the same next check step.
+    """
+
+    def __init__(self, ctx: TrainContext):
+        self.ctx = ctx
+        self.next_step = ctx.step
+        self.since = time.perf_counter()
+        self.since_step = ctx.step
+
+    def due(self, step: int) -> bool:
+        return step >= self.next_step
+
+    def agree(self) -> int:
+        ctx = self.ctx
+        now, step = time.perf_counter(), ctx.step
+        elapsed_us = int(1e6 * (now - self.since) / max(step - self.since_step, 1))
+        if ctx.world_size > 1:
+            msg = torch.tensor([ctx._control, elapsed_us], dtype=torch.int64)
+            dist.all_reduce(msg, op=dist.ReduceOp.MAX, group=ctx._control_group)
+            word, step_us = int(msg[0]), int(msg[1])
+        else:
+            word, step_us = ctx._control, elapsed_us
+        every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
+        self.next_step = step + (1 if step == self.since_step else every)
+        self.since, self.since_step = time.perf_counter(), step
+        return word
 
 
 def _cycle(data: Iterable[Any]) -> Iterator[Any]:
