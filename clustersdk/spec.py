@@ -56,8 +56,8 @@ class JobSpec:
         if not isinstance(self.kwargs, dict):
             raise SpecError(f"kwargs must be a dict, got {type(self.kwargs).__name__}")
         if self.name is None:
-            base = getattr(self.fn, "__name__", "job").strip("<>") or "job"
-            self.name = f"{base}-{self.id[:6]}"
+            base = re.sub(r"[^A-Za-z0-9_.-]+", "-", getattr(self.fn, "__name__", "job"))
+            self.name = f"{base.strip('_.-')[:50] or 'job'}-{self.id[:6]}"
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise SpecError(
                 f"job name {self.name!r} is invalid: use 1-64 letters, digits, '_', '.' or '-', "

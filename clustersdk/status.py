@@ -2,10 +2,10 @@
 
 ::
 
-    QUEUED ──> STARTING ──> RUNNING ──> FINISHED
-      │           │            │  └───> FAILED
-      │           │            └──────> STOPPING ──> STOPPED
-      └───────────┴───────────────────> STOPPED / FAILED
+    QUEUED   ──> STARTING | STOPPED | FAILED
+    STARTING ──> RUNNING | STOPPING | FINISHED | FAILED
+    RUNNING  ──> STOPPING | FINISHED | FAILED
+    STOPPING ──> STOPPED | FINISHED | FAILED
 
 A job is *terminal* once FINISHED, FAILED or STOPPED; nothing leaves a terminal
 state.

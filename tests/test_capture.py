@@ -69,8 +69,6 @@ def test_a_bound_thread_writes_to_its_sink_and_other_threads_to_the_original():
     assert texts(sink.drain(final=True)) == [("stdout", "from rank 1"), ("stdout", "partial")]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: io.TextIOBase's defaults shadow __getattr__, so "
-                   "encoding/fileno/writable are not delegated to the original stream")
 @pytest.mark.parametrize("attr", ["encoding", "fileno", "writable"])
 def test_the_stand_in_stream_looks_like_the_original(tmp_path, attr):
     with open(tmp_path / "out.txt", "w", encoding="utf-8") as original:

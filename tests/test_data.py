@@ -73,7 +73,8 @@ def test_state_dict_resumes_mid_epoch(epochs_before):
     resumed = make()
     resumed.load_state_dict(state)
     assert epoch(resumed) == rest
-    assert resumed.state_dict() == loader.state_dict() == {"epoch": epochs_before + 1, "consumed": 0, "seed": 5}
+    end = {"epoch": epochs_before + 1, "consumed": 0, "seed": 5}
+    assert resumed.state_dict() == loader.state_dict() == end
 
 
 def test_a_dataset_smaller_than_one_global_batch_is_refused():

@@ -85,8 +85,6 @@ def test_history_cursor_returns_only_new_rows_in_order(journal):
     assert [r["step"] for r in journal.history("a1", since=first[-1]["seq"], limit=1)] == [1]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: history() merges scalars over seq/rank/step/time, so "
-                   "ctx.log(time=...) replaces the timestamp and can corrupt the seq cursor")
 def test_a_scalar_named_like_a_column_does_not_clobber_it(journal):
     journal.add_metrics("a1", [metric(3, time=42.0, seq=0)])
     row = journal.history("a1")[0]

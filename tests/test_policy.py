@@ -61,8 +61,6 @@ def test_pick_gang_returns_none_when_not_enough(free, n):
     assert pick_gang(free, n) is None
 
 
-@pytest.mark.xfail(strict=True, reason="bug: docstring promises 'as few hosts as the free slots "
-                   "allow', but pick_gang fills greedily in host order")
 def test_pick_gang_packs_onto_as_few_hosts_as_possible():
     free = [gpu("node0", 0), gpu("node1", 0), gpu("node1", 1)]
     assert {s.host for s in pick_gang(free, 2)} == {"node1"}

@@ -65,8 +65,6 @@ def _make(name: str):
     return namespace[name]
 
 
-@pytest.mark.xfail(strict=True, raises=SpecError,
-                   reason="bug: the default name is not sanitised, so a valid function is refused")
 @pytest.mark.parametrize("fn_name", ["_train", "t" * 60, "entraînement"])
 def test_any_function_gets_a_valid_default_name(fn_name):
     JobSpec(fn=_make(fn_name), world_size=1)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from typing import Any, Iterable
 
 _SCHEMA = """
@@ -83,6 +82,8 @@ class Journal:
         self._db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def update(self, job: str, **fields: Any) -> None:
+        if not fields:
+            return
         row = _encode(fields)
         sets = ", ".join(f"{k} = ?" for k in row)
         self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*row.values(), job))
@@ -94,7 +95,7 @@ class Journal:
     def find(self, scheduler: str, name: str) -> dict[str, Any] | None:
         """The newest job of that name on that scheduler."""
         row = self._db.execute(
-            "SELECT * FROM jobs WHERE scheduler = ? AND name = ? ORDER BY submitted DESC LIMIT 1",
+            "SELECT * FROM jobs WHERE scheduler = ? AND name = ? ORDER BY submitted DESC, rowid DESC LIMIT 1",
             (scheduler, name),
         ).fetchone()
         return _decode(row) if row else None
@@ -124,7 +125,7 @@ class Journal:
             params += (limit,)
         out = []
         for seq, rank, step, t, scalars in self._db.execute(sql, params):
-            out.append({"seq": seq, "rank": rank, "step": step, "time": t, **json.loads(scalars)})
+            out.append({**json.loads(scalars), "seq": seq, "rank": rank, "step": step, "time": t})
         return out
 
     # logs -----------------------------------------------------------------
@@ -155,6 +156,3 @@ def _decode(row: sqlite3.Row) -> dict[str, Any]:
             record[k] = json.loads(record[k])
     return record
 
-
-def now() -> float:
-    return time.time()

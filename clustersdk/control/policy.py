@@ -35,18 +35,27 @@ def rank_order(slots: Iterable[Slot]) -> list[Slot]:
 def pick_gang(free: Iterable[Slot], n: int) -> list[Slot] | None:
     """``n`` free slots on distinct physical devices, in rank order, or None.
 
-    Filling hosts in order keeps a gang on as few hosts as the free slots allow.
+    The gang goes on as few hosts as the free slots allow (intra-host links are
+    the fast ones): the fullest hosts first, and when one host can hold it
+    all, the one with the fewest free slots that does (best fit, so that big
+    holes stay open for big jobs).
     """
-    chosen: list[Slot] = []
+    by_host: dict[str, list[Slot]] = {}
     devices: set[str] = set()
     for slot in rank_order(free):
         if slot.uuid and slot.uuid in devices:
             continue  # NCCL refuses two ranks on one GPU ("Duplicate GPU detected")
-        chosen.append(slot)
         if slot.uuid:
             devices.add(slot.uuid)
+        by_host.setdefault(slot.host, []).append(slot)
+    fits = [slots for slots in by_host.values() if len(slots) >= n]
+    if fits:
+        return min(fits, key=len)[:n]
+    chosen: list[Slot] = []
+    for slots in sorted(by_host.values(), key=len, reverse=True):
+        chosen.extend(slots[: n - len(chosen)])
         if len(chosen) == n:
-            return chosen
+            return rank_order(chosen)
     return None
 
 

@@ -67,6 +67,24 @@ class _RankStream(io.TextIOBase):
         if getattr(_local, "sink", None) is None:
             self._original.flush()
 
+    # io.TextIOBase defines these, so __getattr__ would never see them
+    @property
+    def encoding(self) -> str:
+        return self._original.encoding
+
+    @property
+    def errors(self) -> str | None:
+        return getattr(self._original, "errors", None)
+
+    def fileno(self) -> int:
+        return self._original.fileno()
+
+    def isatty(self) -> bool:
+        return self._original.isatty()
+
+    def writable(self) -> bool:
+        return True
+
     def __getattr__(self, name: str):
         return getattr(self._original, name)
 

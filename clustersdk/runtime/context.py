@@ -14,6 +14,7 @@ from . import strategies
 from .data import ShardedLoader
 
 RUN, STOP = 0, 1  # control words; the highest word any rank holds wins
+RESERVED = frozenset({"seq", "rank", "step", "time"})  # fields of every metrics row
 CHECK_INTERVAL = 0.05  # seconds between control checks in a loop of fast steps
 MAX_CHECK_EVERY = 1000
 
@@ -114,6 +115,9 @@ class TrainContext:
         """Record scalars (numbers or one-element tensors) for the current step."""
         row = {}
         for key, value in scalars.items():
+            if key in RESERVED:
+                raise SpecError(f"ctx.log({key}=...): {key!r} is recorded with every row already; "
+                                "pick another name")
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
                     raise SpecError(

@@ -32,6 +32,8 @@ class ShardedLoader:
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         n = len(dataset)
         if n < batch_size * world_size:
             raise ValueError(
@@ -61,7 +63,8 @@ class ShardedLoader:
     def _batches(self) -> list[list[int]]:
         n = len(self.dataset)
         if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            # distinct (seed, epoch) pairs never share a permutation
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
             perm = torch.randperm(n, generator=g).tolist()
         else:
             perm = list(range(n))
