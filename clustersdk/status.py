@@ -2,13 +2,17 @@
 
 ::
 
-    QUEUED   ──> STARTING | STOPPED | FAILED
-    STARTING ──> RUNNING | STOPPING | FINISHED | FAILED
-    RUNNING  ──> STOPPING | FINISHED | FAILED
-    STOPPING ──> STOPPED | FINISHED | FAILED
+    QUEUED     ──> STARTING | STOPPED | FAILED
+    STARTING   ──> RUNNING | STOPPING | FINISHED | FAILED
+    RUNNING    ──> PAUSED | SUSPENDING | STOPPING | FINISHED | FAILED
+    PAUSED     ──> RUNNING | SUSPENDING | STOPPING | FAILED
+    SUSPENDING ──> SUSPENDED | STOPPING | FINISHED | FAILED
+    SUSPENDED  ──> QUEUED (resume) | STOPPED
+    STOPPING   ──> STOPPED | FINISHED | FAILED
 
-A job is *terminal* once FINISHED, FAILED or STOPPED; nothing leaves a terminal
-state.
+PAUSED holds the job's slots and process group; SUSPENDED holds a checkpoint
+and no slots. A job is *terminal* once FINISHED, FAILED or STOPPED; nothing
+leaves a terminal state.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ class JobStatus(str, enum.Enum):
     QUEUED = "queued"          # waiting for a gang of free slots
     STARTING = "starting"      # slots allocated, process group coming up
     RUNNING = "running"        # every rank is inside the user's function
+    PAUSED = "paused"          # every rank waits at the same step boundary, slots held
+    SUSPENDING = "suspending"  # checkpointing, then giving the slots back
+    SUSPENDED = "suspended"    # checkpointed, no slots; resume() queues it again
     STOPPING = "stopping"      # stop asked; ranks leave at the next step boundary
     FINISHED = "finished"      # every rank returned
     FAILED = "failed"          # a rank raised or its worker was lost
@@ -37,16 +44,18 @@ class JobStatus(str, enum.Enum):
 
 TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED})
 
+_S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.STARTING, JobStatus.STOPPED, JobStatus.FAILED}),
-    JobStatus.STARTING: frozenset(
-        {JobStatus.RUNNING, JobStatus.STOPPING, JobStatus.FAILED, JobStatus.FINISHED}
-    ),
-    JobStatus.RUNNING: frozenset({JobStatus.STOPPING, JobStatus.FINISHED, JobStatus.FAILED}),
-    JobStatus.STOPPING: frozenset({JobStatus.STOPPED, JobStatus.FAILED, JobStatus.FINISHED}),
-    JobStatus.FINISHED: frozenset(),
-    JobStatus.FAILED: frozenset(),
-    JobStatus.STOPPED: frozenset(),
+    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.PAUSED, _S.SUSPENDING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.PAUSED: frozenset({_S.RUNNING, _S.SUSPENDING, _S.STOPPING, _S.FAILED}),
+    _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.SUSPENDED: frozenset({_S.QUEUED, _S.STOPPED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FINISHED, _S.FAILED}),
+    _S.FINISHED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.STOPPED: frozenset(),
 }
 
 

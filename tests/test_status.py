@@ -14,11 +14,15 @@ Q, S, R, G, F, X, D = (
     JobStatus.QUEUED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.STOPPING,
     JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED,
 )
+P, U, Z = JobStatus.PAUSED, JobStatus.SUSPENDING, JobStatus.SUSPENDED
 
 ALLOWED = {
     (Q, S), (Q, D), (Q, X),
     (S, R), (S, G), (S, X), (S, F),
-    (R, G), (R, F), (R, X),
+    (R, P), (R, U), (R, G), (R, F), (R, X),
+    (P, R), (P, U), (P, G), (P, X),
+    (U, Z), (U, G), (U, F), (U, X),
+    (Z, Q), (Z, D),
     (G, D), (G, X), (G, F),
 }
 
