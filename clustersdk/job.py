@@ -122,6 +122,11 @@ class Job:
         """Every logged row after sequence number ``since``: seq, rank, step, time, scalars."""
         return list(self.cluster._call("history", job=self.id, since=since))
 
+    def system(self, since: int = 0) -> list[dict[str, Any]]:
+        """GPU samples per rank (utilisation, memory, temperature, power) or, without a
+        GPU, CPU, memory and network samples; ``source`` says which ("nvml"/"psutil")."""
+        return list(self.cluster._call("system", job=self.id, since=since))
+
     def logs(self, rank: int = 0) -> str:
         """What rank ``rank`` printed or logged, as text."""
         lines = self.cluster._call("logs", job=self.id, rank=rank)

@@ -263,3 +263,15 @@ def test_job_fails_when_a_worker_dies(tmp_path):
         wait_for(lambda: len(cluster.slots()) == 2, timeout=60)
         out = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2).wait(timeout=60)
         assert len(out["losses"]) == 3
+
+
+def test_system_samples_are_labelled_by_source(idle):
+    job = idle.launch(workloads.spin, world_size=2)
+    wait_for(lambda: {s["rank"] for s in job.system()} == {0, 1}, timeout=30)
+    job.stop()
+    for sample in job.system():
+        if torch.cuda.is_available():
+            assert sample["source"] == "nvml" and 0 <= sample["gpu_util"] <= 100
+        else:  # no GPU: CPU and memory, never passed off as GPU numbers
+            assert sample["source"] == "psutil" and "gpu_util" not in sample
+            assert 0 < sample["mem_used"] <= sample["mem_total"]

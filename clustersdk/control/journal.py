@@ -46,6 +46,14 @@ CREATE TABLE IF NOT EXISTS logs (
     text TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS logs_by_job ON logs (job, rank, seq);
+CREATE TABLE IF NOT EXISTS system (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    time REAL NOT NULL,
+    sample TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS system_by_job ON system (job, seq);
 """
 
 _JSON_FIELDS = ("spec", "ranks", "error")
@@ -127,6 +135,22 @@ class Journal:
         for seq, rank, step, t, scalars in self._db.execute(sql, params):
             out.append({**json.loads(scalars), "seq": seq, "rank": rank, "step": step, "time": t})
         return out
+
+    # system samples ---------------------------------------------------------
+    def add_system(self, job: str, samples: Iterable[dict[str, Any]]) -> None:
+        self._db.executemany(
+            "INSERT INTO system (job, rank, time, sample) VALUES (?, ?, ?, ?)",
+            [(job, s["rank"], s["time"], json.dumps(s["sample"])) for s in samples],
+        )
+
+    def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
+        """GPU (or CPU) samples after ``since``: seq, rank, time, source and each reading."""
+        rows = self._db.execute(
+            "SELECT seq, rank, time, sample FROM system WHERE job = ? AND seq > ? ORDER BY seq",
+            (job, since),
+        )
+        return [{**json.loads(sample), "seq": seq, "rank": rank, "time": t}
+                for seq, rank, t, sample in rows]
 
     # logs -----------------------------------------------------------------
     def add_logs(self, job: str, lines: Iterable[tuple[int, float, str, str]]) -> None:

@@ -71,7 +71,7 @@ class ControlPlane(SchedulerPlugin):
         self.runs: dict[str, Run] = {}       # non-terminal jobs
         for name in (
             "worker_ready", "submit", "stop", "wait", "job", "jobs",
-            "history", "logs", "inventory", "rank_event",
+            "history", "logs", "system", "inventory", "rank_event",
         ):
             scheduler.handlers[f"clustersdk_{name}"] = getattr(self, f"_h_{name}")
 
@@ -101,6 +101,8 @@ class ControlPlane(SchedulerPlugin):
                 self.journal.add_metrics(job, msg["rows"])
             if msg.get("logs"):
                 self.journal.add_logs(job, msg["logs"])
+            if msg.get("system"):
+                self.journal.add_system(job, msg["system"])
 
     # handlers: inventory -----------------------------------------------------
     def _h_worker_ready(self, slot: dict) -> None:
@@ -180,16 +182,20 @@ class ControlPlane(SchedulerPlugin):
     def _h_history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
         return self.journal.history(job, since, limit)
 
+    def _h_system(self, job: str, since: int = 0) -> list[dict]:
+        return self.journal.system(job, since)
+
     def _h_logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
         return self.journal.logs(job, rank, since)
 
     # handlers: ranks ---------------------------------------------------------
     def _h_rank_event(self, job: str, rank: int, event: str, data: dict | None = None) -> None:
         data = data or {}
-        if data.get("rows") or data.get("logs"):
+        final = {key: data.pop(key, []) for key in ("rows", "logs", "system")}
+        data.pop("kind", None)
+        if any(final.values()):
             # through the broker, so that subscribers see the last rows too
-            self.scheduler.log_event(topic(job), {"kind": "metrics", "rows": data.pop("rows", []),
-                                                  "logs": data.pop("logs", [])})
+            self.scheduler.log_event(topic(job), {"kind": "metrics", **final})
         run = self.runs.get(job)
         if run is None:
             return

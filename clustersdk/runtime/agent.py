@@ -23,7 +23,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
 from tornado.ioloop import PeriodicCallback
 
-from . import capture
+from .. import config
+from . import capture, telemetry
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Agent(WorkerPlugin):
         self._flusher = PeriodicCallback(self.flush, FLUSH_MS)
         self._flusher.start()
         slot.update(worker=worker.address, host=_host_of(worker.address))
+        self.slot = slot
         await worker.scheduler.clustersdk_worker_ready(slot=slot)
 
     def teardown(self, worker) -> None:
@@ -82,7 +84,7 @@ class Agent(WorkerPlugin):
         for rank in list(self.ranks.values()):
             if rank.due():
                 msg = rank.drain()
-                if msg["rows"] or msg["logs"]:
+                if msg["rows"] or msg["logs"] or msg["system"]:
                     self.worker.log_event(rank.topic, msg)
 
     def report(self, job: str, rank: int, event: str, **data: Any) -> None:
@@ -102,6 +104,9 @@ class RankThread(threading.Thread):
         self.master = (master_addr, master_port)
         self.topic = f"clustersdk-job-{job}"
         self.sink = capture.Sink(rank)
+        self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
+        self.telemetry_interval = float(config.get("telemetry-interval"))
+        self._last_sample = 0.0
         self.ctx = None
         self._early_word = 0
         self._lock = threading.Lock()
@@ -123,7 +128,15 @@ class RankThread(threading.Thread):
     def drain(self, final: bool = False) -> dict[str, Any]:
         ctx = self.ctx
         rows = ctx.drain_rows() if ctx is not None else []
-        return {"kind": "metrics", "rows": rows, "logs": self.sink.drain(final)}
+        system = []
+        now = time.monotonic()
+        if not final and now - self._last_sample >= self.telemetry_interval:
+            self._last_sample = now
+            try:
+                system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
+            except Exception:  # telemetry must never hurt the job
+                logger.debug("clustersdk: telemetry sample failed", exc_info=True)
+        return {"kind": "metrics", "rows": rows, "logs": self.sink.drain(final), "system": system}
 
     def run(self) -> None:
         from . import process_group as pg
