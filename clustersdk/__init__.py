@@ -27,6 +27,13 @@ from .status import JobStatus
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
+    """``%load_ext clustersdk``: the %cluster, %%distributed, %jobs and %job magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
 __all__ = [
     "STRATEGIES",
     "CapacityError",

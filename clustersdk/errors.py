@@ -10,6 +10,7 @@
      ├── InvalidTransitionError              an action that makes no sense in the job's state
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
      ├── JobStoppedError                     the job was stopped before it produced a result
+     ├── CheckpointError                      a checkpoint can't be written, found or loaded
      └── JobFailedError                      a rank raised; carries rank, type, message, traceback
 
 Every message names the bad value and what was expected, so that a user can
@@ -52,6 +53,11 @@ class JobTimeoutError(ClusterSDKError, TimeoutError):
 
 class JobStoppedError(ClusterSDKError):
     """The job was stopped before rank 0 returned a result."""
+
+
+class CheckpointError(ClusterSDKError):
+    """A checkpoint can't be written, found or loaded; the message says why and
+    which checkpoint is kept instead."""
 
 
 class JobFailedError(ClusterSDKError):

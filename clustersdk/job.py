@@ -133,6 +133,31 @@ class Job:
         return "".join(line["text"] + "\n" for line in lines)
 
     # control -------------------------------------------------------------------
+    def pause(self, timeout: float | None = 60) -> int:
+        """Hold every rank at the same step boundary, keeping the slots and process group.
+
+        Returns once every rank has paused, with the step they stopped before.
+        """
+        return self.cluster._call("pause", job=self.id, timeout=timeout)["paused_at"]
+
+    def resume(self, world_size: int | None = None) -> JobStatus:
+        """Continue a PAUSED job, or queue a SUSPENDED one again (optionally at another
+        ``world_size``; the global batch stays the same)."""
+        self._record = self.cluster._call("resume", job=self.id, world_size=world_size)
+        return JobStatus[self._record["status"]]
+
+    def checkpoint(self, timeout: float | None = None) -> str:
+        """Checkpoint at the next step boundary; return the committed checkpoint's path."""
+        return self.cluster._call("checkpoint", job=self.id, timeout=timeout)["checkpoint"]
+
+    def suspend(self, timeout: float | None = None) -> str:
+        """Checkpoint, free the slots and wait SUSPENDED; ``resume()`` continues.
+
+        Returns the path of the checkpoint the job will resume from.
+        """
+        self._record = self.cluster._call("suspend", job=self.id, timeout=timeout)
+        return self._record["checkpoint"]
+
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has."""
         self.cluster._call("stop", job=self.id)
@@ -152,6 +177,12 @@ class Job:
                                                  **row["scalars"]}
         for callback in list(self._callbacks):
             callback(msg)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The live dashboard in Jupyter (plain HTML where ipywidgets is missing)."""
+        from .widgets import job_mimebundle
+
+        return job_mimebundle(self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
         return (f"<Job {self.name!r} {self._record.get('status', '?')} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 import re
 import uuid
 from typing import Any, Callable
@@ -36,6 +37,11 @@ class JobSpec:
     name: str | None = None
     timeout: float = 60.0           # process-group timeout, seconds
     metrics_interval: float = 0.2   # how often ranks ship metrics and logs, seconds
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None  # steps between periodic checkpoints
+    keep: int = 3                       # committed checkpoints kept
+    async_checkpoint: bool = True
+    resume: str | None = None           # "auto" (newest in checkpoint_dir) or a checkpoint path
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -68,6 +74,24 @@ class JobSpec:
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
                 raise SpecError(f"{field} must be a positive number of seconds, got {value!r}")
 
+        self._check_checkpoint_options()
+
+    def _check_checkpoint_options(self) -> None:
+        if self.checkpoint_dir is not None:
+            if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not str(self.checkpoint_dir):
+                raise SpecError(f"checkpoint_dir must be a path, got {self.checkpoint_dir!r}")
+            self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every <= 0):
+            raise SpecError(f"checkpoint_every must be a positive int (steps), got {every!r}")
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
+            raise SpecError(f"keep must be an int of at least 1, got {self.keep!r}")
+        if self.resume is not None and not isinstance(self.resume, str):
+            raise SpecError(f"resume must be 'auto' or a checkpoint path, got {self.resume!r}")
+        needs_dir = [n for n in ("checkpoint_every", "resume") if getattr(self, n) is not None]
+        if needs_dir and self.checkpoint_dir is None:
+            raise SpecError(f"{' and '.join(needs_dir)} need checkpoint_dir=...")
+
     def payload(self) -> bytes:
         """The function and its arguments, cloudpickled; a clear error if they can't be."""
         try:
@@ -90,4 +114,9 @@ class JobSpec:
             "timeout": float(self.timeout),
             "metrics_interval": float(self.metrics_interval),
             "fn": getattr(self.fn, "__qualname__", repr(self.fn)),
+            "checkpoint_dir": self.checkpoint_dir,
+            "checkpoint_every": self.checkpoint_every,
+            "keep": self.keep,
+            "async_checkpoint": bool(self.async_checkpoint),
+            "resume": self.resume,
         }

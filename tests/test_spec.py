@@ -112,4 +112,21 @@ def test_to_wire_is_msgpackable_and_has_no_function():
     wire = spec.to_wire()
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
     assert wire == {"id": spec.id, "name": "run", "world_size": 2, "strategy": "ddp",
-                    "timeout": 5.0, "metrics_interval": 0.2, "fn": "train"}
+                    "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
+                    "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
+                    "async_checkpoint": True, "resume": None}
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"checkpoint_every": 10}, "checkpoint_every need checkpoint_dir"),
+        ({"resume": "auto"}, "resume need checkpoint_dir"),
+        ({"checkpoint_dir": "/tmp/x", "checkpoint_every": 0}, "checkpoint_every must be a positive int"),
+        ({"checkpoint_dir": "/tmp/x", "keep": 0}, "keep must be an int of at least 1, got 0"),
+        ({"checkpoint_dir": 3}, "checkpoint_dir must be a path, got 3"),
+    ],
+)
+def test_checkpoint_options_are_checked(options, match):
+    with pytest.raises(SpecError, match=match):
+        JobSpec(fn=train, world_size=1, **options)

@@ -10,11 +10,12 @@ from typing import Any, Callable
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
 
-from .. import config
+from .. import config, registry
 from ..control.plugin import ControlPlane, topic
 from ..errors import PluginMissingError
 from ..job import Job
 from ..runtime.agent import Agent
+from ..runtime.checkpoint import check_writable
 from ..spec import JobSpec
 
 
@@ -61,6 +62,9 @@ class Cluster:
         self._closed = False
         self._silence_logs: int | bool = False
         install(client, self.state_dir)
+        self._registration = registry.register(self.scheduler_address, kind=kind,
+                                               local=dask_cluster is not None,
+                                               state_dir=self.state_dir)
 
     # properties ----------------------------------------------------------------
     @property
@@ -83,11 +87,20 @@ class Cluster:
         name: str | None = None,
         timeout: float | None = None,
         metrics_interval: float | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int | None = None,
+        keep: int = 3,
+        async_checkpoint: bool = True,
+        resume: str | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
         The job is queued until ``world_size`` slots are free, then all start at
-        once. ``timeout`` bounds every collective (seconds).
+        once. ``timeout`` bounds every collective (seconds). With
+        ``checkpoint_dir``, the job can be checkpointed (every
+        ``checkpoint_every`` steps, or on ``job.checkpoint()``), suspended and
+        resumed; the newest ``keep`` checkpoints are kept. ``resume="auto"``
+        continues from the newest checkpoint in ``checkpoint_dir``, if any.
         """
         spec = JobSpec(
             fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
@@ -95,7 +108,11 @@ class Cluster:
             timeout=config.get("timeout") if timeout is None else timeout,
             metrics_interval=(config.get("metrics-interval") if metrics_interval is None
                               else metrics_interval),
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
+            async_checkpoint=async_checkpoint, resume=resume,
         )
+        if spec.checkpoint_dir and self.kind == "local":
+            check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
         payload = spec.payload()
         self._subscribe(spec.id)  # before submit, so that no event is missed
         try:
@@ -145,6 +162,7 @@ class Cluster:
         if self._closed:
             return
         self._closed = True
+        registry.unregister(self._registration)
         quiet = silence_logging_cmgr(self._silence_logs) if self._silence_logs else nullcontext()
         with quiet:
             if self._owns_client:
@@ -157,6 +175,12 @@ class Cluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The cluster dashboard in Jupyter (plain HTML where ipywidgets is missing)."""
+        from ..widgets import cluster_mimebundle
+
+        return cluster_mimebundle(self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
         if self._closed:

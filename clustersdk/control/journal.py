@@ -25,7 +25,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason TEXT NOT NULL DEFAULT '',
     ranks TEXT NOT NULL DEFAULT '[]',
     error TEXT,
-    result BLOB
+    result BLOB,
+    paused_at INTEGER,
+    checkpoint TEXT,
+    checkpoint_step INTEGER,
+    checkpoint_error TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (

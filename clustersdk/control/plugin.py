@@ -17,7 +17,14 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..errors import CapacityError, InvalidTransitionError, JobNotFoundError, SpecError
+from ..errors import (
+    CapacityError,
+    CheckpointError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    JobTimeoutError,
+    SpecError,
+)
 from ..status import JobStatus, check_transition
 from . import policy
 from .journal import Journal
@@ -25,7 +32,7 @@ from .journal import Journal
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
-STOP = 1  # the control word that asks ranks to leave at the next step boundary
+STOP, SUSPEND, PAUSE, RESUME, CHECKPOINT = range(5)  # the control vector (runtime/control.py)
 
 
 def topic(job: str) -> str:
@@ -43,8 +50,17 @@ class Run:
     slots: list[policy.Slot] = dataclasses.field(default_factory=list)
     started: set[int] = dataclasses.field(default_factory=set)
     exited: dict[int, dict] = dataclasses.field(default_factory=dict)
+    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step
+    control: list[int] = dataclasses.field(default_factory=lambda: [0] * 5)
+    checkpoint_seq: int = 0        # newest CHECKPOINT request committed
+    checkpoint_failed_seq: int = -1
     result: bytes | None = None
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
+
+    def reset_ranks(self) -> None:
+        self.slots, self.started, self.exited, self.paused = [], set(), {}, {}
+        self.control = [0] * 5
 
     @property
     def id(self) -> str:
@@ -71,6 +87,7 @@ class ControlPlane(SchedulerPlugin):
         self.runs: dict[str, Run] = {}       # non-terminal jobs
         for name in (
             "worker_ready", "submit", "stop", "wait", "job", "jobs",
+            "pause", "resume", "checkpoint", "suspend",
             "history", "logs", "system", "inventory", "rank_event",
         ):
             scheduler.handlers[f"clustersdk_{name}"] = getattr(self, f"_h_{name}")
@@ -93,6 +110,7 @@ class ControlPlane(SchedulerPlugin):
             msg = f"worker {worker} (host {run.slots[rank].host}) left the cluster"
             self._fail(run, _error(rank, "WorkerLost", msg))
         self._maybe_done(run)
+        self._notify(run)
 
     def log_event(self, topic_name: str, msg: Any) -> None:
         if topic_name.startswith("clustersdk-job-") and isinstance(msg, dict) and msg.get("kind") == "metrics":
@@ -116,14 +134,17 @@ class ControlPlane(SchedulerPlugin):
         ]
 
     # handlers: jobs ------------------------------------------------------------
-    def _h_submit(self, spec: dict, payload: bytes) -> dict:
-        ws, total = spec["world_size"], len(self.slots)
+    def _check_capacity(self, ws: int) -> None:
+        total = len(self.slots)
         if ws > total:
             raise CapacityError(
                 f"world_size={ws} is more than this cluster can ever hold: it has {total} "
                 f"slot(s) on {len({s.host for s in self.slots.values()})} host(s); add workers or "
                 "ask for fewer ranks"
             )
+
+    def _h_submit(self, spec: dict, payload: bytes) -> dict:
+        self._check_capacity(spec["world_size"])
         clash = self.journal.find(self.id, spec["name"])
         if clash and not JobStatus[clash["status"]].terminal:
             raise SpecError(
@@ -147,14 +168,108 @@ class ControlPlane(SchedulerPlugin):
             raise InvalidTransitionError(
                 f"job {record['name']!r} is {record['status']}; there is nothing to stop"
             )
-        if run.status is JobStatus.QUEUED:
-            self.queue.remove(job)
-            self._finish(run, JobStatus.STOPPED, reason="stopped while queued")
+        if run.status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
+            if job in self.queue:
+                self.queue.remove(job)
+            self._finish(run, JobStatus.STOPPED, reason=f"stopped while {run.status.name}")
             self._schedule()
         elif run.status is not JobStatus.STOPPING:
             self._transition(run, JobStatus.STOPPING, reason="stop requested")
-            self._broadcast(run, STOP)
+            run.control[STOP] = 1
+            self._broadcast(run)
         return self._record(job)
+
+    async def _h_pause(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "pause")
+        check_transition(run.spec["name"], run.status, JobStatus.PAUSED)
+        if run.control[PAUSE] <= run.control[RESUME]:
+            run.control[PAUSE] = run.control[RESUME] + 1
+            run.paused.clear()
+            self._broadcast(run)
+        if not await self._until(run, lambda: run.status is not JobStatus.RUNNING, timeout):
+            run.control[RESUME] = run.control[PAUSE]  # withdraw the request
+            self._broadcast(run)
+            raise JobTimeoutError(
+                f"job {run.spec['name']!r} did not pause within {timeout} s: its ranks reach no step "
+                "boundary (does the training function iterate over ctx.loop?)"
+            )
+        if run.status is not JobStatus.PAUSED:
+            raise InvalidTransitionError(
+                f"job {run.spec['name']!r} became {run.status.name} before it could pause"
+            )
+        return self._record(job)
+
+    def _h_resume(self, job: str, world_size: int | None = None) -> dict:
+        run = self._active(job, "resume")
+        name = run.spec["name"]
+        if run.status is JobStatus.PAUSED:
+            if world_size not in (None, run.spec["world_size"]):
+                raise SpecError(
+                    f"job {name!r} is PAUSED and keeps its process group of "
+                    f"{run.spec['world_size']} ranks; to resume at world_size={world_size}, "
+                    "suspend it first"
+                )
+            run.control[RESUME] = run.control[PAUSE]
+            self._broadcast(run)
+            self._transition(run, JobStatus.RUNNING, reason="")
+        elif run.status is JobStatus.SUSPENDED:
+            ws = run.spec["world_size"] if world_size is None else world_size
+            if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
+                raise SpecError(f"world_size must be a positive int, got {ws!r}")
+            self._check_capacity(ws)
+            record = self.journal.get(job)
+            run.reset_ranks()
+            run.spec = {**run.spec, "world_size": ws, "resume": record["checkpoint"]}
+            self.journal.update(job, spec=run.spec)
+            self._transition(run, JobStatus.QUEUED, reason="")
+            self.queue.append(job)
+            self._schedule()
+        else:
+            raise InvalidTransitionError(
+                f"job {name!r} is {run.status.name}; only a PAUSED or SUSPENDED job can be resumed"
+            )
+        return self._record(job)
+
+    async def _h_checkpoint(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "checkpoint")
+        self._need_checkpoint_dir(run, "checkpoint")
+        if run.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+            raise InvalidTransitionError(
+                f"job {run.spec['name']!r} is {run.status.name}; a checkpoint needs a RUNNING or "
+                "PAUSED job"
+            )
+        run.control[CHECKPOINT] += 1
+        seq = run.control[CHECKPOINT]
+        self._broadcast(run)
+        done = await self._until(run, lambda: run.checkpoint_seq >= seq
+                                 or run.checkpoint_failed_seq >= seq or run.status.terminal, timeout)
+        record = self._record(job)
+        if run.checkpoint_seq >= seq:
+            return record
+        if run.checkpoint_failed_seq >= seq:
+            raise CheckpointError(
+                f"checkpoint of job {run.spec['name']!r} failed: {record['checkpoint_error']}; the "
+                f"previous one is kept ({record['checkpoint'] or 'none yet'})"
+            )
+        if not done:
+            raise JobTimeoutError(f"job {run.spec['name']!r} did not checkpoint within {timeout} s")
+        raise InvalidTransitionError(f"job {run.spec['name']!r} became {run.status.name} before "
+                                     "it could checkpoint")
+
+    async def _h_suspend(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "suspend")
+        self._need_checkpoint_dir(run, "suspend")
+        check_transition(run.spec["name"], run.status, JobStatus.SUSPENDING)
+        self._transition(run, JobStatus.SUSPENDING, reason="suspend requested")
+        run.control[SUSPEND] = 1
+        self._broadcast(run)
+        await self._until(run, lambda: run.status is not JobStatus.SUSPENDING, timeout)
+        record = self._record(job)
+        if run.status is not JobStatus.SUSPENDED and run.status is not JobStatus.SUSPENDING:
+            raise InvalidTransitionError(
+                f"job {run.spec['name']!r} became {run.status.name} instead of SUSPENDED"
+            )
+        return record
 
     async def _h_wait(self, job: str, timeout: float | None = None) -> dict:
         run = self.runs.get(job)
@@ -203,6 +318,23 @@ class ControlPlane(SchedulerPlugin):
             run.started.add(rank)
             if run.status is JobStatus.STARTING and len(run.started) == run.spec["world_size"]:
                 self._transition(run, JobStatus.RUNNING, started=time.time(), reason="")
+        elif event == "paused":
+            run.paused[rank] = data["step"]
+            if run.status is JobStatus.RUNNING and len(run.paused) == run.spec["world_size"]:
+                self._transition(run, JobStatus.PAUSED, paused_at=max(run.paused.values()))
+        elif event == "resumed":
+            run.paused.pop(rank, None)
+        elif event == "checkpoint":
+            run.checkpoint_seq = max(run.checkpoint_seq, data["seq"])
+            self.journal.update(job, checkpoint=data["path"], checkpoint_step=data["step"],
+                                checkpoint_error=None)
+            self.scheduler.log_event(topic(job), {"kind": "checkpoint", "path": data["path"],
+                                                  "step": data["step"]})
+        elif event == "checkpoint_failed":
+            run.checkpoint_failed_seq = max(run.checkpoint_failed_seq, data["seq"])
+            self.journal.update(job, checkpoint_error=f"step {data['step']}: {data['message']}")
+            self.scheduler.log_event(topic(job), {"kind": "checkpoint_failed",
+                                                  "step": data["step"], "message": data["message"]})
         elif event == "failed":
             if not run.status.terminal:
                 self._fail(run, data["error"])
@@ -215,6 +347,7 @@ class ControlPlane(SchedulerPlugin):
                 del self.busy[slot.worker]
             self._maybe_done(run)
             self._schedule()
+        self._notify(run)
 
     # internals -----------------------------------------------------------------
     def _schedule(self) -> None:
@@ -252,7 +385,6 @@ class ControlPlane(SchedulerPlugin):
             logger.exception("clustersdk: could not start job %s", run.id)
             if not run.status.terminal:
                 self._fail(run, _error(None, type(e).__name__, f"could not start the ranks: {e}"))
-            self._broadcast(run, STOP)
             # ranks that never started will never report an exit
             for rank, slot in enumerate(gang):
                 if rank not in run.started and self.busy.get(slot.worker) == run.id:
@@ -261,25 +393,64 @@ class ControlPlane(SchedulerPlugin):
             self._maybe_done(run)
             self._schedule()
 
-    def _broadcast(self, run: Run, word: int) -> None:
+    def _broadcast(self, run: Run) -> None:
+        """Send the job's control vector to each of its ranks' agents."""
         for slot in run.slots:
             if slot.worker in self.slots:
-                self.scheduler.loop.add_callback(self._control, slot.worker, run.id, word)
+                self.scheduler.loop.add_callback(self._control, slot.worker, run.id, list(run.control))
 
-    async def _control(self, worker: str, job: str, word: int) -> None:
+    async def _control(self, worker: str, job: str, words: list[int]) -> None:
         try:
-            await self.scheduler.rpc(worker).clustersdk_control(job=job, word=word)
+            await self.scheduler.rpc(worker).clustersdk_control(job=job, words=words)
         except Exception:  # the worker is gone; remove_worker deals with it
-            logger.info("clustersdk: control word to %s failed", worker, exc_info=True)
+            logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
+
+    def _active(self, job: str, action: str) -> Run:
+        run = self.runs.get(job)
+        if run is None:
+            record = self._record(job)
+            raise InvalidTransitionError(
+                f"job {record['name']!r} is {record['status']}; it cannot {action}"
+            )
+        return run
+
+    def _need_checkpoint_dir(self, run: Run, action: str) -> None:
+        if not run.spec.get("checkpoint_dir"):
+            raise SpecError(
+                f"job {run.spec['name']!r} has no checkpoint_dir, so it cannot {action}; launch it "
+                "with checkpoint_dir=..."
+            )
+
+    async def _until(self, run: Run, predicate, timeout: float | None) -> bool:
+        """Wait until ``predicate()`` holds (re-checked on every event of the job)."""
+        async with run.changed:
+            try:
+                await asyncio.wait_for(run.changed.wait_for(predicate), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+    def _notify(self, run: Run) -> None:
+        async def notify() -> None:
+            async with run.changed:
+                run.changed.notify_all()
+
+        self.scheduler.loop.add_callback(notify)
 
     def _fail(self, run: Run, error: dict) -> None:
         """First error wins; the other ranks are told to stop and will exit."""
         self._finish(run, JobStatus.FAILED, error=error, reason="")
-        self._broadcast(run, STOP)
+        run.control[STOP] = 1
+        self._broadcast(run)
 
     def _maybe_done(self, run: Run) -> None:
         if len(run.exited) < run.spec["world_size"]:
             return
+        if run.status is JobStatus.SUSPENDING and all(
+            e.get("status") == "suspended" for e in run.exited.values()
+        ):
+            self._transition(run, JobStatus.SUSPENDED, reason="suspended: resume() to continue")
+            return  # stays in self.runs, with its payload, for resume()
         if not run.status.terminal:
             final = JobStatus.STOPPED if run.status is JobStatus.STOPPING else JobStatus.FINISHED
             self._finish(run, final, reason="")
@@ -289,7 +460,7 @@ class ControlPlane(SchedulerPlugin):
 
     def _finish(self, run: Run, status: JobStatus, **fields: Any) -> None:
         self._transition(run, status, ended=time.time(), **fields)
-        if not run.slots or all(s.worker not in self.busy for s in run.slots):
+        if all(self.busy.get(s.worker) != run.id for s in run.slots):
             # nothing runs: nobody will report an exit
             self.journal.update(run.id, result=run.result)
             self.runs.pop(run.id, None)
@@ -300,6 +471,7 @@ class ControlPlane(SchedulerPlugin):
         run.status = status
         self.journal.update(run.id, status=status.name, **fields)
         self.scheduler.log_event(topic(run.id), {"kind": "status", "status": status.name})
+        self._notify(run)
 
     def _record(self, job: str, with_result: bool = False) -> dict:
         record = self.journal.get(job)

@@ -24,7 +24,8 @@ from distributed.utils import sync
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
-from . import capture, telemetry
+from . import capture, checkpoint, telemetry
+from .control import Control, JobSuspended
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Agent(WorkerPlugin):
     def teardown(self, worker) -> None:
         self._flusher.stop()
         for rank in self.ranks.values():
-            rank.control(1)
+            rank.control.merge([1, 0, 0, 0, 0])  # STOP
 
     # handlers ------------------------------------------------------------------
     def open_store(self, job: str, world_size: int, timeout: float) -> int:
@@ -72,11 +73,11 @@ class Agent(WorkerPlugin):
         self.ranks[job] = thread
         thread.start()
 
-    def control(self, job: str, word: int) -> bool:
+    def control(self, job: str, words: list[int]) -> bool:
         rank = self.ranks.get(job)
         if rank is None:
             return False
-        rank.control(word)
+        rank.control.merge(words)
         return True
 
     # metrics -------------------------------------------------------------------
@@ -108,15 +109,8 @@ class RankThread(threading.Thread):
         self.telemetry_interval = float(config.get("telemetry-interval"))
         self._last_sample = 0.0
         self.ctx = None
-        self._early_word = 0
-        self._lock = threading.Lock()
+        self.control = Control()  # may receive words before the context exists
         self._last_flush = 0.0
-
-    def control(self, word: int) -> None:
-        with self._lock:
-            self._early_word = max(self._early_word, word)
-            if self.ctx is not None:
-                self.ctx._control = max(self.ctx._control, word)
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -150,13 +144,14 @@ class RankThread(threading.Thread):
             pg.set_env(rank, ws, *self.master)
             store = self.store or pg.join_store(*self.master, ws, spec["timeout"])
             self.store = None
-            control_group = pg.init(store, rank, ws, device, spec["timeout"])
-            with self._lock:
-                self.ctx = TrainContext(
-                    job=self.job, name=spec["name"], rank=rank, world_size=ws, local_rank=0,
-                    device=device, strategy=spec["strategy"], control_group=control_group,
-                )
-                self.ctx._control = self._early_word
+            control_group, checkpoint_group = pg.init(store, rank, ws, device, spec["timeout"])
+            options = _checkpoint_options(spec, rank)
+            self.ctx = TrainContext(
+                job=self.job, name=spec["name"], rank=rank, world_size=ws, local_rank=0,
+                device=device, strategy=spec["strategy"], control=self.control,
+                control_group=control_group, checkpoint_group=checkpoint_group,
+                checkpoint=options, report=self._report,
+            )
             self.agent.report(self.job, rank, "started")
             fn, args, kwargs = cloudpickle.loads(self.payload)
             result = fn(self.ctx, *args, **kwargs)
@@ -164,6 +159,8 @@ class RankThread(threading.Thread):
                 outcome["status"] = "stopped"
             if rank == 0:
                 outcome["result"] = cloudpickle.dumps(result)
+        except JobSuspended:
+            outcome = {"status": "suspended"}
         except BaseException as e:  # noqa: BLE001 - every failure must reach the user
             outcome = {"status": "failed"}
             error = {"rank": rank, "type": type(e).__name__, "message": str(e),
@@ -184,6 +181,21 @@ class RankThread(threading.Thread):
             if self.agent.ranks.get(self.job) is self:
                 del self.agent.ranks[self.job]
             self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"], **outcome)
+
+    def _report(self, event: str, **data: Any) -> None:
+        self.agent.report(self.job, self.rank, event, **data)
+
+
+def _checkpoint_options(spec: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """Check the checkpoint directory before any training; clean up killed saves."""
+    root = spec.get("checkpoint_dir")
+    if not root:
+        return None
+    checkpoint.check_writable(root)
+    if rank == 0:
+        checkpoint.clean_leftovers(root)
+    return {"dir": root, "every": spec.get("checkpoint_every"), "keep": spec.get("keep", 3),
+            "async": spec.get("async_checkpoint", True), "resume": spec.get("resume")}
 
 
 def _warm_up_and_probe() -> dict[str, Any]:

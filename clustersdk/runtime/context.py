@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from ..errors import SpecError
-from . import strategies
+from . import checkpoint, strategies
+from .control import CHECKPOINT, PAUSE, RESUME, STOP, SUSPEND, Control, ControlCheck, JobSuspended
 from .data import ShardedLoader
+from .saver import Saver
 
-RUN, STOP = 0, 1  # control words; the highest word any rank holds wins
 RESERVED = frozenset({"seq", "rank", "step", "time"})  # fields of every metrics row
-CHECK_INTERVAL = 0.05  # seconds between control checks in a loop of fast steps
-MAX_CHECK_EVERY = 1000
 
 
 class TrainContext:
@@ -42,7 +41,11 @@ class TrainContext:
         local_rank: int,
         device: torch.device,
         strategy: str,
+        control: Control | None = None,
         control_group: Any = None,
+        report: Callable[..., None] | None = None,
+        checkpoint: dict[str, Any] | None = None,
+        checkpoint_group: Any = None,
     ):
         self.job = job
         self.name = name
@@ -54,9 +57,21 @@ class TrainContext:
         self.step = 0
         self.stopped = False
         self.stateful: dict[str, Any] = {}
+        self._control = control or Control()
         self._control_group = control_group
-        self._control = RUN  # written by the worker's event loop, read at step boundaries
+        self._report = report or (lambda event, **data: None)
         self._rows: collections.deque = collections.deque()
+        self._paused = False
+        self._checkpoints_done = 0  # the newest CHECKPOINT request acted on
+        self._begun = False
+        options = checkpoint or {}
+        self._every = options.get("every")
+        self._resume = options.get("resume")
+        self._saver = None
+        if options.get("dir"):
+            self._saver = Saver(self, options["dir"], options.get("keep", 3), checkpoint_group,
+                                self._report)
+            self._async = options.get("async", True)
 
     def __repr__(self) -> str:
         return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
@@ -94,21 +109,89 @@ class TrainContext:
     def loop(self, data: Iterable[Any] | None, steps: int) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` until ``steps`` steps are done or the job is stopped.
 
-        ``data`` is iterated again when it runs out (a new epoch). Every few
-        steps the ranks agree on a control word with one tiny all-reduce, so all
-        of them act on a stop at the same step; see :class:`ControlCheck`.
+        ``data`` is iterated again when it runs out (a new epoch). At step
+        boundaries the ranks agree on the control vector (see
+        :mod:`.control`), so that they all pause, checkpoint, suspend or stop
+        at the same step. On the first call of a resumed job, everything that
+        was registered is restored from the checkpoint before the first step.
         """
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise SpecError(f"steps must be a non-negative int, got {steps!r}")
+        if not self._begun:
+            self._begin()
         batches = _cycle(data) if data is not None else None
-        check = ControlCheck(self)
-        while self.step < steps:
-            if check.due(self.step) and check.agree() >= STOP:
-                self.stopped = True
-                return
-            batch = next(batches) if batches is not None else None
-            yield self.step, batch
-            self.step += 1
+        check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
+        start = self.step
+        try:
+            while self.step < steps:
+                if self._every and self.step % self._every == 0 and self.step != start:
+                    self._saver.save(self._checkpoints_done, blocking=not self._async)
+                if check.due(self.step) and not self._act(check, check.agree(self.step)):
+                    self.stopped = True
+                    return
+                batch = next(batches) if batches is not None else None
+                yield self.step, batch
+                self.step += 1
+            if self._every and self.step % self._every == 0 and self.step != start:
+                self._saver.save(self._checkpoints_done, blocking=not self._async)
+        finally:
+            if self._saver is not None:
+                self._saver.wait()
+
+    def checkpoint(self) -> None:
+        """Save a checkpoint now (all ranks must call it at the same step)."""
+        if self._saver is None:
+            raise SpecError("this job has no checkpoint_dir; pass checkpoint_dir= to cluster.launch")
+        self._saver.save(self._checkpoints_done, blocking=True)
+
+    def _begin(self) -> None:
+        """Restore a resumed job and check there is room for a checkpoint, once."""
+        self._begun = True
+        saver = self._saver
+        if saver is None:
+            return
+        path = self._resume
+        if path == "auto":
+            path = checkpoint.latest(saver.root)
+            if self.world_size > 1:  # every rank must load the same one
+                chosen = [path]
+                dist.broadcast_object_list(chosen, src=0, group=self._control_group)
+                path = chosen[0]
+        if path:
+            self.step = saver.restore(path)
+            print(f"resumed from {path} at step {self.step}")
+        if self.rank == 0:
+            checkpoint.check_space(saver.root, 2 * saver.nbytes())
+
+    def _act(self, check: ControlCheck, words: list[int]) -> bool:
+        """Carry out the agreed control vector; False means: leave the loop."""
+        while True:
+            if words[STOP]:
+                return False
+            if words[SUSPEND]:
+                self._need_saver("suspend")
+                self._saver.save(words[CHECKPOINT], blocking=True)
+                raise JobSuspended(f"suspended at step {self.step}")
+            if words[CHECKPOINT] > self._checkpoints_done:
+                self._checkpoints_done = words[CHECKPOINT]
+                self._need_saver("checkpoint")
+                self._saver.save(words[CHECKPOINT], blocking=not self._async)
+            if words[PAUSE] <= words[RESUME]:
+                if self._paused:
+                    self._paused = False
+                    self._report("resumed", step=self.step)
+                return True
+            if not self._paused:
+                self._paused = True
+                if self._saver is not None:
+                    self._saver.wait()  # a paused job's last checkpoint is committed
+                self._report("paused", step=self.step)
+            self._control.wait_beyond(words)
+            words = check.agree(self.step)
+
+    def _need_saver(self, action: str) -> None:
+        if self._saver is None:
+            raise SpecError(f"cannot {action}: this job has no checkpoint_dir")
 
     # metrics -------------------------------------------------------------------
     def log(self, **scalars: Any) -> None:
@@ -141,42 +224,6 @@ class TrainContext:
                               for k, v in row["scalars"].items()}
             out.append(row)
         return out
-
-
-class ControlCheck:
-    """When and how the ranks agree on the control word.
-
-    The all-reduce is synchronous (a request is acted on at the next check, not
-    one later) and spaced so that checks come about every ``CHECK_INTERVAL``
-    seconds: every step when steps are slow, every N steps when they are fast,
-    where one more collective per step would cost several percent of
-    throughput. N comes from the slowest rank's step time, carried in the same
-    all-reduce, so every rank computes the same next check step.
-    """
-
-    def __init__(self, ctx: TrainContext):
-        self.ctx = ctx
-        self.next_step = ctx.step
-        self.since = time.perf_counter()
-        self.since_step = ctx.step
-
-    def due(self, step: int) -> bool:
-        return step >= self.next_step
-
-    def agree(self) -> int:
-        ctx = self.ctx
-        now, step = time.perf_counter(), ctx.step
-        elapsed_us = int(1e6 * (now - self.since) / max(step - self.since_step, 1))
-        if ctx.world_size > 1:
-            msg = torch.tensor([ctx._control, elapsed_us], dtype=torch.int64)
-            dist.all_reduce(msg, op=dist.ReduceOp.MAX, group=ctx._control_group)
-            word, step_us = int(msg[0]), int(msg[1])
-        else:
-            word, step_us = ctx._control, elapsed_us
-        every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
-        self.next_step = step + (1 if step == self.since_step else every)
-        self.since, self.since_step = time.perf_counter(), step
-        return word
 
 
 def _cycle(data: Iterable[Any]) -> Iterator[Any]:

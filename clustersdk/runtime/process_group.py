@@ -45,16 +45,19 @@ def set_env(rank: int, world_size: int, master_addr: str, master_port: int) -> N
 
 
 def init(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: float):
-    """Init the default group (NCCL on CUDA, gloo on CPU) and a gloo group for control words."""
+    """Init the default group (NCCL on CUDA, gloo on CPU); return two gloo groups.
+
+    The first carries control words, the second checkpoint planning (DCP's
+    async save runs collectives in a background thread, which must never meet
+    the training collectives on one group).
+    """
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout),
         device_id=device if device.type == "cuda" else None,
     )
-    # control words travel on their own small gloo group, never queued behind
-    # (or interleaved with) the training collectives
-    return dist.new_group(backend="gloo") if world_size > 1 else None
+    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
 
 
 def teardown() -> None:

@@ -1,0 +1,246 @@
+"""Saving and restoring what a rank registered, with torch.distributed.checkpoint.
+
+A checkpoint holds the model and optimizers (through DCP's state-dict API, so
+that keys do not depend on the wrapper and can be resharded), every other
+registered object's ``state_dict()``, the data position of ``ctx.shard``, the
+step, and per rank the RNG states of python, numpy and torch (CPU and CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from . import checkpoint as ckpt
+from .checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from .context import TrainContext
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, fsyncing files, with the fault points the tests use."""
+
+    def write_data(self, plan, planner):  # noqa: ANN001 - DCP's own types
+        future = super().write_data(plan, planner)
+        future.wait()
+        ckpt.fault("data")
+        return future
+
+    def finish(self, metadata, results) -> None:  # noqa: ANN001
+        super().finish(metadata, results)
+        ckpt.fault("metadata")
+
+
+class Saver:
+    """One job's checkpoints on one rank: at most one save in flight."""
+
+    def __init__(self, ctx: TrainContext, root: str, keep: int, group: Any,
+                 report: Callable[..., None]):
+        self.ctx = ctx
+        self.root = root
+        self.keep = keep
+        self.group = group
+        self.report = report
+        self._saves = 0
+        self._inflight: threading.Event | None = None
+        self.last_step: int | None = None
+
+    # --- what is saved -----------------------------------------------------------------
+    def _parts(self) -> tuple[torch.nn.Module | None, list[torch.optim.Optimizer], dict[str, Any]]:
+        stateful = self.ctx.stateful
+        model = stateful.get("model")
+        optimizers = [o for o in stateful.values() if isinstance(o, torch.optim.Optimizer)]
+        others = {k: o for k, o in stateful.items()
+                  if k != "model" and not isinstance(o, torch.optim.Optimizer)}
+        return model, optimizers, others
+
+    def state(self) -> dict[str, Any]:
+        model, optimizers, others = self._parts()
+        state: dict[str, Any] = {"extra": {k: o.state_dict() for k, o in others.items()}}
+        if model is not None:
+            msd, osd = get_state_dict(model, optimizers)
+            state["model"] = msd
+            if optimizers:
+                state["optim"] = osd
+        return state
+
+    def rank_state(self) -> dict[str, Any]:
+        state = {"step": self.ctx.step, "python": random.getstate(), "torch": torch.get_rng_state()}
+        try:
+            import numpy as np
+
+            state["numpy"] = np.random.get_state()
+        except ImportError:
+            pass
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def nbytes(self) -> int:
+        """About how many bytes one checkpoint of the current state takes."""
+        total = 0
+        for value in _leaves(self.state()):
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+        return total + (1 << 16)
+
+    # --- saving ------------------------------------------------------------------------
+    def save(self, seq: int, blocking: bool) -> None:
+        """Checkpoint the current step; async unless ``blocking``. Rank 0 commits."""
+        self.wait()
+        step = self.ctx.step
+        if self.last_step == step:
+            if self.ctx.rank == 0:
+                self.report("checkpoint", step=step, path=ckpt.step_dir(self.root, step), seq=seq)
+            return
+        self._saves += 1
+        tmp = ckpt.tmp_dir(self.root, step, f"{self.ctx.job[:8]}{self._saves}")
+        os.makedirs(tmp, exist_ok=True)
+        torch.save(self.rank_state(), os.path.join(tmp, f"rank-{self.ctx.rank}.pt"))
+        _fsync(os.path.join(tmp, f"rank-{self.ctx.rank}.pt"))
+        ckpt.fault("rank-file")
+        writer = _Writer(tmp, sync_files=True)
+        state = self.state()
+        if blocking:
+            try:
+                dcp.save(state, storage_writer=writer, process_group=self.group)
+            except BaseException as e:  # CheckpointException is a BaseException
+                self._failed(step, tmp, e, seq)
+                raise CheckpointError(f"checkpoint at step {step} failed: {_reason(e)}") from None
+            self._done(step, tmp, seq)
+            return
+        done = threading.Event()
+        self._inflight = done
+        future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+
+        def finished(f) -> None:  # noqa: ANN001 - a concurrent.futures.Future
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001 - report, keep training
+                self._failed(step, tmp, e, seq)
+            else:
+                self._done(step, tmp, seq)
+            finally:
+                done.set()
+
+        future.add_done_callback(finished)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed or has failed."""
+        if self._inflight is not None:
+            self._inflight.wait()
+            self._inflight = None
+
+    def _done(self, step: int, tmp: str, seq: int) -> None:
+        self.last_step = step
+        if self.ctx.rank != 0:
+            return
+        try:
+            path = ckpt.commit(tmp, ckpt.step_dir(self.root, step), step, self.ctx.world_size)
+            ckpt.retain(self.root, self.keep)
+        except OSError as e:
+            self._failed(step, tmp, e, seq)
+            return
+        self.report("checkpoint", step=step, path=path, seq=seq)
+
+    def _failed(self, step: int, tmp: str, error: BaseException, seq: int) -> None:
+        if self.ctx.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.report("checkpoint_failed", step=step, message=_reason(error), seq=seq)
+
+    # --- restoring ---------------------------------------------------------------------
+    def restore(self, path: str) -> int:
+        """Load ``path`` into the registered objects; return the step it holds."""
+        manifest = ckpt.read_manifest(path)
+        model, optimizers, others = self._parts()
+        state = self.state()
+        _check_matches(path, state)
+        dcp.load(state, checkpoint_id=path, process_group=self.group)
+        if model is not None:
+            set_state_dict(model, optimizers, model_state_dict=state["model"],
+                           optim_state_dict=state.get("optim", {}))
+        for key, obj in others.items():
+            obj.load_state_dict(state["extra"][key])
+        old_ws = manifest["world_size"]
+        rank_file = os.path.join(path, f"rank-{self.ctx.rank % old_ws}.pt")
+        self._restore_rng(torch.load(rank_file, weights_only=False))
+        self.last_step = manifest["step"]
+        return manifest["step"]
+
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "numpy" in state:
+            import numpy as np
+
+            np.random.set_state(state["numpy"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _check_matches(path: str, state: dict[str, Any]) -> None:
+    """Name the keys that the checkpoint lacks, has extra, or holds in another shape."""
+    meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    ours = _flat(state)
+    ours = {k: v for k, v in ours.items() if k.startswith(("model.", "optim.state."))}
+    theirs = {k: v for k, v in meta.items() if k.startswith(("model.", "optim.state."))}
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    shapes = []
+    for key in sorted(set(ours) & set(theirs)):
+        mine, saved = ours[key], theirs[key]
+        if isinstance(mine, torch.Tensor) and isinstance(saved, TensorStorageMetadata):
+            if tuple(mine.shape) != tuple(saved.size):
+                shapes.append(f"{key}: checkpoint {tuple(saved.size)}, model {tuple(mine.shape)}")
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing in the checkpoint: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"not in the model: {', '.join(unexpected)}")
+        if shapes:
+            parts.append(f"shape mismatch: {'; '.join(shapes)}")
+        raise CheckpointError(f"checkpoint {path} does not match this job's model — " + " | ".join(parts))
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _leaves(tree: Any):
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from _leaves(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _leaves(value)
+    else:
+        yield tree
+
+
+def _fsync(path: str) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error)
+    if "No space left" in text or "Errno 28" in text:
+        return "no space left on the device"
+    return f"{type(error).__name__}: {text[:500]}"
+
