@@ -11,6 +11,7 @@ from . import config  # noqa: F401  (registers the clustersdk.* defaults)
 from .cluster import Cluster
 from .errors import (
     CapacityError,
+    CheckpointError,
     ClusterSDKError,
     InvalidTransitionError,
     JobFailedError,
@@ -37,6 +38,7 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own typ
 __all__ = [
     "STRATEGIES",
     "CapacityError",
+    "CheckpointError",
     "Cluster",
     "ClusterSDKError",
     "InvalidTransitionError",

@@ -73,7 +73,7 @@ def test_state_dict_resumes_mid_epoch(epochs_before):
     resumed = make()
     resumed.load_state_dict(state)
     assert epoch(resumed) == rest
-    end = {"epoch": epochs_before + 1, "consumed": 0, "seed": 5}
+    end = {"epoch": epochs_before + 1, "consumed": 0, "seed": 5, "global_batch": 4}
     assert resumed.state_dict() == loader.state_dict() == end
 
 
@@ -86,3 +86,22 @@ def test_a_dataset_smaller_than_one_global_batch_is_refused():
 def test_batch_size_must_be_a_positive_int(batch_size):
     with pytest.raises(ValueError, match=f"batch_size .*got {batch_size!r}"):
         ShardedLoader(dataset(), batch_size, 0, 1, CPU)
+
+
+def test_resuming_at_another_world_size_keeps_the_global_batch():
+    two = [ShardedLoader(dataset(), 4, r, 2, CPU, seed=3) for r in range(2)]
+    iters = [iter(loader) for loader in two]
+    for it in iters:
+        next(it)  # one global batch of 8 consumed
+    state = two[0].state_dict()
+    one = ShardedLoader(dataset(), 4, 0, 1, CPU, seed=3)
+    one.load_state_dict(state)
+    assert one.batch_size == 8
+    merged = torch.cat([next(it)[0] for it in iters])
+    assert torch.equal(next(iter(one))[0], merged)
+
+
+def test_a_global_batch_that_does_not_split_is_refused():
+    loader = ShardedLoader(dataset(), 2, 0, 3, CPU)
+    with pytest.raises(ValueError, match="global batch of 8 can't be split evenly over 3 ranks"):
+        loader.load_state_dict({"epoch": 0, "consumed": 0, "seed": 0, "global_batch": 8})

@@ -7,6 +7,7 @@ import clustersdk
 PUBLIC = [
     "STRATEGIES",
     "CapacityError",
+    "CheckpointError",
     "Cluster",
     "ClusterSDKError",
     "InvalidTransitionError",

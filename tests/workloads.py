@@ -82,3 +82,28 @@ def chatty(ctx) -> str:
     print("partial line without newline", end="")
     logging.getLogger("workload").warning("a warning from rank %d", ctx.rank)
     return "done"
+
+
+def ckpt_model(hidden: int = 16, dropout: float = 0.1) -> nn.Module:
+    torch.manual_seed(99)
+    return nn.Sequential(nn.Linear(D_IN, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, D_OUT))
+
+
+def train_ckpt(ctx, steps: int = 60, delay: float = 0.0, hidden: int = 16, dropout: float = 0.1,
+               batch_size: int = 16) -> dict:
+    """AdamW + LR schedule + dropout: resuming is exact only if every piece of state is restored."""
+    net = ctx.prepare(ckpt_model(hidden, dropout))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=20, gamma=0.5)
+    ctx.register(optimizer=opt, scheduler=sched)
+    for _step, (x, y) in ctx.loop(ctx.shard(dataset(), batch_size=batch_size), steps=steps):
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        ctx.log(loss=loss)
+        if delay:
+            time.sleep(delay)
+    params = {k.removeprefix("module."): v.detach().clone() for k, v in net.state_dict().items()}
+    return {"params": params, "optim": opt.state_dict(), "step": ctx.step}

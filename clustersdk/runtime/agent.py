@@ -183,7 +183,11 @@ class RankThread(threading.Thread):
             self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"], **outcome)
 
     def _report(self, event: str, **data: Any) -> None:
-        self.agent.report(self.job, self.rank, event, **data)
+        """From the rank's context: the event, with the metrics and logs so far (a
+        paused job's history is then complete as soon as pause() returns)."""
+        msg = self.drain()
+        self.agent.report(self.job, self.rank, event, rows=msg["rows"], logs=msg["logs"],
+                          system=msg["system"], **data)
 
 
 def _checkpoint_options(spec: dict[str, Any], rank: int) -> dict[str, Any] | None:

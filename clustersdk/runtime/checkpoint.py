@@ -4,7 +4,7 @@ Layout of a checkpoint root::
 
     step-00000040/              committed (the rename is the commit)
         .metadata  __0_0.distcp  __1_0.distcp   torch.distributed.checkpoint
-        rank-0.pt  rank-1.pt    per-rank state: RNGs, step
+                                (including each rank's RNG states)
         manifest.json           written last before the rename: step, world size, file sizes
     .tmp-step-00000050-ab12/    a save in progress (or the leftover of a killed one)
 
@@ -163,7 +163,7 @@ _fault: dict[str, Any] = {}
 def inject_fault(point: str | None, nth: int = 1) -> None:
     """SIGKILL this process the ``nth`` time a save reaches ``point`` (None: disarm).
 
-    Points, in save order: "rank-file", "data", "metadata", "manifest", "rename", "committed".
+    Points, in save order: "staged", "data", "metadata", "manifest", "rename", "committed".
     """
     _fault.clear()
     if point is not None:

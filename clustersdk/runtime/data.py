@@ -73,9 +73,15 @@ class ShardedLoader:
         return [perm[b * G + r * B: b * G + (r + 1) * B] for b in range(start, len(self))]
 
     def __iter__(self) -> Iterator[Any]:
+        if self.consumed >= len(self) * self.global_batch:  # saved right at an epoch's end
+            self.epoch, self.consumed = self.epoch + 1, 0
+        # A DataLoader draws its workers' base seed from the global RNG at every
+        # iter(); its own generator keeps the training RNG stream (dropout...)
+        # the same whether or not the run was interrupted and resumed.
+        seed = self.seed * 1_000_003 + self.epoch
         loader = DataLoader(
             self.dataset, batch_sampler=self._batches(), collate_fn=self.collate_fn,
-            num_workers=self.num_workers,
+            num_workers=self.num_workers, generator=torch.Generator().manual_seed(seed),
         )
         for batch in loader:
             self.consumed += self.global_batch
@@ -84,10 +90,24 @@ class ShardedLoader:
         self.consumed = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed}
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                "global_batch": self.global_batch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue where ``state`` left off, at this loader's world size.
+
+        The global batch of the saved run is kept (so that a run resumed at
+        another world size sees the same batches); each rank's batch becomes
+        ``global_batch / world_size``.
+        """
         self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
+        global_batch = state.get("global_batch", self.global_batch)
+        if global_batch % self.world_size:
+            raise ValueError(
+                f"the checkpoint's global batch of {global_batch} can't be split evenly over "
+                f"{self.world_size} ranks; resume at a world size that divides it"
+            )
+        self.batch_size = global_batch // self.world_size
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -8,6 +8,8 @@ step, and per rank the RNG states of python, numpy and torch (CPU and CUDA).
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import random
 import shutil
@@ -16,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from . import checkpoint as ckpt
 from .checkpoint import CheckpointError
@@ -62,14 +70,19 @@ class Saver:
                   if k != "model" and not isinstance(o, torch.optim.Optimizer)}
         return model, optimizers, others
 
-    def state(self) -> dict[str, Any]:
+    def state(self, with_optim: bool | None = None) -> dict[str, Any]:
+        """What DCP saves and loads. Optimizers are included once they have state:
+        DCP initialises an empty optimizer with a zero-gradient step, which would
+        change the run (Adam's step count), so a step-0 checkpoint leaves them out."""
         model, optimizers, others = self._parts()
         state: dict[str, Any] = {"extra": {k: o.state_dict() for k, o in others.items()}}
+        if with_optim is None:
+            with_optim = bool(optimizers) and all(o.state for o in optimizers)
         if model is not None:
-            msd, osd = get_state_dict(model, optimizers)
-            state["model"] = msd
-            if optimizers:
-                state["optim"] = osd
+            if with_optim:
+                state["model"], state["optim"] = get_state_dict(model, optimizers)
+            else:
+                state["model"] = get_model_state_dict(model)
         return state
 
     def rank_state(self) -> dict[str, Any]:
@@ -85,12 +98,13 @@ class Saver:
         return state
 
     def nbytes(self) -> int:
-        """About how many bytes one checkpoint of the current state takes."""
-        total = 0
-        for value in _leaves(self.state()):
-            if isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
-        return total + (1 << 16)
+        """About how many bytes one checkpoint takes: parameters, and two more copies
+        for each optimizer's state (Adam's moments), estimated without touching it."""
+        model, optimizers, _ = self._parts()
+        if model is None:
+            return 1 << 16
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        return params * (1 + 2 * len(optimizers)) + (1 << 16)
 
     # --- saving ------------------------------------------------------------------------
     def save(self, seq: int, blocking: bool) -> None:
@@ -102,19 +116,23 @@ class Saver:
                 self.report("checkpoint", step=step, path=ckpt.step_dir(self.root, step), seq=seq)
             return
         self._saves += 1
+        # Everything goes through DCP, this rank's RNG states included, so that a
+        # failure on any rank (a full disk...) reaches every rank as one
+        # CheckpointException and all of them carry on alike.
         tmp = ckpt.tmp_dir(self.root, step, f"{self.ctx.job[:8]}{self._saves}")
-        os.makedirs(tmp, exist_ok=True)
-        torch.save(self.rank_state(), os.path.join(tmp, f"rank-{self.ctx.rank}.pt"))
-        _fsync(os.path.join(tmp, f"rank-{self.ctx.rank}.pt"))
-        ckpt.fault("rank-file")
         writer = _Writer(tmp, sync_files=True)
         state = self.state()
+        state["ranks"] = {str(self.ctx.rank): _pack(self.rank_state())}
+        ckpt.fault("staged")
         if blocking:
             try:
                 dcp.save(state, storage_writer=writer, process_group=self.group)
             except BaseException as e:  # CheckpointException is a BaseException
                 self._failed(step, tmp, e, seq)
-                raise CheckpointError(f"checkpoint at step {step} failed: {_reason(e)}") from None
+                raise CheckpointError(
+                    f"checkpoint at step {step} failed: {self._reason(e)}; the previous one is "
+                    "kept"
+                ) from None
             self._done(step, tmp, seq)
             return
         done = threading.Event()
@@ -154,24 +172,42 @@ class Saver:
     def _failed(self, step: int, tmp: str, error: BaseException, seq: int) -> None:
         if self.ctx.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            self.report("checkpoint_failed", step=step, message=_reason(error), seq=seq)
+            self.report("checkpoint_failed", step=step, message=self._reason(error), seq=seq)
+
+    def _reason(self, error: BaseException) -> str:
+        """One line: the root cause, found inside DCP's CheckpointException if need be."""
+        causes = [error]
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):  # DCP: rank -> (exception, stack summary)
+            causes = [pair[0] for pair in failures.values()]
+        free, needed = shutil.disk_usage(self.root).free, self.nbytes()
+        # torch's own writers hide ENOSPC behind messages like "unexpected pos"
+        if any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes) or free < needed:
+            return (f"no space left on the device ({free / 1024:.0f} KiB free, a checkpoint "
+                    f"needs about {needed / 1024:.0f} KiB)")
+        cause = causes[0]
+        lines = str(cause).strip().splitlines()
+        return f"{type(cause).__name__}: {lines[-1][:300] if lines else ''}"
 
     # --- restoring ---------------------------------------------------------------------
     def restore(self, path: str) -> int:
         """Load ``path`` into the registered objects; return the step it holds."""
         manifest = ckpt.read_manifest(path)
         model, optimizers, others = self._parts()
-        state = self.state()
-        _check_matches(path, state)
+        meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        state = self.state(with_optim=bool(optimizers) and any(k.startswith("optim.") for k in meta))
+        _check_matches(path, state, meta)
+        source = str(self.ctx.rank % manifest["world_size"])  # another world size: borrow
+        state["ranks"] = {source: b""}
         dcp.load(state, checkpoint_id=path, process_group=self.group)
-        if model is not None:
+        if "optim" in state:
             set_state_dict(model, optimizers, model_state_dict=state["model"],
-                           optim_state_dict=state.get("optim", {}))
+                           optim_state_dict=state["optim"])
+        elif model is not None:
+            set_model_state_dict(model, state["model"])
         for key, obj in others.items():
             obj.load_state_dict(state["extra"][key])
-        old_ws = manifest["world_size"]
-        rank_file = os.path.join(path, f"rank-{self.ctx.rank % old_ws}.pt")
-        self._restore_rng(torch.load(rank_file, weights_only=False))
+        self._restore_rng(_unpack(state["ranks"][source]))
         self.last_step = manifest["step"]
         return manifest["step"]
 
@@ -186,10 +222,8 @@ class Saver:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _check_matches(path: str, state: dict[str, Any]) -> None:
+def _check_matches(path: str, state: dict[str, Any], meta: dict[str, Any]) -> None:
     """Name the keys that the checkpoint lacks, has extra, or holds in another shape."""
-    meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     ours = _flat(state)
     ours = {k: v for k, v in ours.items() if k.startswith(("model.", "optim.state."))}
@@ -222,25 +256,11 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def _leaves(tree: Any):
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from _leaves(value)
-    elif isinstance(tree, (list, tuple)):
-        for value in tree:
-            yield from _leaves(value)
-    else:
-        yield tree
+def _pack(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
 
 
-def _fsync(path: str) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _reason(error: BaseException) -> str:
-    text = str(error)
-    if "No space left" in text or "Errno 28" in text:
-        return "no space left on the device"
-    return f"{type(error).__name__}: {text[:500]}"
-
+def _unpack(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
