@@ -275,3 +275,12 @@ def test_system_samples_are_labelled_by_source(idle):
         else:  # no GPU: CPU and memory, never passed off as GPU numbers
             assert sample["source"] == "psutil" and "gpu_util" not in sample
             assert 0 < sample["mem_used"] <= sample["mem_total"]
+
+
+def test_a_refused_action_is_an_exception_not_a_logged_crash(idle, caplog):
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 2}, world_size=1)
+    job.wait(timeout=60)
+    with caplog.at_level("INFO", logger="distributed"):
+        with pytest.raises(cs.InvalidTransitionError, match="is FINISHED"):
+            job.stop()
+    assert not [r for r in caplog.records if "Exception while handling op" in r.getMessage()]

@@ -20,6 +20,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from ..errors import (
     CapacityError,
     CheckpointError,
+    ClusterSDKError,
     InvalidTransitionError,
     JobNotFoundError,
     JobTimeoutError,
@@ -78,6 +79,7 @@ class ControlPlane(SchedulerPlugin):
 
     # lifecycle -------------------------------------------------------------
     async def start(self, scheduler) -> None:
+        _quiet_expected_errors()
         self.scheduler = scheduler
         self.id = scheduler.id
         self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
@@ -478,6 +480,24 @@ class ControlPlane(SchedulerPlugin):
         if record is None:
             raise JobNotFoundError(f"no job with id {job!r} on this cluster")
         return record if with_result else _public(record)
+
+
+class _ExpectedErrors(logging.Filter):
+    """Drop Dask's "Exception while handling op" log for errors we raise on purpose.
+
+    They reach the caller as exceptions with a clear message; logging them with
+    a traceback as well (in a notebook, on the kernel's stderr: the scheduler of
+    a local cluster runs there) would look like a crash.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ClusterSDKError))
+
+
+def _quiet_expected_errors() -> None:
+    core = logging.getLogger("distributed.core")
+    if not any(isinstance(f, _ExpectedErrors) for f in core.filters):
+        core.addFilter(_ExpectedErrors())
 
 
 def _public(record: dict) -> dict:

@@ -150,7 +150,7 @@ class RankThread(threading.Thread):
                 job=self.job, name=spec["name"], rank=rank, world_size=ws, local_rank=0,
                 device=device, strategy=spec["strategy"], control=self.control,
                 control_group=control_group, checkpoint_group=checkpoint_group,
-                checkpoint=options, report=self._report,
+                checkpoint=options, report=self._report, spec=spec,
             )
             self.agent.report(self.job, rank, "started")
             fn, args, kwargs = cloudpickle.loads(self.payload)
