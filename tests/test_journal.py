@@ -117,3 +117,9 @@ def test_everything_survives_reopening_the_file(path):
         assert [l["text"] for l in again.logs("a1")] == ["hello"]
     finally:
         again.close()
+
+
+def test_truncate_history_forgets_steps_a_resume_replays(journal):
+    journal.add_metrics("a1", [metric(s) for s in range(6)])
+    journal.truncate_history("a1", 4)
+    assert [r["step"] for r in journal.history("a1")] == [0, 1, 2, 3]

@@ -128,6 +128,10 @@ class Journal:
             "INSERT INTO metrics (job, rank, step, time, scalars) VALUES (?, ?, ?, ?, ?)", values
         )
 
+    def truncate_history(self, job: str, step: int) -> None:
+        """Forget the rows of steps at or after ``step`` (a resume from there replays them)."""
+        self._db.execute("DELETE FROM metrics WHERE job = ? AND step >= ?", (job, step))
+
     def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Rows after sequence number ``since``: seq, rank, step, time and each scalar."""
         sql = "SELECT seq, rank, step, time, scalars FROM metrics WHERE job = ? AND seq > ? ORDER BY seq"

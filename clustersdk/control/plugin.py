@@ -326,6 +326,10 @@ class ControlPlane(SchedulerPlugin):
                 self._transition(run, JobStatus.PAUSED, paused_at=max(run.paused.values()))
         elif event == "resumed":
             run.paused.pop(rank, None)
+        elif event == "restored":
+            # the history goes on from the checkpoint's step: rows logged after it
+            # (by a run that died before its next checkpoint) are replaced
+            self.journal.truncate_history(job, data["step"])
         elif event == "checkpoint":
             run.checkpoint_seq = max(run.checkpoint_seq, data["seq"])
             self.journal.update(job, checkpoint=data["path"], checkpoint_step=data["step"],
