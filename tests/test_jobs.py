@@ -284,3 +284,8 @@ def test_a_refused_action_is_an_exception_not_a_logged_crash(idle, caplog):
         with pytest.raises(cs.InvalidTransitionError, match="is FINISHED"):
             job.stop()
     assert not [r for r in caplog.records if "Exception while handling op" in r.getMessage()]
+
+
+def test_stop_right_after_launch_is_not_lost(idle):
+    job = idle.launch(workloads.spin, world_size=2)
+    assert job.stop(timeout=60) is cs.JobStatus.STOPPED

@@ -41,6 +41,7 @@ class Agent(WorkerPlugin):
         self.worker = worker
         self.ranks: dict[str, RankThread] = {}
         self.stores: dict[str, Any] = {}
+        self.early: dict[str, Control] = {}  # control words that arrived before their rank
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         for name in ("open_store", "start_rank", "control"):
@@ -70,15 +71,17 @@ class Agent(WorkerPlugin):
                    master_addr: str, master_port: int) -> None:
         store = self.stores.pop(job, None) if rank == 0 else None
         thread = RankThread(self, job, rank, spec, payload, master_addr, master_port, store)
+        if job in self.early:  # e.g. a stop sent while the job was still starting
+            thread.control.merge(self.early.pop(job).words())
         self.ranks[job] = thread
         thread.start()
 
-    def control(self, job: str, words: list[int]) -> bool:
+    def control(self, job: str, words: list[int]) -> None:
         rank = self.ranks.get(job)
-        if rank is None:
-            return False
-        rank.control.merge(words)
-        return True
+        if rank is None and job not in self.early and len(self.early) >= 1000:
+            self.early.pop(next(iter(self.early)))  # words for long-gone jobs
+        target = rank.control if rank is not None else self.early.setdefault(job, Control())
+        target.merge(words)
 
     # metrics -------------------------------------------------------------------
     def flush(self) -> None:
