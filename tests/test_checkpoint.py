@@ -206,3 +206,17 @@ def test_actions_that_make_no_sense_name_the_state(idle, tmp_path):
     with pytest.raises(cs.SpecError, match="has no checkpoint_dir"):
         running.suspend()
     running.stop()
+
+
+def test_closing_the_cluster_keeps_a_suspended_job_resumable(tmp_path):
+    ckpts = tmp_path / "ckpt"
+    with cs.Cluster.local(workers=1, state_dir=str(tmp_path / "state")) as cluster:
+        job = cluster.launch(workloads.train_ckpt, kwargs={"steps": 200, "delay": 0.01}, world_size=1,
+                             checkpoint_dir=str(ckpts))
+        wait_for(lambda: step_reached(job, 3))
+        path = job.suspend()
+    with cs.Cluster.local(workers=1, state_dir=str(tmp_path / "state")) as cluster:
+        again = cluster.launch(workloads.train_ckpt, kwargs={"steps": 200}, world_size=1,
+                               checkpoint_dir=str(ckpts), resume="auto")
+        assert again.wait(timeout=120)["step"] == 200
+        assert f"resumed from {path}" in again.logs(0)

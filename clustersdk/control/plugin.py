@@ -26,7 +26,7 @@ from ..errors import (
     JobTimeoutError,
     SpecError,
 )
-from ..status import JobStatus, check_transition
+from ..status import TRANSITIONS, JobStatus, check_transition
 from . import policy
 from .journal import Journal
 
@@ -96,8 +96,10 @@ class ControlPlane(SchedulerPlugin):
 
     async def close(self) -> None:
         for run in list(self.runs.values()):
-            self._finish(run, JobStatus.FAILED, error=_error(None, "SchedulerClosed",
-                         "the Dask scheduler shut down while the job was active"))
+            # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it)
+            if JobStatus.FAILED in TRANSITIONS[run.status]:
+                self._finish(run, JobStatus.FAILED, error=_error(
+                    None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
         self.journal.close()
 
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
