@@ -43,7 +43,7 @@ def clusters_dir(state_dir: str | os.PathLike | None = None) -> str:
 
 
 def safe_name(address: str) -> str:
-    """A file-name-safe form of a scheduler address: ``tcp://1.2.3.4:8786`` -> ``tcp-1.2.3.4-8786``."""
+    """A file-name-safe form of an address: ``tcp://1.2.3.4:8786`` -> ``tcp-1.2.3.4-8786``."""
     return re.sub(r"[^A-Za-z0-9_.]+", "-", address).strip("-") or "cluster"
 
 

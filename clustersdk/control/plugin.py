@@ -58,6 +58,12 @@ class Run:
     result: bytes | None = None
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
+    board: Any = None  # TensorBoard writers, with tensorboard_dir
+
+    def close_board(self) -> None:
+        if self.board is not None:
+            self.board.close()  # flushed before wait() returns
+            self.board = None
 
     def reset_ranks(self) -> None:
         self.slots, self.started, self.exited, self.paused = [], set(), {}, {}
@@ -121,10 +127,24 @@ class ControlPlane(SchedulerPlugin):
             job = topic_name[len("clustersdk-job-"):]
             if msg.get("rows"):
                 self.journal.add_metrics(job, msg["rows"])
+                board = self._board(job)
+                if board is not None:
+                    board.write(msg["rows"])
             if msg.get("logs"):
                 self.journal.add_logs(job, msg["logs"])
             if msg.get("system"):
                 self.journal.add_system(job, msg["system"])
+
+    def _board(self, job: str):
+        """The job's TensorBoard writers, opened on its first rows (None without a dir)."""
+        run = self.runs.get(job)
+        if run is None or not run.spec.get("tensorboard_dir"):
+            return None
+        if run.board is None:
+            from ..runtime.tensorboard import JobBoard
+
+            run.board = JobBoard(run.spec["tensorboard_dir"], run.spec["world_size"])
+        return run.board
 
     # handlers: inventory -----------------------------------------------------
     def _h_worker_ready(self, slot: dict) -> None:
@@ -458,10 +478,16 @@ class ControlPlane(SchedulerPlugin):
             e.get("status") == "suspended" for e in run.exited.values()
         ):
             self._transition(run, JobStatus.SUSPENDED, reason="suspended: resume() to continue")
+            run.close_board()
             return  # stays in self.runs, with its payload, for resume()
         if not run.status.terminal:
             final = JobStatus.STOPPED if run.status is JobStatus.STOPPING else JobStatus.FINISHED
             self._finish(run, final, reason="")
+        self._release(run)
+
+    def _release(self, run: Run) -> None:
+        """The job is over and nothing of it runs: store the result, wake waiters."""
+        run.close_board()
         self.journal.update(run.id, result=run.result)
         self.runs.pop(run.id, None)
         run.done.set()
@@ -469,10 +495,7 @@ class ControlPlane(SchedulerPlugin):
     def _finish(self, run: Run, status: JobStatus, **fields: Any) -> None:
         self._transition(run, status, ended=time.time(), **fields)
         if all(self.busy.get(s.worker) != run.id for s in run.slots):
-            # nothing runs: nobody will report an exit
-            self.journal.update(run.id, result=run.result)
-            self.runs.pop(run.id, None)
-            run.done.set()
+            self._release(run)  # nothing runs: nobody will report an exit
 
     def _transition(self, run: Run, status: JobStatus, **fields: Any) -> None:
         check_transition(run.spec["name"], run.status, status)

@@ -140,3 +140,26 @@ def _mean(step: int, per_rank: Mapping[int, Row]) -> dict[str, Any]:
             sums[name].append(float(value))
     return {"rank": None, "step": step, "time": max(r["time"] for r in per_rank.values()),
             "scalars": {name: sum(v) / len(v) for name, v in sorted(sums.items())}}
+
+
+class JobBoard:
+    """A job's TensorBoard runs: one per rank, plus the mean over ranks per step."""
+
+    def __init__(self, logdir: str, world_size: int):
+        self.logdir = logdir
+        self._ranks: dict[int, ScalarWriter] = {}
+        self._mean = ScalarWriter(logdir, rank=None)
+        self._aggregator = Aggregator(world_size)
+
+    def write(self, rows: Iterable[Row]) -> None:
+        rows = list(rows)
+        for row in rows:
+            rank = int(row["rank"])
+            if rank not in self._ranks:
+                self._ranks[rank] = ScalarWriter(self.logdir, rank=rank)
+            self._ranks[rank].write([row])
+        self._mean.write(self._aggregator.add(rows))
+
+    def close(self) -> None:
+        for writer in (*self._ranks.values(), self._mean):
+            writer.close()

@@ -1,6 +1,25 @@
-"""Jupyter server extension for clustersdk (REST, metrics, health).
+"""Jupyter server extension for clustersdk: REST API, Prometheus metrics, health.
 
-Only the package exists so far; the extension app arrives with its own issue.
+Routes under ``<base_url>/clustersdk/`` (see ``openapi.yaml`` in this package,
+also served at ``/clustersdk/api/openapi.json``)::
+
+    GET  api/clusters                 api/clusters/{cluster}
+    GET  api/jobs[?cluster=]          api/jobs/{job}
+    GET  api/jobs/{job}/history?since=&limit=
+    GET  api/jobs/{job}/logs?rank=&since=
+    POST api/jobs/{job}/pause|resume|checkpoint|suspend|stop
+    GET  metrics                      (Prometheus text format)
+    GET  healthz                      (no authentication; no job data)
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .app import ClusterSDKApp
+
+    return [{"module": "jupyter_clustersdk.app", "app": ClusterSDKApp}]

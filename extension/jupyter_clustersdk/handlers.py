@@ -1,0 +1,235 @@
+"""Thin HTTP handlers: parse the request, call the manager, render a model.
+
+Every handler but ``/clustersdk/healthz`` needs an authenticated Jupyter user
+(``@web.authenticated``) who is authorized for its ``auth_resource``
+(``@authorized``: GET is ``read``, POST is ``write``). Known errors become
+400/404/409/502 JSON bodies ``{"error": code, "message": ...}``; anything
+else a JSON 500 without a traceback (the traceback goes to the server log).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from http.client import responses
+from importlib import resources
+from typing import Any, Awaitable, Callable
+
+import yaml
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from prometheus_client.exposition import choose_encoder
+from tornado import web
+
+from . import metrics
+from .errors import KNOWN_ERRORS, BadRequestError, http_status
+from .manager import ACTIONS, ClusterManager
+from .models import error_model
+
+JOBS, CLUSTERS, METRICS = "clustersdk:jobs", "clustersdk:clusters", "clustersdk:metrics"
+MAX_LIMIT = 10_000
+_CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+
+
+def _json(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
+    """Send what the method returns as JSON, and a known error as its status and model."""
+
+    @functools.wraps(method)
+    async def inner(self: ClusterSDKHandler, *args: Any, **kwargs: Any) -> None:
+        try:
+            body = await method(self, *args, **kwargs)
+        except KNOWN_ERRORS as e:
+            status, code = http_status(e)
+            self.set_status(status)
+            self.finish(json.dumps(error_model(code, str(e))))
+            return
+        self.finish(json.dumps(body))
+
+    return inner
+
+
+class ClusterSDKHandler(ExtensionHandlerMixin, APIHandler):
+    """Common parts: the manager, argument parsing, JSON error bodies."""
+
+    auth_resource = JOBS
+
+    @property
+    def manager(self) -> ClusterManager:
+        return self.settings["clustersdk_manager"]
+
+    def int_arg(self, name: str, default: int | None, minimum: int = 0,
+                maximum: int | None = None) -> int | None:
+        raw = self.get_query_argument(name, None)
+        if raw is None or raw == "":
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BadRequestError(f"query parameter {name}={raw!r} must be an integer") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise BadRequestError(f"query parameter {name}={value} must be {bound}")
+        return value
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = (kwargs.get("exc_info") or (None, None, None))[1]
+        if isinstance(exc, web.HTTPError):
+            message = exc.log_message or responses.get(status_code, "error")
+            code = _CODES.get(status_code, "error")
+        else:  # a bug of ours: tornado has logged the traceback; the client gets none
+            message, code = "internal server error; the server log has the details", "internal"
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(error_model(code, message)))
+
+
+class ClustersHandler(ClusterSDKHandler):
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self) -> Any:
+        return {"clusters": await self.manager.clusters()}
+
+
+class ClusterHandler(ClusterSDKHandler):
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, cluster: str) -> Any:
+        return await self.manager.cluster(cluster)
+
+
+class JobsHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self) -> Any:
+        return await self.manager.jobs(self.get_query_argument("cluster", None) or None)
+
+
+class JobHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        return await self.manager.job(job)
+
+
+class HistoryHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        since = self.int_arg("since", 0)
+        limit = self.int_arg("limit", 1000, minimum=1, maximum=MAX_LIMIT)
+        return await self.manager.history(job, since=since, limit=limit)
+
+
+class LogsHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        return await self.manager.logs(job, rank=self.int_arg("rank", None),
+                                       since=self.int_arg("since", 0))
+
+
+class ActionHandler(ClusterSDKHandler):
+    """POST pause | resume | checkpoint | suspend | stop; resume takes ``{"world_size": N}``."""
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def post(self, job: str, action: str) -> Any:
+        return await self.manager.act(job, action, **self._options(action))
+
+    def _options(self, action: str) -> dict[str, Any]:
+        raw = self.request.body.strip()
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise BadRequestError("the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        allowed = {"world_size"} if action == "resume" else set()
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise BadRequestError(f"{action} takes {sorted(allowed) or 'no fields'}, got {unknown}")
+        ws = body.get("world_size")
+        if ws is None:
+            return {}
+        if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+            raise BadRequestError(f"world_size must be a positive integer, got {ws!r}")
+        return {"world_size": ws}
+
+
+class OpenAPIHandler(ClusterSDKHandler):
+    """The OpenAPI 3 description of this API, with this server's base URL."""
+
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    async def get(self, fmt: str) -> None:
+        spec = dict(openapi_spec())
+        spec["servers"] = [{"url": self.base_url.rstrip("/") or "/"}]
+        if fmt == "json":
+            self.finish(json.dumps(spec))
+        else:
+            self.finish(yaml.safe_dump(spec, sort_keys=False), set_content_type="application/yaml")
+
+
+class MetricsHandler(ClusterSDKHandler):
+    """Prometheus text format (or OpenMetrics, when the scraper asks for it)."""
+
+    auth_resource = METRICS
+    _track_activity = False  # a scraper must not keep an idle server alive
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snapshot = await self.manager.snapshot()
+        encoder, content_type = choose_encoder(self.request.headers.get("Accept", ""))
+        self.finish(metrics.render(snapshot, encoder), set_content_type=content_type)
+
+
+class HealthHandler(ClusterSDKHandler):
+    """200 when every known scheduler answers, else 503 and why; no job data, no login."""
+
+    _track_activity = False
+
+    @allow_unauthenticated
+    async def get(self) -> None:
+        status, body = await self.manager.health()
+        self.set_status(status)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+
+@functools.lru_cache(maxsize=1)
+def openapi_spec() -> dict[str, Any]:
+    """The OpenAPI description shipped in this package."""
+    text = resources.files(__package__).joinpath("openapi.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+_JOB = r"(?P<job>[^/]+)"
+#: (pattern under the base URL, handler): the whole route table
+ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
+    (r"/clustersdk/api/clusters", ClustersHandler),
+    (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)", ClusterHandler),
+    (r"/clustersdk/api/jobs", JobsHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}", JobHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/history", HistoryHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/logs", LogsHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/(?P<action>{'|'.join(ACTIONS)})", ActionHandler),
+    (r"/clustersdk/api/openapi\.(?P<fmt>json|yaml)", OpenAPIHandler),
+    (r"/clustersdk/metrics", MetricsHandler),
+    (r"/clustersdk/healthz", HealthHandler),
+]

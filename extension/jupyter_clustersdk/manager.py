@@ -1,0 +1,412 @@
+"""The manager: finds clusters and talks to their schedulers; no HTTP in here.
+
+It keeps one asynchronous Dask client per scheduler address and calls the
+control plane's handlers (``clustersdk_<op>``) through it, with a timeout on
+every call. Connection failures, timeouts and operations the scheduler does
+not know become :class:`~.errors.UpstreamError`; the SDK's own errors
+(``JobNotFoundError``, ``InvalidTransitionError``...) arrive as themselves.
+
+It also follows running jobs incrementally (``history``/``system`` with
+``since=``) so that progress and telemetry cost one small read per scrape.
+
+>>> manager = ClusterManager(state_dirs=["~/.clustersdk"])          # doctest: +SKIP
+>>> [c["id"] for c in await manager.clusters()]                      # doctest: +SKIP
+['tcp-127.0.0.1-8786']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import deque
+from typing import Any, Iterable
+
+from clustersdk import registry
+from clustersdk.errors import ClusterSDKError, JobNotFoundError
+
+from . import models
+from .errors import (
+    KNOWN_ERRORS,
+    ClusterNotFoundError,
+    SchedulerUnavailableError,
+    UnsupportedOperationError,
+    UpstreamError,
+)
+from .models import Target
+
+logger = logging.getLogger(__name__)
+
+ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop")
+WAITING_ACTIONS = ("pause", "checkpoint", "suspend")  # return once the ranks have done it
+HISTORY_PAGE = 5000          # rows per read while catching up with a job's history
+RATE_WINDOW = 30.0           # seconds of steps that steps/s is measured over
+STALL_AFTER = 10.0           # a running job with no new row for this long makes 0 steps/s
+UNSUPPORTED_RETRY = 60.0     # how long an op the scheduler lacks is not asked again
+RECONNECT_AFTER = 5.0        # how long a scheduler that refused a connection is not tried again
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the manager remembers about one job between reads."""
+
+    seq: int = 0                                   # last history row read
+    latest: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    points: deque = dataclasses.field(default_factory=lambda: deque(maxlen=1024))
+    system_seq: int = 0                            # last telemetry sample read
+    system: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    final: bool = False                            # terminal and fully read
+    updated: float | None = None
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+
+
+class ClusterManager:
+    """Every cluster the extension can see, and the calls the REST API makes on them."""
+
+    def __init__(self, *, state_dirs: Iterable[str] = (), addresses: Iterable[str] = (),
+                 call_timeout: float = 10.0, action_timeout: float = 120.0,
+                 connect_timeout: float = 5.0, ended_window: float = 300.0):
+        self.state_dirs = list(state_dirs)
+        self.addresses = list(addresses)
+        self.call_timeout = call_timeout
+        self.action_timeout = action_timeout
+        self.connect_timeout = connect_timeout
+        self.ended_window = ended_window
+        self._clients: dict[str, Any] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._unsupported: dict[tuple[str, str], float] = {}
+        self._down: dict[str, tuple[float, str]] = {}  # address -> (retry after, why)
+        self._progress: dict[str, Progress] = {}
+        self._located: dict[str, str] = {}   # job id -> cluster id
+
+    # discovery ---------------------------------------------------------------------
+    def targets(self) -> list[Target]:
+        """Configured addresses first, then the SDK's registry; one per address."""
+        found: dict[str, Target] = {}
+        for address in self.addresses:
+            found.setdefault(address, Target(models.cluster_id(address), address, "remote",
+                                             "config"))
+        for state_dir in self.state_dirs:
+            for entry in registry.entries(state_dir):
+                address = entry["address"]
+                found.setdefault(address, Target(models.cluster_id(address), address,
+                                                 str(entry.get("kind", "local")), "registry"))
+        return list(found.values())
+
+    def target(self, cluster: str) -> Target:
+        for target in self.targets():
+            if target.id == cluster:
+                return target
+        known = ", ".join(t.id for t in self.targets()) or "none"
+        raise ClusterNotFoundError(f"no cluster with id {cluster!r}; known clusters: {known}")
+
+    # calls -------------------------------------------------------------------------
+    async def call(self, target: Target, op: str, *, call_timeout: float | None = None,
+                   **kwargs: Any) -> Any:
+        """``clustersdk_<op>(**kwargs)`` on ``target``'s scheduler."""
+        client = await self._client(target)
+        handler = getattr(client.scheduler, f"clustersdk_{op}")
+        try:
+            result = await asyncio.wait_for(handler(**kwargs), call_timeout or self.call_timeout)
+        except KNOWN_ERRORS:
+            raise
+        except ClusterSDKError as e:  # an SDK error the API has no status for: the scheduler's
+            raise UpstreamError(f"cluster {target.id}: {op!r} failed: {e}") from e
+        except (OSError, asyncio.TimeoutError) as e:
+            await self._drop(target.address)
+            raise SchedulerUnavailableError(
+                f"the scheduler of cluster {target.id} ({target.address}) did not answer "
+                f"{op!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
+        except Exception as e:  # the scheduler raised something it shouldn't: report, don't crash
+            raise UpstreamError(
+                f"the scheduler of cluster {target.id} failed on {op!r}: {type(e).__name__}: {e}"
+            ) from e
+        if result is None:  # what a Dask server replies to an op it has no handler for
+            raise UnsupportedOperationError(
+                f"the scheduler of cluster {target.id} does not support {op!r}: its clustersdk "
+                "control plane is older than this server extension; upgrade clustersdk there"
+            )
+        return result
+
+    async def _client(self, target: Target) -> Any:
+        client = self._clients.get(target.address)
+        if client is not None and client.status == "running":
+            return client
+        down = self._down.get(target.address)
+        if down is not None and time.monotonic() < down[0]:
+            raise SchedulerUnavailableError(down[1])  # don't make every request wait again
+        lock = self._connecting.setdefault(target.address, asyncio.Lock())
+        async with lock:
+            client = self._clients.get(target.address)
+            if client is not None and client.status == "running":
+                return client
+            down = self._down.get(target.address)
+            if down is not None and time.monotonic() < down[0]:
+                raise SchedulerUnavailableError(down[1])
+            if client is not None:
+                await self._drop(target.address)
+            from distributed import Client
+
+            client = Client(target.address, asynchronous=True, set_as_default=False,
+                            timeout=self.connect_timeout, name="jupyter-clustersdk")
+
+            async def started() -> None:
+                await client
+
+            try:
+                await asyncio.wait_for(started(), self.connect_timeout + 1)
+            except Exception as e:
+                try:
+                    await asyncio.wait_for(client.close(), 2)
+                except Exception:
+                    pass
+                message = (f"could not connect to the scheduler of cluster {target.id} "
+                           f"({target.address}): {type(e).__name__}: {e}".rstrip(": "))
+                self._down[target.address] = (time.monotonic() + RECONNECT_AFTER, message)
+                raise SchedulerUnavailableError(message) from e
+            self._down.pop(target.address, None)
+            self._clients[target.address] = client
+            return client
+
+    async def _drop(self, address: str) -> None:
+        client = self._clients.pop(address, None)
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), 2)
+            except Exception:  # a dead scheduler: closing may fail, the client is gone anyway
+                logger.debug("closing the client of %s failed", address, exc_info=True)
+
+    async def close(self) -> None:
+        """Close every scheduler client."""
+        await asyncio.gather(*(self._drop(a) for a in list(self._clients)))
+
+    # clusters ------------------------------------------------------------------------
+    async def clusters(self) -> list[dict[str, Any]]:
+        """Every known cluster, reachable or not."""
+        return list(await asyncio.gather(*(self._cluster(t, detail=False) for t in self.targets())))
+
+    async def cluster(self, cluster: str) -> dict[str, Any]:
+        """One cluster with its workers and slots (GPU telemetry where ranks report it)."""
+        return await self._cluster(self.target(cluster), detail=True)
+
+    async def _cluster(self, target: Target, *, detail: bool) -> dict[str, Any]:
+        samples: dict[str, dict] = {}
+        try:
+            inventory, jobs, identity = await _all(
+                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target))
+            if detail:
+                busy = {s["job"] for s in inventory if s.get("job")}
+                records = [r for r in jobs if r["id"] in busy]
+                await _all(*(self._follow_system(target, r) for r in records))
+                for record in records:
+                    samples.update(models.newest_by_worker(record,
+                                                           self._progress[record["id"]].system))
+        except UpstreamError as e:
+            return models.cluster_model(target, error=str(e))
+        return models.cluster_model(target, inventory=inventory, jobs=jobs, samples=samples,
+                                    workers=identity.get("workers"),
+                                    scheduler_id=identity.get("id"), detail=detail)
+
+    async def _identity(self, target: Target) -> dict[str, Any]:
+        client = await self._client(target)
+        try:
+            return await asyncio.wait_for(client.scheduler.identity(), self.call_timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            await self._drop(target.address)
+            raise SchedulerUnavailableError(f"cluster {target.id}: {type(e).__name__}") from e
+
+    # jobs ------------------------------------------------------------------------------
+    async def jobs(self, cluster: str | None = None) -> dict[str, Any]:
+        """Jobs of every reachable cluster (or of one), oldest first."""
+        targets = [self.target(cluster)] if cluster else self.targets()
+        results = await asyncio.gather(*(self.call(t, "jobs") for t in targets),
+                                       return_exceptions=True)
+        jobs, unreachable = [], []
+        for target, result in zip(targets, results):
+            if isinstance(result, UpstreamError):
+                unreachable.append(target.id)
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            for record in result:
+                self._located[record["id"]] = target.id
+                jobs.append(models.job_model(record, target.id))
+        return models.jobs_model(jobs, unreachable)
+
+    async def locate(self, ref: str) -> tuple[Target, dict[str, Any]]:
+        """The cluster and record of the job with id (or, failing that, name) ``ref``."""
+        known = self._located.get(ref)
+        if known is not None:
+            try:
+                target = self.target(known)
+                return target, await self.call(target, "job", job=ref)
+            except (ClusterNotFoundError, JobNotFoundError, UpstreamError):
+                self._located.pop(ref, None)
+        targets = self.targets()
+        results = await asyncio.gather(*(self._find(t, ref) for t in targets),
+                                       return_exceptions=True)
+        hits = [(t, r) for t, r in zip(targets, results) if isinstance(r, dict)]
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, UpstreamError):
+                raise result
+        if not hits:
+            down = [t.id for t, r in zip(targets, results) if isinstance(r, UpstreamError)]
+            extra = f" (unreachable: {', '.join(down)})" if down else ""
+            raise JobNotFoundError(f"no job with id or name {ref!r} on any cluster{extra}")
+        # an id beats a name; among names, the newest submission
+        hits.sort(key=lambda h: (h[1]["id"] == ref, h[1].get("submitted") or 0), reverse=True)
+        target, record = hits[0]
+        self._located[record["id"]] = target.id
+        return target, record
+
+    async def _find(self, target: Target, ref: str) -> dict[str, Any] | None:
+        # from the list rather than by asking for the id, then the name: a miss
+        # would log a traceback on the scheduler for every lookup
+        records = await self.call(target, "jobs")
+        by_id = [r for r in records if r["id"] == ref]
+        by_name = [r for r in records if r["name"] == ref]
+        found = by_id or by_name
+        return max(found, key=lambda r: r.get("submitted") or 0) if found else None
+
+    async def job(self, ref: str) -> dict[str, Any]:
+        """One job with its progress (step, steps/s, newest scalars)."""
+        target, record = await self.locate(ref)
+        progress = await self._follow(target, record)
+        return models.job_model(record, target.id, self._progress_model(progress, record["status"]))
+
+    async def history(self, ref: str, since: int = 0, limit: int = 1000) -> dict[str, Any]:
+        target, record = await self.locate(ref)
+        rows = await self.call(target, "history", job=record["id"], since=since, limit=limit)
+        return models.history_model(record["id"], rows, since, limit)
+
+    async def logs(self, ref: str, rank: int | None = None, since: int = 0) -> dict[str, Any]:
+        target, record = await self.locate(ref)
+        lines = await self.call(target, "logs", job=record["id"], rank=rank, since=since)
+        return models.logs_model(record["id"], lines, since, rank)
+
+    async def act(self, ref: str, action: str, **kwargs: Any) -> dict[str, Any]:
+        """Ask for ``pause``/``resume``/``checkpoint``/``suspend``/``stop``; the new record."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+        target, record = await self.locate(ref)
+        if action in WAITING_ACTIONS:  # the scheduler gives up (and withdraws the request) first
+            kwargs["timeout"] = self.action_timeout
+        result = await self.call(target, action, job=record["id"],
+                                 call_timeout=self.action_timeout + 5, **kwargs)
+        return models.job_model(result, target.id)
+
+    # progress ----------------------------------------------------------------------------
+    async def _follow(self, target: Target, record: dict[str, Any]) -> Progress:
+        """Read the job's new history rows; remember each rank's newest and rank 0's pace."""
+        progress = self._progress.setdefault(record["id"], Progress())
+        async with progress.lock:
+            if progress.final:
+                return progress
+            terminal = models.is_terminal(record["status"])  # read before the rows: none missed
+            while True:
+                rows = await self.call(target, "history", job=record["id"], since=progress.seq,
+                                       limit=HISTORY_PAGE)
+                for row in rows:
+                    progress.latest[row["rank"]] = row
+                    if row["rank"] == 0:
+                        progress.points.append((row["time"], row["step"]))
+                if rows:
+                    progress.seq = rows[-1]["seq"]
+                if len(rows) < HISTORY_PAGE:
+                    break
+            progress.updated = time.time()
+            progress.final = terminal
+        return progress
+
+    async def _follow_system(self, target: Target, record: dict[str, Any]) -> None:
+        """Newest telemetry sample per rank; skipped where the scheduler has no ``system``."""
+        progress = self._progress.setdefault(record["id"], Progress())
+        key = (target.address, "system")
+        if time.monotonic() < self._unsupported.get(key, 0):
+            return
+        async with progress.lock:
+            try:
+                samples = await self.call(target, "system", job=record["id"],
+                                          since=progress.system_seq)
+            except UnsupportedOperationError:
+                self._unsupported[key] = time.monotonic() + UNSUPPORTED_RETRY
+                return
+            for sample in samples:
+                progress.system[sample["rank"]] = sample
+            if samples:
+                progress.system_seq = samples[-1]["seq"]
+
+    def _progress_model(self, progress: Progress, status: str) -> dict[str, Any]:
+        rate = 0.0  # a paused, queued or finished job makes no progress, whatever it did before
+        if status == "RUNNING":
+            rate = models.steps_per_second(list(progress.points), time.time(), RATE_WINDOW,
+                                           stale=STALL_AFTER)
+        return models.progress_model(progress.latest, rate, progress.updated)
+
+    # metrics and health ------------------------------------------------------------------
+    async def snapshot(self) -> dict[str, Any]:
+        """Everything the metrics endpoint exposes, per cluster (see :mod:`.metrics`)."""
+        targets = self.targets()
+        clusters = await asyncio.gather(*(self._snapshot(t) for t in targets))
+        live = {j["record"]["id"] for c in clusters for j in c.get("jobs", ())}
+        for job in list(self._progress):  # forget jobs that left the window
+            if job not in live:
+                self._progress.pop(job, None)
+        return {"time": time.time(), "clusters": list(clusters)}
+
+    async def _snapshot(self, target: Target) -> dict[str, Any]:
+        try:
+            inventory, records = await _all(self.call(target, "inventory"),
+                                            self.call(target, "jobs"))
+            now = time.time()
+            shown = [r for r in records if not models.is_terminal(r["status"])
+                     or (r.get("ended") or now) >= now - self.ended_window]
+            await _all(*(self._follow(target, r) for r in shown))
+            await _all(*(self._follow_system(target, r) for r in shown
+                                   if not models.is_terminal(r["status"])))
+        except UpstreamError as e:
+            return {"id": target.id, "up": False, "error": str(e)}
+        jobs = []
+        for record in shown:
+            progress = self._progress[record["id"]]
+            jobs.append({"record": record,
+                         "progress": self._progress_model(progress, record["status"]),
+                         "system": dict(progress.system)})
+        return {"id": target.id, "up": True, "slots": inventory, "jobs": jobs,
+                "counts": _counts(records)}
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        """Whether every known scheduler answers; see :func:`.models.health_model`."""
+        targets = self.targets()
+
+        async def probe(target: Target) -> str | None:
+            try:
+                await self.call(target, "inventory")
+            except SchedulerUnavailableError:
+                return "no answer"
+            except UnsupportedOperationError:
+                return "no clustersdk control plane, or an older one"
+            except UpstreamError:
+                return "scheduler error"
+            return None
+
+        results = await asyncio.gather(*(probe(t) for t in targets))
+        return models.health_model({t.id: r for t, r in zip(targets, results)})
+
+
+async def _all(*awaitables: Any) -> list[Any]:
+    """``asyncio.gather`` that lets every call finish before it raises the first error,
+    so that none is left running behind the response."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for record in records:
+        out[record["status"]] = out.get(record["status"], 0) + 1
+    return out
