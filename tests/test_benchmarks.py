@@ -24,3 +24,21 @@ def test_launch_benchmark_smoke(tmp_path):
     assert "clustersdk (warm)" in proc.stdout and "torchrun" in proc.stdout
     medians = json.loads(out.read_text())
     assert medians, "no medians written"
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_smoke(tmp_path):
+    out = tmp_path / "checkpoint.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--repeats", "1",
+         "--model-mb", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "pause latency" in proc.stdout and "resume to first step" in proc.stdout
+    result = json.loads(out.read_text())
+    medians = result["medians"]
+    assert all(p["latency_s"] > 0 for p in medians["pause"].values())
+    assert set(medians["saves"]) == {"async", "sync"} and medians["checkpoint_mb"] > 0
+    assert set(medians["resume_s"]) == {"2->2", "2->1"}
+    assert set(result["targets_met"]) >= {"blocked", "throughput"}
