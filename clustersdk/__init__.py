@@ -23,6 +23,7 @@ from .errors import (
 )
 from .job import Job
 from .runtime.context import TrainContext
+from .runtime.training import warmup_cosine
 from .spec import STRATEGIES, JobSpec
 from .status import JobStatus
 
@@ -52,4 +53,5 @@ __all__ = [
     "PluginMissingError",
     "SpecError",
     "TrainContext",
+    "warmup_cosine",
 ]

@@ -15,8 +15,21 @@ from .errors import SpecError
 
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
+    "fsdp": "FSDP2 (fully_shard per block): each rank holds 1/N of the parameters, gradients "
+            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D)",
+    "tp": "tensor parallel: planned layers split by column/row over the ranks (a plan= or the "
+          "model's tp_plan(tp))",
+    "pp": "pipeline parallel: each rank runs a slice of the layers under a GPipe or 1F1B "
+          "schedule (microbatches=, schedule=, split=)",
+    "ep": "expert parallel: each rank holds 1/N of every MoE layer's experts, tokens exchanged "
+          "with all-to-all; the dense layers are data parallel",
     "none": "no wrapping: ctx.prepare only moves the model to the rank's device",
 }
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("gpipe", "1f1b")
+# options that only one strategy understands
+_ONLY_FOR = {"microbatches": "pp", "schedule": "pp", "split": "pp",
+             "reshard_after_forward": "fsdp", "cpu_offload": "fsdp"}
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -42,6 +55,19 @@ class JobSpec:
     keep: int = 3                       # committed checkpoints kept
     async_checkpoint: bool = True
     resume: str | None = None           # "auto" (newest in checkpoint_dir) or a checkpoint path
+    tensorboard_dir: str | None = None  # every ctx.log scalar as TensorBoard events
+    # model parallelism and training features (see clustersdk.layout, runtime/strategies)
+    mesh: dict[str, int] | None = None  # e.g. {"dp": 2, "tp": 2}; default: all ranks on one dim
+    precision: str = "fp32"             # "bf16" (autocast) or "fp16" (autocast + grad scaler, CUDA)
+    grad_accum: int = 1                 # micro-batches per optimizer step
+    clip_grad_norm: float | None = None
+    microbatches: int | None = None     # pp: micro-batches per schedule step (default: stages)
+    schedule: str | None = None         # pp: "gpipe" (default) or "1f1b"
+    split: list[str] | None = None      # pp: chain names where stages 1.. begin
+    reshard_after_forward: bool | None = None  # fsdp: free gathered blocks after forward
+    cpu_offload: bool | None = None     # fsdp: keep parameters and optimizer state in CPU memory
+    model: Any = None                   # nn.Module or factory: checked at launch, built by ctx.prepare()
+    plan: dict | None = None            # tp / 2-D: module name -> "colwise" | "rowwise" | ParallelStyle
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -75,6 +101,7 @@ class JobSpec:
                 raise SpecError(f"{field} must be a positive number of seconds, got {value!r}")
 
         self._check_checkpoint_options()
+        self._check_parallel_options()
 
     def _check_checkpoint_options(self) -> None:
         if self.checkpoint_dir is not None:
@@ -88,14 +115,84 @@ class JobSpec:
             raise SpecError(f"keep must be an int of at least 1, got {self.keep!r}")
         if self.resume is not None and not isinstance(self.resume, str):
             raise SpecError(f"resume must be 'auto' or a checkpoint path, got {self.resume!r}")
+        if self.tensorboard_dir is not None:
+            self.tensorboard_dir = os.path.abspath(os.path.expanduser(os.fspath(self.tensorboard_dir)))
         needs_dir = [n for n in ("checkpoint_every", "resume") if getattr(self, n) is not None]
         if needs_dir and self.checkpoint_dir is None:
             raise SpecError(f"{' and '.join(needs_dir)} need checkpoint_dir=...")
 
+    def _check_parallel_options(self) -> None:
+        from .layout import Layout
+
+        layout = Layout.resolve(self.strategy, self.mesh, self.world_size)
+        if self.mesh is not None:
+            self.mesh = dict(self.mesh)
+        for name, strategy in _ONLY_FOR.items():
+            if getattr(self, name) is not None and self.strategy != strategy:
+                raise SpecError(f"{name}= is an option of strategy={strategy!r}, not "
+                                f"{self.strategy!r}")
+        if self.precision not in PRECISIONS:
+            raise SpecError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        accum = self.grad_accum
+        if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+            raise SpecError(f"grad_accum must be a positive int, got {accum!r}")
+        clip = self.clip_grad_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, numbers.Real)
+                                 or clip <= 0):
+            raise SpecError(f"clip_grad_norm must be a positive number, got {clip!r}")
+        for flag in ("reshard_after_forward", "cpu_offload"):
+            if getattr(self, flag) not in (None, True, False):
+                raise SpecError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        if self.plan is not None and layout.size("tp") == 1:
+            raise SpecError("plan= is for tensor parallelism: use strategy='tp', or 'fsdp' with a "
+                            "mesh that has a 'tp' dimension")
+        if self.strategy == "pp":
+            self._check_pipeline(layout.size("pp"))
+        if self.model is not None:
+            self._check_model(layout)
+
+    def _check_pipeline(self, stages: int) -> None:
+        micro = self.microbatches
+        if micro is not None and (isinstance(micro, bool) or not isinstance(micro, int) or micro < 1):
+            raise SpecError(f"microbatches must be a positive int, got {micro!r}")
+        if self.schedule is not None and self.schedule not in SCHEDULES:
+            raise SpecError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "1f1b" and (micro or stages) < stages:
+            raise SpecError(f"schedule='1f1b' needs at least as many microbatches as stages: "
+                            f"microbatches={micro}, pp={stages}")
+        if self.split is not None:
+            if isinstance(self.split, str) or not all(isinstance(s, str) for s in self.split):
+                raise SpecError(f"split must be a list of module names, got {self.split!r}")
+            self.split = list(self.split)
+            if len(self.split) + 1 != stages:
+                raise SpecError(f"split={self.split} makes {len(self.split) + 1} stages, but the "
+                                f"pipeline has pp={stages} ranks")
+
+    def _check_model(self, layout: Any) -> None:
+        """Build ``model`` on the meta device (no memory, no weights) and check that it
+        can take the job's layout: a plan for tp, enough layers for pp, experts for ep."""
+        import torch
+
+        from .runtime import strategies
+
+        model = self.model
+        if not isinstance(model, torch.nn.Module):
+            if not callable(model):
+                raise SpecError(f"model must be an nn.Module or a function returning one, got "
+                                f"{type(model).__name__}")
+            with torch.device("meta"):
+                model = model()
+            if not isinstance(model, torch.nn.Module):
+                raise SpecError(f"model= returned {type(model).__name__}, not an nn.Module")
+        strategies.check(layout, model, plan=self.plan, split=self.split)
+
     def payload(self) -> bytes:
         """The function and its arguments, cloudpickled; a clear error if they can't be."""
+        fn = self.fn
+        if self.model is not None or self.plan is not None:
+            fn = _WithObjects(fn, {"model": self.model, "plan": self.plan})
         try:
-            return cloudpickle.dumps((self.fn, self.args, self.kwargs))
+            return cloudpickle.dumps((fn, self.args, self.kwargs))
         except Exception as e:
             what = getattr(self.fn, "__qualname__", repr(self.fn))
             raise SpecError(
@@ -119,4 +216,28 @@ class JobSpec:
             "keep": self.keep,
             "async_checkpoint": bool(self.async_checkpoint),
             "resume": self.resume,
+            "tensorboard_dir": self.tensorboard_dir,
+            "mesh": self.mesh,
+            "precision": self.precision,
+            "grad_accum": self.grad_accum,
+            "clip_grad_norm": None if self.clip_grad_norm is None else float(self.clip_grad_norm),
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "split": self.split,
+            "reshard_after_forward": self.reshard_after_forward,
+            "cpu_offload": self.cpu_offload,
         }
+
+
+class _WithObjects:
+    """The training function, carrying the Python objects given to launch (a model
+    factory, a TP plan) to the rank's context: they can't travel in the wire spec."""
+
+    def __init__(self, fn: Callable[..., Any], objects: dict[str, Any]):
+        self.fn, self.objects = fn, objects
+        self.__name__ = getattr(fn, "__name__", "job")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+
+    def __call__(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        ctx._launched.update(self.objects)
+        return self.fn(ctx, *args, **kwargs)

@@ -58,3 +58,25 @@ def _wait_idle(cluster, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"slots still busy after {timeout} s: {busy}")
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory):
+    """Four CPU slots, for the model-parallel modules (their 2-rank jobs run on it too)."""
+    state = tmp_path_factory.mktemp("state4")
+    c = cs.Cluster.local(workers=4, state_dir=str(state))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def idle4(cluster4):
+    """The four-slot cluster, every slot free before and after the test."""
+    _wait_idle(cluster4)
+    yield cluster4
+    for job in cluster4.jobs():
+        if not job.status.terminal:
+            job.stop(wait=False)
+    _wait_idle(cluster4)

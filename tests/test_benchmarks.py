@@ -42,3 +42,23 @@ def test_checkpoint_benchmark_smoke(tmp_path):
     assert set(medians["saves"]) == {"async", "sync"} and medians["checkpoint_mb"] > 0
     assert set(medians["resume_s"]) == {"2->2", "2->1"}
     assert set(result["targets_met"]) >= {"blocked", "throughput"}
+
+
+@pytest.mark.slow
+def test_parallel_benchmark_smoke(tmp_path):
+    out = tmp_path / "parallel.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "parallel.py"), "--repeats", "1", "--steps", "12",
+         "--two-ranks-only", "--pair", "round", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,  # ~30 s; slack for a loaded machine
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "per-rank memory" in proc.stdout and "clustersdk" in proc.stdout and "torchrun" in proc.stdout
+    result = json.loads(out.read_text())
+    memory = result["memory_mib"]
+    for ranks in (2, 4):  # FSDP holds about 1/N of what DDP holds
+        ddp, fsdp = (sum(memory[f"{s} x{ranks}"][k] for k in ("params", "grads", "optim"))
+                     for s in ("ddp", "fsdp"))
+        assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
+    assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
+    assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())

@@ -21,6 +21,7 @@ PUBLIC = [
     "PluginMissingError",
     "SpecError",
     "TrainContext",
+    "warmup_cosine",
 ]
 
 

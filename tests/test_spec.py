@@ -30,9 +30,10 @@ def test_spec_errors_are_value_errors():
 
 
 def test_unknown_strategy_lists_the_valid_ones():
-    with pytest.raises(SpecError, match="'fsdp'") as info:
-        JobSpec(fn=train, world_size=2, strategy="fsdp")
-    assert "'ddp'" in str(info.value) and "'none'" in str(info.value)
+    with pytest.raises(SpecError, match="'zero'") as info:
+        JobSpec(fn=train, world_size=2, strategy="zero")
+    for name in ("ddp", "fsdp", "tp", "pp", "ep", "none"):
+        assert f"'{name}'" in str(info.value)
 
 
 def test_fn_must_be_callable():
@@ -114,7 +115,47 @@ def test_to_wire_is_msgpackable_and_has_no_function():
     assert wire == {"id": spec.id, "name": "run", "world_size": 2, "strategy": "ddp",
                     "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
                     "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
-                    "async_checkpoint": True, "resume": None}
+                    "async_checkpoint": True, "resume": None, "tensorboard_dir": None,
+                    "mesh": None, "precision": "fp32", "grad_accum": 1, "clip_grad_norm": None,
+                    "microbatches": None, "schedule": None, "split": None,
+                    "reshard_after_forward": None, "cpu_offload": None}
+
+
+def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():
+    import torch
+
+    plan = {"0": "colwise", "2": "rowwise"}
+    spec = JobSpec(fn=train, world_size=4, strategy="fsdp", mesh={"dp": -1, "tp": 2},
+                   precision="bf16", grad_accum=2, clip_grad_norm=1, plan=plan,
+                   model=lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                     torch.nn.Linear(8, 4)))
+    wire = spec.to_wire()
+    assert msgpack.unpackb(msgpack.packb(wire)) == wire
+    assert (wire["mesh"], wire["precision"], wire["grad_accum"], wire["clip_grad_norm"]) == (
+        {"dp": -1, "tp": 2}, "bf16", 2, 1.0)
+    fn, _, _ = cloudpickle.loads(spec.payload())
+    assert fn.objects["plan"] == plan and fn.__qualname__ == "train"
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"precision": "fp8"}, "precision must be one of ('fp32', 'bf16', 'fp16'), got 'fp8'"),
+        ({"grad_accum": 0}, "grad_accum must be a positive int, got 0"),
+        ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number, got -1.0"),
+        ({"strategy": "fsdp", "cpu_offload": "yes"}, "cpu_offload must be True or False, got 'yes'"),
+        ({"strategy": "tp", "reshard_after_forward": False},
+         "reshard_after_forward= is an option of strategy='fsdp', not 'tp'"),
+        ({"strategy": "fsdp", "plan": {"a": "colwise"}}, "plan= is for tensor parallelism"),
+        ({"strategy": "pp", "schedule": "zb"}, "schedule must be one of ('gpipe', '1f1b'), got 'zb'"),
+        ({"strategy": "pp", "microbatches": 0}, "microbatches must be a positive int, got 0"),
+        ({"strategy": "pp", "split": "layers.1"}, "split must be a list of module names"),
+        ({"strategy": "pp", "model": 3}, "model must be an nn.Module or a function returning one"),
+    ],
+)
+def test_parallel_options_are_checked(options, match):
+    with pytest.raises(SpecError, match=re.escape(match)):
+        JobSpec(fn=train, world_size=2, **options)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from distributed.utils import silence_logging_cmgr
 
 from .. import config, registry
 from ..control.plugin import ControlPlane, topic
-from ..errors import PluginMissingError
+from ..errors import PluginMissingError, SpecError
 from ..job import Job
 from ..runtime.agent import Agent
 from ..runtime.checkpoint import check_writable
@@ -92,6 +92,18 @@ class Cluster:
         keep: int = 3,
         async_checkpoint: bool = True,
         resume: str | None = None,
+        tensorboard_dir: str | None = None,
+        mesh: dict[str, int] | None = None,
+        precision: str = "fp32",
+        grad_accum: int = 1,
+        clip_grad_norm: float | None = None,
+        microbatches: int | None = None,
+        schedule: str | None = None,
+        split: list[str] | None = None,
+        reshard_after_forward: bool | None = None,
+        cpu_offload: bool | None = None,
+        model: Any = None,
+        plan: dict[str, Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -101,6 +113,27 @@ class Cluster:
         ``checkpoint_every`` steps, or on ``job.checkpoint()``), suspended and
         resumed; the newest ``keep`` checkpoints are kept. ``resume="auto"``
         continues from the newest checkpoint in ``checkpoint_dir``, if any.
+        ``tensorboard_dir`` receives every ``ctx.log`` scalar as TensorBoard
+        events: one run per rank (``rank-N/``) and their mean per step (the
+        directory itself), written by the control plane.
+
+        Model parallelism (``strategy`` is one of :data:`~clustersdk.STRATEGIES`):
+        ``mesh`` names the ranks' layout, e.g. ``{"dp": 2, "tp": 2}`` for FSDP
+        over tensor parallel (one size may be -1: the rest). ``pp`` takes
+        ``microbatches``, ``schedule`` ("gpipe" or "1f1b") and ``split`` (the
+        module names where stages 1.. begin); ``fsdp`` takes
+        ``reshard_after_forward`` and ``cpu_offload``; ``tp`` (and 2-D) a
+        ``plan``, else the model's ``tp_plan(tp)``. ``model`` (a module, or a
+        function that builds one) is checked against the layout now, on the
+        meta device, and built by ``ctx.prepare()``.
+
+        Training features, applied by ``ctx.train_step`` under every strategy:
+        ``precision`` "bf16" (autocast) or "fp16" (autocast and a grad scaler;
+        every slot must be a GPU), ``grad_accum`` micro-batches per step, and
+        ``clip_grad_norm`` (of the whole model, however it is sharded).
+
+        >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
+        ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
         """
         spec = JobSpec(
             fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
@@ -109,8 +142,14 @@ class Cluster:
             metrics_interval=(config.get("metrics-interval") if metrics_interval is None
                               else metrics_interval),
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-            async_checkpoint=async_checkpoint, resume=resume,
+            async_checkpoint=async_checkpoint, resume=resume, tensorboard_dir=tensorboard_dir,
+            mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
+            microbatches=microbatches, schedule=schedule, split=split,
+            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
+            plan=plan,
         )
+        if spec.precision == "fp16":
+            self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
         payload = spec.payload()
@@ -121,6 +160,16 @@ class Cluster:
             self._unsubscribe(spec.id)
             raise
         return Job(self, record)
+
+    def _check_fp16(self, world_size: int) -> None:
+        """fp16's grad scaler needs CUDA: refuse before any slot is taken."""
+        kinds = sorted({s["kind"] for s in self.slots()})
+        if kinds != ["cuda"]:
+            raise SpecError(
+                f"precision='fp16' needs a CUDA GPU on every rank (its grad scaler is CUDA-only), "
+                f"but this cluster's slots are {'/'.join(kinds) or 'none'}; use precision='bf16' "
+                f"for the {world_size} ranks"
+            )
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""

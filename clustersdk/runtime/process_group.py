@@ -10,9 +10,13 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def open_store(world_size: int, timeout: float) -> dist.TCPStore:
@@ -65,3 +69,11 @@ def teardown() -> None:
     gc.collect()  # drop DDP reducers and their pending work before the groups go
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]
+                ) -> DeviceMesh:
+    """The job's ``DeviceMesh`` (one sub-group per dimension; all ranks must call it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, shape, mesh_dim_names=names)

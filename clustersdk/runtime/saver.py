@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import errno
 import io
-import os
 import random
 import shutil
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
+    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_state_dict,
@@ -31,6 +33,12 @@ from .checkpoint import CheckpointError
 
 if TYPE_CHECKING:
     from .context import TrainContext
+
+
+# Optimizer state keyed by parameter name, hyperparameters included ("param_groups.<fqn>.lr"):
+# pipeline stages hold different parameter groups, which DCP would otherwise store under the
+# same list index, once, from one rank.
+_KEYED = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -80,7 +88,7 @@ class Saver:
             with_optim = bool(optimizers) and all(o.state for o in optimizers)
         if model is not None:
             if with_optim:
-                state["model"], state["optim"] = get_state_dict(model, optimizers)
+                state["model"], state["optim"] = get_state_dict(model, optimizers, options=_KEYED)
             else:
                 state["model"] = get_model_state_dict(model)
         return state
@@ -196,13 +204,13 @@ class Saver:
         model, optimizers, others = self._parts()
         meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         state = self.state(with_optim=bool(optimizers) and any(k.startswith("optim.") for k in meta))
-        _check_matches(path, state, meta)
+        _check_matches(path, self._shapes(state), meta)
         source = str(self.ctx.rank % manifest["world_size"])  # another world size: borrow
         state["ranks"] = {source: b""}
         dcp.load(state, checkpoint_id=path, process_group=self.group)
         if "optim" in state:
             set_state_dict(model, optimizers, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
+                           optim_state_dict=state["optim"], options=_KEYED)
         elif model is not None:
             set_model_state_dict(model, state["model"])
         for key, obj in others.items():
@@ -210,6 +218,17 @@ class Saver:
         self._restore_rng(_unpack(state["ranks"][source]))
         self.last_step = manifest["step"]
         return manifest["step"]
+
+    def _shapes(self, state: dict[str, Any]) -> dict[str, tuple[int, ...] | None]:
+        """Key -> shape of what the job holds; a pipeline's stages pool theirs (each
+        holds some of the model, the checkpoint all of it)."""
+        shapes = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None
+                  for k, v in _flat(state).items() if k.startswith(("model.", "optim.state."))}
+        if self.ctx.strategy == "pp" and self.ctx.world_size > 1:
+            everyone: list[Any] = [None] * self.ctx.world_size
+            dist.all_gather_object(everyone, shapes, group=self.group)
+            shapes = {k: v for part in everyone for k, v in part.items()}
+        return shapes
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
         random.setstate(state["python"])
@@ -222,20 +241,17 @@ class Saver:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _check_matches(path: str, state: dict[str, Any], meta: dict[str, Any]) -> None:
+def _check_matches(path: str, ours: dict[str, tuple[int, ...] | None], meta: dict[str, Any]) -> None:
     """Name the keys that the checkpoint lacks, has extra, or holds in another shape."""
-
-    ours = _flat(state)
-    ours = {k: v for k, v in ours.items() if k.startswith(("model.", "optim.state."))}
     theirs = {k: v for k, v in meta.items() if k.startswith(("model.", "optim.state."))}
     missing = sorted(set(ours) - set(theirs))
     unexpected = sorted(set(theirs) - set(ours))
     shapes = []
     for key in sorted(set(ours) & set(theirs)):
         mine, saved = ours[key], theirs[key]
-        if isinstance(mine, torch.Tensor) and isinstance(saved, TensorStorageMetadata):
-            if tuple(mine.shape) != tuple(saved.size):
-                shapes.append(f"{key}: checkpoint {tuple(saved.size)}, model {tuple(mine.shape)}")
+        if mine is not None and isinstance(saved, TensorStorageMetadata):
+            if mine != tuple(saved.size):
+                shapes.append(f"{key}: checkpoint {tuple(saved.size)}, model {mine}")
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -245,6 +261,57 @@ def _check_matches(path: str, state: dict[str, Any], meta: dict[str, Any]) -> No
         if shapes:
             parts.append(f"shape mismatch: {'; '.join(shapes)}")
         raise CheckpointError(f"checkpoint {path} does not match this job's model — " + " | ".join(parts))
+
+
+def full_state_dict(ctx: TrainContext, optimizer: torch.optim.Optimizer | None = None
+                    ) -> dict[str, Any] | None:
+    """``{"model": ..., "optim": ...}`` of the whole job as plain CPU tensors, on rank 0.
+
+    Sharded (FSDP, TP, 2-D, expert) parameters and their optimizer state are
+    gathered by DCP's state-dict API; pipeline stages send theirs to rank 0.
+    """
+    model = ctx.stateful.get("model")
+    if model is None:
+        raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
+    if ctx.strategy != "pp":
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = {"model": get_model_state_dict(model, options=full)}
+        if optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(model, optimizer, options=full)
+        return state if ctx.rank == 0 else None
+    state = {"model": {k: v.detach().cpu() for k, v in get_model_state_dict(model).items()}}
+    if optimizer is not None:
+        state["optim"] = _to_cpu(get_optimizer_state_dict(model, optimizer))
+    if ctx.world_size == 1:
+        return state
+    parts: list[Any] | None = [None] * ctx.world_size if ctx.rank == 0 else None
+    dist.gather_object(state, parts, dst=0)
+    return _merge_stages(parts) if parts is not None else None
+
+
+def _merge_stages(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {"model": {}}
+    for part in parts:
+        merged["model"].update(part["model"])
+    if "optim" in parts[0]:
+        groups = [dict(g, params=[]) for g in parts[0]["optim"]["param_groups"]]
+        state: dict[str, Any] = {}
+        for part in parts:
+            state.update(part["optim"]["state"])
+            for mine, theirs in zip(groups, part["optim"]["param_groups"]):
+                mine["params"].extend(theirs["params"])
+        merged["optim"] = {"state": state, "param_groups": groups}
+    return merged
+
+
+def _to_cpu(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_to_cpu(v) for v in tree]
+    return tree
 
 
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,121 @@
+"""The training code ``parallel.py`` times under clustersdk and under torchrun.
+
+One function, :func:`train`, runs every strategy through ``ctx.prepare`` and
+``ctx.train_step``; under torchrun this file builds the ``TrainContext``
+itself, so both launchers run the very same code and only the launcher
+differs. :func:`memory` measures what each rank holds.
+
+As a script (under torchrun): ``_parallel_workload.py OUT_JSON STEPS CASES_JSON``,
+where CASES_JSON is a list of ``{"name", "strategy", "spec"}``; rank 0 writes
+``{name: {"steps_per_s": ...}}``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from clustersdk import models
+
+CONFIG = models.TransformerConfig(vocab=256, d_model=64, n_heads=4, n_layers=4, seq_len=32)
+MEMORY_CONFIG = models.TransformerConfig(vocab=1024, d_model=256, n_heads=8, n_layers=4,
+                                         seq_len=32)
+BATCH = 8            # samples per data-parallel rank per step
+WARMUP_STEPS = 5     # left out of steps/s
+
+
+def make_model(strategy: str, config: models.TransformerConfig = CONFIG) -> models.Transformer:
+    n_experts = 4 if strategy == "ep" else 0
+    return models.Transformer(config, n_experts=n_experts)
+
+
+def train(ctx: Any, steps: int) -> dict[str, float]:
+    """Steps/s on rank 0 after warm-up, for the job's strategy."""
+    torch.set_num_threads(1)
+    model = ctx.prepare(make_model(ctx.strategy), loss_fn=models.lm_loss)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ctx.register(optimizer=opt)
+    data = models.SyntheticText(n=4096, seq_len=CONFIG.seq_len, vocab=CONFIG.vocab)
+    t_warm = t_end = 0.0
+    done = 0
+    for step, (x, y) in ctx.loop(ctx.shard(data, batch_size=BATCH), steps=steps):
+        ctx.log(loss=ctx.train_step(opt, x, y))
+        t_end = time.perf_counter()
+        if step == WARMUP_STEPS - 1:
+            t_warm = t_end
+        done = step + 1
+    return {"steps_per_s": (done - WARMUP_STEPS) / (t_end - t_warm)}
+
+
+def memory(ctx: Any, steps: int = 3) -> list[dict[str, int]] | None:
+    """Per rank: bytes of parameters, gradients and optimizer state this rank holds,
+    at their peak (after backward, before the optimizer step frees the gradients;
+    from the second step on, when AdamW's moments exist). FSDP's one gathered
+    block at a time is working memory, not counted."""
+    torch.set_num_threads(1)
+    model = ctx.prepare(make_model(ctx.strategy, MEMORY_CONFIG), loss_fn=models.lm_loss)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = models.SyntheticText(n=256, seq_len=MEMORY_CONFIG.seq_len, vocab=MEMORY_CONFIG.vocab)
+    peak = {"params": 0, "grads": 0, "optim": 0}
+    for _step, (x, y) in ctx.loop(ctx.shard(data, batch_size=2), steps=steps):
+        for mx, my in ctx.micro_batches(x, y):
+            ctx.backward(models.lm_loss(model(mx), my))
+        now = {
+            "params": _bytes(model.parameters()),
+            "grads": _bytes(p.grad for p in model.parameters() if p.grad is not None),
+            "optim": _bytes(v for s in opt.state.values() for v in s.values()
+                            if isinstance(v, torch.Tensor)),
+        }
+        if sum(now.values()) > sum(peak.values()):
+            peak = now
+        ctx.optimizer_step(opt)
+    if torch.cuda.is_available():
+        peak["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, peak)
+    return everyone if ctx.rank == 0 else None
+
+
+def _bytes(tensors: Any) -> int:
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def main(out: str, steps: int, cases: list[dict[str, Any]]) -> None:
+    """Under torchrun: every case in turn on one process group, as clustersdk would run it."""
+    from clustersdk.runtime.context import TrainContext
+
+    torch.set_num_threads(1)  # torchrun's OMP_NUM_THREADS=1, made explicit
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for case in cases:
+        ctx = TrainContext(job="torchrun", name=case["name"], rank=rank, world_size=world,
+                           local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                           device=torch.device("cpu"), strategy=case["strategy"],
+                           spec={"strategy": case["strategy"], **case.get("spec", {})})
+        results[case["name"]] = train(ctx, steps)
+        del ctx
+        gc.collect()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    gc.collect()  # gloo objects alive at interpreter exit abort the process after backward
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,188 @@
+"""Model-parallel strategies: per-rank memory (DDP vs FSDP) and steps/s (clustersdk vs torchrun).
+
+* **memory**: bytes of parameters + gradients + AdamW state each rank holds at
+  their peak in a step, DDP against FSDP at 2 and 4 ranks (FSDP should hold
+  about 1/N of DDP). A ~3.7M-parameter reference transformer.
+* **steps/s**: every strategy (DDP, FSDP, TP, PP with GPipe, expert parallel
+  on 2 ranks; 2-D FSDP over TP on 4) trains the same reference transformer
+  through ``ctx.prepare`` / ``ctx.train_step`` under clustersdk (a job on a
+  warm local cluster) and under torchrun (``_parallel_workload.py`` builds
+  the ``TrainContext`` itself): the same code, another launcher. Each round
+  runs every strategy under both, back to back (in alternating order), so
+  that machine noise hits the pair alike; the ratio is the median of the
+  rounds' paired ratios, printed with the target. ``--pair round`` pairs whole
+  rounds instead (one torchrun start-up per round rather than per strategy:
+  quicker, noisier).
+
+    python benchmarks/parallel.py                          # 3 rounds of 150 steps
+    python benchmarks/parallel.py --repeats 1 --steps 12 --two-ranks-only --pair round  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+# Before distributed is imported (here or in the workers, which inherit it).
+os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
+
+import cloudpickle  # noqa: E402
+
+import _parallel_workload as work  # noqa: E402
+
+cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
+
+TARGET_STEPS_RATIO = 0.97  # clustersdk steps/s relative to torchrun's, every strategy
+MiB = 2 ** 20
+
+# name -> world size, strategy, launch options (also the TrainContext spec under torchrun)
+CASES: dict[str, tuple[int, str, dict[str, Any]]] = {
+    "ddp": (2, "ddp", {}),
+    "fsdp": (2, "fsdp", {}),
+    "tp": (2, "tp", {}),
+    "pp (gpipe, 4 mb)": (2, "pp", {"microbatches": 4}),
+    "ep (4 experts)": (2, "ep", {}),
+    "fsdp 2x2 (dp x tp)": (4, "fsdp", {"mesh": {"dp": 2, "tp": 2}}),
+}
+MEMORY_CASES = [("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
+    parser.add_argument("--steps", type=int, default=150, help="steps per timed run (default 150)")
+    parser.add_argument("--two-ranks-only", action="store_true",
+                        help="time only the 2-rank strategies (memory still at 2 and 4 ranks)")
+    parser.add_argument("--pair", choices=("strategy", "round"), default="strategy",
+                        help="run the two launchers back to back per strategy (default) or "
+                             "per round")
+    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.steps <= work.WARMUP_STEPS + 1:
+        parser.error(f"--steps must exceed the {work.WARMUP_STEPS} warm-up steps by 2 or more, "
+                     f"got {args.steps}")
+    return args
+
+
+# --- memory ---------------------------------------------------------------------------------
+def measure_memory(cluster: Any) -> dict[str, dict[str, float]]:
+    """Per case, the largest rank's MiB of each part (ranks differ by uneven shards)."""
+    out = {}
+    for strategy, ranks in MEMORY_CASES:
+        per_rank = cluster.launch(work.memory, world_size=ranks, strategy=strategy).wait()
+        biggest = max(per_rank, key=lambda r: r["params"] + r["grads"] + r["optim"])
+        out[f"{strategy} x{ranks}"] = {k: v / MiB for k, v in biggest.items()}
+    return out
+
+
+def render_memory(mem: dict[str, dict[str, float]]) -> str:
+    lines = ["per-rank memory (MiB): parameters + gradients + AdamW state, largest rank",
+             f"{'strategy':<12}{'params':>9}{'grads':>9}{'optim':>9}{'total':>9}"
+             f"{'vs DDP':>9}{'1/N':>8}"]
+    for name, m in mem.items():
+        strategy, ranks = name.split(" x")
+        total = m["params"] + m["grads"] + m["optim"]
+        ddp = mem[f"ddp x{ranks}"]
+        ratio = total / (ddp["params"] + ddp["grads"] + ddp["optim"])
+        lines.append(f"{name:<12}{m['params']:>9.2f}{m['grads']:>9.2f}{m['optim']:>9.2f}"
+                     f"{total:>9.2f}{ratio:>9.3f}{1 / int(ranks) if strategy == 'fsdp' else 1:>8.3f}")
+    return "\n".join(lines)
+
+
+# --- steps/s --------------------------------------------------------------------------------
+def time_clustersdk(cluster: Any, name: str, steps: int) -> float:
+    ranks, strategy, options = CASES[name]
+    job = cluster.launch(work.train, args=(steps,), world_size=ranks, strategy=strategy, **options)
+    return job.wait()["steps_per_s"]
+
+
+def time_torchrun(names: list[str], steps: int, tmp: str) -> dict[str, float]:
+    """One torchrun per world size, running ``names`` in turn on its process group."""
+    out: dict[str, float] = {}
+    for ranks in sorted({CASES[n][0] for n in names}):
+        cases = [{"name": n, "strategy": CASES[n][1], "spec": CASES[n][2]}
+                 for n in names if CASES[n][0] == ranks]
+        path = os.path.join(tmp, f"torchrun-{ranks}.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+               "--standalone", work.__file__, path, str(steps), json.dumps(cases)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+        with open(path) as f:
+            out.update({n: r["steps_per_s"] for n, r in json.load(f).items()})
+        os.remove(path)  # a stale file must never pass for the next round's result
+    return out
+
+
+def run_rounds(cluster: Any, names: list[str], repeats: int, steps: int, tmp: str,
+               pair: str) -> dict[str, dict[str, list[float]]]:
+    runs: dict[str, dict[str, list[float]]] = {n: {"clustersdk": [], "torchrun": []} for n in names}
+    for name in names:  # untimed: warm workers, as a notebook's second job finds them
+        time_clustersdk(cluster, name, work.WARMUP_STEPS + 2)
+    groups = [[n] for n in names] if pair == "strategy" else [names]
+    for i in range(repeats):
+        for group in groups:
+            ways = {"clustersdk": lambda: {n: time_clustersdk(cluster, n, steps) for n in group},
+                    "torchrun": lambda: time_torchrun(group, steps, tmp)}
+            for way in (list(ways) if i % 2 == 0 else list(ways)[::-1]):
+                for name, speed in ways[way]().items():
+                    runs[name][way].append(speed)
+        line = "  ".join(f"{n} {r['clustersdk'][-1]:.0f}/{r['torchrun'][-1]:.0f}"
+                         for n, r in runs.items())
+        print(f"round {i + 1}/{repeats} (clustersdk/torchrun steps/s): {line}", file=sys.stderr,
+              flush=True)
+    return runs
+
+
+def summarize(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Median steps/s of each way, and the median of the rounds' paired ratios."""
+    return {n: {"clustersdk": statistics.median(r["clustersdk"]),
+                "torchrun": statistics.median(r["torchrun"]),
+                "ratio": statistics.median(a / b for a, b in zip(r["clustersdk"], r["torchrun"]))}
+            for n, r in runs.items()}
+
+
+def render_speed(med: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'strategy':<22}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
+    for name, m in med.items():
+        lines.append(f"{name:<22}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
+                     f"{m['ratio']:>8.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import clustersdk as cs
+
+    args = parse_args(argv)
+    names = [n for n in CASES if not (args.two_ranks_only and CASES[n][0] > 2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        with cs.Cluster.local(workers=4, state_dir=os.path.join(tmp, "state")) as cluster:
+            memory = measure_memory(cluster)
+            runs = run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
+    med = summarize(runs)
+    print(f"\n{render_memory(memory)}\n")
+    print(f"steps/s, median of {args.repeats} runs of {args.steps} steps ({work.WARMUP_STEPS} "
+          f"warm-up), gloo on CPU, 1 torch thread per rank, batch {work.BATCH} per data-parallel "
+          "rank\n")
+    print(render_speed(med))
+    ratios = {n: m["ratio"] for n, m in med.items()}
+    worst = min(ratios, key=ratios.get)
+    met = ratios[worst] >= TARGET_STEPS_RATIO
+    print(f"\ntarget: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun for every strategy: "
+          f"lowest {ratios[worst]:.3f} x ({worst}) -> {'MET' if met else 'NOT MET'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": args.steps, "repeats": args.repeats, "memory_mib": memory,
+                       "runs": runs, "medians": med, "target_met": met}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""IPython magics: ``%load_ext clustersdk``.
+
+::
+
+    %cluster local -n 2                 start a local cluster and show it
+    %cluster connect tcp://10.0.0.5:8786
+    %%distributed -n 2 --strategy ddp   run the cell on 2 ranks, ``ctx`` bound
+    %jobs                               the cluster's jobs
+    %job pause NAME                     pause | resume | checkpoint | suspend | stop | show | logs
+
+Each takes ``--help``. They parse, call the public API and display; a mistake
+is one line (``UsageError``), never a traceback from inside clustersdk.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import sys
+import types
+from typing import Any, Iterator
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import (
+    MagicHelpFormatter,
+    argument,
+    magic_arguments,
+    parse_argstring,
+)
+
+import clustersdk as cs
+
+from .widgets import render, source
+
+CELL_FUNCTION = "cell"  # jobs from %%distributed are called cell-<id> unless --name says
+
+
+class RemoteFailure(Exception):
+    """A rank of a ``%%distributed`` cell raised: shows the remote traceback, not ours."""
+
+    def __init__(self, error: cs.JobFailedError):
+        super().__init__(f"rank {error.rank} raised {error.exc_type}: {error.message}")
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
+        e = self.error
+        return [f"Remote traceback (rank {e.rank} of job {e.job!r}):", e.traceback.rstrip(),
+                f"job {e.job!r} failed: rank {e.rank} raised {e.exc_type}: {e.message}"]
+
+
+@contextlib.contextmanager
+def one_line() -> Iterator[None]:
+    """clustersdk's own errors (bad name, wrong state, bad argument) as one-line UsageErrors."""
+    try:
+        yield
+    except cs.JobFailedError:
+        raise
+    except cs.ClusterSDKError as e:
+        raise UsageError(str(e)) from None
+
+
+class _PlainHelp(MagicHelpFormatter):
+    """IPython's help format without its docstring markup ("::" before the usage)."""
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, prefix="usage: %")
+
+
+def _help(magic: Any, args: Any) -> bool:
+    if args.help:
+        parser = magic.parser
+        saved, parser.formatter_class = parser.formatter_class, _PlainHelp
+        try:
+            print(parser.format_help().rstrip())
+        finally:
+            parser.formatter_class = saved
+    return bool(args.help)
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """``%cluster``, ``%%distributed``, ``%jobs`` and ``%job``."""
+
+    def __init__(self, shell: Any):
+        super().__init__(shell)
+        self.current: cs.Cluster | None = None  # the last one %cluster made
+        self._made_local = False
+
+    # %cluster ------------------------------------------------------------------------
+    @line_magic("cluster")
+    @magic_arguments()
+    @argument("mode", nargs="?", help="local | connect | ssh | close (none: show the current cluster)")
+    @argument("targets", nargs="*", help="connect: the scheduler address; ssh: the hosts")
+    @argument("-n", "--workers", type=int, default=None,
+              help="local: worker slots (default: one per GPU, or 2 without a GPU)")
+    @argument("--gpus-per-host", type=int, default=None, help="ssh: GPUs (workers) per host")
+    @argument("--state-dir", default=None, help="where job records live (default: ~/.clustersdk)")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    def cluster(self, line: str = "") -> Any:
+        """Start, connect to, show or close the cluster the other magics use."""
+        args = parse_argstring(self.cluster, line)
+        if _help(self.cluster, args):
+            return None
+        mode = args.mode
+        if mode is None:
+            return self._current(None)
+        if mode == "close":
+            cluster = self._current(None)
+            cluster.close()
+            self.current = None
+            print(f"closed {cluster!r}")
+            return None
+        options = {} if args.state_dir is None else {"state_dir": args.state_dir}
+        with one_line():
+            if mode == "local":
+                if args.targets:
+                    raise UsageError("%cluster local takes no hosts or addresses, got "
+                                     f"{' '.join(args.targets)}")
+                cluster = cs.Cluster.local(workers=args.workers, **options)
+            elif mode == "connect":
+                if len(args.targets) != 1:
+                    raise UsageError("%cluster connect needs one scheduler address, e.g. "
+                                     "%cluster connect tcp://10.0.0.5:8786")
+                cluster = _connect(args.targets[0], options)
+            elif mode == "ssh":
+                ssh = getattr(cs.Cluster, "ssh", None)
+                if ssh is None:
+                    raise UsageError("this clustersdk has no Cluster.ssh yet; use %cluster connect "
+                                     "with the address of a scheduler you started")
+                if not args.targets:
+                    raise UsageError("%cluster ssh needs at least one host, e.g. %cluster ssh node1 node2")
+                if args.gpus_per_host is not None:
+                    options["gpus_per_host"] = args.gpus_per_host
+                cluster = ssh(args.targets, **options)
+            else:
+                raise UsageError(f"unknown mode {mode!r}: use local, connect, ssh or close "
+                                 "(%cluster --help)")
+        self._replace(cluster, local=mode == "local")
+        return cluster
+
+    def _replace(self, cluster: cs.Cluster, local: bool) -> None:
+        old, old_local = self.current, self._made_local
+        self.current, self._made_local = cluster, local
+        if old is not None and old_local and not old._closed:
+            old.close()  # re-running the cell must not leave a second local cluster behind
+            print(f"(closed the previous local cluster {old.kind})")
+
+    def _current(self, name: str | None) -> cs.Cluster:
+        """The cluster to act on: ``--cluster NAME``, the last ``%cluster``, or the only one around."""
+        if name is not None:
+            found = self.shell.user_ns.get(name)
+            if not isinstance(found, cs.Cluster):
+                raise UsageError(f"--cluster {name}: no Cluster called {name!r} in the namespace")
+            return found
+        if self.current is not None and not self.current._closed:
+            return self.current
+        clusters = {k: v for k, v in self.shell.user_ns.items()
+                    if isinstance(v, cs.Cluster) and not v._closed and not k.startswith("_")}
+        if len(set(map(id, clusters.values()))) == 1:
+            return next(iter(clusters.values()))
+        if not clusters:
+            raise UsageError("no cluster yet: start one with %cluster local (or cs.Cluster.local())")
+        raise UsageError(f"several clusters in the namespace ({', '.join(sorted(clusters))}): "
+                         "pick one with --cluster NAME")
+
+    # %%distributed ------------------------------------------------------------------------
+    @cell_magic("distributed")
+    @magic_arguments()
+    @argument("-n", "--world-size", type=int, default=None, help="ranks (default: every slot)")
+    @argument("--strategy", default="ddp", help="ddp (default), none, or another of cs.STRATEGIES")
+    @argument("--name", default=None, help="the job's name (default: cell-<id>)")
+    @argument("--timeout", type=float, default=None, help="collective timeout in seconds")
+    @argument("--no-wait", action="store_true",
+              help="return the job at once and show its dashboard instead of streaming output")
+    @argument("--cluster", default=None, help="the Cluster variable to run on")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    def distributed(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell as a training function on N ranks, with ctx bound.
+
+        Each rank's output is printed as it comes, labelled by rank; what rank 0
+        returns is the cell's value. Interrupting the kernel stops the job.
+        """
+        args = parse_argstring(self.distributed, line)
+        if _help(self.distributed, args):
+            return None
+        cluster = self._current(args.cluster)
+        fn = cell_function(cell or "", self.shell.user_ns)
+        world_size = args.world_size if args.world_size is not None else len(cluster.slots())
+        with one_line():
+            job = cluster.launch(fn, world_size=world_size, strategy=args.strategy, name=args.name,
+                                 timeout=args.timeout)
+        if args.no_wait:
+            return job
+        return stream(job)
+
+    # %jobs, %job ------------------------------------------------------------------------------
+    @line_magic("jobs")
+    @magic_arguments()
+    @argument("--cluster", default=None, help="the Cluster variable to list")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    def jobs(self, line: str = "") -> Any:
+        """The jobs the cluster's scheduler has run or runs, oldest first."""
+        args = parse_argstring(self.jobs, line)
+        if _help(self.jobs, args):
+            return None
+        return render.JobsTable(source.job_records(self._current(args.cluster)))
+
+    @line_magic("job")
+    @magic_arguments()
+    @argument("action", nargs="?",
+              help="pause | resume | checkpoint | suspend | stop | show | logs")
+    @argument("name", nargs="?", help="the job's name (see %%jobs)")
+    @argument("--world-size", type=int, default=None, help="resume: continue on this many ranks")
+    @argument("--rank", type=int, default=0, help="logs: whose output (default 0)")
+    @argument("--cluster", default=None, help="the Cluster variable the job runs on")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    def job(self, line: str = "") -> Any:
+        """Act on a job by name (show: display its dashboard; logs: print a rank's output)."""
+        args = parse_argstring(self.job, line)
+        if _help(self.job, args):
+            return None
+        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs")
+        if args.action not in actions or not args.name:
+            raise UsageError(f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; "
+                             "%job --help)")
+        cluster = self._current(args.cluster)
+        known = [r["name"] for r in source.job_records(cluster)]
+        if args.name not in known:
+            raise UsageError(f"no job named {args.name!r} on this cluster; known jobs: "
+                             f"{', '.join(dict.fromkeys(reversed(known))) or 'none'}")
+        with one_line():
+            job = cs.Job.attach(cluster, args.name)
+            if args.action == "show":
+                return job
+            if args.action == "logs":
+                print(job.logs(args.rank), end="")
+                return None
+            if not callable(getattr(job, args.action, None)):
+                raise UsageError(f"this clustersdk has no Job.{args.action}() yet")
+            if args.action == "resume":
+                result = job.resume(world_size=args.world_size)
+            elif args.action == "stop":
+                result = job.stop()  # waits for the step boundary: then the job is over
+            else:
+                result = getattr(job, args.action)()
+        print(f"job {job.name!r}: {_said(args.action, result)}")
+        return None
+
+
+def _connect(target: str, options: dict[str, Any]) -> cs.Cluster:
+    try:
+        return cs.Cluster.connect(target, **options)
+    except OSError as e:  # refused, timed out, bad address: the user's to fix, in one line
+        raise UsageError(f"could not connect to {target!r}: {e}") from None
+
+
+def _said(action: str, result: Any) -> str:
+    return {"pause": f"paused before step {result}", "resume": f"resumed ({result})",
+            "checkpoint": f"checkpoint saved at {result}", "suspend": f"suspended; checkpoint {result}",
+            "stop": f"now {result}"}.get(action, str(result))
+
+
+def cell_function(body: str, namespace: dict[str, Any]) -> types.FunctionType:
+    """``def cell(ctx): <body>``, with the notebook's namespace as its globals.
+
+    Built from the syntax tree, not by indenting text, so multi-line strings
+    keep their content and line numbers match the cell. Its module is
+    ``__main__``, so cloudpickle ships it, and the globals it names, by value.
+    """
+    try:
+        tree = ast.parse(body, filename="<%%distributed>")
+    except SyntaxError as e:
+        raise UsageError(f"the cell has a syntax error: {e.msg} (line {e.lineno})") from None
+    params = ast.arguments(posonlyargs=[], args=[ast.arg(arg="ctx")], kwonlyargs=[],
+                           kw_defaults=[], defaults=[])
+    extra = {"type_params": []} if sys.version_info >= (3, 12) else {}
+    fn = ast.FunctionDef(name=CELL_FUNCTION, args=params, body=tree.body or [ast.Pass()],
+                         decorator_list=[], returns=None, **extra)
+    module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
+    try:
+        code = compile(module, "<%%distributed>", "exec")
+    except SyntaxError as e:
+        raise UsageError(f"the cell has a syntax error: {e.msg} (line {e.lineno})") from None
+    fn_code = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return types.FunctionType(fn_code, namespace, CELL_FUNCTION)
+
+
+def stream(job: cs.Job, poll: float = 0.25) -> Any:
+    """Print each rank's output as it comes (``[rank 1] ...``); return rank 0's result.
+
+    Ctrl-C (interrupting the kernel) stops the job.
+    """
+    seq = 0
+    width = len(str(max(job.world_size - 1, 0)))
+    try:
+        while True:
+            done, result, error = _wait_a_little(job, poll)
+            for line in source.log_lines(job, since=seq):
+                seq = max(seq, line["seq"])
+                out = sys.stderr if line["stream"] == "stderr" else sys.stdout
+                print(f"[rank {line['rank']:>{width}}] {line['text']}", file=out)
+            if done:
+                break
+    except KeyboardInterrupt:
+        job.stop(wait=False)
+        raise UsageError(f"interrupted: job {job.name!r} is stopping at its next step boundary") from None
+    if isinstance(error, cs.JobFailedError):
+        raise RemoteFailure(error) from None
+    if error is not None:
+        print(f"job {job.name!r}: {error}", file=sys.stderr)
+        return None
+    return result
+
+
+def _wait_a_little(job: cs.Job, timeout: float) -> tuple[bool, Any, Exception | None]:
+    try:
+        return True, job.wait(timeout=timeout), None
+    except cs.JobTimeoutError:
+        return False, None, None
+    except (cs.JobFailedError, cs.JobStoppedError) as e:
+        return True, None, e
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics (``%load_ext clustersdk``); loading twice is harmless."""
+    ipython.register_magics(ClusterMagics)

@@ -1,0 +1,125 @@
+"""Per-rank line charts on bqplot (a pure ipywidgets library: its JupyterLab 4
+extension ships prebuilt in the wheel, nothing to build).
+
+Only this module knows bqplot; the dashboards hand it points per rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .render import rank_color
+
+MAX_LEGEND = 8  # more ranks than this: colours only, the legend would hide the lines
+
+
+def _bqplot():
+    try:
+        import bqplot
+    except ImportError as e:  # pragma: no cover - the widgets extra brings it
+        raise ImportError(
+            "the clustersdk dashboards draw with bqplot: pip install 'clustersdk[widgets]'"
+        ) from e
+    return bqplot
+
+
+class LineChart:
+    """A titled figure with one line per rank; ``lines[rank]`` is that rank's bqplot ``Lines``.
+
+    >>> chart = LineChart("Loss", x_label="step")      # doctest: +SKIP
+    >>> chart.set(0, [0, 1, 2], [2.3, 1.9, 1.5])        # doctest: +SKIP
+    """
+
+    def __init__(self, title: str, *, x_label: str, y_label: str = "", x_min: float | None = None,
+                 y_min: float | None = None, y_max: float | None = None, x_format: str = "~g",
+                 height: str = "230px", legend: bool = True):
+        import ipywidgets
+
+        bq = _bqplot()
+        self.title = title
+        self.legend = legend  # colours are the same in every chart: one legend is enough
+        self.x_scale = bq.LinearScale(min=x_min)
+        self.y_scale = bq.LinearScale(min=y_min, max=y_max)
+        self.x_min, self.y_min, self.y_max = x_min, y_min, y_max
+        axes = [
+            bq.Axis(scale=self.x_scale, label=x_label, grid_lines="none", tick_format=x_format,
+                    label_offset="28px"),
+            bq.Axis(scale=self.y_scale, side="left", label=y_label, grid_lines="dashed",
+                    tick_format=".3~g", label_offset="40px"),
+        ]
+        self.x_axis, self.y_axis = axes
+        self.lines: dict[int, object] = {}
+        self.figure = bq.Figure(
+            title=title, marks=[], axes=axes, animation_duration=0,
+            fig_margin={"top": 34, "bottom": 40, "left": 56, "right": 14},
+            legend_location="top-right", legend_style={"stroke-width": 0},
+            title_style={"font-size": "13px", "font-weight": "600"},
+            layout=ipywidgets.Layout(width="auto", height=height, min_width="0", overflow="hidden"),
+        )
+
+    def set(self, rank: int, xs: Sequence[float], ys: Sequence[float]) -> None:
+        """Replace rank ``rank``'s points (its line is made on first use)."""
+        if len(xs) < 2:
+            return  # one point spans no x range: bqplot's scales would divide by zero
+        x = np.asarray(xs, dtype=np.float64)
+        y = np.asarray(ys, dtype=np.float64)
+        line = self.lines.get(rank)
+        if line is None:
+            self._add(rank, x, y)
+        else:
+            with line.hold_sync():
+                line.x, line.y = x, y
+        self._update_ticks()
+
+    def _update_ticks(self) -> None:
+        """A few round tick values (d3's defaults crowd a 340 x 230 px chart)."""
+        for axis, attr, lo, hi, count in ((self.x_axis, "x", self.x_min, None, 6),
+                                          (self.y_axis, "y", self.y_min, self.y_max, 4)):
+            values = [getattr(line, attr) for line in self.lines.values()]
+            values = [v for v in values if len(v)]
+            if not values:
+                continue
+            low = lo if lo is not None else float(min(np.nanmin(v) for v in values))
+            high = hi if hi is not None else float(max(np.nanmax(v) for v in values))
+            ticks = nice_ticks(low, high, count)
+            current = axis.tick_values
+            if current is None or list(current) != ticks:
+                axis.tick_values = np.asarray(ticks)
+
+    def _add(self, rank: int, x: np.ndarray, y: np.ndarray) -> None:
+        bq = _bqplot()
+        line = bq.Lines(
+            x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale}, colors=[rank_color(rank)],
+            labels=[f"rank {rank}"], stroke_width=1.6, enable_hover=False,
+        )
+        self.lines[rank] = line
+        show_legend = self.legend and len(self.lines) <= MAX_LEGEND
+        for mark in self.lines.values():
+            mark.display_legend = show_legend
+        self.figure.marks = [self.lines[r] for r in sorted(self.lines)]
+
+    def clear(self) -> None:
+        self.lines = {}
+        self.figure.marks = []
+
+
+def nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:
+    """About ``count`` round values (steps of 1, 2 or 5 times a power of ten) in [lo, hi].
+
+    >>> nice_ticks(0.0, 100.0)
+    [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    >>> nice_ticks(0.012, 1.13)
+    [0.2, 0.4, 0.6, 0.8, 1.0]
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return [lo] if math.isfinite(lo) else []
+    raw = (hi - lo) / count
+    power = 10.0 ** math.floor(math.log10(raw))
+    ratio = raw / power  # rounded the way d3 does: nearest of 1, 2, 5, 10 on a log scale
+    step = power * (10 if ratio >= 7.07 else 5 if ratio >= 3.16 else 2 if ratio >= 1.41 else 1)
+    first = math.ceil(lo / step - 1e-9)
+    last = math.floor(hi / step + 1e-9)
+    return [round(i * step, 12) for i in range(first, last + 1)]

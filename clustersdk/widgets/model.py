@@ -1,0 +1,383 @@
+"""What a job dashboard shows, built from the job's events: no widgets, no Dask, no I/O.
+
+A :class:`JobView` takes the messages :meth:`Job.on_event` delivers (and the
+same rows read back from the journal when a dashboard opens on a running or
+finished job) and keeps, per rank, bounded series for every chart, the last
+lines of output and the progress figures. The live widget and the static HTML
+both read from it, so they always agree.
+
+>>> view = JobView(name="a", world_size=1, strategy="ddp", status="RUNNING")
+>>> view.apply({"kind": "metrics", "rows": [{"rank": 0, "step": 0, "time": 1.0,
+...             "scalars": {"loss": 2.5}}], "logs": [], "system": []})
+>>> view.scalars["loss"][0].points()
+([0.0], [2.5])
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+import time
+from typing import Any, Iterable
+
+MAX_POINTS = 600        # per series; older points are thinned when it fills
+MAX_LOG_LINES = 300     # per rank
+RATE_WINDOW = 1.0       # seconds of steps that make one throughput point
+GIB = float(1 << 30)
+
+#: The system charts per telemetry source: (chart id, sample field, title, unit, scale).
+SYSTEM_CHARTS: dict[str, list[tuple[str, str, str, str, float]]] = {
+    "nvml": [
+        ("gpu_util", "gpu_util", "GPU utilisation", "%", 1.0),
+        ("gpu_mem", "gpu_mem_used", "GPU memory used", "GiB", GIB),
+    ],
+    "psutil": [
+        ("cpu", "cpu_percent", "Host CPU (no GPU: psutil)", "%", 1.0),
+        ("rss", "rss", "Rank process memory (no GPU: psutil)", "GiB", GIB),
+        ("net", "net_per_s", "Host network (no GPU: psutil)", "MB/s", 1e6),
+    ],
+}
+
+STATUS_COLORS = {
+    "QUEUED": "#6b7280", "STARTING": "#2563eb", "RUNNING": "#16a34a", "PAUSED": "#d97706",
+    "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
+    "FINISHED": "#0f766e", "FAILED": "#dc2626", "STOPPED": "#4b5563",
+}
+TERMINAL = frozenset({"FINISHED", "FAILED", "STOPPED"})
+
+#: Which controls make sense in which state (the rest are greyed out).
+ACTIONS: dict[str, frozenset[str]] = {
+    "pause": frozenset({"RUNNING"}),
+    "resume": frozenset({"PAUSED", "SUSPENDED"}),
+    "checkpoint": frozenset({"RUNNING", "PAUSED"}),
+    "suspend": frozenset({"RUNNING", "PAUSED"}),
+    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "SUSPENDING", "SUSPENDED"}),
+}
+
+
+class Series:
+    """At most ``cap`` (x, y) points covering the whole run, evenly thinned.
+
+    When full, every other stored point is dropped and from then on only one
+    new point in ``stride`` is stored; the newest point is always shown, so
+    the line reaches the present. A point with a smaller x than the last one
+    (a job resumed from an older checkpoint) drops the points it rewinds over.
+    """
+
+    __slots__ = ("cap", "xs", "ys", "stride", "_count", "_tail")
+
+    def __init__(self, cap: int = MAX_POINTS):
+        self.cap = max(cap, 4)
+        self.xs: list[float] = []
+        self.ys: list[float] = []
+        self.stride = 1
+        self._count = 0
+        self._tail: tuple[float, float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.xs) + (self._tail is not None)
+
+    def append(self, x: float, y: float) -> None:
+        if self.xs and x < self.xs[-1]:
+            cut = bisect.bisect_left(self.xs, x)
+            del self.xs[cut:], self.ys[cut:]
+        if self._tail is not None and x < self._tail[0]:
+            self._tail = None
+        index, self._count = self._count, self._count + 1
+        if index % self.stride:
+            self._tail = (x, y)
+            return
+        self.xs.append(x)
+        self.ys.append(y)
+        self._tail = None
+        if len(self.xs) > self.cap:
+            self.xs, self.ys = self.xs[::2], self.ys[::2]
+            self.stride *= 2
+
+    def points(self) -> tuple[list[float], list[float]]:
+        if self._tail is None:
+            return list(self.xs), list(self.ys)
+        return [*self.xs, self._tail[0]], [*self.ys, self._tail[1]]
+
+    def last(self) -> tuple[float, float] | None:
+        if self._tail is not None:
+            return self._tail
+        return (self.xs[-1], self.ys[-1]) if self.xs else None
+
+
+class RateMeter:
+    """Steps per second over windows of at least ``window`` seconds."""
+
+    __slots__ = ("window", "_step", "_time")
+
+    def __init__(self, window: float = RATE_WINDOW):
+        self.window = window
+        self._step: int | None = None
+        self._time = 0.0
+
+    def add(self, step: int, t: float) -> float | None:
+        """The rate of the window this row closes, or ``None`` if none closes."""
+        if self._step is None or step < self._step:
+            self._step, self._time = step, t
+            return None
+        if t - self._time < self.window:
+            return None
+        rate = (step - self._step) / (t - self._time)
+        self._step, self._time = step, t
+        return rate
+
+
+class Cutoff:
+    """Drops what was already read from the journal when it arrives again as an event.
+
+    Records per rank the newest time seen on load, and how many items had that
+    time (one ``print`` of several lines gives them all the same time).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, int]] = {}
+
+    def load(self, rank: int, t: float) -> None:
+        last, n = self._last.get(rank, (-math.inf, 0))
+        if t > last:
+            self._last[rank] = (t, 1)
+        elif t == last:
+            self._last[rank] = (t, n + 1)
+
+    def fresh(self, rank: int, t: float) -> bool:
+        entry = self._last.get(rank)
+        if entry is None:
+            return True
+        last, n = entry
+        if t > last:
+            del self._last[rank]  # events come in order: from here on all is new
+            return True
+        if t == last and n > 0:
+            self._last[rank] = (last, n - 1)
+            return False
+        return t == last
+
+
+class JobView:
+    """Everything a job's dashboard draws; fed by :meth:`apply` and the ``load_*`` methods.
+
+    ``dirty`` names what changed since :meth:`take_dirty` was last called:
+    ``"status"``, ``"progress"``, ``"scalars"``, ``"rate"``, ``"system"``,
+    ``"logs"`` or ``"error"``.
+    """
+
+    def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
+                 started: float | None = None, ended: float | None = None,
+                 total_steps: int | None = None, reason: str = "", error: dict | None = None,
+                 cap: int = MAX_POINTS, log_lines: int = MAX_LOG_LINES):
+        self.name, self.world_size, self.strategy = name, world_size, strategy
+        self.status, self.reason, self.error = status, reason, error
+        self.started, self.ended, self.total_steps = started, ended, total_steps
+        self.device = ""  # "CPU (no GPU) on 1 host", from the record's ranks
+        self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
+        self.checkpoint: str | None = None      # the newest committed checkpoint
+        self.cap, self.log_lines = cap, log_lines
+        self.ranks: set[int] = set()
+        self.scalars: dict[str, dict[int, Series]] = {}
+        self.rate: dict[int, Series] = {}
+        self.system: dict[str, dict[int, Series]] = {}
+        self.source: str | None = None
+        self.last_sample: dict[int, dict[str, Any]] = {}
+        self.logs: dict[int, collections.deque] = {}
+        self.last_row: dict[int, dict[str, Any]] = {}
+        self.first_time: float | None = None
+        self.rows_seen = 0
+        self.dirty: set[str] = set()
+        self._meters: dict[int, RateMeter] = {}
+        self._cut_rows, self._cut_system, self._cut_logs = Cutoff(), Cutoff(), Cutoff()
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], **options: Any) -> JobView:
+        spec = record.get("spec") or {}
+        view = cls(
+            name=record["name"], world_size=int(spec.get("world_size", 1)),
+            strategy=str(spec.get("strategy", "?")), status=record.get("status", "QUEUED"),
+            started=record.get("started"), ended=record.get("ended"),
+            total_steps=total_steps_of(record), reason=record.get("reason") or "",
+            error=record.get("error"), **options,
+        )
+        view.device = device_text(record)
+        view.checkpoint_dir = spec.get("checkpoint_dir")
+        view.checkpoint = record.get("checkpoint")
+        return view
+
+    # feeding -------------------------------------------------------------------
+    def apply(self, msg: dict[str, Any]) -> None:
+        """One message from :meth:`Job.on_event`."""
+        kind = msg.get("kind")
+        if kind == "status":
+            self.set_status(msg.get("status", self.status), msg)
+        elif kind == "metrics":
+            self.add_rows(r for r in msg.get("rows") or () if self._cut_rows.fresh(r["rank"], r["time"]))
+            self.add_system(s for s in msg.get("system") or ()
+                            if self._cut_system.fresh(s["rank"], s["time"]))
+            self.add_logs(line for line in msg.get("logs") or ()
+                          if self._cut_logs.fresh(line[0], line[1]))
+        if "total_steps" in msg and msg["total_steps"]:
+            self.total_steps = int(msg["total_steps"])
+            self.dirty.add("progress")
+
+    def load_history(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Rows as :meth:`Job.history` returns them (scalars flattened)."""
+        reserved = ("seq", "rank", "step", "time")
+        for row in rows:
+            self._cut_rows.load(row["rank"], row["time"])
+            self.add_rows([{"rank": row["rank"], "step": row["step"], "time": row["time"],
+                            "scalars": {k: v for k, v in row.items() if k not in reserved}}])
+
+    def load_system(self, samples: Iterable[dict[str, Any]]) -> None:
+        """Samples as :meth:`Job.system` returns them (fields flattened)."""
+        for s in samples:
+            self._cut_system.load(s["rank"], s["time"])
+            sample = {k: v for k, v in s.items() if k not in ("seq", "rank", "time")}
+            self.add_system([{"rank": s["rank"], "time": s["time"], "sample": sample}])
+
+    def load_logs(self, lines: Iterable[dict[str, Any]]) -> None:
+        """Lines as the journal returns them: dicts with rank, time, stream, text."""
+        for line in lines:
+            self._cut_logs.load(line["rank"], line["time"])
+            self.add_logs([(line["rank"], line["time"], line["stream"], line["text"])])
+
+    def set_status(self, status: str, record: dict[str, Any] | None = None) -> None:
+        """A new status, and whatever of reason, times, error and ranks ``record`` holds."""
+        record = record or {}
+        if status != self.status:
+            self.status = status
+            self.dirty.update(("status", "progress"))
+        for key in ("started", "ended", "reason", "error"):
+            if key in record and record[key] != getattr(self, key):
+                setattr(self, key, record[key])
+                self.dirty.add("error" if key == "error" else "status")
+        total = total_steps_of(record)
+        if total:
+            self.total_steps = total
+        device = device_text(record)
+        if device and device != self.device:
+            self.device = device
+            self.dirty.add("status")
+        spec = record.get("spec") or {}
+        if spec.get("world_size") and spec["world_size"] != self.world_size:  # resumed at another size
+            self.world_size = int(spec["world_size"])
+            self.dirty.add("status")
+        if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
+            self.checkpoint = record["checkpoint"]
+            self.dirty.add("status")
+
+    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            rank, step, t = int(row["rank"]), int(row["step"]), float(row["time"])
+            self._rank(rank)
+            if self.first_time is None:
+                self.first_time = t
+            self.rows_seen += 1
+            for key, value in row["scalars"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    series = self.scalars.setdefault(key, {}).setdefault(rank, Series(self.cap))
+                    series.append(float(step), float(value))
+            rate = self._meters.setdefault(rank, RateMeter()).add(step, t)
+            if rate is not None:
+                self.rate.setdefault(rank, Series(self.cap)).append(self.elapsed_at(t), rate)
+                self.dirty.add("rate")
+            self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
+            self.dirty.update(("scalars", "progress"))
+
+    def add_system(self, samples: Iterable[dict[str, Any]]) -> None:
+        for s in samples:
+            rank, t, sample = int(s["rank"]), float(s["time"]), dict(s["sample"])
+            self._rank(rank)
+            source = sample.get("source", "psutil")
+            if self.source is None:
+                self.source = source
+            if "net_sent_per_s" in sample:
+                sample["net_per_s"] = sample["net_sent_per_s"] + sample.get("net_recv_per_s", 0.0)
+            self.last_sample[rank] = sample
+            for chart, field, _title, _unit, scale in SYSTEM_CHARTS.get(source, ()):
+                if field in sample:
+                    series = self.system.setdefault(chart, {}).setdefault(rank, Series(self.cap))
+                    series.append(self.elapsed_at(t), float(sample[field]) / scale)
+            self.dirty.add("system")
+
+    def add_logs(self, lines: Iterable[Any]) -> None:
+        for rank, _t, stream, text in lines:
+            rank = int(rank)
+            self._rank(rank)
+            self.logs.setdefault(rank, collections.deque(maxlen=self.log_lines)).append((stream, text))
+            self.dirty.add("logs")
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def _rank(self, rank: int) -> None:
+        if rank not in self.ranks:
+            self.ranks.add(rank)
+            self.dirty.add("ranks")
+
+    # reading -------------------------------------------------------------------
+    def elapsed_at(self, t: float) -> float:
+        """Seconds since the job started (or since its first row, if that came first)."""
+        origin = self.started if self.started is not None else self.first_time
+        if origin is None:
+            self.first_time = origin = t
+        return max(t - origin, 0.0)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def metric_names(self) -> list[str]:
+        """Logged scalar names, ``loss`` first."""
+        return sorted(self.scalars, key=lambda k: (k != "loss", k))
+
+    def steps_done(self) -> int:
+        return max((row["step"] + 1 for row in self.last_row.values()), default=0)
+
+    def steps_per_s(self) -> float | None:
+        rates = [s.last()[1] for s in self.rate.values() if s.last() is not None]
+        return sum(rates) / len(rates) if rates else None
+
+    def progress(self, now: float | None = None) -> dict[str, Any]:
+        """Step, total, rate, ETA and elapsed time, as numbers (``None`` where unknown)."""
+        done, rate, total = self.steps_done(), self.steps_per_s(), self.total_steps
+        if self.started is None:
+            elapsed = None
+        else:
+            end = self.ended if self.ended is not None else (time.time() if now is None else now)
+            elapsed = max(end - self.started, 0.0)
+        eta = None
+        if total and rate and not self.terminal and self.status != "PAUSED":
+            eta = max(total - done, 0) / rate
+        running = self.status in ("RUNNING", "STARTING")
+        return {"step": done, "total": total, "rate": rate if running else None,
+                "eta": eta, "elapsed": elapsed,
+                "fraction": min(done / total, 1.0) if total else None}
+
+    def log_tail(self, rank: int, lines: int | None = None) -> list[tuple[str, str]]:
+        tail = list(self.logs.get(rank, ()))
+        return tail if lines is None else tail[-lines:]
+
+
+def total_steps_of(record: dict[str, Any]) -> int | None:
+    """The job's planned step count, wherever the control plane puts it (if anywhere yet)."""
+    for place in (record, record.get("progress") or {}, record.get("spec") or {}):
+        value = place.get("total_steps") if isinstance(place, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def device_text(record: dict[str, Any]) -> str:
+    """Where the ranks run: ``GPU on 2 hosts``, ``CPU (no GPU) on 1 host``; empty before start."""
+    ranks = record.get("ranks") or ()
+    devices = {str(r.get("device", "")) for r in ranks}
+    if not devices:
+        return ""
+    hosts = len({r.get("host") for r in ranks})
+    kind = "GPU" if any(d.startswith("cuda") for d in devices) else "CPU (no GPU)"
+    return f"{kind} on {hosts} host{'s' if hosts != 1 else ''}"

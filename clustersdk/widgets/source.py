@@ -1,0 +1,74 @@
+"""What the dashboards read from a cluster: the only module here that talks to Dask.
+
+Each function makes a few scheduler calls and returns plain data for
+:mod:`.model` and :mod:`.render`. Call them from the kernel's thread or a
+dashboard's own thread, never from Dask's event loop (they block on it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .model import JobView
+
+if TYPE_CHECKING:
+    from ..cluster.base import Cluster
+    from ..job import Job
+
+
+def job_view(job: Job, **options: Any) -> JobView:
+    """A :class:`JobView` holding everything the job has recorded so far."""
+    view = JobView.from_record(job.info(), **options)
+    load_into(view, job)
+    return view
+
+
+def load_into(view: JobView, job: Job) -> None:
+    """Read the job's journal (metrics, samples, log lines) into ``view``."""
+    view.load_history(job.history())
+    view.load_system(job.system())
+    view.load_logs(log_lines(job))
+
+
+def log_lines(job: Job, since: int = 0) -> list[dict[str, Any]]:
+    """Every rank's log lines after sequence number ``since``: seq, rank, time, stream, text.
+
+    (``Job.logs`` joins one rank's lines into text, without their times.)
+    """
+    return list(job.cluster._call("logs", job=job.id, since=since))
+
+
+def job_records(cluster: Cluster) -> list[dict[str, Any]]:
+    """The cluster's job records, oldest first, without making ``Job`` handles (each subscribes)."""
+    return list(cluster._call("jobs"))
+
+
+def latest_samples(cluster: Cluster, slots: list[dict[str, Any]],
+                   seen: dict[str, tuple[int, dict]]) -> dict[str, dict[str, Any]]:
+    """The newest system sample of each busy slot's rank, by worker address.
+
+    ``seen`` (job id -> (last seq, {rank: sample})) carries what earlier calls
+    read, so that each call only fetches new samples.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    busy = {s["job"] for s in slots if s.get("job")}
+    for job in list(seen):
+        if job not in busy:
+            del seen[job]
+    ranks_of: dict[str, dict[str, int]] = {}
+    for job in busy:
+        since, latest = seen.get(job, (0, {}))
+        for sample in cluster._call("system", job=job, since=since):
+            since = max(since, sample["seq"])
+            latest[sample["rank"]] = sample
+        seen[job] = (since, latest)
+        record = cluster._call("job", job=job)
+        ranks_of[job] = {r["worker"]: r["rank"] for r in record.get("ranks") or ()}
+    for s in slots:
+        job = s.get("job")
+        if job and job in seen:
+            rank = ranks_of.get(job, {}).get(s["worker"])
+            sample = seen[job][1].get(rank)
+            if sample is not None:
+                out[s["worker"]] = sample
+    return out
