@@ -26,6 +26,7 @@ from ..errors import (
     JobTimeoutError,
     SpecError,
 )
+from ..layout import Layout
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import policy
 from .journal import Journal
@@ -241,6 +242,7 @@ class ControlPlane(SchedulerPlugin):
             if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
                 raise SpecError(f"world_size must be a positive int, got {ws!r}")
             self._check_capacity(ws)
+            Layout.resolve(run.spec["strategy"], run.spec.get("mesh"), ws)  # a mesh that fits ws
             record = self.journal.get(job)
             run.reset_ranks()
             run.spec = {**run.spec, "world_size": ws, "resume": record["checkpoint"]}
