@@ -144,6 +144,7 @@ class Job:
         """Continue a PAUSED job, or queue a SUSPENDED one again (optionally at another
         ``world_size``; the global batch stays the same)."""
         self._record = self.cluster._call("resume", job=self.id, world_size=world_size)
+        self.spec = self._record["spec"]  # the world size may have changed
         return JobStatus[self._record["status"]]
 
     def checkpoint(self, timeout: float | None = None) -> str:

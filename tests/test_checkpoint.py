@@ -220,3 +220,13 @@ def test_closing_the_cluster_keeps_a_suspended_job_resumable(tmp_path):
                                checkpoint_dir=str(ckpts), resume="auto")
         assert again.wait(timeout=120)["step"] == 200
         assert f"resumed from {path}" in again.logs(0)
+
+
+def test_the_record_knows_the_loop_length_and_the_new_world_size(idle, tmp_path):
+    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 300, "delay": 0.01}, world_size=2,
+                      checkpoint_dir=str(tmp_path))
+    wait_for(lambda: job.info()["total_steps"] == 300)
+    job.suspend()
+    job.resume(world_size=1)
+    assert job.world_size == 1 and "world_size=1" in repr(job)
+    job.stop()

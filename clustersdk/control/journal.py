@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     paused_at INTEGER,
     checkpoint TEXT,
     checkpoint_step INTEGER,
-    checkpoint_error TEXT
+    checkpoint_error TEXT,
+    total_steps INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (

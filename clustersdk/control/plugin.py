@@ -350,6 +350,10 @@ class ControlPlane(SchedulerPlugin):
                 self._transition(run, JobStatus.PAUSED, paused_at=max(run.paused.values()))
         elif event == "resumed":
             run.paused.pop(rank, None)
+        elif event == "loop":
+            self.journal.update(job, total_steps=data["total_steps"])
+            self.scheduler.log_event(topic(job), {"kind": "progress",
+                                                  "total_steps": data["total_steps"]})
         elif event == "restored":
             # the history goes on from the checkpoint's step: rows logged after it
             # (by a run that died before its next checkpoint) are replaced

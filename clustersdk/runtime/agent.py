@@ -183,7 +183,11 @@ class RankThread(threading.Thread):
             capture.bind(None)
             if self.agent.ranks.get(self.job) is self:
                 del self.agent.ranks[self.job]
-            self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"], **outcome)
+            try:
+                self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"],
+                                  **outcome)
+            except Exception:  # the worker is closing: the scheduler learns it by itself
+                logger.info("clustersdk: could not report the exit of rank %d", rank, exc_info=True)
 
     def _report(self, event: str, **data: Any) -> None:
         """From the rank's context: the event, with the metrics and logs so far (a

@@ -248,6 +248,8 @@ class TrainContext:
             raise SpecError(f"steps must be a non-negative int, got {steps!r}")
         if not self._begun:
             self._begin()
+            if self.rank == 0:  # for progress bars and ETAs
+                self._report("loop", total_steps=steps)
         batches = _cycle(data) if data is not None else None
         check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
         start = self.step
