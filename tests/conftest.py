@@ -80,3 +80,11 @@ def idle4(cluster4):
         if not job.status.terminal:
             job.stop(wait=False)
     _wait_idle(cluster4)
+
+
+def pytest_runtest_setup(item):
+    """Start every test in the repository root: a test that left the process in a
+    deleted temporary directory would break every Nanny spawned afterwards."""
+    import os
+
+    os.chdir(item.config.rootpath)
