@@ -336,7 +336,8 @@ class ControlPlane(SchedulerPlugin):
         data.pop("kind", None)
         if any(final.values()):
             # through the broker, so that subscribers see the last rows too
-            self.scheduler.log_event(topic(job), {"kind": "metrics", **final})
+            self.scheduler.log_event(topic(job), {"kind": "metrics", "rank": rank, "event": event,
+                                                  **final})
         run = self.runs.get(job)
         if run is None:
             return

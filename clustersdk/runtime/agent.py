@@ -133,7 +133,8 @@ class RankThread(threading.Thread):
                 system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
-        return {"kind": "metrics", "rows": rows, "logs": self.sink.drain(final), "system": system}
+        return {"kind": "metrics", "rank": self.rank, "sent": time.time(), "rows": rows,
+                "logs": self.sink.drain(final), "system": system}
 
     def run(self) -> None:
         from . import process_group as pg
@@ -169,7 +170,9 @@ class RankThread(threading.Thread):
             error = {"rank": rank, "type": type(e).__name__, "message": str(e),
                      "traceback": "".join(traceback.format_exception(e))}
             try:  # before teardown, so that the first failure is the one reported
-                self.agent.report(self.job, rank, "failed", error=error, **self.drain(final=True))
+                msg = self.drain(final=True)
+                self.agent.report(self.job, rank, "failed", error=error, rows=msg["rows"],
+                                  logs=msg["logs"], system=msg["system"])
             except Exception:
                 logger.exception("clustersdk: could not report the failure of rank %d", rank)
         finally:
