@@ -71,6 +71,11 @@ class Job:
         return self.info()["reason"]
 
     @property
+    def restarts(self) -> int:
+        """How often the job restarted after losing a worker (of ``max_restarts``)."""
+        return int(self.info().get("restarts") or 0)
+
+    @property
     def latest(self) -> dict[int, dict[str, Any]]:
         """The last row each rank logged, kept current by the event stream."""
         with self._lock:

@@ -56,6 +56,7 @@ class JobSpec:
     async_checkpoint: bool = True
     resume: str | None = None           # "auto" (newest in checkpoint_dir) or a checkpoint path
     tensorboard_dir: str | None = None  # every ctx.log scalar as TensorBoard events
+    max_restarts: int = 0               # gang restarts after a lost worker (from the newest checkpoint)
     # model parallelism and training features (see clustersdk.layout, runtime/strategies)
     mesh: dict[str, int] | None = None  # e.g. {"dp": 2, "tp": 2}; default: all ranks on one dim
     precision: str = "fp32"             # "bf16" (autocast) or "fp16" (autocast + grad scaler, CUDA)
@@ -95,6 +96,10 @@ class JobSpec:
                 f"job name {self.name!r} is invalid: use 1-64 letters, digits, '_', '.' or '-', "
                 "starting with a letter or digit"
             )
+        budget = self.max_restarts
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 0:
+            raise SpecError(f"max_restarts must be an int of at least 0, got {budget!r}")
+        self.max_restarts = int(budget)
         for field in ("timeout", "metrics_interval"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
@@ -217,6 +222,8 @@ class JobSpec:
             "async_checkpoint": bool(self.async_checkpoint),
             "resume": self.resume,
             "tensorboard_dir": self.tensorboard_dir,
+            "max_restarts": self.max_restarts,
+            "attempt": 0,  # the control plane counts restarts and resumes
             "mesh": self.mesh,
             "precision": self.precision,
             "grad_accum": self.grad_accum,

@@ -3,15 +3,17 @@
 ::
 
     QUEUED     ──> STARTING | STOPPED | FAILED
-    STARTING   ──> RUNNING | STOPPING | FINISHED | FAILED
-    RUNNING    ──> PAUSED | SUSPENDING | STOPPING | FINISHED | FAILED
-    PAUSED     ──> RUNNING | SUSPENDING | STOPPING | FAILED
+    STARTING   ──> RUNNING | RESTARTING | STOPPING | FINISHED | FAILED
+    RUNNING    ──> PAUSED | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    PAUSED     ──> RUNNING | RESTARTING | SUSPENDING | STOPPING | FAILED
+    RESTARTING ──> QUEUED (again, from the newest checkpoint) | STOPPING | FAILED
     SUSPENDING ──> SUSPENDED | STOPPING | FINISHED | FAILED
     SUSPENDED  ──> QUEUED (resume) | STOPPED
     STOPPING   ──> STOPPED | FINISHED | FAILED
 
 PAUSED holds the job's slots and process group; SUSPENDED holds a checkpoint
-and no slots. A job is *terminal* once FINISHED, FAILED or STOPPED; nothing
+and no slots. RESTARTING follows the loss of a worker within the job's restart
+budget (``max_restarts``): the other ranks wind down, then the job queues again. A job is *terminal* once FINISHED, FAILED or STOPPED; nothing
 leaves a terminal state.
 """
 
@@ -27,6 +29,7 @@ class JobStatus(str, enum.Enum):
     STARTING = "starting"      # slots allocated, process group coming up
     RUNNING = "running"        # every rank is inside the user's function
     PAUSED = "paused"          # every rank waits at the same step boundary, slots held
+    RESTARTING = "restarting"  # a worker was lost: the other ranks wind down, then it queues again
     SUSPENDING = "suspending"  # checkpointing, then giving the slots back
     SUSPENDED = "suspended"    # checkpointed, no slots; resume() queues it again
     STOPPING = "stopping"      # stop asked; ranks leave at the next step boundary
@@ -47,9 +50,11 @@ TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED})
 _S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
-    _S.RUNNING: frozenset({_S.PAUSED, _S.SUSPENDING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
-    _S.PAUSED: frozenset({_S.RUNNING, _S.SUSPENDING, _S.STOPPING, _S.FAILED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.PAUSED, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED,
+                           _S.FAILED}),
+    _S.PAUSED: frozenset({_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FAILED}),
+    _S.RESTARTING: frozenset({_S.QUEUED, _S.STOPPING, _S.FAILED}),
     _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.STOPPING, _S.FINISHED, _S.FAILED}),
     _S.SUSPENDED: frozenset({_S.QUEUED, _S.STOPPED}),
     _S.STOPPING: frozenset({_S.STOPPED, _S.FINISHED, _S.FAILED}),

@@ -116,7 +116,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
                     "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
                     "async_checkpoint": True, "resume": None, "tensorboard_dir": None,
-                    "mesh": None, "precision": "fp32", "grad_accum": 1, "clip_grad_norm": None,
+                    "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32", "grad_accum": 1, "clip_grad_norm": None,
                     "microbatches": None, "schedule": None, "split": None,
                     "reshard_after_forward": None, "cpu_offload": None}
 

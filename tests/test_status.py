@@ -15,12 +15,14 @@ Q, S, R, G, F, X, D = (
     JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED,
 )
 P, U, Z = JobStatus.PAUSED, JobStatus.SUSPENDING, JobStatus.SUSPENDED
+T = JobStatus.RESTARTING
 
 ALLOWED = {
     (Q, S), (Q, D), (Q, X),
-    (S, R), (S, G), (S, X), (S, F),
-    (R, P), (R, U), (R, G), (R, F), (R, X),
-    (P, R), (P, U), (P, G), (P, X),
+    (S, R), (S, G), (S, X), (S, F), (S, T),
+    (R, P), (R, U), (R, G), (R, F), (R, X), (R, T),
+    (P, R), (P, U), (P, G), (P, X), (P, T),
+    (T, Q), (T, G), (T, X),
     (U, Z), (U, G), (U, F), (U, X),
     (Z, Q), (Z, D),
     (G, D), (G, X), (G, F),

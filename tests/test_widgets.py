@@ -163,8 +163,9 @@ def test_pump_coalesces_bursts_and_survives_a_failing_target():
         pump.request(target)
         time.sleep(0.0005)
     time.sleep(0.15)
-    assert 8 <= len(target.times) <= 12  # about 10 per second, not 1000s
-    assert target.times[0] - start < 0.02  # the first one at once
+    # about 10 per second, not 1000s (fewer when a loaded box wakes the thread late)
+    assert 6 <= len(target.times) <= 12
+    assert target.times[0] - start < 0.09  # the first one at once, not an interval later
     gaps = [b - a for a, b in zip(target.times, target.times[1:])]
     assert min(gaps) >= 0.095
 

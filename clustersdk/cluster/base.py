@@ -93,6 +93,7 @@ class Cluster:
         async_checkpoint: bool = True,
         resume: str | None = None,
         tensorboard_dir: str | None = None,
+        max_restarts: int | None = None,
         mesh: dict[str, int] | None = None,
         precision: str = "fp32",
         grad_accum: int = 1,
@@ -115,7 +116,11 @@ class Cluster:
         continues from the newest checkpoint in ``checkpoint_dir``, if any.
         ``tensorboard_dir`` receives every ``ctx.log`` scalar as TensorBoard
         events: one run per rank (``rank-N/``) and their mean per step (the
-        directory itself), written by the control plane.
+        directory itself), written by the control plane. When a worker of the
+        job is lost, the job restarts (state RESTARTING, then QUEUED) on
+        whatever slots it can get, from its newest checkpoint (or from the
+        start without ``checkpoint_dir``), at most ``max_restarts`` times
+        (default: the ``clustersdk.max-restarts`` setting, 0); after that it fails.
 
         Model parallelism (``strategy`` is one of :data:`~clustersdk.STRATEGIES`):
         ``mesh`` names the ranks' layout, e.g. ``{"dp": 2, "tp": 2}`` for FSDP
@@ -143,6 +148,7 @@ class Cluster:
                               else metrics_interval),
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
             async_checkpoint=async_checkpoint, resume=resume, tensorboard_dir=tensorboard_dir,
+            max_restarts=config.get("max-restarts") if max_restarts is None else max_restarts,
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     checkpoint TEXT,
     checkpoint_step INTEGER,
     checkpoint_error TEXT,
-    total_steps INTEGER
+    total_steps INTEGER,
+    restarts INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -62,6 +63,7 @@ CREATE INDEX IF NOT EXISTS system_by_job ON system (job, seq);
 """
 
 _JSON_FIELDS = ("spec", "ranks", "error")
+_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0"}  # since the first release
 
 
 class Journal:
@@ -83,6 +85,14 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns a newer clustersdk keeps to a state directory made by an older one."""
+        have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for column, decl in _ADDED_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         self._db.close()

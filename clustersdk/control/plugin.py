@@ -17,6 +17,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .. import config
 from ..errors import (
     CapacityError,
     CheckpointError,
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
 STOP, SUSPEND, PAUSE, RESUME, CHECKPOINT = range(5)  # the control vector (runtime/control.py)
+_RESTARTABLE = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED)  # on a lost worker
 
 
 def topic(job: str) -> str:
@@ -56,6 +58,10 @@ class Run:
     control: list[int] = dataclasses.field(default_factory=lambda: [0] * 5)
     checkpoint_seq: int = 0        # newest CHECKPOINT request committed
     checkpoint_failed_seq: int = -1
+    restarts: int = 0              # gang restarts after lost workers, of spec["max_restarts"]
+    restart_paused: bool = False   # it was PAUSED when it lost a worker: comes back PAUSED
+    # a rank's failure, held back for a moment: was it a peer's lost worker? (then: restart)
+    held_failure: dict | None = None
     result: bytes | None = None
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
@@ -69,10 +75,16 @@ class Run:
     def reset_ranks(self) -> None:
         self.slots, self.started, self.exited, self.paused = [], set(), {}, {}
         self.control = [0] * 5
+        self.held_failure, self.result = None, None
 
     @property
     def id(self) -> str:
         return self.spec["id"]
+
+    @property
+    def attempt(self) -> int:
+        """Counts the job's gang starts after the first: restarts and resumes."""
+        return self.spec.get("attempt", 0)
 
 
 class ControlPlane(SchedulerPlugin):
@@ -117,10 +129,10 @@ class ControlPlane(SchedulerPlugin):
             return
         rank = next(i for i, s in enumerate(run.slots) if s.worker == worker)
         run.exited[rank] = {"status": "lost"}
-        if not run.status.terminal:
-            msg = f"worker {worker} (host {run.slots[rank].host}) left the cluster"
-            self._fail(run, _error(rank, "WorkerLost", msg))
+        self._lost(run, rank, "WorkerLost",
+                   f"worker {worker} (host {run.slots[rank].host}) of rank {rank} left the cluster")
         self._maybe_done(run)
+        self._schedule()
         self._notify(run)
 
     def log_event(self, topic_name: str, msg: Any) -> None:
@@ -198,7 +210,7 @@ class ControlPlane(SchedulerPlugin):
                 self.queue.remove(job)
             self._finish(run, JobStatus.STOPPED, reason=f"stopped while {run.status.name}")
             self._schedule()
-        elif run.status is not JobStatus.STOPPING:
+        elif run.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
             self._transition(run, JobStatus.STOPPING, reason="stop requested")
             run.control[STOP] = 1
             self._broadcast(run)
@@ -245,7 +257,8 @@ class ControlPlane(SchedulerPlugin):
             Layout.resolve(run.spec["strategy"], run.spec.get("mesh"), ws)  # a mesh that fits ws
             record = self.journal.get(job)
             run.reset_ranks()
-            run.spec = {**run.spec, "world_size": ws, "resume": record["checkpoint"]}
+            run.spec = {**run.spec, "world_size": ws, "resume": record["checkpoint"],
+                        "attempt": run.attempt + 1}
             self.journal.update(job, spec=run.spec)
             self._transition(run, JobStatus.QUEUED, reason="")
             self.queue.append(job)
@@ -330,7 +343,8 @@ class ControlPlane(SchedulerPlugin):
         return self.journal.logs(job, rank, since)
 
     # handlers: ranks ---------------------------------------------------------
-    def _h_rank_event(self, job: str, rank: int, event: str, data: dict | None = None) -> None:
+    def _h_rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
+                      attempt: int = 0) -> None:
         data = data or {}
         final = {key: data.pop(key, []) for key in ("rows", "logs", "system")}
         data.pop("kind", None)
@@ -339,7 +353,7 @@ class ControlPlane(SchedulerPlugin):
             self.scheduler.log_event(topic(job), {"kind": "metrics", "rank": rank, "event": event,
                                                   **final})
         run = self.runs.get(job)
-        if run is None:
+        if run is None or attempt != run.attempt:  # over, or a rank of an earlier start
             return
         if event == "started":
             run.started.add(rank)
@@ -371,7 +385,17 @@ class ControlPlane(SchedulerPlugin):
             self.scheduler.log_event(topic(job), {"kind": "checkpoint_failed",
                                                   "step": data["step"], "message": data["message"]})
         elif event == "failed":
-            if not run.status.terminal:
+            # while RESTARTING, the other ranks fail for want of the lost one: not news
+            if run.status.terminal or run.status is JobStatus.RESTARTING:
+                pass
+            elif run.spec.get("max_restarts", 0) and run.status in _RESTARTABLE:
+                # A rank often sees a dead peer (connection reset) before Dask tells us the
+                # peer's worker left: hold the failure back for a moment to tell them apart.
+                if run.held_failure is None:
+                    run.held_failure = data["error"]
+                    self.scheduler.loop.call_later(float(config.get("failure-grace")),
+                                                   self._release_held_failure, run, run.attempt)
+            else:
                 self._fail(run, data["error"])
         elif event == "exit":
             run.exited[rank] = data
@@ -404,39 +428,52 @@ class ControlPlane(SchedulerPlugin):
             self.journal.update(job, reason=reason)
 
     async def _start(self, run: Run) -> None:
-        spec, gang = run.spec, run.slots
+        spec, gang, attempt = run.spec, run.slots, run.attempt
         try:
             port = await self.scheduler.rpc(gang[0].worker).clustersdk_open_store(
                 job=run.id, world_size=spec["world_size"], timeout=spec["timeout"]
             )
-            await asyncio.gather(*(
+        except Exception as e:  # the worker of rank 0 vanished: no rank starts
+            results: list[Any] = [e] * len(gang)
+        else:
+            results = await asyncio.gather(*(
                 self.scheduler.rpc(slot.worker).clustersdk_start_rank(
                     job=run.id, rank=rank, spec=spec, payload=run.payload,
                     master_addr=gang[0].host, master_port=port,
                 )
                 for rank, slot in enumerate(gang)
-            ))
-        except Exception as e:  # a worker vanished or refused: the job can't start
-            logger.exception("clustersdk: could not start job %s", run.id)
-            if not run.status.terminal:
-                self._fail(run, _error(None, type(e).__name__, f"could not start the ranks: {e}"))
-            # ranks that never started will never report an exit
-            for rank, slot in enumerate(gang):
-                if rank not in run.started and self.busy.get(slot.worker) == run.id:
-                    del self.busy[slot.worker]
-                    run.exited.setdefault(rank, {"status": "not started"})
-            self._maybe_done(run)
-            self._schedule()
+            ), return_exceptions=True)
+        failed = {rank: e for rank, e in enumerate(results) if isinstance(e, Exception)}
+        if run.attempt != attempt:  # restarted meanwhile: these ranks are not the job's any more
+            return
+        if not failed:
+            if any(run.control):  # e.g. the pause of a job that was PAUSED before its restart
+                self._broadcast(run)
+            return
+        for rank, e in failed.items():  # these never report an exit; the others will
+            logger.warning("clustersdk: could not start rank %d of job %s on %s: %r",
+                           rank, run.id, gang[rank].worker, e)
+            if self.busy.get(gang[rank].worker) == run.id:
+                del self.busy[gang[rank].worker]
+            run.exited.setdefault(rank, {"status": "not started"})
+        rank, e = next(iter(failed.items()))
+        if run.status is not JobStatus.RESTARTING:  # else remove_worker has seen to it
+            self._lost(run, rank, type(e).__name__,
+                       f"could not start rank {rank} on worker {gang[rank].worker}: {e}")
+        self._maybe_done(run)
+        self._schedule()
 
     def _broadcast(self, run: Run) -> None:
         """Send the job's control vector to each of its ranks' agents."""
         for slot in run.slots:
             if slot.worker in self.slots:
-                self.scheduler.loop.add_callback(self._control, slot.worker, run.id, list(run.control))
+                self.scheduler.loop.add_callback(self._control, slot.worker, run.id,
+                                                 list(run.control), run.attempt)
 
-    async def _control(self, worker: str, job: str, words: list[int]) -> None:
+    async def _control(self, worker: str, job: str, words: list[int], attempt: int) -> None:
         try:
-            await self.scheduler.rpc(worker).clustersdk_control(job=job, words=words)
+            await self.scheduler.rpc(worker).clustersdk_control(job=job, words=words,
+                                                                attempt=attempt)
         except Exception:  # the worker is gone; remove_worker deals with it
             logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
 
@@ -478,9 +515,60 @@ class ControlPlane(SchedulerPlugin):
         run.control[STOP] = 1
         self._broadcast(run)
 
+    def _can_restart(self, run: Run) -> bool:
+        return run.status in _RESTARTABLE and run.restarts < run.spec.get("max_restarts", 0)
+
+    def _release_held_failure(self, run: Run, attempt: int) -> None:
+        """No worker of the job was lost after all: the held-back failure is the job's."""
+        if run.held_failure is not None and run.attempt == attempt and not run.status.terminal \
+                and run.status is not JobStatus.RESTARTING:
+            self._fail(run, run.held_failure)
+            self._maybe_done(run)
+
+    def _lost(self, run: Run, rank: int, exc_type: str, message: str) -> None:
+        """Rank ``rank``'s worker is gone (or could not start it): restart the gang
+        while the job's restart budget lasts, else fail the job."""
+        budget = run.spec.get("max_restarts", 0)
+        run.held_failure = None  # the peers of the lost rank failed for want of it
+        if self._can_restart(run):
+            run.restarts += 1
+            run.restart_paused = run.status is JobStatus.PAUSED
+            self._transition(run, JobStatus.RESTARTING, restarts=run.restarts, reason=(
+                f"{message}; restart {run.restarts} of {budget}: the other ranks stop first"))
+            run.control[STOP] = 1
+            self._broadcast(run)
+        elif not run.status.terminal:
+            if budget and run.status in _RESTARTABLE:
+                message += f" (all {budget} restart(s) of the job are used up)"
+            self._fail(run, _error(rank, exc_type, message))
+
+    def _restart(self, run: Run) -> None:
+        """Every rank of the lost gang is gone: queue the job again, first in line, to
+        continue from its newest committed checkpoint (or from the start without one)."""
+        record = self.journal.get(run.id)
+        resume = record["checkpoint"] or run.spec.get("resume")
+        # the history goes on from where the new run begins (its "restored" event
+        # trims it again if an explicit resume= loads an older step)
+        start = record["checkpoint_step"] if record["checkpoint"] else 0
+        self.journal.truncate_history(run.id, start)
+        run.reset_ranks()
+        run.spec = {**run.spec, "resume": resume, "attempt": run.attempt + 1}
+        if run.restart_paused:
+            run.control[PAUSE] = 1
+        where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
+        self.journal.update(run.id, spec=run.spec)
+        self._transition(run, JobStatus.QUEUED, reason=f"restart {run.restarts}: {where}")
+        self.queue.insert(0, run.id)
+        self._schedule()
+
     def _maybe_done(self, run: Run) -> None:
         if len(run.exited) < run.spec["world_size"]:
             return
+        if run.status is JobStatus.RESTARTING:
+            self._restart(run)
+            return
+        if run.held_failure is not None and not run.status.terminal:
+            self._fail(run, run.held_failure)  # every rank is out and no worker was lost
         if run.status is JobStatus.SUSPENDING and all(
             e.get("status") == "suspended" for e in run.exited.values()
         ):

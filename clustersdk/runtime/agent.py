@@ -41,7 +41,8 @@ class Agent(WorkerPlugin):
         self.worker = worker
         self.ranks: dict[str, RankThread] = {}
         self.stores: dict[str, Any] = {}
-        self.early: dict[str, Control] = {}  # control words that arrived before their rank
+        # control words that arrived before their rank, by (job, attempt)
+        self.early: dict[tuple[str, int], Control] = {}
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         for name in ("open_store", "start_rank", "control"):
@@ -71,17 +72,25 @@ class Agent(WorkerPlugin):
                    master_addr: str, master_port: int) -> None:
         store = self.stores.pop(job, None) if rank == 0 else None
         thread = RankThread(self, job, rank, spec, payload, master_addr, master_port, store)
-        if job in self.early:  # e.g. a stop sent while the job was still starting
-            thread.control.merge(self.early.pop(job).words())
+        early = self.early.pop((job, thread.attempt), None)
+        if early is not None:  # e.g. a stop sent while the job was still starting
+            thread.control.merge(early.words())
         self.ranks[job] = thread
         thread.start()
 
-    def control(self, job: str, words: list[int]) -> None:
+    def control(self, job: str, words: list[int], attempt: int = 0) -> None:
+        """Merge control words into the rank of this ``attempt`` of the job (a restart
+        or a resume is a new attempt: late words for an earlier one are dropped)."""
         rank = self.ranks.get(job)
-        if rank is None and job not in self.early and len(self.early) >= 1000:
+        if rank is not None and rank.attempt == attempt:
+            rank.control.merge(words)
+            return
+        if rank is not None and rank.attempt > attempt:
+            return
+        key = (job, attempt)
+        if key not in self.early and len(self.early) >= 1000:
             self.early.pop(next(iter(self.early)))  # words for long-gone jobs
-        target = rank.control if rank is not None else self.early.setdefault(job, Control())
-        target.merge(words)
+        self.early.setdefault(key, Control()).merge(words)
 
     # metrics -------------------------------------------------------------------
     def flush(self) -> None:
@@ -91,10 +100,10 @@ class Agent(WorkerPlugin):
                 if msg["rows"] or msg["logs"] or msg["system"]:
                     self.worker.log_event(rank.topic, msg)
 
-    def report(self, job: str, rank: int, event: str, **data: Any) -> None:
+    def report(self, job: str, rank: int, event: str, attempt: int = 0, **data: Any) -> None:
         """From a rank thread: tell the control plane, and wait until it has heard."""
         sync(self.worker.loop, self.worker.scheduler.clustersdk_rank_event,
-             job=job, rank=rank, event=event, data=data)
+             job=job, rank=rank, event=event, attempt=attempt, data=data)
 
 
 class RankThread(threading.Thread):
@@ -106,6 +115,7 @@ class RankThread(threading.Thread):
         self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
         self.payload, self.store = payload, store
         self.master = (master_addr, master_port)
+        self.attempt = int(spec.get("attempt", 0))
         self.topic = f"clustersdk-job-{job}"
         self.sink = capture.Sink(rank)
         self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
@@ -156,7 +166,7 @@ class RankThread(threading.Thread):
                 control_group=control_group, checkpoint_group=checkpoint_group,
                 checkpoint=options, report=self._report, spec=spec,
             )
-            self.agent.report(self.job, rank, "started")
+            self.agent.report(self.job, rank, "started", self.attempt)
             fn, args, kwargs = cloudpickle.loads(self.payload)
             result = fn(self.ctx, *args, **kwargs)
             if self.ctx.stopped:
@@ -171,8 +181,8 @@ class RankThread(threading.Thread):
                      "traceback": "".join(traceback.format_exception(e))}
             try:  # before teardown, so that the first failure is the one reported
                 msg = self.drain(final=True)
-                self.agent.report(self.job, rank, "failed", error=error, rows=msg["rows"],
-                                  logs=msg["logs"], system=msg["system"])
+                self.agent.report(self.job, rank, "failed", self.attempt, error=error,
+                                  rows=msg["rows"], logs=msg["logs"], system=msg["system"])
             except Exception:
                 logger.exception("clustersdk: could not report the failure of rank %d", rank)
         finally:
@@ -187,8 +197,8 @@ class RankThread(threading.Thread):
             if self.agent.ranks.get(self.job) is self:
                 del self.agent.ranks[self.job]
             try:
-                self.agent.report(self.job, rank, "exit", rows=msg["rows"], logs=msg["logs"],
-                                  **outcome)
+                self.agent.report(self.job, rank, "exit", self.attempt, rows=msg["rows"],
+                                  logs=msg["logs"], **outcome)
             except Exception:  # the worker is closing: the scheduler learns it by itself
                 logger.info("clustersdk: could not report the exit of rank %d", rank, exc_info=True)
 
@@ -196,8 +206,8 @@ class RankThread(threading.Thread):
         """From the rank's context: the event, with the metrics and logs so far (a
         paused job's history is then complete as soon as pause() returns)."""
         msg = self.drain()
-        self.agent.report(self.job, self.rank, event, rows=msg["rows"], logs=msg["logs"],
-                          system=msg["system"], **data)
+        self.agent.report(self.job, self.rank, event, self.attempt, rows=msg["rows"],
+                          logs=msg["logs"], system=msg["system"], **data)
 
 
 def _checkpoint_options(spec: dict[str, Any], rank: int) -> dict[str, Any] | None:

@@ -41,7 +41,7 @@ SYSTEM_CHARTS: dict[str, list[tuple[str, str, str, str, float]]] = {
 
 STATUS_COLORS = {
     "QUEUED": "#6b7280", "STARTING": "#2563eb", "RUNNING": "#16a34a", "PAUSED": "#d97706",
-    "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
+    "RESTARTING": "#db2777", "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
     "FINISHED": "#0f766e", "FAILED": "#dc2626", "STOPPED": "#4b5563",
 }
 TERMINAL = frozenset({"FINISHED", "FAILED", "STOPPED"})
@@ -52,7 +52,8 @@ ACTIONS: dict[str, frozenset[str]] = {
     "resume": frozenset({"PAUSED", "SUSPENDED"}),
     "checkpoint": frozenset({"RUNNING", "PAUSED"}),
     "suspend": frozenset({"RUNNING", "PAUSED"}),
-    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "SUSPENDING", "SUSPENDED"}),
+    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "RESTARTING", "SUSPENDING",
+                       "SUSPENDED"}),
 }
 
 

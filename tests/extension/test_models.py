@@ -158,6 +158,16 @@ def value(found, _metric, **labels):
     return found[(_metric, tuple(sorted(labels.items())))]
 
 
+def test_restarts_are_counted_per_job():
+    snap = snapshot()
+    snap["clusters"][0]["jobs"][0]["record"] = {**RECORD, "status": "RESTARTING", "restarts": 2}
+    found = samples(metrics.render(snap))
+    job = {"cluster": "c1", "job": "j1", "name": "train"}
+    assert value(found, "clustersdk_job_restarts_total", **job) == 2
+    assert value(found, "clustersdk_job_state", **job, state="RESTARTING") == 1
+    assert value(found, "clustersdk_job_state", **job, state="RUNNING") == 0
+
+
 def test_metrics_per_job_cluster_and_gpu():
     found = samples(metrics.render(snapshot()))
     job = {"cluster": "c1", "job": "j1", "name": "train"}
