@@ -155,6 +155,16 @@ def test_stop_during_a_restart_stops_the_job(healed):
     assert not any(s["job"] for s in healed.slots())
 
 
+def test_a_rank_that_cannot_be_started_restarts_the_gang(healed):
+    second = healed.slots()[1]["worker"]  # rank 1 of the next two-rank gang
+    healed.client.run(workloads.break_start_once, workers=[second])
+    job = healed.launch(workloads.train_mlp, kwargs={"steps": 5}, world_size=2, timeout=3,
+                        max_restarts=1)
+    out = job.wait(timeout=60)  # rank 0 gave up on its missing peer; the restart ran
+    assert len(out["losses"]) == 5
+    assert job.restarts == 1
+
+
 # pieces, without a cluster ----------------------------------------------------------------
 def test_late_control_words_of_an_earlier_attempt_are_dropped():
     agent = Agent()

@@ -107,3 +107,15 @@ def train_ckpt(ctx, steps: int = 60, delay: float = 0.0, hidden: int = 16, dropo
             time.sleep(delay)
     params = {k.removeprefix("module."): v.detach().clone() for k, v in net.state_dict().items()}
     return {"params": params, "optim": opt.state_dict(), "step": ctx.step}
+
+
+def break_start_once(dask_worker) -> None:
+    """Make this worker refuse the next rank it is asked to start (as a worker that
+    died but was not yet removed would), then behave again."""
+    original = dask_worker.handlers["clustersdk_start_rank"]
+
+    def refuse(**kwargs):
+        dask_worker.handlers["clustersdk_start_rank"] = original
+        raise OSError("injected: this worker could not start the rank")
+
+    dask_worker.handlers["clustersdk_start_rank"] = refuse

@@ -69,6 +69,14 @@ def teardown() -> None:
     gc.collect()  # drop DDP reducers and their pending work before the groups go
     if dist.is_initialized():
         dist.destroy_process_group()
+    else:
+        # An init that failed (a peer never came) has counted its group already: the
+        # next job's groups would be named "1", "2"... here and "0", "1"... on fresh
+        # workers, and wait for each other's keys forever. destroy_process_group()
+        # resets the counter; without a default group there is nothing to destroy.
+        world = getattr(dist.distributed_c10d, "_world", None)
+        if world is not None and hasattr(world, "group_count"):
+            world.group_count = 0
 
 
 def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]

@@ -128,7 +128,7 @@ class Saver:
         # failure on any rank (a full disk...) reaches every rank as one
         # CheckpointException and all of them carry on alike.
         tmp = ckpt.tmp_dir(self.root, step, f"{self.ctx.job[:8]}{self._saves}")
-        writer = _Writer(tmp, sync_files=True)
+        writer = _Writer(tmp, sync_files=True, thread_count=2)
         state = self.state()
         state["ranks"] = {str(self.ctx.rank): _pack(self.rank_state())}
         ckpt.fault("staged")
