@@ -129,6 +129,15 @@ def test_static_html_escapes_and_shows_the_failed_ranks_traceback():
     assert "FAILED" in html
 
 
+def test_a_restarting_job_says_why():
+    reason = "worker tcp://a:1 (host a) of rank 1 left the cluster; restart 1 of 3: the other ranks stop first"
+    view = JobView(name="a", world_size=2, strategy="ddp", status="RESTARTING", reason=reason)
+    html = render.job_html(view)
+    assert "RESTARTING" in html and "restart 1 of 3" in html
+    view.set_status("RUNNING", {"reason": ""})
+    assert "restart 1 of 3" not in render.job_html(view)
+
+
 def test_cluster_model_bars_and_text():
     slots = [{"worker": "tcp://a:1", "host": "a", "kind": "cuda", "index": 0, "job": "j1"},
              {"worker": "tcp://a:2", "host": "a", "kind": "cuda", "index": 1, "job": None}]

@@ -220,7 +220,8 @@ class JobDashboard:
         v = self.view
         ranks = f"{v.world_size} rank{'s' if v.world_size != 1 else ''}"
         device = f" · {html.escape(v.device)}" if v.device else ""
-        reason = (f" · <em>{html.escape(v.reason)}</em>" if v.reason and v.status == "QUEUED" else "")
+        waiting = v.reason and v.status in ("QUEUED", "RESTARTING")
+        reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:
             reason += f" · last checkpoint <code>{html.escape(_short_path(v.checkpoint))}</code>"
         self.header.value = (
@@ -236,7 +237,8 @@ class JobDashboard:
             self.progress.layout.display = ""
             self.progress.value = p["fraction"]
             self.progress.bar_style = {"FINISHED": "success", "FAILED": "danger",
-                                       "PAUSED": "warning"}.get(self.view.status, "info")
+                                       "PAUSED": "warning", "RESTARTING": "warning"
+                                       }.get(self.view.status, "info")
         self.progress_label.value = (f'<span style="font-size:13px;color:#374151;">'
                                      f"{html.escape(progress_text(p))}</span>")
 

@@ -65,7 +65,7 @@ def job_html(view: JobView) -> str:
         name=view.name, badge=badge(view.status), color=STATUS_COLORS.get(view.status, "#6b7280"),
         strategy=view.strategy, world_size=view.world_size, device=view.device,
         progress=progress_text(progress), fraction=progress["fraction"],
-        reason=view.reason if view.status == "QUEUED" else "",
+        reason=view.reason if view.status in ("QUEUED", "RESTARTING") else "",
         metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
         system_note="System figures are host CPU and memory (psutil): these ranks have no GPU."
         if source == "psutil" else "",
