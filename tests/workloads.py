@@ -119,3 +119,21 @@ def break_start_once(dask_worker) -> None:
         raise OSError("injected: this worker could not start the rank")
 
     dask_worker.handlers["clustersdk_start_rank"] = refuse
+
+
+def slow_staging(delay: float | None) -> None:
+    """Make every async save's background copy start ``delay`` s late (None: undo), so
+    that a step that does not wait for the copy would change the tensors under it."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    original = DefaultStager.__dict__.get("_clustersdk_original", DefaultStager._stage)
+    if delay is None:
+        DefaultStager._stage = original
+        return
+
+    def late(self, state_dict, **kwargs):
+        time.sleep(delay)
+        return original(self, state_dict, **kwargs)
+
+    DefaultStager._clustersdk_original = original
+    DefaultStager._stage = late

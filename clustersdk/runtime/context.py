@@ -269,7 +269,7 @@ class TrainContext:
                 self._saver.save(self._checkpoints_done, blocking=not self._async)
         finally:
             if self._saver is not None:
-                self._saver.wait()
+                self._saver.close()
 
     def checkpoint(self) -> None:
         """Save a checkpoint now (all ranks must call it at the same step)."""

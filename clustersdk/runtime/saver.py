@@ -8,6 +8,8 @@ step, and per rank the RNG states of python, numpy and torch (CPU and CUDA).
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import errno
 import io
 import random
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -68,6 +71,11 @@ class Saver:
         self._saves = 0
         self._inflight: threading.Event | None = None
         self.last_step: int | None = None
+        # An async save copies ("stages") the tensors in a background thread while
+        # the next step computes; whatever would change them waits for the copy.
+        self._stager: DefaultStager | None = None
+        self._staging: concurrent.futures.Future | None = None
+        self._gated: set[int] = set()  # ids of the modules and optimizers hooked
 
     # --- what is saved -----------------------------------------------------------------
     def _parts(self) -> tuple[torch.nn.Module | None, list[torch.optim.Optimizer], dict[str, Any]]:
@@ -145,7 +153,16 @@ class Saver:
             return
         done = threading.Event()
         self._inflight = done
-        future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+        gated = self._gate()
+        try:  # python objects are copied now (a background copy could see them half-changed)
+            state["extra"] = copy.deepcopy(state["extra"])
+        except Exception:  # noqa: BLE001 - not copyable: stage all of it before going on
+            gated = False
+        response = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                  async_stager=self._staging_stager())
+        self._staging, future = response.staging_completion, response.upload_completion
+        if not gated:  # nothing tells us before the tensors change: copy them now
+            self._wait_staged()
 
         def finished(f) -> None:  # noqa: ANN001 - a concurrent.futures.Future
             try:
@@ -161,9 +178,53 @@ class Saver:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or has failed."""
+        self._wait_staged()
         if self._inflight is not None:
             self._inflight.wait()
             self._inflight = None
+
+    def close(self) -> None:
+        """After the loop: the save in flight is over; free the staging thread and buffers."""
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    # --- staging in the background -----------------------------------------------------
+    def _staging_stager(self) -> DefaultStager:
+        if self._stager is None:
+            cuda = self.ctx.device.type == "cuda"
+            self._stager = DefaultStager(StagingOptions(
+                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                use_non_blocking_copy=cuda))
+        return self._stager
+
+    def _wait_staged(self, *_: Any) -> None:
+        """Until the tensors of the save in flight are copied (a failed copy fails the
+        save, which reports it: training goes on)."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            concurrent.futures.wait([staging])
+
+    def _gate(self) -> bool:
+        """Make every change to the saved tensors wait for their copy: an optimizer's
+        step (parameters, its state) and, for a model with buffers (batch norm's
+        running statistics change in forward), the model's forward. False when the
+        job has no optimizer to hook: its parameters may change anywhere."""
+        model, optimizers, _ = self._parts()
+        if not optimizers:
+            return False
+        hooked = list(optimizers)
+        if model is not None and any(True for _ in model.buffers()):
+            hooked.append(model)
+        for obj in hooked:
+            if id(obj) not in self._gated:
+                if isinstance(obj, torch.optim.Optimizer):
+                    obj.register_step_pre_hook(self._wait_staged)
+                else:
+                    obj.register_forward_pre_hook(self._wait_staged)
+                self._gated.add(id(obj))
+        return True
 
     def _done(self, step: int, tmp: str, seq: int) -> None:
         self.last_step = step
