@@ -12,6 +12,7 @@ import concurrent.futures
 import copy
 import errno
 import io
+import os
 import random
 import shutil
 import threading
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -38,6 +39,41 @@ if TYPE_CHECKING:
     from .context import TrainContext
 
 
+BACKGROUND_NICE = 10  # checkpoint threads yield the CPU to training (Linux, per thread)
+
+
+def _background() -> None:
+    """Lower the calling thread's CPU priority (where the OS has per-thread nice)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):  # not Linux, or not allowed: no harm
+        pass
+
+
+class _CpuStager(AsyncStager):
+    """Copies a CPU state dict in one lower-priority background thread, so that the
+    ranks' own threads keep the cores while a save is staged."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._copy = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                                  use_async_staging=False,
+                                                  use_non_blocking_copy=False))
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="clustersdk-staging", initializer=_background)
+
+    def stage(self, state_dict: dict[str, Any]) -> concurrent.futures.Future:
+        return self._pool.submit(self._copy.stage, state_dict)
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._copy.close()
+
+
 # Optimizer state keyed by parameter name, hyperparameters included ("param_groups.<fqn>.lr"):
 # pipeline stages hold different parameter groups, which DCP would otherwise store under the
 # same list index, once, from one rank.
@@ -46,6 +82,11 @@ _KEYED = StateDictOptions(flatten_optimizer_state_dict=True)
 
 class _Writer(dcp.FileSystemWriter):
     """DCP's file writer, fsyncing files, with the fault points the tests use."""
+
+    def set_up_storage_writer(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        if threading.current_thread().name.startswith("AsyncCheckpointExecutor"):
+            _background()  # DCP's upload thread of an async save (never a rank's own thread)
+        super().set_up_storage_writer(*args, **kwargs)
 
     def write_data(self, plan, planner):  # noqa: ANN001 - DCP's own types
         future = super().write_data(plan, planner)
@@ -73,7 +114,7 @@ class Saver:
         self.last_step: int | None = None
         # An async save copies ("stages") the tensors in a background thread while
         # the next step computes; whatever would change them waits for the copy.
-        self._stager: DefaultStager | None = None
+        self._stager: AsyncStager | None = None
         self._staging: concurrent.futures.Future | None = None
         self._gated: set[int] = set()  # ids of the modules and optimizers hooked
 
@@ -191,12 +232,14 @@ class Saver:
             self._stager = None
 
     # --- staging in the background -----------------------------------------------------
-    def _staging_stager(self) -> DefaultStager:
+    def _staging_stager(self) -> AsyncStager:
         if self._stager is None:
-            cuda = self.ctx.device.type == "cuda"
-            self._stager = DefaultStager(StagingOptions(
-                use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                use_non_blocking_copy=cuda))
+            if self.ctx.device.type == "cuda":  # pinned buffers, kept; its own CUDA stream
+                self._stager = DefaultStager(StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=True,
+                    use_non_blocking_copy=True))
+            else:
+                self._stager = _CpuStager()
         return self._stager
 
     def _wait_staged(self, *_: Any) -> None:
