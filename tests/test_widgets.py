@@ -23,20 +23,11 @@ from clustersdk.widgets.model import Cutoff, JobView, RateMeter, Series
 from clustersdk.widgets.pump import Pump
 
 from . import workloads
+from .test_jobs import wait_for
 
 cloudpickle.register_pickle_by_value(workloads)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def metrics(rank, step, t, **scalars):

@@ -66,9 +66,6 @@ class _CpuStager(AsyncStager):
     def stage(self, state_dict: dict[str, Any]) -> concurrent.futures.Future:
         return self._pool.submit(self._copy.stage, state_dict)
 
-    def synchronize_staging(self) -> None:
-        pass
-
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self._copy.close()
