@@ -1,0 +1,208 @@
+"""The scheduler the control plane keeps: its state, the events that change it, decide().
+
+The plugin reports what happens (a slot comes or goes, a job is submitted,
+makes progress, pauses, checkpoints, releases its slots) and calls
+:meth:`Scheduler.decide` after each event and on a timer. ``decide`` returns
+what to do and applies it to its own state at once: a started job holds its
+slots, a victim is marked as leaving. The plugin carries the decision out and
+reports back with the same events (``released`` when a victim's ranks are gone).
+
+>>> s = Scheduler(slots=[Slot(f"w{i}", "h", "cpu", -1) for i in range(2)])
+>>> s.submit(Request("a", world_size=2))
+>>> [start.job for start in s.decide(now=0.0).start]
+['a']
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
+from .config import PolicyConfig
+from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
+from .planner import Pass
+
+
+class Scheduler:
+    """Inventory, queue and holdings, kept in the order decisions need them."""
+
+    def __init__(self, config: PolicyConfig | Mapping[str, Any] | None = None,
+                 slots: Iterable[Slot] = ()) -> None:
+        self.config = config if isinstance(config, PolicyConfig) else PolicyConfig.from_dict(config)
+        self.inventory: dict[str, Slot] = {}
+        self.queued: dict[str, Request] = {}
+        self._order: list[tuple] = []             # Request.key of every queued job, sorted
+        self.holdings: dict[str, Holding] = {}
+        self.waits: dict[str, Wait] = {}          # the newest wait of every queued job
+        self._seq = 0
+        for slot in slots:
+            self.add_slot(slot)
+
+    # building from, and giving, a whole state ----------------------------------------
+    @classmethod
+    def from_state(cls, state: ClusterState) -> Scheduler:
+        """A scheduler holding ``state`` (e.g. rebuilt from the journal after a restart)."""
+        s = cls(state.config, state.slots)
+        for h in state.holdings:
+            s.holdings[h.id] = dataclasses.replace(h)
+            s._seq = max(s._seq, h.request.seq)
+        for req in state.queued:
+            s.submit(req)
+        return s
+
+    def state(self) -> ClusterState:
+        """A snapshot: what ``decide(state, now)`` would take (and the journal keeps)."""
+        return ClusterState(slots=list(self.inventory.values()),
+                            queued=[self.queued[k[2]] for k in self._order],
+                            holdings=[dataclasses.replace(h) for h in self.holdings.values()],
+                            config=self.config)
+
+    def next_seq(self) -> int:
+        """A submission number after every one seen (for ``Request.seq``)."""
+        self._seq += 1
+        return self._seq
+
+    # events: inventory and configuration ----------------------------------------------
+    def add_slot(self, slot: Slot) -> None:
+        self.inventory[slot.worker] = slot
+
+    def remove_slot(self, worker: str) -> str | None:
+        """The worker left; returns the job that held its slot (the plugin deals with it)."""
+        self.inventory.pop(worker, None)
+        for h in self.holdings.values():
+            if any(s.worker == worker for s in h.slots):
+                return h.id
+        return None
+
+    def configure(self, config: PolicyConfig | Mapping[str, Any]) -> PolicyConfig:
+        """An admin's new settings (a PolicyConfig, or changes merged into the current
+        ones). Running jobs are never stopped by it: over a lowered quota they finish,
+        or are preempted by the rules; a queue still in use can't be removed."""
+        new = config if isinstance(config, PolicyConfig) else self.config.updated(config)
+        using = {r.queue for r in self.queued.values()} | {h.request.queue
+                                                          for h in self.holdings.values()}
+        gone = sorted(q for q in using if q not in new.queues)
+        if gone:
+            raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
+                            "them finish (or stop them) before removing the queue")
+        self.config = new
+        return new
+
+    # events: jobs -------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        """Queue a job (again, after a preemption: with its own ``seq``, so in its place)."""
+        if req.id in self.queued or req.id in self.holdings:
+            raise InvalidTransitionError(f"job {req.id!r} is already "
+                                         f"{'queued' if req.id in self.queued else 'holding slots'}")
+        self.queued[req.id] = req
+        bisect.insort(self._order, req.key)
+        self._seq = max(self._seq, req.seq)
+
+    def cancel(self, job: str) -> Request:
+        """Take a queued job off the queue (stopped before it started)."""
+        req = self.queued.pop(job, None)
+        if req is None:
+            raise JobNotFoundError(f"no queued job {job!r}")
+        del self._order[bisect.bisect_left(self._order, req.key)]
+        self.waits.pop(job, None)
+        return req
+
+    def progress(self, job: str, now: float, step: int | None = None,
+                 steps_since_checkpoint: int | None = None) -> None:
+        """Its ranks finished a step (telemetry: the step and the time)."""
+        h = self._holding(job)
+        h.last_progress = now
+        if step is not None:
+            if h.steps_since_checkpoint is not None:
+                h.steps_since_checkpoint += max(0, step - h.step)
+            h.step = step
+        if steps_since_checkpoint is not None:
+            h.steps_since_checkpoint = steps_since_checkpoint
+
+    def checkpointed(self, job: str, now: float, step: int | None = None,
+                     state_bytes: int | None = None) -> None:
+        """A checkpoint of it was committed."""
+        h = self._holding(job)
+        h.checkpoint_at, h.steps_since_checkpoint = now, 0
+        if step is not None:
+            h.step = step
+        if state_bytes is not None:
+            h.state_bytes = state_bytes
+
+    def paused(self, job: str, now: float) -> None:
+        h = self._holding(job)
+        if h.status == "running":
+            h.status, h.paused_since = "paused", now
+
+    def resumed(self, job: str, now: float) -> None:
+        h = self._holding(job)
+        if h.status == "paused":
+            h.status, h.paused_since, h.last_progress = "running", None, now
+
+    def suspending(self, job: str, now: float) -> None:
+        """The user asked it to suspend (it will not come back to the queue by itself)."""
+        h = self._holding(job)
+        if h.status in ACTIVE:
+            h.status, h.requeue = "suspending", False
+
+    def released(self, job: str, now: float, requeue: bool | None = None) -> Request | None:
+        """Its ranks are gone and its slots free (it finished, failed, stopped, suspended).
+        A job the policy preempted goes back in the queue in its old place
+        (``requeue=None``); the request queued again is returned."""
+        h = self.holdings.pop(job, None)
+        if h is None:
+            raise JobNotFoundError(f"job {job!r} holds no slots")
+        if requeue if requeue is not None else h.requeue:
+            self.submit(h.request)
+            return h.request
+        return None
+
+    # deciding -------------------------------------------------------------------------------
+    def decide(self, now: float) -> Decision:
+        """What to do now, applied to this scheduler's state; ``waiting`` holds the waits
+        that changed since the previous decision."""
+        queue = [self.queued[k[2]] for k in self._order]
+        decision = Pass(self.config, self.inventory, queue, self.holdings, now).run()
+        self._apply(decision, now)
+        return decision
+
+    def _apply(self, decision: Decision, now: float) -> None:
+        for start in decision.start:
+            req = self.cancel(start.job)
+            self.holdings[req.id] = Holding(req, start.slots, started_at=now)
+        for p in decision.preempt:
+            h = self.holdings[p.job]
+            if p.overdue:
+                h.status = "stopping"
+                continue
+            h.status = "suspending" if p.how == "suspend" else "stopping"
+            h.preempted_for, h.interrupted_at, h.requeue = p.for_job, now, True
+        for p in decision.reclaim:
+            h = self.holdings[p.job]
+            h.status = "suspending" if p.how == "suspend" else "stopping"
+            h.preempted_for, h.interrupted_at, h.requeue = None, now, False
+        changed = {job: w for job, w in decision.waiting.items() if self.waits.get(job) != w}
+        self.waits = dict(decision.waiting)
+        decision.waiting = changed
+
+    def _holding(self, job: str) -> Holding:
+        h = self.holdings.get(job)
+        if h is None:
+            raise JobNotFoundError(f"job {job!r} holds no slots")
+        return h
+
+
+def decide(state: ClusterState, now: float) -> Decision:
+    """One decision from a whole state, nothing kept: what the plugin carries out.
+
+    >>> from clustersdk.control.scheduling import PolicyConfig
+    >>> state = ClusterState([Slot("w0", "h", "cpu", -1)], [Request("a", 1)], [],
+    ...                      PolicyConfig.from_dict({}))
+    >>> decide(state, now=0.0).start[0].job
+    'a'
+    """
+    return Pass(state.config, {s.worker: s for s in state.slots},
+                sorted(state.queued, key=lambda r: r.key),
+                {h.id: h for h in state.holdings}, now).run()

@@ -1,0 +1,104 @@
+"""Preemption victims: who may be preempted for whom, and who loses the least work.
+
+Order of preference (the first loses the least): a job that is paused or idle
+(no step for longer than the preemption grace), then the least work at risk in
+GPU-seconds (see :func:`work_at_risk`), then the lowest priority, then the
+youngest. A set of victims is chosen greedily in that order until the waiting
+job fits, then pruned: a victim whose slots turn out not to be needed is spared.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping
+
+from .config import PolicyConfig
+from .model import ACTIVE, Holding, Request
+from .quota import Usage
+
+
+def is_idle(h: Holding, now: float, grace: float) -> bool:
+    """Paused, or no finished step for longer than ``grace`` seconds."""
+    if h.status == "paused":
+        return True
+    last = h.last_progress if h.last_progress is not None else h.started_at
+    return now - last > grace
+
+
+def work_at_risk(h: Holding, now: float, config: PolicyConfig) -> float:
+    """GPU-seconds that preempting ``h`` costs.
+
+    Without a checkpoint_dir it is stopped: everything since it started is lost.
+    With one, a just-in-time checkpoint saves its work: nothing if its newest
+    committed checkpoint is of the current step, else the time to write its state
+    (``state_bytes`` at the configured checkpoint bandwidth), or, when the size is
+    unknown, the time since its newest checkpoint (what a failed save would lose).
+    """
+    if not h.request.has_checkpoint_dir:
+        return max(0.0, now - h.started_at) * h.size
+    if h.steps_since_checkpoint == 0:
+        return 0.0
+    if h.state_bytes is not None:
+        return h.state_bytes / config.checkpoint_bandwidth * h.size
+    since = h.checkpoint_at if h.checkpoint_at is not None else h.started_at
+    return max(0.0, now - since) * h.size
+
+
+def victim_key(h: Holding, now: float, config: PolicyConfig) -> tuple:
+    """Sort key: the first victim loses the least."""
+    idle = is_idle(h, now, config.preemption_grace)
+    return (not idle, work_at_risk(h, now, config), h.request.priority, -h.started_at, h.id)
+
+
+def may_preempt(req: Request, n: int, v: Holding, usage: Usage, freed: Mapping[str, int]) -> bool:
+    """Whether ``req`` (asking for ``n`` slots) may preempt ``v``, given the slots
+    ``freed`` (queue -> slots) by the victims chosen before it.
+
+    Within its queue, or among its owner's jobs, a job preempts lower priorities.
+    It reclaims from a queue that borrows past its guarantee: whatever the
+    priority when its own queue stays within its guarantee, else lower
+    priorities only. Never a job that said ``preemptible=False``.
+    """
+    if not v.request.preemptible or v.status not in ACTIVE:
+        return False
+    other = v.request
+    if other.priority < req.priority and (other.queue == req.queue
+                                          or (req.owner and other.owner == req.owner)):
+        return True
+    if other.queue == req.queue or not usage.borrowing(other.queue, freed.get(other.queue, 0)):
+        return False
+    return other.priority < req.priority or usage.within_guarantee(req, n, freed.get(req.queue, 0))
+
+
+def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool],
+           fits: Callable[[list[Holding], Mapping[str, int]], bool]) -> list[Holding] | None:
+    """The victims, taken in order while ``eligible`` until ``fits``, then pruned;
+    None when even all eligible candidates would not make room."""
+    chosen: list[Holding] = []
+    freed: dict[str, int] = {}
+    for v in candidates:
+        if not eligible(v, freed):
+            continue
+        chosen.append(v)
+        freed[v.request.queue] = freed.get(v.request.queue, 0) + v.size
+        if fits(chosen, freed):
+            break
+    else:
+        return None
+    for v in reversed(chosen[:-1]):  # the costliest first: spare it if the others suffice
+        trial = [c for c in chosen if c is not v]
+        trial_freed = _still_eligible(trial, eligible)
+        if trial_freed is not None and fits(trial, trial_freed):
+            chosen, freed = trial, trial_freed
+    return chosen
+
+
+def _still_eligible(victims: list[Holding],
+                    eligible: Callable[[Holding, Mapping[str, int]], bool]) -> dict[str, int] | None:
+    """The slots freed per queue by ``victims``, or None if one of them is no longer
+    eligible once the others before it are gone (e.g. its queue stopped borrowing)."""
+    freed: dict[str, int] = {}
+    for v in victims:
+        if not eligible(v, freed):
+            return None
+        freed[v.request.queue] = freed.get(v.request.queue, 0) + v.size
+    return freed
