@@ -47,7 +47,7 @@ def test_backfill_with_time_limits_never_delays_the_head():
     d = s.decide(10)
     assert started(d) == {"short": 2}  # ends at 60, before the head's start at 100
     head = s.waits["head"]
-    assert head.estimated_start == 100 and "expected in ~90 s when 'running' ends" in head.reason
+    assert head.estimated_start == 100 and "expected when 'running' ends" in head.reason
     assert s.waits["long"].kind == s.waits["unknown"].kind == "behind"
 
 
@@ -309,7 +309,7 @@ def test_decide_from_a_whole_state_matches_the_scheduler():
     kept = Scheduler.from_state(state).decide(3)
     assert (pure.start, pure.preempt, pure.reservations) == (kept.start, kept.preempt,
                                                             kept.reservations)
-    assert pure.waiting == kept.waiting == {"b": pure.waiting["b"]}
+    assert dict(pure.waiting) == dict(kept.waiting) and set(pure.waiting) == {"b"}
     # b preempts a and holds 2 free slots; c takes the 2 it can't use; d (5 s) backfills
     assert [p.job for p in pure.preempt] == ["a"] and started(pure) == {"c": 2, "d": 1}
     assert isinstance(state.holdings[0], Holding) and isinstance(state, ClusterState)

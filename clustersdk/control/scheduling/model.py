@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 from ...errors import SpecError
 from .config import PolicyConfig
@@ -152,9 +152,9 @@ class Preempt:
 class Wait:
     """Why a queued job waits: ``kind`` is ``limit`` (a quota or cap), ``head`` (first
     in its queue, slots reserved), ``behind`` (behind its queue's head) or ``preempting``
-    (victims are leaving for it). ``estimated_start`` is an absolute time, when known."""
+    (victims are leaving for it). ``estimated_start`` is an absolute time, when known;
+    ``blocked_by`` the job it waits behind. Jobs that wait alike share one Wait."""
 
-    job: str
     kind: str
     reason: str
     estimated_start: float | None = None
@@ -174,13 +174,17 @@ class Reservation:
 
 @dataclasses.dataclass
 class Decision:
-    """What to do now. ``waiting`` holds every queued job that keeps waiting (from a
-    :class:`Scheduler`: those whose wait changed since its last decision)."""
+    """What to do now, and why every queued job that keeps waiting waits.
+
+    ``waiting`` maps each of them to its :class:`Wait` (a lazy mapping: the waits of
+    jobs the pass could skip are worked out when read; equal waits are one object,
+    so ``is not`` against an earlier one tells a change).
+    """
 
     start: list[Start] = dataclasses.field(default_factory=list)
     preempt: list[Preempt] = dataclasses.field(default_factory=list)
     reclaim: list[Preempt] = dataclasses.field(default_factory=list)
-    waiting: dict[str, Wait] = dataclasses.field(default_factory=dict)
+    waiting: Mapping[str, Wait] = dataclasses.field(default_factory=dict)
     reservations: list[Reservation] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:

@@ -49,6 +49,7 @@ class Usage:
         # bumps when a queue starts or stops borrowing, or holds fewer slots: a preemption
         # search that found nothing may find something after that
         self.version = 0
+        self.idle_version = 0   # bumps when an idle guarantee (what lending protects) changes
 
     def guaranteed(self, queue: str) -> int:
         return self._g.get(queue, 0)
@@ -75,6 +76,7 @@ class Usage:
             delta = self.idle(queue) - was_idle
             self._idle_by_cohort[self._cohort[queue]] += delta
             self._idle_total += delta
+            self.idle_version += bool(delta)
         if n < 0 or self.borrowing(queue) != was_borrowing:
             self.version += 1
 

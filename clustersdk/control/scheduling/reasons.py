@@ -33,29 +33,27 @@ def limit(text: str, n: int) -> str:
     return f"waiting: {text}; it needs {_slots(n)}"
 
 
-def head(n: int, start_by: float | None, now: float, ending: Sequence[str]) -> str:
+def head(n: int, start_by: float | None, ending: Sequence[str]) -> str:
     if start_by is None:
         return (f"waiting for {_slots(n)} to be free; no estimate of when (the jobs holding them "
                 "gave no time_limit); slots are held for it as they free up")
-    when = "now" if start_by <= now else f"in ~{duration(start_by - now)}"
     verb = "ends" if len(ending) == 1 else "end"
-    return (f"waiting for {_slots(n)} to be free, expected {when} when {_names(ending)} {verb} "
+    return (f"waiting for {_slots(n)} to be free, expected when {_names(ending)} {verb} "
             "(by time_limit); slots are reserved for it")
 
 
-def behind(req: Request, first: Request, start_by: float | None, now: float,
-           config: PolicyConfig) -> str:
+def behind(req: Request, first: Request, start_by: float | None, config: PolicyConfig) -> str:
     text = (f"waiting behind job {first.id!r} (priority {config.priority_name(first.priority)}, "
             f"{_slots(first.world_size)}), first in queue {req.queue!r}")
     if start_by is None:
         return text + "; it may only start on slots that job cannot use"
-    return (text + f"; it may start sooner only on slots that job cannot use, or if its "
-            f"time_limit ends before that job starts (in ~{duration(start_by - now)})")
+    return (text + "; it may start sooner only on slots that job cannot use, or if its "
+            "time_limit ends before that job's reserved start")
 
 
-def preempting(victims: Sequence[str], n: int, start_by: float, now: float) -> str:
+def preempting(victims: Sequence[str], n: int, grace: float) -> str:
     return (f"starting soon: {_names(victims)} {'is' if len(victims) == 1 else 'are'} leaving to "
-            f"free {_slots(n)} for it (at most {duration(start_by - now)} more)")
+            f"free {_slots(n)} for it (within the {duration(grace)} preemption grace)")
 
 
 def victim(h: Holding, by: Request, how: str, config: PolicyConfig) -> str:

@@ -15,11 +15,11 @@ reports back with the same events (``released`` when a victim's ranks are gone).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from typing import Any, Iterable, Mapping
 
 from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
+from .backlog import Backlog
 from .config import PolicyConfig
 from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
 from .planner import Pass
@@ -32,10 +32,10 @@ class Scheduler:
                  slots: Iterable[Slot] = ()) -> None:
         self.config = config if isinstance(config, PolicyConfig) else PolicyConfig.from_dict(config)
         self.inventory: dict[str, Slot] = {}
-        self.queued: dict[str, Request] = {}
-        self._order: list[tuple] = []             # Request.key of every queued job, sorted
+        self.backlog = Backlog()
         self.holdings: dict[str, Holding] = {}
-        self.waits: dict[str, Wait] = {}          # the newest wait of every queued job
+        self.waits: Mapping[str, Wait] = {}       # the newest wait of every queued job
+        self._intern: dict[Wait, Wait] = {}       # one object per distinct wait, kept
         self._seq = 0
         for slot in slots:
             self.add_slot(slot)
@@ -54,10 +54,14 @@ class Scheduler:
 
     def state(self) -> ClusterState:
         """A snapshot: what ``decide(state, now)`` would take (and the journal keeps)."""
-        return ClusterState(slots=list(self.inventory.values()),
-                            queued=[self.queued[k[2]] for k in self._order],
+        return ClusterState(slots=list(self.inventory.values()), queued=list(self.backlog),
                             holdings=[dataclasses.replace(h) for h in self.holdings.values()],
                             config=self.config)
+
+    @property
+    def queued(self) -> Mapping[str, Request]:
+        """The queued requests by job id."""
+        return self.backlog.by_id
 
     def next_seq(self) -> int:
         """A submission number after every one seen (for ``Request.seq``)."""
@@ -81,8 +85,7 @@ class Scheduler:
         ones). Running jobs are never stopped by it: over a lowered quota they finish,
         or are preempted by the rules; a queue still in use can't be removed."""
         new = config if isinstance(config, PolicyConfig) else self.config.updated(config)
-        using = {r.queue for r in self.queued.values()} | {h.request.queue
-                                                          for h in self.holdings.values()}
+        using = set(self.backlog.streams) | {h.request.queue for h in self.holdings.values()}
         gone = sorted(q for q in using if q not in new.queues)
         if gone:
             raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
@@ -93,21 +96,17 @@ class Scheduler:
     # events: jobs -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
         """Queue a job (again, after a preemption: with its own ``seq``, so in its place)."""
-        if req.id in self.queued or req.id in self.holdings:
+        if req.id in self.backlog or req.id in self.holdings:
             raise InvalidTransitionError(f"job {req.id!r} is already "
-                                         f"{'queued' if req.id in self.queued else 'holding slots'}")
-        self.queued[req.id] = req
-        bisect.insort(self._order, req.key)
+                                         f"{'queued' if req.id in self.backlog else 'holding slots'}")
+        self.backlog.add(req)
         self._seq = max(self._seq, req.seq)
 
     def cancel(self, job: str) -> Request:
         """Take a queued job off the queue (stopped before it started)."""
-        req = self.queued.pop(job, None)
-        if req is None:
+        if job not in self.backlog:
             raise JobNotFoundError(f"no queued job {job!r}")
-        del self._order[bisect.bisect_left(self._order, req.key)]
-        self.waits.pop(job, None)
-        return req
+        return self.backlog.remove(job)
 
     def progress(self, job: str, now: float, step: int | None = None,
                  steps_since_checkpoint: int | None = None) -> None:
@@ -161,10 +160,11 @@ class Scheduler:
 
     # deciding -------------------------------------------------------------------------------
     def decide(self, now: float) -> Decision:
-        """What to do now, applied to this scheduler's state; ``waiting`` holds the waits
-        that changed since the previous decision."""
-        queue = [self.queued[k[2]] for k in self._order]
-        decision = Pass(self.config, self.inventory, queue, self.holdings, now).run()
+        """What to do now, applied to this scheduler's state."""
+        if len(self._intern) > 4 * len(self.backlog) + 1024:
+            self._intern = {}  # estimates and reasons age: forget the ones no job has
+        decision = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
+                        self._intern).run()
         self._apply(decision, now)
         return decision
 
@@ -183,9 +183,7 @@ class Scheduler:
             h = self.holdings[p.job]
             h.status = "suspending" if p.how == "suspend" else "stopping"
             h.preempted_for, h.interrupted_at, h.requeue = None, now, False
-        changed = {job: w for job, w in decision.waiting.items() if self.waits.get(job) != w}
-        self.waits = dict(decision.waiting)
-        decision.waiting = changed
+        self.waits = decision.waiting
 
     def _holding(self, job: str) -> Holding:
         h = self.holdings.get(job)
@@ -203,6 +201,5 @@ def decide(state: ClusterState, now: float) -> Decision:
     >>> decide(state, now=0.0).start[0].job
     'a'
     """
-    return Pass(state.config, {s.worker: s for s in state.slots},
-                sorted(state.queued, key=lambda r: r.key),
+    return Pass(state.config, {s.worker: s for s in state.slots}, Backlog(state.queued),
                 {h.id: h for h in state.holdings}, now).run()

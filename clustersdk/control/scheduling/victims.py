@@ -69,6 +69,83 @@ def may_preempt(req: Request, n: int, v: Holding, usage: Usage, freed: Mapping[s
     return other.priority < req.priority or usage.within_guarantee(req, n, freed.get(req.queue, 0))
 
 
+class Victims:
+    """The holdings one pass may preempt: least work lost first (sorted when first
+    needed), with their slots counted per queue, owner and priority so that most
+    searches that cannot succeed are told so without looking at any job."""
+
+    def __init__(self, holdings: Iterable[Holding], now: float, config: PolicyConfig) -> None:
+        self.now, self.config = now, config
+        self.all = [h for h in holdings if h.status in ACTIVE and h.request.preemptible]
+        self.taken: set[str] = set()
+        self.version = 0                                # bumps when a candidate leaves
+        self._sorted: list[Holding] | None = None
+        self.by_queue: dict[str, dict[int, int]] = {}   # queue -> priority -> slots
+        self.by_owner: dict[str, dict[int, int]] = {}
+        for h in self.all:
+            self._count(h, +1)
+
+    def _count(self, h: Holding, sign: int) -> None:
+        for table, key in ((self.by_queue, h.request.queue), (self.by_owner, h.request.owner)):
+            row = table.setdefault(key, {})
+            row[h.request.priority] = row.get(h.request.priority, 0) + sign * h.size
+
+    def take(self, h: Holding) -> None:
+        """``h`` leaves (a victim, or reclaimed): no longer a candidate."""
+        if h.id not in self.taken:
+            self.taken.add(h.id)
+            self.version += 1
+            if h.status in ACTIVE and h.request.preemptible:
+                self._count(h, -1)
+
+    def below(self, owner: str, priority: int) -> bool:
+        """Whether ``owner`` has candidates of a lower priority than ``priority``."""
+        return any(n for p, n in self.by_owner.get(owner, {}).items() if p < priority)
+
+    def may_move(self, queue: str, priority: int, owners: Iterable[str], usage: Usage) -> bool:
+        """Whether some job of ``queue`` at ``priority`` or lower, owned by one of
+        ``owners``, might find a victim (a cheap over-estimate of :func:`may_preempt`)."""
+        below = lambda row: any(n for p, n in row.items() if p < priority)  # noqa: E731
+        if below(self.by_queue.get(queue, {})):
+            return True
+        if any(below(self.by_owner.get(o, {})) for o in owners):
+            return True
+        within = usage.queue[queue] < usage.guaranteed(queue)
+        return any((within and any(row.values())) or below(row)
+                   for q, row in self.by_queue.items() if q != queue and usage.borrowing(q))
+
+    def bound(self, req: Request, n: int, usage: Usage, limit: str | None = None) -> int:
+        """At most this many slots could be freed for ``req`` by the rules of
+        :func:`may_preempt` (``limit``: the kind of quota block victims must lift)."""
+        p = req.priority
+        below = lambda row: sum(v for q, v in row.items() if q < p)  # noqa: E731
+        mine = below(self.by_owner.get(req.owner, {})) if req.owner else 0
+        same = below(self.by_queue.get(req.queue, {}))
+        if limit == "user-cap":
+            return mine if not usage.within_guarantee(req, n) else sum(
+                self.by_owner.get(req.owner, {}).values())
+        if limit in ("queue-limit", "no-borrow"):
+            return same + mine
+        within = usage.within_guarantee(req, n)
+        lent = sum(sum(row.values()) if within else below(row)
+                   for q, row in self.by_queue.items()
+                   if q != req.queue and usage.borrowing(q))
+        return same + mine + lent
+
+    def ordered(self, req: Request, n: int, usage: Usage) -> list[Holding]:
+        """Candidates for ``req``, least work lost first; a queue reclaiming its
+        guarantee takes from borrowing queues before its own lower priorities."""
+        if self._sorted is None:
+            self._sorted = sorted(self.all, key=lambda h: victim_key(h, self.now, self.config))
+        order = [v for v in self._sorted if v.id not in self.taken]
+        if not usage.within_guarantee(req, n):
+            return order
+        first = [v for v in order if v.request.queue != req.queue
+                 and usage.borrowing(v.request.queue)]
+        chosen = {v.id for v in first}
+        return first + [v for v in order if v.id not in chosen]
+
+
 def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool],
            fits: Callable[[list[Holding], Mapping[str, int]], bool]) -> list[Holding] | None:
     """The victims, taken in order while ``eligible`` until ``fits``, then pruned;
