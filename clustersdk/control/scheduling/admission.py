@@ -66,6 +66,9 @@ def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
             f"got {config.priority_name(prio)} ({prio}): a lower-priority job that can't be "
             "preempted would hold its slots against every job above it; drop preemptible=False "
             "or raise the priority")
+    if total_slots is not None and smallest > total_slots:
+        raise CapacityError(f"world_size={smallest} is more than this cluster's {total_slots} "
+                            "slots; add workers or ask for fewer ranks")
     queue_config = config.queues[q]
     if queue_config.guaranteed != REST or total_slots is not None:
         guaranteed = config.guaranteed(q, total_slots or 0)
@@ -75,6 +78,12 @@ def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
                 f"world_size={smallest} can never fit queue {q!r}: it may hold at most "
                 f"{int(limit)} slots ({guaranteed} guaranteed + {queue_config.borrowing_limit} "
                 f"borrowing limit); ask for at most {int(limit)} ranks or use another queue")
+        reach = _reach(config, q, total_slots) if total_slots is not None else math.inf
+        if smallest > reach:
+            raise CapacityError(
+                f"world_size={smallest} can never fit queue {q!r}: it can hold at most {reach} "
+                f"slots, those the queues of other cohorts than {queue_config.cohort!r} do not "
+                "guarantee (a queue never borrows the idle guarantee of another cohort)")
         if not preemptible and smallest > guaranteed:
             raise CapacityError(
                 f"world_size={smallest} can never fit queue {q!r} without borrowing, and a job "
@@ -84,10 +93,16 @@ def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
     if cap is not None and smallest > cap:
         raise CapacityError(f"world_size={smallest} is more than the per-user cap of {cap} slots "
                             "(clustersdk.scheduling.per-user-cap)")
-    if total_slots is not None and smallest > total_slots:
-        raise CapacityError(f"world_size={smallest} is more than this cluster's {total_slots} "
-                            "slots; add workers or ask for fewer ranks")
     return Admission(q, prio, config.priority_name(prio))
+
+
+def _reach(config: PolicyConfig, queue: str, total: int) -> int:
+    """The most slots ``queue`` can ever hold on ``total``: all but what queues of other
+    cohorts guarantee (those it never borrows; when they use them, they are not free)."""
+    cohort = config.queues[queue].cohort
+    others = sum(config.guaranteed(q, total) for q, c in config.queues.items()
+                 if c.cohort != cohort)
+    return max(0, total - others)
 
 
 def _check_time_limit(config: PolicyConfig, time_limit: float | None) -> None:
