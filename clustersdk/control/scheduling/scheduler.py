@@ -22,6 +22,7 @@ from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
 from .backlog import Backlog
 from .config import PolicyConfig
 from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
+from .arrival import arrive, valid_until
 from .planner import Pass
 
 
@@ -32,10 +33,17 @@ class Scheduler:
                  slots: Iterable[Slot] = ()) -> None:
         self.config = config if isinstance(config, PolicyConfig) else PolicyConfig.from_dict(config)
         self.inventory: dict[str, Slot] = {}
+        self._held: dict[str, str] = {}           # worker -> the job holding its slot
+        self._free: set[str] = set()              # workers in the inventory nobody holds
         self.backlog = Backlog()
         self.holdings: dict[str, Holding] = {}
         self.waits: Mapping[str, Wait] = {}       # the newest wait of every queued job
         self._intern: dict[Wait, Wait] = {}       # one object per distinct wait, kept
+        # The last pass, while it still stands for the state: its decision had nothing to
+        # carry out and only submissions (or progress) came since. See .arrival.
+        self._base: Pass | None = None
+        self._base_until = 0.0
+        self._arrivals: list[Request] = []
         self._seq = 0
         for slot in slots:
             self.add_slot(slot)
@@ -46,7 +54,7 @@ class Scheduler:
         """A scheduler holding ``state`` (e.g. rebuilt from the journal after a restart)."""
         s = cls(state.config, state.slots)
         for h in state.holdings:
-            s.holdings[h.id] = dataclasses.replace(h)
+            s._hold(dataclasses.replace(h))
             s._seq = max(s._seq, h.request.seq)
         for req in state.queued:
             s.submit(req)
@@ -70,15 +78,17 @@ class Scheduler:
 
     # events: inventory and configuration ----------------------------------------------
     def add_slot(self, slot: Slot) -> None:
+        self._base = None
         self.inventory[slot.worker] = slot
+        if slot.worker not in self._held:
+            self._free.add(slot.worker)
 
     def remove_slot(self, worker: str) -> str | None:
         """The worker left; returns the job that held its slot (the plugin deals with it)."""
+        self._base = None
         self.inventory.pop(worker, None)
-        for h in self.holdings.values():
-            if any(s.worker == worker for s in h.slots):
-                return h.id
-        return None
+        self._free.discard(worker)
+        return self._held.get(worker)
 
     def configure(self, config: PolicyConfig | Mapping[str, Any]) -> PolicyConfig:
         """An admin's new settings (a PolicyConfig, or changes merged into the current
@@ -90,7 +100,7 @@ class Scheduler:
         if gone:
             raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
                             "them finish (or stop them) before removing the queue")
-        self.config = new
+        self.config, self._base = new, None
         return new
 
     # events: jobs -------------------------------------------------------------------------
@@ -100,12 +110,14 @@ class Scheduler:
             raise InvalidTransitionError(f"job {req.id!r} is already "
                                          f"{'queued' if req.id in self.backlog else 'holding slots'}")
         self.backlog.add(req)
+        self._arrivals.append(req)
         self._seq = max(self._seq, req.seq)
 
     def cancel(self, job: str) -> Request:
         """Take a queued job off the queue (stopped before it started)."""
         if job not in self.backlog:
             raise JobNotFoundError(f"no queued job {job!r}")
+        self._base = None
         return self.backlog.remove(job)
 
     def progress(self, job: str, now: float, step: int | None = None,
@@ -145,6 +157,7 @@ class Scheduler:
         h = self._holding(job)
         if h.status in ACTIVE:
             h.status, h.requeue = "suspending", False
+            self._base = None
 
     def released(self, job: str, now: float, requeue: bool | None = None) -> Request | None:
         """Its ranks are gone and its slots free (it finished, failed, stopped, suspended).
@@ -153,6 +166,12 @@ class Scheduler:
         h = self.holdings.pop(job, None)
         if h is None:
             raise JobNotFoundError(f"job {job!r} holds no slots")
+        self._base = None
+        for slot in h.slots:
+            if self._held.get(slot.worker) == job:
+                del self._held[slot.worker]
+                if slot.worker in self.inventory:
+                    self._free.add(slot.worker)
         if requeue if requeue is not None else h.requeue:
             self.submit(h.request)
             return h.request
@@ -163,15 +182,24 @@ class Scheduler:
         """What to do now, applied to this scheduler's state."""
         if len(self._intern) > 4 * len(self.backlog) + 1024:
             self._intern = {}  # estimates and reasons age: forget the ones no job has
-        decision = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
-                        self._intern).run()
+        arrivals, self._arrivals = self._arrivals, []
+        decision = None
+        if self._base is not None and len(arrivals) == 1:
+            decision = arrive(self._base, arrivals[0], now, self._base_until)
+        if decision is None:
+            free = [self.inventory[w] for w in self._free]
+            self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
+                              self._intern, free)
+            decision = self._base.run()
+            self._base_until = valid_until(self._base)
         self._apply(decision, now)
+        if decision:  # it changed what the pass saw: the next decision needs a new pass
+            self._base = None
         return decision
 
     def _apply(self, decision: Decision, now: float) -> None:
         for start in decision.start:
-            req = self.cancel(start.job)
-            self.holdings[req.id] = Holding(req, start.slots, started_at=now)
+            self._hold(Holding(self.cancel(start.job), start.slots, started_at=now))
         for p in decision.preempt:
             h = self.holdings[p.job]
             if p.overdue:
@@ -184,6 +212,12 @@ class Scheduler:
             h.status = "suspending" if p.how == "suspend" else "stopping"
             h.preempted_for, h.interrupted_at, h.requeue = None, now, False
         self.waits = decision.waiting
+
+    def _hold(self, h: Holding) -> None:
+        self.holdings[h.id] = h
+        for slot in h.slots:
+            self._held[slot.worker] = h.id
+            self._free.discard(slot.worker)
 
     def _holding(self, job: str) -> Holding:
         h = self.holdings.get(job)

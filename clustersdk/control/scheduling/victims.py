@@ -147,8 +147,8 @@ class Victims:
 
 
 def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool],
-           fits: Callable[[list[Holding], Mapping[str, int]], bool]) -> list[Holding] | None:
-    """The victims, taken in order while ``eligible`` until ``fits``, then pruned;
+           fits: Callable[[list[Holding], Mapping[str, int]], object]) -> list[Holding] | None:
+    """The victims, taken in order while ``eligible`` until ``fits`` (truthy), then pruned;
     None when even all eligible candidates would not make room."""
     chosen: list[Holding] = []
     freed: dict[str, int] = {}

@@ -1,0 +1,61 @@
+"""One arrival, decided on the pass before it instead of a whole new pass.
+
+When the previous decision had nothing to carry out and only a submission came
+since, a whole pass would see, up to the new job's place in the order, exactly
+what the previous one saw, if the new job sorts after the last job whose
+placement changed anything and no deadline fell in between (a victim's grace,
+an idle timeout, the end a time_limit announces). Then placing the new job on the
+state the previous pass ended in is that whole pass, as long as the job only
+waits or starts on free slots; anything more (a preemption search, becoming a
+queue's head) gives up and the caller runs the whole pass. A property test holds
+the result equal to ``decide(state)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .model import ACTIVE, Decision, Request
+from .planner import GiveUp, Pass
+
+
+def valid_until(p: Pass) -> float:
+    """Until when ``p``'s end state stands for a new pass: the first deadline after it."""
+    until = math.inf
+    for h in p.holdings.values():
+        if h.status not in ACTIVE:
+            if h.interrupted_at is not None:
+                until = min(until, h.interrupted_at + p.grace)
+            continue
+        queue = p.config.queues.get(h.request.queue)
+        if queue is not None and queue.idle_timeout is not None:
+            since = h.paused_since if h.status == "paused" else None
+            if since is None:
+                since = h.last_progress if h.last_progress is not None else h.started_at
+            until = min(until, since + queue.idle_timeout)
+        if h.ends_at is not None and h.ends_at > p.now:
+            until = min(until, h.ends_at)
+    return until
+
+
+def arrive(p: Pass, req: Request, now: float, until: float) -> Decision | None:
+    """The decision a whole pass would make at ``now`` for ``req`` just submitted, or
+    None when only a whole pass can tell (``until``: from :func:`valid_until`)."""
+    if not p.now <= now < until:
+        return None
+    late = (req.queue in p.stopped_at and p.stopped_at[req.queue] < req.key
+            or not p.usage.within_guarantee(req, req.world_size))
+    if (2 if late else 1, req.key) <= p.last_change:
+        return None
+    p.now, p.decision, p.waiting = now, Decision(), dict(p.waiting)
+    if p.settled(req.queue, req):
+        p.skipped = p.skipped + [[req]]
+    else:
+        p.fast = True
+        try:
+            p.visit(req)
+        except GiveUp:
+            return None
+        finally:
+            p.fast = False
+    return p.finish()
