@@ -215,24 +215,32 @@ def check_allocation(state, decision, sim) -> None:
 
 
 def check_quotas(state, decision, sim) -> None:
+    """Counting every slot held (leaving victims too) and every start of the decision:
+    each queue and owner that got a start is within its limit, and a queue's jobs that
+    can't be preempted are within its guarantee (they never borrow)."""
     config, total = state.config, len(state.slots)
     use_q: dict[str, int] = {}
     use_o: dict[str, int] = {}
+    firm: dict[str, int] = {}
+
+    def count(req, n):
+        use_q[req.queue] = use_q.get(req.queue, 0) + n
+        use_o[req.owner] = use_o.get(req.owner, 0) + n
+        if not req.preemptible:
+            firm[req.queue] = firm.get(req.queue, 0) + n
+
     for h in state.holdings:
-        use_q[h.request.queue] = use_q.get(h.request.queue, 0) + h.size
-        use_o[h.request.owner] = use_o.get(h.request.owner, 0) + h.size
+        count(h.request, h.size)
     queued = {r.id: r for r in state.queued}
     for start in decision.start:
-        req = queued[start.job]
-        use_q[req.queue] = use_q.get(req.queue, 0) + start.world_size
-        use_o[req.owner] = use_o.get(req.owner, 0) + start.world_size
+        count(queued[start.job], start.world_size)
     for start in decision.start:
         req = queued[start.job]
         assert use_q[req.queue] <= config.limit(req.queue, total), f"queue {req.queue} over"
         if config.per_user_cap is not None:
             assert use_o[req.owner] <= config.per_user_cap, f"user {req.owner} over the cap"
-        if not req.preemptible:  # never borrows
-            assert use_q[req.queue] <= config.guaranteed(req.queue, total)
+        if not req.preemptible:
+            assert firm[req.queue] <= config.guaranteed(req.queue, total)
 
 
 def check_heads(state, decision, sim) -> None:
@@ -247,7 +255,8 @@ def check_heads(state, decision, sim) -> None:
     ends: list[tuple[float, list[Slot]]] = []
     for h in state.holdings:
         if h.status not in ACTIVE or h.id in leaving:
-            ends.append((max(now, (h.interrupted_at or now) + grace), list(h.slots)))
+            since = now if h.interrupted_at is None else h.interrupted_at
+            ends.append((max(now, since + grace), list(h.slots)))
         elif h.request.time_limit is not None:
             ends.append((max(now, h.started_at + h.request.time_limit), list(h.slots)))
     for start in decision.start:

@@ -232,7 +232,9 @@ def test_idle_guarantees_are_lent_only_within_a_cohort():
     apart = {"a": {"guaranteed": 4, "cohort": "x"}, "b": {"guaranteed": 4, "cohort": "y"}}
     s = scheduler(gpus(1, 8), config(queues=apart), req("a-big", 6, queue="a"))
     assert started(s.decide(0)) == {}
-    assert "guaranteed to queues outside cohort 'x'" in s.waits["a-big"].reason
+    assert s.waits["a-big"].reason == (
+        "waiting: free slots are held for the guarantees of queues outside cohort 'x', which do "
+        "not lend to queue 'a'; it needs 6 slots")
     s = scheduler(gpus(1, 8), config(queues=SHARED), req("a-big", 6, queue="a"))
     assert started(s.decide(0)) == {"a-big": 6}
 
@@ -255,7 +257,27 @@ def test_a_non_preemptible_job_does_not_borrow():
     s = scheduler(gpus(1, 8), config(queues=SHARED), req("firm", 6, "high", queue="a",
                                                           preemptible=False))
     s.decide(0)
-    assert "not preemptible, so it may not borrow past queue 'a'" in s.waits["firm"].reason
+    assert ("it cannot be preempted, so it may not borrow: the jobs of queue 'a' that cannot be "
+            "preempted may hold at most its 4 guaranteed slots") in s.waits["firm"].reason
+
+
+def test_a_non_preemptible_job_fits_the_guarantee_while_preemptible_ones_borrow():
+    s = scheduler(gpus(1, 4), config(queues={"default": {"guaranteed": 2}}),
+                  req("borrower", 3, "low"), req("firm", 1, preemptible=False))
+    assert started(s.decide(0)) == {"borrower": 3, "firm": 1}  # no victim needed
+    s.submit(req("firm-too", 2, preemptible=False))
+    s.decide(1)
+    assert s.waits["firm-too"].kind == "limit"  # 1 + 2 firm slots would pass the guarantee
+
+
+def test_a_guarantee_comes_before_a_higher_priority_borrower():
+    s = scheduler(gpus(1, 8), config(queues=SHARED), req("a-busy", 4, "high", queue="a"))
+    s.decide(0)
+    s.submit(req("a-borrow", 4, "high", queue="a"))            # would borrow: goes second
+    s.submit(req("b-high", 4, "high", queue="b", owner="bob"))  # fits b's guarantee: first
+    s.submit(req("b-low", 4, "low", queue="b", owner="bob"))
+    assert started(s.decide(1)) == {"b-high": 4}
+    assert s.waits["a-borrow"].kind == "head" and s.waits["b-low"].kind == "head"
 
 
 # idle reclaim ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class Pass:
             promised = h.status not in ACTIVE and h.preempted_for in backlog
             if promised:
                 self.incoming.setdefault(h.preempted_for, []).append(h)
-            self.usage.add(h.request.queue, h.request.owner, h.size, promise=promised)
+            self.usage.add(h.request, h.size, promise=promised)
         if free is None:  # the slots of the inventory no holding has
             held = {s.worker for h in holdings.values() for s in h.slots}
             free = (s for w, s in inventory.items() if w not in held)
@@ -259,7 +259,7 @@ class Pass:
 
     def _start(self, req: Request, gang: Sequence[Slot]) -> None:
         self._take(gang)
-        self.usage.add(req.queue, req.owner, len(gang))
+        self.usage.add(req, len(gang))
         self.decision.start.append(Start(req.id, tuple(gang)))
 
     def _take(self, slots: Iterable[Slot]) -> None:
@@ -291,7 +291,7 @@ class Pass:
         self.holds.append(hold)
         if free:
             self.open_holds.append(hold)
-        self.usage.add(req.queue, req.owner, n, promise=True)
+        self.usage.add(req, n, promise=True)
         return hold
 
     def wait(self, req: Request, kind: str, text: str, estimated_start: float | None = None,
@@ -307,8 +307,8 @@ class Pass:
         """Victims whose job did not wait for them after all hold their slots like any job."""
         for h in inc:
             self.promised.discard(h.id)
-            self.usage.add(h.request.queue, h.request.owner, -h.size, promise=True)
-            self.usage.add(h.request.queue, h.request.owner, h.size)
+            self.usage.add(h.request, -h.size, promise=True)
+            self.usage.add(h.request, h.size)
 
 
 __all__ = ["Block", "GiveUp", "Hold", "Pass"]

@@ -102,8 +102,8 @@ def preempt(p: Pass, req: Request, victims: list[Holding]) -> None:
             Preempt(v.id, how, req.id, reasons.victim(v, req, how, p.config)))
         p.victims.take(v)
         # still holding until it leaves, but no longer borrowing: the slots are req's
-        p.usage.add(v.request.queue, v.request.owner, -v.size)
-        p.usage.add(v.request.queue, v.request.owner, v.size, promise=True)
+        p.usage.add(v.request, -v.size)
+        p.usage.add(v.request, v.size, promise=True)
 
 
 def _freed(victims: Iterable[Holding], owner: str) -> tuple[dict[str, int], int]:

@@ -4,7 +4,8 @@ A queue holds at most its guaranteed slots plus its borrowing limit. Past its
 guarantee it borrows: idle guaranteed slots of queues in its cohort, or slots no
 queue guarantees, never the idle guarantee of a queue outside its cohort. A job
 that cannot be preempted does not borrow (a lender gets its slots back by
-preemption). An owner holds at most the per-user cap.
+preemption): the jobs of a queue that cannot be preempted hold at most its
+guarantee together. An owner holds at most the per-user cap.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Usage:
         self.queue: dict[str, int] = defaultdict(int)
         self.owner: dict[str, int] = defaultdict(int)
         self.held: dict[str, int] = defaultdict(int)   # per queue, without promises
+        self.firm: dict[str, int] = defaultdict(int)   # per queue, of jobs that can't be preempted
         self._g = {q: config.guaranteed(q, total) for q in config.queues}
         self._limit = {q: config.limit(q, total) for q in config.queues}
         self._cohort = {q: c.cohort for q, c in config.queues.items()}
@@ -64,12 +66,15 @@ class Usage:
         """Whether the queue holds more than its guarantee (after ``freed`` slots leave)."""
         return self.held[queue] - freed > self.guaranteed(queue)
 
-    def add(self, queue: str, owner: str, n: int, promise: bool = False) -> None:
-        """Count ``n`` more slots (negative: fewer) for the queue and the owner; a
+    def add(self, req: Request, n: int, promise: bool = False) -> None:
+        """Count ``n`` more slots (negative: fewer) for the job's queue and owner; a
         ``promise`` is a reservation's: it counts against limits, not as borrowing."""
+        queue = req.queue
         was_idle, was_borrowing = self.idle(queue), self.borrowing(queue)
         self.queue[queue] += n
-        self.owner[owner] += n
+        self.owner[req.owner] += n
+        if not req.preemptible:
+            self.firm[queue] += n
         if not promise:
             self.held[queue] += n
         if queue in self._g:
@@ -109,16 +114,17 @@ class Usage:
         cap = config.per_user_cap
         if cap is not None and self.owner[req.owner] - freed_owner + n > cap:
             return Block("user-cap", f"user {req.owner!r} is at the per-user cap of {cap} slots")
-        if used + n <= g:
+        if not req.preemptible and self.firm[q] + n > g:
+            return Block("no-borrow", f"it cannot be preempted, so it may not borrow: the jobs "
+                                      f"of queue {q!r} that cannot be preempted may hold at most "
+                                      f"its {g} guaranteed slots")
+        if used + n <= g or not req.preemptible:  # the latter within the guarantee (firm)
             return None
-        if not req.preemptible:
-            return Block("no-borrow", f"it is not preemptible, so it may not borrow past queue "
-                                      f"{q!r}'s {g} guaranteed slots")
         protected = self.protected_from(q, freed)
-        if protected and n > free - protected:
-            return Block("lending", f"{min(protected, free)} of the free slots are guaranteed to "
-                                    f"queues outside cohort {self._cohort[q]!r}, which do not "
-                                    f"lend to queue {q!r}")
+        if protected and n <= free < n + protected:
+            return Block("lending", f"free slots are held for the guarantees of queues outside "
+                                    f"cohort {self._cohort[q]!r}, which do not lend to queue "
+                                    f"{q!r}")
         return None
 
 

@@ -184,8 +184,12 @@ class Scheduler:
             self._intern = {}  # estimates and reasons age: forget the ones no job has
         arrivals, self._arrivals = self._arrivals, []
         decision = None
-        if self._base is not None and len(arrivals) == 1:
-            decision = arrive(self._base, arrivals[0], now, self._base_until)
+        if self._base is not None and self._base.now <= now < self._base_until:
+            if not arrivals:  # nothing happened that a pass would see: the same decision
+                decision = Decision(waiting=self.waits,
+                                    reservations=list(self._base.decision.reservations))
+            elif len(arrivals) == 1:
+                decision = arrive(self._base, arrivals[0], now, self._base_until)
         if decision is None:
             free = [self.inventory[w] for w in self._free]
             self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
