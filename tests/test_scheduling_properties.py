@@ -115,6 +115,7 @@ class Simulation:
         self.config, self.now, self.seq = config, 0.0, itertools.count(1)
         self.done: set[str] = set()        # finished, or reclaimed and not resumed
         self.submitted: set[str] = set()
+        self.preempted: set[tuple[str, str]] = set()  # (victim, for whom) since its start
 
     def run(self, events, check) -> None:
         for kind, arg in events:
@@ -125,6 +126,7 @@ class Simulation:
             assert _summary(decision) == _summary(pure), "a kept Scheduler decided differently"
             check(state, decision, self)
             self.conserved()
+            self.no_thrash(decision)
 
     def apply(self, kind: str, arg) -> None:
         s, now = self.s, self.now
@@ -172,6 +174,16 @@ class Simulation:
                               priority=admission.priority,
                               **{k: v for k, v in fields.items() if k != "priority"}))
         self.submitted.add(job)
+
+    def no_thrash(self, decision) -> None:
+        """A job is never preempted twice for the same job (before that one started):
+        the victim, back in the queue, must not take the slots it gave."""
+        for start in decision.start:
+            self.preempted = {(v, j) for v, j in self.preempted if j != start.job}
+        for p in decision.preempt:
+            if not p.overdue:
+                assert (p.job, p.for_job) not in self.preempted, f"{p.job} preempted again"
+                self.preempted.add((p.job, p.for_job))
 
     def conserved(self) -> None:
         """Every job is queued, holding slots, or done; none twice, none lost."""

@@ -280,6 +280,17 @@ def test_a_guarantee_comes_before_a_higher_priority_borrower():
     assert s.waits["a-borrow"].kind == "head" and s.waits["b-low"].kind == "head"
 
 
+def test_a_borrower_does_not_preempt_its_owners_job_that_fits_a_guarantee():
+    # it would come back first (guarantees before borrowing) and take its slots again
+    cfg = config(queues={"prod": {"guaranteed": 2}, "batch": {"guaranteed": 0}})
+    s = scheduler(gpus(1, 2), cfg, req("mine", 2, "low", queue="prod", has_checkpoint_dir=True))
+    s.decide(0)
+    s.submit(req("my-batch", 2, "high", queue="batch"))
+    assert s.decide(1).preempt == []
+    s.submit(req("my-prod", 2, "high", queue="prod"))
+    assert [p.job for p in s.decide(2).preempt] == ["mine"]
+
+
 # idle reclaim ----------------------------------------------------------------------------------
 def test_idle_jobs_are_reclaimed_after_the_queue_idle_timeout_and_stay_suspended():
     cfg = config(queues={"default": {"idle-timeout": 60}})

@@ -43,9 +43,14 @@ def arrive(p: Pass, req: Request, now: float, until: float) -> Decision | None:
     None when only a whole pass can tell (``until``: from :func:`valid_until`)."""
     if not p.now <= now < until:
         return None
-    late = (req.queue in p.stopped_at and p.stopped_at[req.queue] < req.key
-            or not p.usage.within_guarantee(req, req.world_size))
-    if (2 if late else 1, req.key) <= p.last_change:
+    # Its round: two if its queue's round one stopped before it; else it depends on the
+    # state at its place in round one, which is the end state only past the last change.
+    stopped = req.queue in p.stopped_at and p.stopped_at[req.queue] < req.key
+    round_, key = p.last_change or (1, ())
+    if stopped:
+        if round_ == 2 and req.key <= key:
+            return None
+    elif round_ == 2 or req.key <= key:
         return None
     p.now, p.decision, p.waiting = now, Decision(), dict(p.waiting)
     if p.settled(req.queue, req):

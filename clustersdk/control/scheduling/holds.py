@@ -23,3 +23,4 @@ class Hold:
     every_busy: bool
     start_by: float | None
     kind: str          # "head" or "preempting"
+    guaranteed: bool = False  # its job fits its queue's guarantee (placed in round one)

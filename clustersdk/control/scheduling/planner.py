@@ -68,7 +68,7 @@ class Pass:
         self.slots_version = 0
         self._memo: dict[tuple, tuple[tuple, Wait]] = {}
         self._cohorts = len({q.cohort for q in config.queues.values()})
-        self.last_change: tuple = (0, ())   # (round, key) of the last job that changed it
+        self.last_change: tuple = ()        # (round, key) of the last job that changed it
         self.stopped_at: dict[str, tuple] = {}  # queue -> key of the borrower ending round one
         self.fast = False                   # placing one arrival: give up rather than search
 
@@ -286,7 +286,9 @@ class Pass:
               every_busy: bool, start_by: float | None, kind: str) -> Hold:
         if free or kind == "head":  # a head is news for its queue even without free slots
             self._take(free)
-        hold = Hold(req, n, {s.worker: s for s in free}, future, every_busy, start_by, kind)
+        guaranteed = self.usage.within_guarantee(req, n)
+        hold = Hold(req, n, {s.worker: s for s in free}, future, every_busy, start_by, kind,
+                    guaranteed)
         self.held_by.update((s.worker, hold) for s in free)
         self.holds.append(hold)
         if free:

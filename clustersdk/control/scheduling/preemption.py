@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 def preempt_for(p: Pass, req: Request, n: int, inc: list[Holding]) -> bool:
     """Make room for ``req`` by preemption if the rules allow it (``inc``: the victims
     already leaving for it); True when it now waits for its victims."""
-    respected = [h for h in p.heads.values() if not p.may_use(req, n, h)]
+    # the slots a head counts on are off limits: its own queue's head's, and a head's
+    # that fits its guarantee (a borrowing head does not stop another queue's preemptions)
+    respected = [h for h in p.heads.values() if (h.req.queue == req.queue or h.guaranteed)
+                 and not p.may_use(req, n, h)]
     if any(h.every_busy for h in respected):
         return False  # a head without an estimate counts on every busy slot
     extra = p.pool(req, n)

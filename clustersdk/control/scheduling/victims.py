@@ -53,20 +53,24 @@ def may_preempt(req: Request, n: int, v: Holding, usage: Usage, freed: Mapping[s
     """Whether ``req`` (asking for ``n`` slots) may preempt ``v``, given the slots
     ``freed`` (queue -> slots) by the victims chosen before it.
 
-    Within its queue, or among its owner's jobs, a job preempts lower priorities.
-    It reclaims from a queue that borrows past its guarantee: whatever the
-    priority when its own queue stays within its guarantee, else lower
-    priorities only. Never a job that said ``preemptible=False``.
+    Within its queue a job preempts lower priorities, and among its owner's jobs too
+    when it fits its own queue's guarantee. It reclaims from a queue that borrows past
+    its guarantee: whatever the priority when its own queue stays within its
+    guarantee, else lower priorities only. Never a job that said ``preemptible=False``.
+    Each rule keeps the victim, once back in the queue, behind the job it made room for
+    (a borrower never preempts a job that fits its guarantee: that one would come first
+    and take its slots back).
     """
     if not v.request.preemptible or v.status not in ACTIVE:
         return False
     other = v.request
-    if other.priority < req.priority and (other.queue == req.queue
-                                          or (req.owner and other.owner == req.owner)):
-        return True
-    if other.queue == req.queue or not usage.borrowing(other.queue, freed.get(other.queue, 0)):
-        return False
-    return other.priority < req.priority or usage.within_guarantee(req, n, freed.get(req.queue, 0))
+    lower = other.priority < req.priority
+    if other.queue == req.queue:
+        return lower
+    within = usage.within_guarantee(req, n, freed.get(req.queue, 0))
+    if usage.borrowing(other.queue, freed.get(other.queue, 0)):
+        return lower or within
+    return lower and within and bool(req.owner) and other.owner == req.owner
 
 
 class Victims:
