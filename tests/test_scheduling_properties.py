@@ -265,12 +265,14 @@ def check_heads(state, decision, sim) -> None:
     busy = {s.worker for h in state.holdings for s in h.slots}
     queued = {r.id: r for r in state.queued}
     ends: list[tuple[float, list[Slot]]] = []
-    for h in state.holdings:
-        if h.status not in ACTIVE or h.id in leaving:
-            since = now if h.interrupted_at is None else h.interrupted_at
-            ends.append((max(now, since + grace), list(h.slots)))
+    for h in state.holdings:  # estimates as they are, overdue ones too
+        if h.status in ACTIVE and h.id in leaving:
+            ends.append((now + grace, list(h.slots)))
+        elif h.status not in ACTIVE:
+            if h.interrupted_at is not None:
+                ends.append((h.interrupted_at + grace, list(h.slots)))
         elif h.request.time_limit is not None:
-            ends.append((max(now, h.started_at + h.request.time_limit), list(h.slots)))
+            ends.append((h.started_at + h.request.time_limit, list(h.slots)))
     for start in decision.start:
         busy |= {s.worker for s in start.slots}
         limit = queued[start.job].time_limit

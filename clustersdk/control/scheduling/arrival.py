@@ -4,7 +4,7 @@ When the previous decision had nothing to carry out and only a submission came
 since, a whole pass would see, up to the new job's place in the order, exactly
 what the previous one saw, if the new job sorts after the last job whose
 placement changed anything and no deadline fell in between (a victim's grace,
-an idle timeout, the end a time_limit announces). Then placing the new job on the
+an idle timeout). Then placing the new job on the
 state the previous pass ended in is that whole pass, as long as the job only
 waits or starts on free slots; anything more (a preemption search, becoming a
 queue's head) gives up and the caller runs the whole pass. A property test holds
@@ -20,21 +20,19 @@ from .planner import GiveUp, Pass
 
 
 def valid_until(p: Pass) -> float:
-    """Until when ``p``'s end state stands for a new pass: the first deadline after it."""
+    """Until when ``p``'s end state stands for a new pass: the first deadline after it
+    (a victim's grace, an idle timeout). Plans do not move with the clock otherwise:
+    they use estimates as they are, and time only takes backfill chances away."""
     until = math.inf
     for h in p.holdings.values():
-        if h.status not in ACTIVE:
-            if h.interrupted_at is not None:
-                until = min(until, h.interrupted_at + p.grace)
-            continue
+        if h.status == "suspending" and h.interrupted_at is not None:
+            until = min(until, h.interrupted_at + p.grace)
         queue = p.config.queues.get(h.request.queue)
-        if queue is not None and queue.idle_timeout is not None:
+        if h.status in ACTIVE and queue is not None and queue.idle_timeout is not None:
             since = h.paused_since if h.status == "paused" else None
             if since is None:
                 since = h.last_progress if h.last_progress is not None else h.started_at
             until = min(until, since + queue.idle_timeout)
-        if h.ends_at is not None and h.ends_at > p.now:
-            until = min(until, h.ends_at)
     return until
 
 

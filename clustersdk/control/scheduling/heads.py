@@ -23,8 +23,8 @@ def blocked(p: Pass, req: Request, n: int) -> None:
     that one, it waits (and may only backfill, see ``Pass.may_use``)."""
     head = p.heads.get(req.queue)
     if head is not None:
-        return p.wait(req, "behind", reasons.behind(req, head.req, head.start_by, p.config),
-                      blocked_by=head.req.id)
+        p.waiting[req.id] = p.behind(head)
+        return
     if p.fast:
         raise GiveUp("a new head")
     found = shadow(p, req, n)
@@ -61,22 +61,29 @@ def shadow(p: Pass, req: Request, n: int) -> tuple[float, list[Slot], list[str]]
                 gang = p.free.pick(n)
             if gang:
                 ending = sorted({owner[s.worker] for s in gang if s.worker in owner})
-                return max(t, p.now), gang, ending
+                return t, gang, ending
     return None
 
 
 def release_order(p: Pass) -> list[tuple[float, Holding]]:
-    """Holdings by when they free their slots, by estimate (those without one never do)."""
+    """Holdings by when they free their slots, by estimate (those without one never do):
+    a running job by its time_limit, a leaving one by the preemption grace. A time in
+    the past (an overdue estimate) stays as it is, so that the plan does not drift with
+    the clock; the estimated start it gives is then "any moment now"."""
     if p._releases is None:
         out = []
         for h in p.holdings.values():
-            if h.status not in ACTIVE or h.id in p.victims.taken:
-                t = (h.interrupted_at if h.interrupted_at is not None else p.now) + p.grace
+            if h.id in p.victims.taken and h.status in ACTIVE:  # asked to leave just now
+                t = p.now + p.grace
+            elif h.status not in ACTIVE:
+                if h.interrupted_at is None:
+                    continue  # suspended by its user: no estimate of when it is gone
+                t = h.interrupted_at + p.grace
             elif h.ends_at is not None:
                 t = h.ends_at
             else:
                 continue  # no estimate: it never ends, as far as a plan can tell
-            out.append((max(t, p.now), h))
+            out.append((t, h))
         out.sort(key=lambda th: (th[0], th[1].id))
         p._releases = out
     return p._releases

@@ -152,7 +152,8 @@ class Preempt:
 class Wait:
     """Why a queued job waits: ``kind`` is ``limit`` (a quota or cap), ``head`` (first
     in its queue, slots reserved), ``behind`` (behind its queue's head) or ``preempting``
-    (victims are leaving for it). ``estimated_start`` is an absolute time, when known;
+    (victims are leaving for it). ``estimated_start`` is an absolute time, when known
+    (in the past when a running job outlived its time_limit: any moment now);
     ``blocked_by`` the job it waits behind. Jobs that wait alike share one Wait."""
 
     kind: str

@@ -67,6 +67,7 @@ class Pass:
         # parts of the state it read (slots and holds, victims, its queue's and owner's use).
         self.slots_version = 0
         self._memo: dict[tuple, tuple[tuple, Wait]] = {}
+        self._behind: dict[int, Wait] = {}
         self._cohorts = len({q.cohort for q in config.queues.values()})
         self.last_change: tuple = ()        # (round, key) of the last job that changed it
         self.stopped_at: dict[str, tuple] = {}  # queue -> key of the borrower ending round one
@@ -152,9 +153,15 @@ class Pass:
         blk = self.usage.block(req, n, self.free.usable)
         if blk is not None:
             return self._make("limit", reasons.limit(blk.text, n))
-        head = self.heads[req.queue]
-        return self._make("behind", reasons.behind(req, head.req, head.start_by, self.config),
-                          blocked_by=head.req.id)
+        return self.behind(self.heads[req.queue])
+
+    def behind(self, head: Hold) -> Wait:
+        """The wait of every job behind ``head`` (one text per head)."""
+        wait = self._behind.get(id(head))
+        if wait is None:
+            text = reasons.behind(head.req, head.start_by, self.config)
+            wait = self._behind[id(head)] = self._make("behind", text, blocked_by=head.req.id)
+        return wait
 
     def _overdue(self) -> None:
         for h in self.holdings.values():

@@ -88,7 +88,7 @@ def _hold_for(p: Pass, req: Request, n: int, leaving: list[Holding], gang: list[
               new: bool) -> None:
     """Hold the gang for ``req``: its free slots now, the leaving victims' as they go."""
     times = [h.interrupted_at + p.grace for h in leaving if h.interrupted_at is not None]
-    start_by = max(times + [p.now + p.grace] * new + [p.now])
+    start_by = max(times + [p.now + p.grace] * new, default=p.now + p.grace)
     busy = {s.worker for h in leaving for s in h.slots}
     p.promised.update(h.id for h in leaving)
     p.hold(req, n, [s for s in gang if s.worker not in busy],

@@ -42,9 +42,9 @@ def head(n: int, start_by: float | None, ending: Sequence[str]) -> str:
             "(by time_limit); slots are reserved for it")
 
 
-def behind(req: Request, first: Request, start_by: float | None, config: PolicyConfig) -> str:
+def behind(first: Request, start_by: float | None, config: PolicyConfig) -> str:
     text = (f"waiting behind job {first.id!r} (priority {config.priority_name(first.priority)}, "
-            f"{_slots(first.world_size)}), first in queue {req.queue!r}")
+            f"{_slots(first.world_size)}), first in queue {first.queue!r}")
     if start_by is None:
         return text + "; it may only start on slots that job cannot use"
     return (text + "; it may start sooner only on slots that job cannot use, or if its "

@@ -84,6 +84,7 @@ class Victims:
         self.taken: set[str] = set()
         self.version = 0                                # bumps when a candidate leaves
         self._sorted: list[Holding] | None = None
+        self._below_cache: dict = {}
         self.by_queue: dict[str, dict[int, int]] = {}   # queue -> priority -> slots
         self.by_owner: dict[str, dict[int, int]] = {}
         for h in self.all:
@@ -106,31 +107,42 @@ class Victims:
         """Whether ``owner`` has candidates of a lower priority than ``priority``."""
         return any(n for p, n in self.by_owner.get(owner, {}).items() if p < priority)
 
-    def may_move(self, queue: str, priority: int, owners: Iterable[str], usage: Usage) -> bool:
+    def may_move(self, queue: str, priority: int, owners: Mapping[str, int],
+                 usage: Usage) -> bool:
         """Whether some job of ``queue`` at ``priority`` or lower, owned by one of
         ``owners``, might find a victim (a cheap over-estimate of :func:`may_preempt`)."""
         below = lambda row: any(n for p, n in row.items() if p < priority)  # noqa: E731
         if below(self.by_queue.get(queue, {})):
             return True
-        if any(below(self.by_owner.get(o, {})) for o in owners):
-            return True
         within = usage.queue[queue] < usage.guaranteed(queue)
+        if within:
+            lower = self._owners_below(priority)
+            small, big = (lower, owners) if len(lower) < len(owners) else (owners, lower)
+            if any(o in big for o in small):
+                return True
         return any((within and any(row.values())) or below(row)
                    for q, row in self.by_queue.items() if q != queue and usage.borrowing(q))
+
+    def _owners_below(self, priority: int) -> set[str]:
+        key = (priority, self.version)
+        if self._below_cache.get("key") != key:
+            self._below_cache = {"key": key, "owners": {
+                o for o, row in self.by_owner.items()
+                if any(n for p, n in row.items() if p < priority)}}
+        return self._below_cache["owners"]
 
     def bound(self, req: Request, n: int, usage: Usage, limit: str | None = None) -> int:
         """At most this many slots could be freed for ``req`` by the rules of
         :func:`may_preempt` (``limit``: the kind of quota block victims must lift)."""
         p = req.priority
         below = lambda row: sum(v for q, v in row.items() if q < p)  # noqa: E731
-        mine = below(self.by_owner.get(req.owner, {})) if req.owner else 0
+        within = usage.within_guarantee(req, n)
+        mine = below(self.by_owner.get(req.owner, {})) if req.owner and within else 0
         same = below(self.by_queue.get(req.queue, {}))
-        if limit == "user-cap":
-            return mine if not usage.within_guarantee(req, n) else sum(
-                self.by_owner.get(req.owner, {}).values())
+        if limit == "user-cap":  # only the owner's own jobs lift its cap
+            return sum(self.by_owner.get(req.owner, {}).values())
         if limit in ("queue-limit", "no-borrow"):
             return same + mine
-        within = usage.within_guarantee(req, n)
         lent = sum(sum(row.values()) if within else below(row)
                    for q, row in self.by_queue.items()
                    if q != req.queue and usage.borrowing(q))
