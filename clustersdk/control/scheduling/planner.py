@@ -15,11 +15,11 @@ from .backlog import Backlog
 from .config import PolicyConfig
 from .gangs import FreeSlots, rank_order
 from .model import ACTIVE, Decision, Holding, Preempt, Request, Reservation, Slot, Start, Wait
-from .quota import Block, Usage
+from .quota import Block
 from .heads import blocked
 from .holds import GiveUp, Hold
+from .ledger import Ledger
 from .preemption import preempt_for
-from .victims import Victims
 from .waits import Waits
 
 
@@ -29,20 +29,25 @@ class Pass:
     def __init__(self, config: PolicyConfig, inventory: Mapping[str, Slot], backlog: Backlog,
                  holdings: Mapping[str, Holding], now: float,
                  intern: dict[Wait, Wait] | None = None,
-                 free: Iterable[Slot] | None = None) -> None:
+                 free: Iterable[Slot] | None = None, ledger: Ledger | None = None) -> None:
+        """``free`` and ``ledger``, when the caller keeps them, save counting the holdings."""
         self.config, self.now, self.inventory = config, now, inventory
         self.backlog, self.holdings = backlog, holdings
         self.intern = {} if intern is None else intern  # one object per distinct Wait
         self.grace = config.preemption_grace
-        self.usage = Usage(config, len(inventory))
+        if ledger is None:
+            ledger = Ledger(config, len(inventory), holdings.values())
+        self.usage = ledger.usage.copy()
+        self.victims = ledger.candidates.copy(now)  # .taken: victims, reclaimed
+        self.leaving = list(ledger.leaving.values())
         self.incoming: dict[str, list[Holding]] = {}   # waiting job -> victims leaving for it
-        for h in holdings.values():
+        for h in self.leaving:
             # a victim leaving for a waiting job counts against limits until it is gone, but
             # its queue no longer borrows those slots: they are the waiting job's
-            promised = h.status not in ACTIVE and h.preempted_for in backlog
-            if promised:
+            if h.preempted_for in backlog:
                 self.incoming.setdefault(h.preempted_for, []).append(h)
-            self.usage.add(h.request, h.size, promise=promised)
+                self.usage.add(h.request, -h.size)
+                self.usage.add(h.request, h.size, promise=True)
         if free is None:  # the slots of the inventory no holding has
             held = {s.worker for h in holdings.values() for s in h.slots}
             free = (s for w, s in inventory.items() if w not in held)
@@ -54,7 +59,6 @@ class Pass:
         self.open_holds: list[Hold] = []           # holds that still have free slots
         self.held_by: dict[str, Hold] = {}         # worker of a held free slot -> its hold
         self.heads: dict[str, Hold] = {}           # queue -> the hold of its first blocked job
-        self.victims = Victims(holdings.values(), now, config)  # .taken: victims, reclaimed
         self.promised = {h.id for hs in self.incoming.values() for h in hs}  # slots go to a job
         self._awaited = {}                         # queue -> its jobs with victims leaving
         for job in self.incoming:
@@ -164,13 +168,15 @@ class Pass:
         return wait
 
     def _overdue(self) -> None:
-        for h in self.holdings.values():
+        for h in self.leaving:
             if (h.status == "suspending" and h.interrupted_at is not None
                     and self.now - h.interrupted_at > self.grace):
                 self.decision.preempt.append(Preempt(h.id, "stop", h.preempted_for,
                                                      reasons.overdue(h, self.grace), overdue=True))
 
     def _reclaim_idle(self) -> None:
+        if all(q.idle_timeout is None for q in self.config.queues.values()):
+            return
         for h in self.holdings.values():
             queue = self.config.queues.get(h.request.queue)
             timeout = queue.idle_timeout if queue else None

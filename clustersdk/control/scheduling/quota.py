@@ -10,6 +10,7 @@ guarantee together. An owner holds at most the per-user cap.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections import defaultdict
@@ -52,6 +53,13 @@ class Usage:
         # search that found nothing may find something after that
         self.version = 0
         self.idle_version = 0   # bumps when an idle guarantee (what lending protects) changes
+
+    def copy(self) -> Usage:
+        """An independent copy (a pass changes its own)."""
+        new = copy.copy(self)
+        for name in ("queue", "owner", "held", "firm", "_idle_by_cohort"):
+            setattr(new, name, defaultdict(int, getattr(self, name)))
+        return new
 
     def guaranteed(self, queue: str) -> int:
         return self._g.get(queue, 0)

@@ -23,6 +23,7 @@ from .backlog import Backlog
 from .config import PolicyConfig
 from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
 from .arrival import arrive, valid_until
+from .ledger import Ledger
 from .planner import Pass
 
 
@@ -34,6 +35,7 @@ class Scheduler:
         self.config = config if isinstance(config, PolicyConfig) else PolicyConfig.from_dict(config)
         self.inventory: dict[str, Slot] = {}
         self._held: dict[str, str] = {}           # worker -> the job holding its slot
+        self._ledger: Ledger | None = None        # counts of the holdings (None: to redo)
         self._free: set[str] = set()              # workers in the inventory nobody holds
         self.backlog = Backlog()
         self.holdings: dict[str, Holding] = {}
@@ -78,14 +80,14 @@ class Scheduler:
 
     # events: inventory and configuration ----------------------------------------------
     def add_slot(self, slot: Slot) -> None:
-        self._base = None
+        self._base = self._ledger = None  # a queue's "rest" guarantee depends on the total
         self.inventory[slot.worker] = slot
         if slot.worker not in self._held:
             self._free.add(slot.worker)
 
     def remove_slot(self, worker: str) -> str | None:
         """The worker left; returns the job that held its slot (the plugin deals with it)."""
-        self._base = None
+        self._base = self._ledger = None
         self.inventory.pop(worker, None)
         self._free.discard(worker)
         return self._held.get(worker)
@@ -100,7 +102,7 @@ class Scheduler:
         if gone:
             raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
                             "them finish (or stop them) before removing the queue")
-        self.config, self._base = new, None
+        self.config, self._base, self._ledger = new, None, None
         return new
 
     # events: jobs -------------------------------------------------------------------------
@@ -158,6 +160,8 @@ class Scheduler:
         if h.status in ACTIVE:
             h.status, h.requeue = "suspending", False
             self._base = None
+            if self._ledger is not None:
+                self._ledger.leave(h)
 
     def released(self, job: str, now: float, requeue: bool | None = None) -> Request | None:
         """Its ranks are gone and its slots free (it finished, failed, stopped, suspended).
@@ -167,6 +171,8 @@ class Scheduler:
         if h is None:
             raise JobNotFoundError(f"job {job!r} holds no slots")
         self._base = None
+        if self._ledger is not None:
+            self._ledger.release(h)
         for slot in h.slots:
             if self._held.get(slot.worker) == job:
                 del self._held[slot.worker]
@@ -192,8 +198,10 @@ class Scheduler:
                 decision = arrive(self._base, arrivals[0], now, self._base_until)
         if decision is None:
             free = [self.inventory[w] for w in self._free]
+            if self._ledger is None:
+                self._ledger = Ledger(self.config, len(self.inventory), self.holdings.values())
             self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
-                              self._intern, free)
+                              self._intern, free, self._ledger)
             decision = self._base.run()
             self._base_until = valid_until(self._base)
         self._apply(decision, now)
@@ -211,14 +219,22 @@ class Scheduler:
                 continue
             h.status = "suspending" if p.how == "suspend" else "stopping"
             h.preempted_for, h.interrupted_at, h.requeue = p.for_job, now, True
+            self._leave(h)
         for p in decision.reclaim:
             h = self.holdings[p.job]
             h.status = "suspending" if p.how == "suspend" else "stopping"
             h.preempted_for, h.interrupted_at, h.requeue = None, now, False
+            self._leave(h)
         self.waits = decision.waiting
+
+    def _leave(self, h: Holding) -> None:
+        if self._ledger is not None:
+            self._ledger.leave(h)
 
     def _hold(self, h: Holding) -> None:
         self.holdings[h.id] = h
+        if self._ledger is not None:
+            self._ledger.hold(h)
         for slot in h.slots:
             self._held[slot.worker] = h.id
             self._free.discard(slot.worker)

@@ -80,15 +80,34 @@ class Victims:
 
     def __init__(self, holdings: Iterable[Holding], now: float, config: PolicyConfig) -> None:
         self.now, self.config = now, config
-        self.all = [h for h in holdings if h.status in ACTIVE and h.request.preemptible]
+        self.all = {h.id: h for h in holdings if h.status in ACTIVE and h.request.preemptible}
         self.taken: set[str] = set()
         self.version = 0                                # bumps when a candidate leaves
         self._sorted: list[Holding] | None = None
         self._below_cache: dict = {}
         self.by_queue: dict[str, dict[int, int]] = {}   # queue -> priority -> slots
         self.by_owner: dict[str, dict[int, int]] = {}
-        for h in self.all:
+        for h in self.all.values():
             self._count(h, +1)
+
+    def copy(self, now: float) -> Victims:
+        """A fresh pool for one pass at ``now``, from this kept one."""
+        new = Victims((), now, self.config)
+        new.all = dict(self.all)
+        new.by_queue = {k: dict(row) for k, row in self.by_queue.items()}
+        new.by_owner = {k: dict(row) for k, row in self.by_owner.items()}
+        return new
+
+    def add(self, h: Holding) -> None:
+        """A kept pool: ``h`` holds slots now (a candidate if it may be preempted)."""
+        if h.status in ACTIVE and h.request.preemptible and h.id not in self.all:
+            self.all[h.id] = h
+            self._count(h, +1)
+
+    def remove(self, h: Holding) -> None:
+        """A kept pool: ``h`` leaves or is gone."""
+        if self.all.pop(h.id, None) is not None:
+            self._count(h, -1)
 
     def _count(self, h: Holding, sign: int) -> None:
         for table, key in ((self.by_queue, h.request.queue), (self.by_owner, h.request.owner)):
@@ -152,7 +171,8 @@ class Victims:
         """Candidates for ``req``, least work lost first; a queue reclaiming its
         guarantee takes from borrowing queues before its own lower priorities."""
         if self._sorted is None:
-            self._sorted = sorted(self.all, key=lambda h: victim_key(h, self.now, self.config))
+            self._sorted = sorted(self.all.values(),
+                                  key=lambda h: victim_key(h, self.now, self.config))
         order = [v for v in self._sorted if v.id not in self.taken]
         if not usage.within_guarantee(req, n):
             return order
