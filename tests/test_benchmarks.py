@@ -62,3 +62,18 @@ def test_parallel_benchmark_smoke(tmp_path):
         assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
     assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
     assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())
+
+
+@pytest.mark.slow
+def test_scheduler_benchmark_smoke(tmp_path):
+    out = tmp_path / "scheduler.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scheduler.py"), "--repeats", "1",
+         "--events", "5", "--queued", "300", "--nodes", "30", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "one arrival" in proc.stdout and "one completion" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["medians_s"]) == {"fill", "cold", "warm", "tick", "arrival", "completion"}
+    assert all(t > 0 for t in result["medians_s"].values())

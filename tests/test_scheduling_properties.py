@@ -2,11 +2,12 @@
 and event sequences (hypothesis). After every decision:
 
 - no gang is ever partially allocated, and no slot is given twice (nor a GPU twice in
-  a gang); reservations hold only free slots, each once;
+  a gang), nor one a victim left for another job; reservations hold only free slots;
 - quotas and per-user caps hold for every queue and owner that got a start;
 - a queue's head is not delayed by backfill: its gang still forms by its estimated
   start, once the jobs started now count too;
-- a preempted job always gets back in the queue; no job is ever lost;
+- a preempted job always gets back in the queue; no job is ever lost, and none is
+  preempted twice for the same job;
 - with preemption allowed, a higher-priority job never waits while lower-priority
   preemptible jobs hold the slots it needs;
 - a kept Scheduler decides exactly as ``decide(state)`` does from scratch.
@@ -204,6 +205,8 @@ def check_allocation(state, decision, sim) -> None:
     given: set[str] = set()
     for start in decision.start:
         req = queued[start.job]
+        owed = {w for job, ws in state.claims.items() if job != start.job for w in ws}
+        assert not {s.worker for s in start.slots} & owed, "slots owed to another job"
         assert req.smallest <= start.world_size <= req.world_size, "a partial gang"
         workers = [s.worker for s in start.slots]
         uuids = [s.uuid for s in start.slots if s.uuid]

@@ -114,13 +114,17 @@ class Holding:
 class ClusterState:
     """Everything one decision needs: the inventory, the queue, who holds what, the rules.
 
-    ``slots`` is every slot of the cluster; those no holding has are free.
+    ``slots`` is every slot of the cluster; those no holding has are free. When a
+    victim is gone, the slots it left are ``claims`` of the job it left for, until that
+    job starts or no longer waits for them (the Scheduler keeps them so).
     """
 
     slots: Sequence[Slot]
     queued: Sequence[Request]
     holdings: Sequence[Holding]
     config: PolicyConfig
+    # job -> workers: slots its victims freed that it is owed (nobody else may take them)
+    claims: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,10 @@ class Pass:
     def __init__(self, config: PolicyConfig, inventory: Mapping[str, Slot], backlog: Backlog,
                  holdings: Mapping[str, Holding], now: float,
                  intern: dict[Wait, Wait] | None = None,
-                 free: Iterable[Slot] | None = None, ledger: Ledger | None = None) -> None:
-        """``free`` and ``ledger``, when the caller keeps them, save counting the holdings."""
+                 free: Iterable[Slot] | None = None, ledger: Ledger | None = None,
+                 claims: Mapping[str, Iterable[str]] | None = None) -> None:
+        """``free`` and ``ledger``, when the caller keeps them, save counting the holdings;
+        ``claims`` (job -> workers) are the freed slots of victims a waiting job is owed."""
         self.config, self.now, self.inventory = config, now, inventory
         self.backlog, self.holdings = backlog, holdings
         self.intern = {} if intern is None else intern  # one object per distinct Wait
@@ -60,8 +62,11 @@ class Pass:
         self.held_by: dict[str, Hold] = {}         # worker of a held free slot -> its hold
         self.heads: dict[str, Hold] = {}           # queue -> the hold of its first blocked job
         self.promised = {h.id for hs in self.incoming.values() for h in hs}  # slots go to a job
+        self.claims: dict[str, Hold] = {}          # waiting job -> the freed slots it is owed
+        for job, workers in (claims or {}).items():
+            self._claim(job, workers)
         self._awaited = {}                         # queue -> its jobs with victims leaving
-        for job in self.incoming:
+        for job in set(self.incoming) | set(self.claims):
             queue = backlog.by_id[job].queue
             self._awaited[queue] = self._awaited.get(queue, 0) + 1
         self._releases: list[tuple[float, Holding]] | None = None
@@ -195,9 +200,10 @@ class Pass:
             self.victims.take(h)
 
     def visit(self, req: Request) -> None:
-        if req.id in self.incoming:
+        if req.id in self.incoming or req.id in self.claims:
             self._awaited[req.queue] -= 1
-            return self._place(req)
+            self._place(req)
+            return self._unclaim(req)
         limit = req.time_limit
         fits = -1 if limit is None else sum(  # which held slots it may backfill: a nested set
             1 for h in self.open_holds
@@ -317,6 +323,29 @@ class Pass:
               blocked_by: str | None = None) -> Wait:
         wait = Wait(kind, text, estimated_start, blocked_by)
         return self.intern.setdefault(wait, wait)
+
+    def _claim(self, job: str, workers: Iterable[str]) -> None:
+        """Hold the freed slots a waiting job's victims left: theirs, nobody else's."""
+        req = self.backlog.by_id.get(job)
+        slots = [self.inventory[w] for w in workers if w in self.inventory]
+        slots = [s for s in slots if s in self.free]
+        if req is None or not slots:
+            return
+        self.free.take(slots)
+        hold = Hold(req, len(slots), {s.worker: s for s in slots}, frozenset(), False, None,
+                    "claim")
+        self.held_by.update((s.worker, hold) for s in slots)
+        self.open_holds.append(hold)
+        self.claims[job] = hold
+
+    def _unclaim(self, req: Request) -> None:
+        """What a claimant did not take back goes to whoever comes next."""
+        hold = self.claims.get(req.id)
+        if hold is not None and hold.free:
+            self.slots_version += 1
+            for worker, slot in list(hold.free.items()):
+                del self.held_by[worker], hold.free[worker]
+                self.free.add(slot)
 
     def _recount(self, inc: list[Holding]) -> None:
         """Victims whose job did not wait for them after all hold their slots like any job."""

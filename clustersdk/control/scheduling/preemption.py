@@ -36,16 +36,19 @@ def preempt_for(p: Pass, req: Request, n: int, inc: list[Holding]) -> bool:
         if p.victims.bound(req, n, p.usage, blk and blk.kind) + room < n or (
                 blk is not None and blk.kind in ("unknown-queue", "lending")):
             return False
-        key = (req.queue, req.owner, req.priority, n, tuple(id(h) for h in respected),
-               len(extra), p.usage.version)
-        if key in p.failed:
+        heads = tuple(id(h) for h in respected)
+        key = (req.queue, req.owner, req.priority, n, heads, len(extra), p.usage.version)
+        # whether anyone at all may be its victim does not depend on its size
+        none = (req.queue, req.owner, req.priority, p.usage.within_guarantee(req, n), heads,
+                p.victims.version, p.usage.version)
+        if key in p.failed or none in p.failed:
             return False
     blocked = frozenset().union(*(h.future for h in respected))
     inc_freed, inc_mine = _freed(inc, req.owner)  # what its leaving victims give back
 
     def eligible(v: Holding, freed: Mapping[str, int]) -> bool:
-        return (v.id not in p.victims.taken and not any(s.worker in blocked for s in v.slots)
-                and may_preempt(req, n, v, p.usage, freed))
+        return (v.id not in p.victims.taken and may_preempt(req, n, v, p.usage, freed)
+                and not (blocked and any(s.worker in blocked for s in v.slots)))
 
     def slots_of(chosen: list[Holding]) -> list[Slot]:
         return extra + inc_slots + [s for v in chosen for s in v.slots
@@ -71,10 +74,10 @@ def preempt_for(p: Pass, req: Request, n: int, inc: list[Holding]) -> bool:
     else:
         if p.fast:
             raise GiveUp("a preemption search")
-        victims = choose(p.victims.ordered(req, n, p.usage), eligible, fits)
+        victims, anyone = choose(p.victims.ordered(req, n, p.usage), eligible, fits)
     if victims is None:
         if not inc:
-            p.failed.add(key)
+            p.failed.add(key if anyone else none)
         return False
     preempt(p, req, victims)
     if victims:

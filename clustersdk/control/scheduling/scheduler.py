@@ -36,6 +36,7 @@ class Scheduler:
         self.inventory: dict[str, Slot] = {}
         self._held: dict[str, str] = {}           # worker -> the job holding its slot
         self._ledger: Ledger | None = None        # counts of the holdings (None: to redo)
+        self.claims: dict[str, frozenset[str]] = {}  # waiting job -> freed slots it is owed
         self._free: set[str] = set()              # workers in the inventory nobody holds
         self.backlog = Backlog()
         self.holdings: dict[str, Holding] = {}
@@ -60,13 +61,14 @@ class Scheduler:
             s._seq = max(s._seq, h.request.seq)
         for req in state.queued:
             s.submit(req)
+        s.claims = {job: frozenset(w) for job, w in state.claims.items()}
         return s
 
     def state(self) -> ClusterState:
         """A snapshot: what ``decide(state, now)`` would take (and the journal keeps)."""
         return ClusterState(slots=list(self.inventory.values()), queued=list(self.backlog),
                             holdings=[dataclasses.replace(h) for h in self.holdings.values()],
-                            config=self.config)
+                            config=self.config, claims=dict(self.claims))
 
     @property
     def queued(self) -> Mapping[str, Request]:
@@ -120,6 +122,7 @@ class Scheduler:
         if job not in self.backlog:
             raise JobNotFoundError(f"no queued job {job!r}")
         self._base = None
+        self.claims.pop(job, None)
         return self.backlog.remove(job)
 
     def progress(self, job: str, now: float, step: int | None = None,
@@ -178,6 +181,9 @@ class Scheduler:
                 del self._held[slot.worker]
                 if slot.worker in self.inventory:
                     self._free.add(slot.worker)
+        owed = h.preempted_for
+        if owed is not None and owed in self.backlog:  # the slots it left are that job's
+            self.claims[owed] = self.claims.get(owed, frozenset()) | {s.worker for s in h.slots}
         if requeue if requeue is not None else h.requeue:
             self.submit(h.request)
             return h.request
@@ -201,7 +207,7 @@ class Scheduler:
             if self._ledger is None:
                 self._ledger = Ledger(self.config, len(self.inventory), self.holdings.values())
             self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
-                              self._intern, free, self._ledger)
+                              self._intern, free, self._ledger, self.claims)
             decision = self._base.run()
             self._base_until = valid_until(self._base)
         self._apply(decision, now)
@@ -226,6 +232,11 @@ class Scheduler:
             h.preempted_for, h.interrupted_at, h.requeue = None, now, False
             self._leave(h)
         self.waits = decision.waiting
+        if self.claims:  # a claim lasts while its job waits for its victims
+            held = {r.job: r for r in decision.reservations}
+            self.claims = {job: frozenset(s.worker for s in held[job].slots)
+                           for job in self.claims if job in held
+                           and getattr(decision.waiting.get(job), "kind", "") == "preempting"}
 
     def _leave(self, h: Holding) -> None:
         if self._ledger is not None:
@@ -256,4 +267,4 @@ def decide(state: ClusterState, now: float) -> Decision:
     'a'
     """
     return Pass(state.config, {s.worker: s for s in state.slots}, Backlog(state.queued),
-                {h.id: h for h in state.holdings}, now).run()
+                {h.id: h for h in state.holdings}, now, claims=state.claims).run()

@@ -183,9 +183,11 @@ class Victims:
 
 
 def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool],
-           fits: Callable[[list[Holding], Mapping[str, int]], object]) -> list[Holding] | None:
-    """The victims, taken in order while ``eligible`` until ``fits`` (truthy), then pruned;
-    None when even all eligible candidates would not make room."""
+           fits: Callable[[list[Holding], Mapping[str, int]], object]
+           ) -> tuple[list[Holding] | None, bool]:
+    """The victims, taken in order while ``eligible`` until ``fits`` (truthy), then pruned,
+    or None when even all eligible candidates would not make room; and whether any
+    candidate was eligible at all."""
     chosen: list[Holding] = []
     freed: dict[str, int] = {}
     for v in candidates:
@@ -196,13 +198,13 @@ def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[s
         if fits(chosen, freed):
             break
     else:
-        return None
+        return None, bool(chosen)
     for v in reversed(chosen[:-1]):  # the costliest first: spare it if the others suffice
         trial = [c for c in chosen if c is not v]
         trial_freed = _still_eligible(trial, eligible)
         if trial_freed is not None and fits(trial, trial_freed):
             chosen, freed = trial, trial_freed
-    return chosen
+    return chosen, True
 
 
 def _still_eligible(victims: list[Holding],
