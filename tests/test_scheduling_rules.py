@@ -174,6 +174,22 @@ def test_victims_slots_are_reserved_for_the_waiting_job_meanwhile():
     assert started(s.decide(3)) == {"high": 4}
 
 
+def test_the_slots_a_victim_leaves_go_to_the_job_it_left_for_not_to_a_head_ahead():
+    slots = gpus(3, 2)  # h0, h1 busy until 100 and 200; the victim on h2
+    s = scheduler(slots, None, req("r1", 2, "high", time_limit=100),
+                  req("r2", 2, "high", time_limit=200))
+    s.decide(0)
+    s.submit(req("victim", 2, "low", has_checkpoint_dir=True, time_limit=1000))
+    s.decide(0)
+    s.submit(req("head", 4, "high"))   # the victim alone is not enough for it: it waits
+    s.submit(req("small", 2, "high"))  # behind it; the victim's slots are not in its plan
+    d = s.decide(1)
+    assert [(p.job, p.for_job) for p in d.preempt] == [("victim", "small")]
+    assert s.waits["head"].estimated_start == 200
+    s.released("victim", 2)  # its slots now look good to the head too: they are owed
+    assert started(s.decide(2)) == {"small": 2} and s.waits["head"].estimated_start == 200
+
+
 def test_a_victim_that_outlives_the_grace_is_stopped():
     s = scheduler(gpus(1, 2), config(preemption_grace=30), req("low", 2, "low",
                                                                   has_checkpoint_dir=True))
