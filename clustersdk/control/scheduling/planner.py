@@ -1,8 +1,9 @@
 """One scheduling pass over the whole queue, in order: the rules of the package docstring.
 
-A :class:`Pass` is built from the inventory, the queue (sorted) and the holdings,
-runs once, and leaves a :class:`~.model.Decision`. It never touches its inputs;
-the :class:`~.scheduler.Scheduler` applies what it decides.
+A :class:`Pass` is built from the inventory, the backlog and the holdings, runs
+once, and leaves a :class:`~.model.Decision`. It never touches its inputs; the
+:class:`~.scheduler.Scheduler` applies what it decides. Preempting is in
+:mod:`.preemption`, a queue's head and its reservation in :mod:`.heads`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from .backlog import Backlog
 from .config import PolicyConfig
 from .gangs import FreeSlots, rank_order
 from .model import ACTIVE, Decision, Holding, Preempt, Request, Reservation, Slot, Start, Wait
-from .quota import Block
 from .heads import blocked
 from .holds import GiveUp, Hold
 from .ledger import Ledger
 from .preemption import preempt_for
+from .quota import Block
 from .waits import Waits
 
 
@@ -42,14 +43,6 @@ class Pass:
         self.usage = ledger.usage.copy()
         self.victims = ledger.candidates.copy(now)  # .taken: victims, reclaimed
         self.leaving = list(ledger.leaving.values())
-        self.incoming: dict[str, list[Holding]] = {}   # waiting job -> victims leaving for it
-        for h in self.leaving:
-            # a victim leaving for a waiting job counts against limits until it is gone, but
-            # its queue no longer borrows those slots: they are the waiting job's
-            if h.preempted_for in backlog:
-                self.incoming.setdefault(h.preempted_for, []).append(h)
-                self.usage.add(h.request, -h.size)
-                self.usage.add(h.request, h.size, promise=True)
         if free is None:  # the slots of the inventory no holding has
             held = {s.worker for h in holdings.values() for s in h.slots}
             free = (s for w, s in inventory.items() if w not in held)
@@ -61,16 +54,17 @@ class Pass:
         self.open_holds: list[Hold] = []           # holds that still have free slots
         self.held_by: dict[str, Hold] = {}         # worker of a held free slot -> its hold
         self.heads: dict[str, Hold] = {}           # queue -> the hold of its first blocked job
+        self.incoming = self._incoming()           # waiting job -> victims leaving for it
         self.promised = {h.id for hs in self.incoming.values() for h in hs}  # slots go to a job
         self.claims: dict[str, Hold] = {}          # waiting job -> the freed slots it is owed
         for job, workers in (claims or {}).items():
             self._claim(job, workers)
-        self._awaited = {}                         # queue -> its jobs with victims leaving
+        self._awaited: dict[str, int] = {}         # queue -> its jobs that victims left for
         for job in set(self.incoming) | set(self.claims):
             queue = backlog.by_id[job].queue
             self._awaited[queue] = self._awaited.get(queue, 0) + 1
         self._releases: list[tuple[float, Holding]] | None = None
-        self.failed: set[tuple] = set()              # preemption searches that found nothing
+        self.failed: set[tuple] = set()            # preemption searches that found nothing
         # Jobs that wait alike, in a state nothing changed since, wait alike again: the
         # wait of a job that only waits is kept per kind of job, with the versions of the
         # parts of the state it read (slots and holds, victims, its queue's and owner's use).
@@ -81,6 +75,17 @@ class Pass:
         self.last_change: tuple = ()        # (round, key) of the last job that changed it
         self.stopped_at: dict[str, tuple] = {}  # queue -> key of the borrower ending round one
         self.fast = False                   # placing one arrival: give up rather than search
+
+    def _incoming(self) -> dict[str, list[Holding]]:
+        """Victims leaving for a waiting job: they count against limits until they are
+        gone, but their queues no longer borrow those slots (they are the waiting job's)."""
+        incoming: dict[str, list[Holding]] = {}
+        for h in self.leaving:
+            if h.preempted_for in self.backlog:
+                incoming.setdefault(h.preempted_for, []).append(h)
+                self.usage.add(h.request, -h.size)
+                self.usage.add(h.request, h.size, promise=True)
+        return incoming
 
     # the pass ---------------------------------------------------------------------
     def run(self) -> Decision:

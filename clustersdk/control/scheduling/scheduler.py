@@ -47,6 +47,7 @@ class Scheduler:
         self._base: Pass | None = None
         self._base_until = 0.0
         self._arrivals: list[Request] = []
+        self.answered_by = ""                     # how the last decision was made (for telling)
         self._seq = 0
         for slot in slots:
             self.add_slot(slot)
@@ -69,6 +70,13 @@ class Scheduler:
         return ClusterState(slots=list(self.inventory.values()), queued=list(self.backlog),
                             holdings=[dataclasses.replace(h) for h in self.holdings.values()],
                             config=self.config, claims=dict(self.claims))
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last pass still stands for the state: its decision had nothing to
+        carry out and nothing but submissions and progress came since (a tick, or one
+        arrival, is then answered from it; see :mod:`.arrival`)."""
+        return self._base is not None
 
     @property
     def queued(self) -> Mapping[str, Request]:
@@ -200,9 +208,12 @@ class Scheduler:
             if not arrivals:  # nothing happened that a pass would see: the same decision
                 decision = Decision(waiting=self.waits,
                                     reservations=list(self._base.decision.reservations))
+                self.answered_by = "the last pass"
             elif len(arrivals) == 1:
                 decision = arrive(self._base, arrivals[0], now, self._base_until)
+                self.answered_by = "the last pass and the arrival"
         if decision is None:
+            self.answered_by = "a whole pass"
             free = [self.inventory[w] for w in self._free]
             if self._ledger is None:
                 self._ledger = Ledger(self.config, len(self.inventory), self.holdings.values())
