@@ -205,7 +205,11 @@ def check_allocation(state, decision, sim) -> None:
     given: set[str] = set()
     for start in decision.start:
         req = queued[start.job]
-        owed = {w for job, ws in state.claims.items() if job != start.job for w in ws}
+        # a slot a victim left is its job's while that job waits for it; only a job of a
+        # higher priority, which could preempt it anyway, may start on it first
+        owed = {w for job, ws in state.claims.items() if job != start.job
+                and getattr(decision.waiting.get(job), "kind", "") == "preempting"
+                and queued[job].priority >= req.priority for w in ws}
         assert not {s.worker for s in start.slots} & owed, "slots owed to another job"
         assert req.smallest <= start.world_size <= req.world_size, "a partial gang"
         workers = [s.worker for s in start.slots]

@@ -50,8 +50,10 @@ is spared. A victim with a checkpoint_dir is suspended (checkpoint at the
 next step boundary, slots freed), one without is stopped; both go back in the
 queue. A suspend that outlives the preemption grace is stopped. The slots of
 leaving victims are the waiting job's, and so are the free slots of its
-planned gang (reserved: nobody behind it takes them); it starts as soon as a
-whole gang is free, never on part of one.
+planned gang (reserved: nobody behind it takes them); once freed they stay its
+claim until it starts (no head plans with them; only a job of a higher
+priority, which could preempt it anyway, may start on them first). It starts
+as soon as a whole gang is free, never on part of one.
 
 Backfill (EASY, per queue). The first job of a queue that is blocked for want of
 slots is the queue's head: it gets a reservation, the gang it will get when

@@ -148,7 +148,8 @@ class Pass:
         head = self.heads.get(queue)
         if head is None or self._awaited.get(queue):
             return False
-        room = self.free.usable
+        room = self.free.usable + sum(len(h.free) for h in self.claims.values()
+                                      if h.req.priority < req.priority)
         shortest = self.backlog.shortest_limit(queue)
         if shortest is not None:
             room += sum(len(h.free) for h in self.open_holds
@@ -242,7 +243,7 @@ class Pass:
             self._recount(inc)
             return self.wait(req, "limit", reasons.limit(
                 f"the cluster has {len(self.inventory)} slots now", n))
-        extra = self.pool(req, n)
+        extra = self.pool(req, n, starting=True)
         blk = self.usage.block(req, n, self.free.usable + len(extra))
         if blk is None:
             gang = self._gang(n, extra)
@@ -260,12 +261,14 @@ class Pass:
         blocked(self, req, n)
 
     # starting -------------------------------------------------------------------------
-    def pool(self, req: Request, n: int) -> list[Slot]:
-        """Held free slots that ``req`` may use: it ends before the hold's job starts."""
+    def pool(self, req: Request, n: int, starting: bool = False) -> list[Slot]:
+        """Held free slots that ``req`` may use: it ends before the hold's job starts;
+        or (``starting``: to start now, not to plan with) the claim of a lower priority."""
         self.open_holds = [h for h in self.open_holds if h.free]
         out: list[Slot] = []
         for h in self.open_holds:
-            if self.may_use(req, n, h):
+            if self.may_use(req, n, h) or (starting and h.kind == "claim"
+                                           and h.req.priority < req.priority):
                 out.extend(h.free.values())
         return out
 
@@ -296,7 +299,7 @@ class Pass:
                 self.free.discard(slot)
 
     def _start_smaller(self, req: Request) -> bool:
-        extra = self.pool(req, req.smallest)
+        extra = self.pool(req, req.smallest, starting=True)
         room = self.free.usable + len(extra)
         for m in range(min(req.world_size - 1, room), req.smallest - 1, -1):
             if self.usage.block(req, m, room) is None:

@@ -19,11 +19,11 @@ import dataclasses
 from typing import Any, Iterable, Mapping
 
 from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
+from .arrival import arrive, valid_until
 from .backlog import Backlog
 from .config import PolicyConfig
-from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
-from .arrival import arrive, valid_until
 from .ledger import Ledger
+from .model import ACTIVE, ClusterState, Decision, Holding, Request, Slot, Wait
 from .planner import Pass
 
 
