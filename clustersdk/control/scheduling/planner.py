@@ -42,7 +42,7 @@ class Pass:
             ledger = Ledger(config, len(inventory), holdings.values())
         self.usage = ledger.usage.copy()
         self.victims = ledger.candidates.copy(now)  # .taken: victims, reclaimed
-        self.leaving = list(ledger.leaving.values())
+        self.leaving = sorted(ledger.leaving.values(), key=lambda h: h.id)  # same either way
         if free is None:  # the slots of the inventory no holding has
             held = {s.worker for h in holdings.values() for s in h.slots}
             free = (s for w, s in inventory.items() if w not in held)
