@@ -6,9 +6,9 @@ what the previous one saw, if the new job sorts after the last job whose
 placement changed anything and no deadline fell in between (a victim's grace,
 an idle timeout). Then placing the new job on the
 state the previous pass ended in is that whole pass, as long as the job only
-waits or starts on free slots; anything more (a preemption search, becoming a
-queue's head) gives up and the caller runs the whole pass. A property test holds
-the result equal to ``decide(state)``.
+waits; anything more (a start, which changes the limits the jobs after it meet, a
+preemption search, becoming a queue's head) gives up and the caller runs the
+whole pass. A property test holds the result equal to ``decide(state)``.
 """
 
 from __future__ import annotations

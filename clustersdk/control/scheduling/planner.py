@@ -285,6 +285,8 @@ class Pass:
             return self.free.pick(n)
 
     def _start(self, req: Request, gang: Sequence[Slot]) -> None:
+        if self.fast:  # a start can change the waits of jobs after it (their limits)
+            raise GiveUp("a start")
         self._take(gang)
         self.usage.add(req, len(gang))
         self.decision.start.append(Start(req.id, tuple(gang)))
