@@ -84,8 +84,8 @@ are worked out when read (:class:`~.waits.Waits`). Jobs that wait alike in an
 unchanged state share one worked-out wait. The :class:`Scheduler` keeps the
 free slots, the slots per queue and owner and the preemptible jobs counted
 between passes, answers a timer tick with nothing new from its last pass, and
-places a lone arrival on its last pass when that pass had nothing to do (see
-:mod:`.arrival`). A property test holds every decision of a kept Scheduler
+answers a lone arrival that only waits from its last pass when that pass had
+nothing to do (see :mod:`.arrival`). A property test holds every decision of a kept Scheduler
 equal to :func:`decide` from the whole state.
 """
 
