@@ -13,9 +13,7 @@ whole pass. A property test holds the result equal to ``decide(state)``.
 
 from __future__ import annotations
 
-import math
-
-from .model import ACTIVE, Decision, Request
+from .model import Decision, Request
 from .planner import GiveUp, Pass
 
 
@@ -23,16 +21,10 @@ def valid_until(p: Pass) -> float:
     """Until when ``p``'s end state stands for a new pass: the first deadline after it
     (a victim's grace, an idle timeout). Plans do not move with the clock otherwise:
     they use estimates as they are, and time only takes backfill chances away."""
-    until = math.inf
-    for h in p.holdings.values():
+    until = p.idle_until
+    for h in p.leaving:
         if h.status == "suspending" and h.interrupted_at is not None:
             until = min(until, h.interrupted_at + p.grace)
-        queue = p.config.queues.get(h.request.queue)
-        if h.status in ACTIVE and queue is not None and queue.idle_timeout is not None:
-            since = h.paused_since if h.status == "paused" else None
-            if since is None:
-                since = h.last_progress if h.last_progress is not None else h.started_at
-            until = min(until, since + queue.idle_timeout)
     return until
 
 

@@ -8,11 +8,12 @@ an estimate, the head holds every slot as it frees up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import heapq
+from typing import TYPE_CHECKING, Iterator
 
 from . import reasons
 from .holds import GiveUp
-from .model import ACTIVE, Holding, Request, Slot
+from .model import Holding, Request, Slot
 
 if TYPE_CHECKING:
     from .planner import Pass
@@ -65,25 +66,14 @@ def shadow(p: Pass, req: Request, n: int) -> tuple[float, list[Slot], list[str]]
     return None
 
 
-def release_order(p: Pass) -> list[tuple[float, Holding]]:
+def release_order(p: Pass) -> Iterator[tuple[float, Holding]]:
     """Holdings by when they free their slots, by estimate (those without one never do):
-    a running job by its time_limit, a leaving one by the preemption grace. A time in
-    the past (an overdue estimate) stays as it is, so that the plan does not drift with
-    the clock; the estimated start it gives is then "any moment now"."""
-    if p._releases is None:
-        out = []
-        for h in p.holdings.values():
-            if h.id in p.victims.taken and h.status in ACTIVE:  # asked to leave just now
-                t = p.now + p.grace
-            elif h.status not in ACTIVE:
-                if h.interrupted_at is None:
-                    continue  # suspended by its user: no estimate of when it is gone
-                t = h.interrupted_at + p.grace
-            elif h.ends_at is not None:
-                t = h.ends_at
-            else:
-                continue  # no estimate: it never ends, as far as a plan can tell
-            out.append((t, h))
-        out.sort(key=lambda th: (th[0], th[1].id))
-        p._releases = out
-    return p._releases
+    a running job by its time_limit, a leaving one by the preemption grace, one asked to
+    leave in this pass from now. A time in the past (an overdue estimate) stays as it
+    is, so that the plan does not drift with the clock; the estimated start it gives is
+    then "any moment now"."""
+    asked = sorted((p.now + p.grace, h.id) for h in p.reclaimed)
+    again = {job for _, job in asked}
+    filed = ((t, job) for t, job in p.ledger.releases if job not in again)
+    for t, job in heapq.merge(filed, asked):
+        yield t, p.holdings[job]

@@ -9,6 +9,7 @@ once, and leaves a :class:`~.model.Decision`. It never touches its inputs; the
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Iterable, Mapping, Sequence
 
 from . import reasons
@@ -31,15 +32,19 @@ class Pass:
                  holdings: Mapping[str, Holding], now: float,
                  intern: dict[Wait, Wait] | None = None,
                  free: Iterable[Slot] | None = None, ledger: Ledger | None = None,
-                 claims: Mapping[str, Iterable[str]] | None = None) -> None:
+                 claims: Mapping[str, Iterable[str]] | None = None,
+                 idle_at: float = -math.inf) -> None:
         """``free`` and ``ledger``, when the caller keeps them, save counting the holdings;
-        ``claims`` (job -> workers) are the freed slots of victims a waiting job is owed."""
+        ``claims`` (job -> workers) are the freed slots of victims a waiting job is owed;
+        ``idle_at``: no job can pass an idle timeout before then (a bound kept by the
+        caller from the previous pass's ``idle_until``)."""
         self.config, self.now, self.inventory = config, now, inventory
         self.backlog, self.holdings = backlog, holdings
         self.intern = {} if intern is None else intern  # one object per distinct Wait
         self.grace = config.preemption_grace
         if ledger is None:
             ledger = Ledger(config, len(inventory), holdings.values())
+        self.ledger = ledger  # read only: its release order
         self.usage = ledger.usage.copy()
         self.victims = ledger.candidates.copy(now)  # .taken: victims, reclaimed
         self.leaving = sorted(ledger.leaving.values(), key=lambda h: h.id)  # same either way
@@ -63,12 +68,14 @@ class Pass:
         for job in set(self.incoming) | set(self.claims):
             queue = backlog.by_id[job].queue
             self._awaited[queue] = self._awaited.get(queue, 0) + 1
-        self._releases: list[tuple[float, Holding]] | None = None
+        self.reclaimed: list[Holding] = []         # asked to leave for idleness, this pass
+        self.idle_until = idle_at                  # the next idle timeout, at the earliest
         self.failed: set[tuple] = set()            # preemption searches that found nothing
         # Jobs that wait alike, in a state nothing changed since, wait alike again: the
         # wait of a job that only waits is kept per kind of job, with the versions of the
         # parts of the state it read (slots and holds, victims, its queue's and owner's use).
         self.slots_version = 0
+        self.changes = 0                    # bumps with every change a later job may see
         self._memo: dict[tuple, tuple[tuple, Wait]] = {}
         self._behind: dict[int, Wait] = {}
         self._cohorts = len({q.cohort for q in config.queues.values()})
@@ -106,10 +113,9 @@ class Pass:
         self.decision.waiting = Waits(self.waiting, self.skipped, self._resolve)
         return self.decision
 
-    def signature(self) -> tuple:
+    def signature(self) -> int:
         """Changes whenever placing a job changed the state the next job sees."""
-        return (self.slots_version, self.victims.version, len(self.holds), self.usage.version,
-                len(self.decision.start))
+        return self.changes
 
     def _walk(self, starts: dict[str, int], guaranteed: bool) -> dict[str, int]:
         """Visit the queues' jobs merged in order, from ``starts`` (queue -> index);
@@ -146,17 +152,18 @@ class Pass:
         too few slots are free for its smallest job even by backfill, and no job of it
         may preempt (behind a head without estimate nobody may; else by the bounds)."""
         head = self.heads.get(queue)
-        if head is None or self._awaited.get(queue):
-            return False
+        at_limit = self.usage.queue[queue] + self.backlog.smallest(queue) > self.usage.limit(queue)
+        if (head is None and not at_limit) or self._awaited.get(queue):
+            return False  # without a head, its first job short of slots would become one
         room = self.free.usable + sum(len(h.free) for h in self.claims.values()
                                       if h.req.priority < req.priority)
         shortest = self.backlog.shortest_limit(queue)
         if shortest is not None:
             room += sum(len(h.free) for h in self.open_holds
                         if h.start_by is not None and self.now + shortest <= h.start_by)
-        if room >= self.backlog.smallest(queue):
+        if room >= self.backlog.smallest(queue) and not at_limit:
             return False
-        return head.every_busy or not self.victims.may_move(
+        return (head is not None and head.every_busy) or not self.victims.may_move(
             queue, req.priority, self.backlog.owners[queue], self.usage)
 
     def _resolve(self, req: Request) -> Wait:
@@ -168,7 +175,10 @@ class Pass:
         blk = self.usage.block(req, n, self.free.usable)
         if blk is not None:
             return self._make("limit", reasons.limit(blk.text, n))
-        return self.behind(self.heads[req.queue])
+        head = self.heads.get(req.queue)
+        if head is None:  # its queue is at its limit: every job of it meets it
+            return self._make("limit", reasons.limit(f"queue {req.queue!r} is at its limit", n))
+        return self.behind(head)
 
     def behind(self, head: Hold) -> Wait:
         """The wait of every job behind ``head`` (one text per head)."""
@@ -186,6 +196,9 @@ class Pass:
                                                      reasons.overdue(h, self.grace), overdue=True))
 
     def _reclaim_idle(self) -> None:
+        if self.now < self.idle_until:
+            return  # nobody can be idle for long enough yet (progress only puts it off)
+        self.idle_until = math.inf
         if all(q.idle_timeout is None for q in self.config.queues.values()):
             return
         for h in self.holdings.values():
@@ -197,6 +210,7 @@ class Pass:
             if since is None:
                 since = h.last_progress if h.last_progress is not None else h.started_at
             if self.now - since <= timeout:
+                self.idle_until = min(self.idle_until, since + timeout)
                 continue
             how = "suspend" if h.request.has_checkpoint_dir else "stop"
             if how == "stop" and not h.request.preemptible:
@@ -204,6 +218,7 @@ class Pass:
             text = reasons.reclaimed(h, self.now - since, timeout, how + "ed")
             self.decision.reclaim.append(Preempt(h.id, how, None, text))
             self.victims.take(h)
+            self.reclaimed.append(h)
 
     def visit(self, req: Request) -> None:
         if req.id in self.incoming or req.id in self.claims:
@@ -293,6 +308,7 @@ class Pass:
 
     def _take(self, slots: Iterable[Slot]) -> None:
         self.slots_version += 1
+        self.changes += 1
         for slot in slots:
             hold = self.held_by.pop(slot.worker, None)
             if hold is not None:
@@ -315,6 +331,7 @@ class Pass:
               every_busy: bool, start_by: float | None, kind: str) -> Hold:
         if free or kind == "head":  # a head is news for its queue even without free slots
             self._take(free)
+        self.changes += 1
         guaranteed = self.usage.within_guarantee(req, n)
         hold = Hold(req, n, {s.worker: s for s in free}, future, every_busy, start_by, kind,
                     guaranteed)
@@ -353,12 +370,14 @@ class Pass:
         hold = self.claims.get(req.id)
         if hold is not None and hold.free:
             self.slots_version += 1
+            self.changes += 1
             for worker, slot in list(hold.free.items()):
                 del self.held_by[worker], hold.free[worker]
                 self.free.add(slot)
 
     def _recount(self, inc: list[Holding]) -> None:
         """Victims whose job did not wait for them after all hold their slots like any job."""
+        self.changes += bool(inc)
         for h in inc:
             self.promised.discard(h.id)
             self.usage.add(h.request, -h.size, promise=True)

@@ -102,6 +102,7 @@ def _hold_for(p: Pass, req: Request, n: int, leaving: list[Holding], gang: list[
 
 def preempt(p: Pass, req: Request, victims: list[Holding]) -> None:
     """Ask ``victims`` to leave for ``req``."""
+    p.changes += bool(victims)
     for v in victims:
         how = "suspend" if v.request.has_checkpoint_dir else "stop"
         p.decision.preempt.append(

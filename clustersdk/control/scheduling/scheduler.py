@@ -16,6 +16,7 @@ reports back with the same events (``released`` when a victim's ranks are gone).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterable, Mapping
 
 from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
@@ -47,6 +48,7 @@ class Scheduler:
         self._base: Pass | None = None
         self._base_until = 0.0
         self._arrivals: list[Request] = []
+        self._idle_at = -math.inf                 # no idle timeout falls before (a bound)
         self.answered_by = ""                     # how the last decision was made (for telling)
         self._seq = 0
         for slot in slots:
@@ -113,6 +115,7 @@ class Scheduler:
             raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
                             "them finish (or stop them) before removing the queue")
         self.config, self._base, self._ledger = new, None, None
+        self._idle_at = -math.inf
         return new
 
     # events: jobs -------------------------------------------------------------------------
@@ -218,8 +221,9 @@ class Scheduler:
             if self._ledger is None:
                 self._ledger = Ledger(self.config, len(self.inventory), self.holdings.values())
             self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
-                              self._intern, free, self._ledger, self.claims)
+                              self._intern, free, self._ledger, self.claims, self._idle_at)
             decision = self._base.run()
+            self._idle_at = self._base.idle_until
             self._base_until = valid_until(self._base)
         self._apply(decision, now)
         if decision:  # it changed what the pass saw: the next decision needs a new pass
@@ -255,6 +259,10 @@ class Scheduler:
 
     def _hold(self, h: Holding) -> None:
         self.holdings[h.id] = h
+        queue = self.config.queues.get(h.request.queue)
+        if queue is not None and queue.idle_timeout is not None:
+            since = h.last_progress if h.last_progress is not None else h.started_at
+            self._idle_at = min(self._idle_at, since + queue.idle_timeout)
         if self._ledger is not None:
             self._ledger.hold(h)
         for slot in h.slots:
