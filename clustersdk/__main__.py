@@ -32,8 +32,10 @@ def _jobs(address: str) -> None:
 
     with cs.Cluster.connect(address) as cluster:
         print(f"{'name':<28} {'status':<10} {'ranks':>5}  strategy")
-        for job in cluster.jobs():
-            print(f"{job.name:<28} {job._record['status']:<10} {job.world_size:>5}  {job.strategy}")
+        for record in cluster.job_records():
+            spec = record["spec"]
+            print(f"{record['name']:<28} {record['status']:<10} {spec['world_size']:>5}  "
+                  f"{spec['strategy']}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def test_cluster_local_starts_shows_and_closes(shell, tmp_path, capsys):
         assert "1 CPU slot on 1 host" in bundle["text/plain"]
     finally:
         run(shell, "%cluster close")
-    assert cluster._closed and magics.current is None
+    assert cluster.closed and magics.current is None
     assert "closed <Cluster local (closed)>" in capsys.readouterr().out
 
 
