@@ -38,7 +38,26 @@ _EXPORTS = {
     "warmup_cosine": "runtime.training",
 }
 
-__all__ = ["STRATEGIES", *sorted(n for n in _EXPORTS if n != "STRATEGIES")]
+__all__ = [
+    "STRATEGIES",
+    "CapacityError",
+    "CheckpointError",
+    "Cluster",
+    "ClusterSDKError",
+    "InvalidTransitionError",
+    "Job",
+    "JobFailedError",
+    "JobNotFoundError",
+    "JobSpec",
+    "JobStatus",
+    "JobStoppedError",
+    "JobTimeoutError",
+    "PluginMissingError",
+    "ProtocolError",
+    "SpecError",
+    "TrainContext",
+    "warmup_cosine",
+]
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster

@@ -11,7 +11,6 @@ import textwrap
 import threading
 import time
 
-import cloudpickle
 import pytest
 import torch
 
@@ -19,19 +18,10 @@ import clustersdk as cs
 from clustersdk.control.journal import Journal
 
 from . import workloads
-
-# The workers import these functions by value: tests/ is not on their path.
-cloudpickle.register_pickle_by_value(workloads)
+from .helpers import wait_for
 
 
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+
 
 
 def test_ddp_equals_single_process_reference(idle):

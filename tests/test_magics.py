@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import time
 
-import cloudpickle
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import clustersdk as cs
 from clustersdk.magics import ClusterMagics, RemoteFailure, cell_function
 
-from . import workloads
 
-cloudpickle.register_pickle_by_value(workloads)
 
 
 @pytest.fixture(scope="module")

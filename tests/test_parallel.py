@@ -8,7 +8,6 @@ cluster with the two 4-rank cases (FSDP on 4, 2-D FSDP over TP).
 
 from __future__ import annotations
 
-import cloudpickle
 import pytest
 import torch
 
@@ -16,7 +15,6 @@ import clustersdk as cs
 
 from . import workloads_parallel as W
 
-cloudpickle.register_pickle_by_value(W)
 
 LOSS_RTOL = 1e-5
 # Sharded matmuls add in another order; ten AdamW steps keep that near float eps.

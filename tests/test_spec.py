@@ -68,7 +68,10 @@ def _make(name: str):
 
 @pytest.mark.parametrize("fn_name", ["_train", "t" * 60, "entraînement"])
 def test_any_function_gets_a_valid_default_name(fn_name):
-    JobSpec(fn=_make(fn_name), world_size=1)
+    spec = JobSpec(fn=_make(fn_name), world_size=1)
+    # the name a user would have to type back: legal, short, ending in the id
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", spec.name)
+    assert spec.name.endswith(f"-{spec.id[:6]}") and spec.name[0] in (fn_name.strip("_") or "j")[0]
 
 
 @pytest.mark.parametrize("field, value", [("timeout", 0), ("timeout", "5"), ("metrics_interval", -1.0),

@@ -171,6 +171,11 @@ class Saver:
                 self.report(RankEvent.CHECKPOINT, step=step, path=ckpt.step_dir(self.root, step), seq=seq)
             return
         self._saves += 1
+        # The rows this rank logged before this step reach the journal before the
+        # checkpoint can commit (rank 0 commits after every rank entered the save):
+        # a restart from it then finds each earlier step's row, even from a rank that
+        # dies right after.
+        self.report(RankEvent.METRICS)
         # Everything goes through DCP, this rank's RNG states included, so that a
         # failure on any rank (a full disk...) reaches every rank as one
         # CheckpointException and all of them carry on alike.
