@@ -283,3 +283,29 @@ def test_a_refused_action_is_an_exception_not_a_logged_crash(idle, caplog):
 def test_stop_right_after_launch_is_not_lost(idle):
     job = idle.launch(workloads.spin, world_size=2)
     assert job.stop(timeout=60) is cs.JobStatus.STOPPED
+
+
+def _subscribers(cluster, job_id: str) -> int:
+    """How many clients the scheduler sends the job's events to."""
+    def count(dask_scheduler, topic):
+        found = dask_scheduler._broker._topics.get(topic)
+        return len(found.subscribers) if found is not None else 0
+
+    return cluster.client.run_on_scheduler(count, topic=f"clustersdk-job-{job_id}")
+
+
+def test_handles_follow_events_only_while_they_are_alive(idle):
+    import gc
+
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2)
+    job.wait(timeout=60)
+    assert _subscribers(idle, job.id) == 1  # the launching handle follows its job
+    listed = idle.jobs()  # plain handles: nothing subscribed for them
+    attached = cs.Job.attach(idle, job.name)
+    assert _subscribers(idle, job.id) == 1 and attached.latest == {}
+    assert _subscribers(idle, job.id) == 1  # one subscription per job, shared by handles
+    job.close()
+    assert _subscribers(idle, job.id) == 1  # the attached handle still follows it
+    del attached, listed
+    gc.collect()
+    wait_for(lambda: _subscribers(idle, job.id) == 0, timeout=10)
