@@ -76,7 +76,7 @@ def test_fsdp_over_tp_on_a_2x2_mesh_equals_one_process(idle4):
                        mesh={"dp": 2, "tp": -1}, model=W.make_model, **FEATURES)
     out = job.wait(timeout=120)
     assert_matches_reference(job, out, W.reference_lm(16, clip=0.5))
-    assert job.spec["mesh"] == {"dp": 2, "tp": -1}
+    assert job.spec.mesh == {"dp": 2, "tp": -1}
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

@@ -57,6 +57,8 @@ def kill_worker_of(cluster, job, rank: int) -> str:
     worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == rank)
     pid = cluster.client.run(os.getpid, workers=[worker])[worker]
     os.kill(pid, signal.SIGKILL)
+    # until the scheduler knows: a later test must not count the dead worker as a slot
+    wait_for(lambda: worker not in [s["worker"] for s in cluster.slots()], timeout=60)
     return worker
 
 

@@ -49,7 +49,8 @@ class Cluster:
         return connect(cls, target, **options)
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
-                 owns_client: bool = True, state_dir: str | None = None):
+                 owns_client: bool = True, state_dir: str | None = None,
+                 silence_logs: int | bool = False):
         self.client = client
         self.kind = kind
         self.dask_cluster = dask_cluster
@@ -59,7 +60,7 @@ class Cluster:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._subscribe_lock = threading.Lock()
         self._closed = False
-        self._silence_logs: int | bool = False
+        self._silence_logs = silence_logs  # Dask's log lines hidden while closing
         install(client, self.state_dir)
         self._registration = registry.register(self.scheduler_address, kind=kind,
                                                local=dask_cluster is not None,
@@ -172,12 +173,12 @@ class Cluster:
             from ..runtime.checkpoint import check_writable
 
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
-        payload = spec.payload()
-        job = Job(self, {"id": spec.id, "name": spec.name, "status": "QUEUED",
-                         "spec": spec.to_wire().as_dict()})
+        payload, wire = spec.payload(), spec.to_wire()
+        job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
+                         "spec": wire.as_dict()})
         job.watch()  # before submit, so that no event is missed
         try:
-            job._record = self.sync(self.control.submit, spec.to_wire(), payload)
+            self.sync(self.control.submit, wire, payload)
         except BaseException:
             job.close()
             raise

@@ -285,6 +285,8 @@ class Lifecycle:
         while the restart budget lasts, else fail the job."""
         budget = self.spec.max_restarts
         self.held_failure = None  # the peers of the lost rank failed for want of it
+        if self.status is JobStatus.RESTARTING:
+            return  # another worker of the gang (a whole host went): part of the same restart
         if self.status in RESTARTABLE and self.restarts < budget:
             self.restarts += 1
             self.restart_paused = self.status is JobStatus.PAUSED

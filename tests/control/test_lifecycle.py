@@ -183,6 +183,14 @@ def test_with_restarts_a_failure_is_held_back_and_a_lost_worker_restarts_the_job
     assert job.handle(ev.Started(0, 0), 5.0) == []    # a late event of the earlier gang
 
 
+def test_losing_a_whole_host_is_one_restart():
+    job = running(3, max_restarts=1)
+    job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 2.0)
+    actions = job.handle(ev.WorkerLost(2, 0, "w2", "h1"), 2.0)  # the same host's other slot
+    assert statuses(actions) == [] and job.status is S.RESTARTING and job.restarts == 1
+    assert statuses(exit_all(job, ExitStatus.FAILED, ranks=[0])) == ["QUEUED"]
+
+
 def test_a_held_failure_that_no_lost_worker_explains_fails_the_job():
     job = running(2, max_restarts=1)
     job.handle(ev.Failed(0, 0, ERROR), 2.0)
