@@ -13,6 +13,7 @@ from .errors import (
     CapacityError,
     CheckpointError,
     ClusterSDKError,
+    HostKeyError,
     InvalidTransitionError,
     JobFailedError,
     JobNotFoundError,
@@ -20,6 +21,7 @@ from .errors import (
     JobTimeoutError,
     PluginMissingError,
     SpecError,
+    StartError,
 )
 from .job import Job
 from .runtime.context import TrainContext
@@ -42,6 +44,7 @@ __all__ = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -52,6 +55,7 @@ __all__ = [
     "JobTimeoutError",
     "PluginMissingError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]

@@ -10,6 +10,7 @@ PUBLIC = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -20,6 +21,7 @@ PUBLIC = [
     "JobTimeoutError",
     "PluginMissingError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
@@ -16,7 +16,7 @@ from ..errors import PluginMissingError, SpecError
 from ..job import Job
 from ..runtime.agent import Agent
 from ..runtime.checkpoint import check_writable
-from ..spec import JobSpec
+from ..spec import JobSpec, check_env
 
 
 class Cluster:
@@ -41,6 +41,18 @@ class Cluster:
         return local(cls, workers, **options)
 
     @classmethod
+    def ssh(cls, hosts: Sequence[str], **options: Any) -> Cluster:
+        """Start a scheduler and one worker per GPU (or CPU slot) on each host, over SSH.
+
+        See :func:`clustersdk.cluster.ssh.ssh` for the options.
+
+        >>> cluster = Cluster.ssh(["node1", "node2"], gpus_per_host=8)   # doctest: +SKIP
+        """
+        from .ssh import ssh
+
+        return ssh(cls, hosts, **options)
+
+    @classmethod
     def connect(cls, target: Any, **options: Any) -> Cluster:
         """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
 
@@ -51,8 +63,12 @@ class Cluster:
         return connect(cls, target, **options)
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
-                 owns_client: bool = True, state_dir: str | None = None):
+                 owns_client: bool = True, state_dir: str | None = None,
+                 env: dict[str, str] | None = None):
         self.client = client
+        #: environment every launch's ranks get (a launch's ``env=`` adds to it), e.g.
+        #: ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}``
+        self.env: dict[str, str] = check_env(env) or {}
         self.kind = kind
         self.dask_cluster = dask_cluster
         self.state_dir = config.state_dir(state_dir)
@@ -105,6 +121,7 @@ class Cluster:
         cpu_offload: bool | None = None,
         model: Any = None,
         plan: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -137,6 +154,12 @@ class Cluster:
         every slot must be a GPU), ``grad_accum`` micro-batches per step, and
         ``clip_grad_norm`` (of the whole model, however it is sharded).
 
+        ``env`` is set in every rank's environment before its process group comes up,
+        on top of the cluster's ``env`` (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``,
+        ``NCCL_IB_DISABLE``, ``NCCL_DEBUG``, ``NCCL_BUFFSIZE``...); what a job sets is
+        undone before the next job on the same workers. Unset socket interfaces default
+        to the one each rank reaches rank 0's address through.
+
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
         """
@@ -152,7 +175,7 @@ class Cluster:
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan,
+            plan=plan, env={**self.env, **(env or {})} or None,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)

@@ -1,0 +1,374 @@
+"""SSH connections for :mod:`.ssh`, over paramiko: one per host, host keys checked.
+
+- Host keys are checked against ``known_hosts``: an unknown key is refused
+  (unless ``accept_new_hosts``, which adds it and says so, like OpenSSH's
+  ``StrictHostKeyChecking=accept-new``) and a changed key always is, with a
+  :class:`~clustersdk.errors.HostKeyError` that says how to check and fix it.
+  There is no ``AutoAddPolicy``.
+- Handshakes run at most ``max_concurrent`` at a time: sshd drops connections
+  beyond ``MaxStartups`` (10 by default) that are not yet authenticated.
+- Every failure is a :class:`~clustersdk.errors.StartError` naming the host and
+  saying what to check.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import dataclasses
+import getpass
+import hashlib
+import json
+import logging
+import os
+import queue
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable
+
+import paramiko
+
+from ..errors import HostKeyError, StartError
+
+logger = logging.getLogger(__name__)
+
+_known_hosts_lock = threading.Lock()  # accept_new_hosts appends from several threads
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where to log in: ``[user@]host[:port]``."""
+
+    host: str
+    port: int = 22
+    user: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str, *, user: str | None = None, port: int = 22) -> Target:
+        """``"alice@node1:2222"``, ``"node1"`` or ``"[fe80::1]:22"``; the arguments are defaults."""
+        if "@" in spec:
+            user, spec = spec.rsplit("@", 1)
+        if spec.startswith("["):
+            host, _, rest = spec[1:].partition("]")
+            if rest.startswith(":"):
+                port = int(rest[1:])
+        elif spec.count(":") == 1:
+            host, raw = spec.split(":")
+            port = int(raw)
+        else:
+            host = spec
+        return cls(host=host, port=port, user=user)
+
+    @property
+    def label(self) -> str:
+        """How messages name the host: as the user wrote it."""
+        return self.host if self.port == 22 else f"{self.host}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The host's name in a known_hosts file (``[host]:port`` off port 22)."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How to connect; the defaults of ``Cluster.ssh``."""
+
+    known_hosts: str = "~/.ssh/known_hosts"
+    key_file: str | None = None          # else the agent and ~/.ssh/id_* keys
+    connect_timeout: float = 10.0
+    banner_timeout: float | None = None  # default: connect_timeout
+    auth_timeout: float | None = None    # default: connect_timeout
+    accept_new_hosts: bool = False
+    allow_agent: bool = True
+    keepalive: int = 15                  # seconds: a dead host is noticed
+
+    @property
+    def known_hosts_path(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.known_hosts))
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """``SHA256:...``, as ``ssh-keygen -lf`` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _UnknownHostKey(paramiko.MissingHostKeyPolicy):
+    """Refuse a key known_hosts lacks (or add it, with accept_new_hosts, loudly)."""
+
+    def __init__(self, target: Target, options: Options):
+        self.target, self.options = target, options
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        path, t = self.options.known_hosts_path, self.target
+        if self.options.accept_new_hosts:
+            with _known_hosts_lock:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "a") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            logger.warning("clustersdk: accepted the new host key of %s (%s %s) into %s",
+                           t.label, key.get_name(), fingerprint(key), path)
+            return
+        where = path if os.path.exists(path) else f"{path} (which does not exist)"
+        raise HostKeyError(
+            f"host {t.label}: its {key.get_name()} host key {fingerprint(key)} is not in "
+            f"{where}, so it is refused. If you trust it (compare with `ssh-keygen -lf "
+            f"/etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub` run on the host), add "
+            f"it with `ssh-keyscan -p {t.port} {t.host} >> {path}`, or pass "
+            "accept_new_hosts=True to add unknown keys on first use", host=t.label)
+
+
+class Connection:
+    """One authenticated SSH connection to one host."""
+
+    def __init__(self, target: Target, options: Options, via: Connection | None = None):
+        self.target, self.options, self.via = target, options, via
+        self.client = paramiko.SSHClient()
+        if os.path.exists(options.known_hosts_path):
+            self.client.load_host_keys(options.known_hosts_path)
+        self.client.set_missing_host_key_policy(_UnknownHostKey(target, options))
+        try:
+            self._connect()
+        except BaseException:
+            self.client.close()
+            raise
+        transport = self.client.get_transport()
+        if transport is not None and options.keepalive:
+            transport.set_keepalive(options.keepalive)
+
+    def _connect(self) -> None:
+        t, o = self.target, self.options
+        sock = None
+        if self.via is not None:
+            try:
+                sock = self.via.client.get_transport().open_channel(
+                    "direct-tcpip", (t.host, t.port), ("127.0.0.1", 0), timeout=o.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise StartError(f"host {t.label}: the jump host {self.via.target.label} could not "
+                                 f"reach it ({type(e).__name__}: {e})", host=t.label) from e
+        user = t.user or getpass.getuser()
+        try:
+            self.client.connect(
+                t.host, port=t.port, username=user, key_filename=o.key_file,
+                timeout=o.connect_timeout, banner_timeout=o.banner_timeout or o.connect_timeout,
+                auth_timeout=o.auth_timeout or o.connect_timeout, allow_agent=o.allow_agent,
+                look_for_keys=o.key_file is None, sock=sock,
+            )
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as e:
+            raise _changed_key(t, o, e) from None
+        except paramiko.AuthenticationException as e:
+            keys = f"the key {o.key_file}" if o.key_file else "the agent's and ~/.ssh's keys"
+            raise StartError(
+                f"host {t.label}: authentication failed for user {user!r} with {keys} ({e}); check "
+                "user= and key_file=, and that the public key is in that user's "
+                "~/.ssh/authorized_keys there", host=t.label) from None
+        except (socket.timeout, TimeoutError) as e:
+            raise StartError(f"host {t.label}: no answer on port {t.port} within "
+                             f"{o.connect_timeout:g} s (host down or unreachable, or a firewall "
+                             "drops SSH)", host=t.label) from e
+        except ConnectionRefusedError as e:
+            raise StartError(f"host {t.label}: connection refused on port {t.port}: is sshd "
+                             "running there, and on that port?", host=t.label) from e
+        except paramiko.SSHException as e:
+            if "banner" in str(e).lower():
+                raise StartError(
+                    f"host {t.label}: port {t.port} accepted the connection but sent no SSH banner "
+                    f"within {o.banner_timeout or o.connect_timeout:g} s: is that an SSH server, "
+                    "and is it overloaded?", host=t.label) from e
+            raise StartError(f"host {t.label}: SSH failed: {e}", host=t.label) from e
+        except OSError as e:  # no route, unknown name, network unreachable
+            raise StartError(f"host {t.label}: cannot connect to port {t.port}: "
+                             f"{e.strerror or e}", host=t.label) from e
+
+    @property
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def run(self, command: str, timeout: float) -> tuple[int, str, str]:
+        """Run ``command``; its exit status, stdout and stderr (status -1: no status came)."""
+        process = RemoteProcess(self, command)
+        status = process.wait(timeout)
+        return status, process.stdout_text(), process.stderr_text()
+
+    def start(self, command: str) -> RemoteProcess:
+        return RemoteProcess(self, command)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RemoteProcess:
+    """A command running on a host, its output read by threads (so it never blocks on a
+    full pipe). stdout carries JSON lines; stderr's last lines explain a failure."""
+
+    def __init__(self, connection: Connection, command: str):
+        self.connection, self.command = connection, command
+        self.host = connection.target.label
+        transport = connection.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise StartError(f"host {self.host}: the SSH connection is closed", host=self.host)
+        try:
+            self.channel = transport.open_session(timeout=connection.options.connect_timeout)
+            self.channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise StartError(f"host {self.host}: could not run a command over SSH: {e}",
+                             host=self.host) from e
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._stdout: list[str] = []
+        self._stderr: collections.deque[str] = collections.deque(maxlen=60)
+        self.info: dict[str, Any] = {}  # the JSON lines seen so far, merged
+        pumps = ((self.channel.makefile("rb"), self._on_stdout, lambda: self.lines.put(None)),
+                 (self.channel.makefile_stderr("rb"), self._stderr.append, lambda: None))
+        for stream, sink, on_eof in pumps:
+            threading.Thread(target=_pump, args=(stream, sink, on_eof), daemon=True,
+                             name=f"clustersdk-ssh-{self.host}").start()
+
+    def _on_stdout(self, line: str) -> None:
+        self._stdout.append(line)
+        self.lines.put(line)
+
+    @property
+    def pid(self) -> int | None:
+        return self.info.get("pid")
+
+    def wait_for(self, key: str, timeout: float, what: str) -> Any:
+        """Read stdout's JSON lines until one has ``key``; its value. A StartError naming
+        the host (with the last lines of stderr) if the process ends or time runs out."""
+        deadline = time.monotonic() + timeout
+        while key not in self.info:
+            left = deadline - time.monotonic()
+            try:
+                line = self.lines.get(timeout=max(left, 0)) if left > 0 else None
+            except queue.Empty:
+                line = None
+            if line is None:
+                reason = (f"did not {what} within {timeout:g} s" if time.monotonic() >= deadline
+                          else f"exited before it could {what} ({self._status_text()})")
+                raise StartError(f"host {self.host}: {reason}{self._tail()}", host=self.host)
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                self.info.update(message)
+        return self.info[key]
+
+    def _status_text(self) -> str:
+        if not self.connection.alive:
+            return "the SSH connection dropped"
+        if self.channel.exit_status_ready():
+            status = self.channel.recv_exit_status()
+            return "command not found" if status == 127 else f"exit status {status}"
+        return "its output ended"
+
+    def _tail(self) -> str:
+        text = self.stderr_text().strip()
+        return f"; its last output:\n{text}" if text else ""
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, or -1 if none came within ``timeout``."""
+        if self.channel.status_event.wait(timeout):
+            return self.channel.recv_exit_status()
+        return -1
+
+    @property
+    def running(self) -> bool:
+        return self.connection.alive and not self.channel.exit_status_ready()
+
+    def stop(self, grace: float) -> None:
+        """End the process and everything it started: close its stdin (the launcher then
+        stops its servers and kills its process group), and after ``grace`` seconds
+        kill the group. A dead host or connection is given up on at once."""
+        if not self.running:
+            self.channel.close()
+            return
+        try:
+            self.channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        if self.wait(grace) < 0 and self.connection.alive and self.info.get("pgid"):
+            try:
+                self.connection.run(f"kill -KILL -- -{int(self.info['pgid'])}", timeout=grace)
+            except StartError:
+                logger.warning("clustersdk: could not kill process group %s on %s",
+                               self.info["pgid"], self.host)
+            self.wait(grace)
+        self.channel.close()
+
+    def stdout_text(self) -> str:
+        return "".join(self._stdout)
+
+    def stderr_text(self) -> str:
+        return "".join(self._stderr)
+
+
+def _pump(stream: Any, sink: Any, on_eof: Any) -> None:
+    try:
+        for raw in iter(stream.readline, b""):
+            sink(raw.decode(errors="replace"))
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
+    finally:
+        on_eof()
+
+
+def _changed_key(t: Target, o: Options, e: paramiko.BadHostKeyException) -> HostKeyError:
+    return HostKeyError(
+        f"host {t.label}: its host key has CHANGED: it offered {e.key.get_name()} "
+        f"{fingerprint(e.key)}, but {o.known_hosts_path} has {fingerprint(e.expected_key)}. "
+        "Someone may be intercepting the connection; if the host was reinstalled and you "
+        f"trust the new key, remove the old one with `ssh-keygen -R '{t.known_hosts_name}' -f "
+        f"{o.known_hosts_path}` and add the new one", host=t.label)
+
+
+def connect_all(targets: Iterable[Target], options: Options, *, jump: Target | None = None,
+                max_concurrent: int = 8) -> tuple[dict[Target, Connection], Connection | None]:
+    """One connection per target, at most ``max_concurrent`` handshakes at once (through
+    ``jump`` if given); the connections and the jump host's. If any fails, the others
+    are closed and one StartError lists every host that failed."""
+    targets = list(targets)
+    via = Connection(jump, options) if jump is not None else None
+    done: dict[Target, Connection] = {}
+    errors: dict[Target, BaseException] = {}
+    with ThreadPoolExecutor(max_workers=max(1, max_concurrent),
+                            thread_name_prefix="clustersdk-ssh-connect") as pool:
+        futures = {t: pool.submit(Connection, t, options, via) for t in targets}
+        for t, future in futures.items():
+            try:
+                done[t] = future.result()
+            except BaseException as e:  # noqa: BLE001 - each host's failure is reported
+                errors[t] = e
+    if errors:
+        for connection in done.values():
+            connection.close()
+        if via is not None:
+            via.close()
+        raise combine(errors)
+    return done, via
+
+
+def combine(errors: dict[Any, BaseException]) -> StartError:
+    """One StartError for one or several hosts' failures (the first host's type wins)."""
+    first = next(iter(errors.values()))
+    if len(errors) == 1 and isinstance(first, StartError):
+        return first
+    lines = [str(e) if isinstance(e, StartError) else f"{t}: {type(e).__name__}: {e}"
+             for t, e in errors.items()]
+    cls = type(first) if isinstance(first, StartError) else StartError
+    host = getattr(first, "host", None)
+    return cls(f"{len(errors)} hosts failed:\n  " + "\n  ".join(lines), host=host)
+
+
+def quote_env(env: dict[str, str]) -> str:
+    """``env A=1 B=2 `` for the front of a remote command ('' when empty)."""
+    if not env:
+        return ""
+    return "env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
