@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import random
 import shlex
 import socket
 import threading
@@ -34,6 +35,11 @@ import paramiko
 from ..errors import HostKeyError, StartError
 
 logger = logging.getLogger(__name__)
+# Every failure becomes a StartError with advice; paramiko's transport thread would
+# also print its traceback (to a notebook's stderr) unless told otherwise.
+if logging.getLogger("paramiko.transport").level == logging.NOTSET:
+    logging.getLogger("paramiko.transport").setLevel(logging.CRITICAL)
+DROPPED_RETRIES = 4  # sshd over MaxStartups closes new connections before its banner
 
 _known_hosts_lock = threading.Lock()  # accept_new_hosts appends from several threads
 
@@ -153,12 +159,25 @@ class Connection:
                                  f"reach it ({type(e).__name__}: {e})", host=t.label) from e
         user = t.user or getpass.getuser()
         try:
-            self.client.connect(
-                t.host, port=t.port, username=user, key_filename=o.key_file,
-                timeout=o.connect_timeout, banner_timeout=o.banner_timeout or o.connect_timeout,
-                auth_timeout=o.auth_timeout or o.connect_timeout, allow_agent=o.allow_agent,
-                look_for_keys=o.key_file is None, sock=sock,
-            )
+            for attempt in range(DROPPED_RETRIES + 1):
+                try:
+                    self.client.connect(
+                        t.host, port=t.port, username=user, key_filename=o.key_file,
+                        timeout=o.connect_timeout,
+                        banner_timeout=o.banner_timeout or o.connect_timeout,
+                        auth_timeout=o.auth_timeout or o.connect_timeout,
+                        allow_agent=o.allow_agent, look_for_keys=o.key_file is None, sock=sock)
+                    break
+                except paramiko.SSHException as e:
+                    # Closed before the banner (not timed out): sshd's MaxStartups is full
+                    # for a moment, even below it (it counts a connection until its child
+                    # reports the login). Try again shortly, unless tunnelled.
+                    dropped = "banner" in str(e) and _closed_early(e)
+                    if not dropped or sock is not None or attempt == DROPPED_RETRIES:
+                        raise
+                    logger.debug("clustersdk: %s closed the connection before its banner; "
+                                 "again (%d)", t.label, attempt + 1)
+                    time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as e:
@@ -177,6 +196,11 @@ class Connection:
             raise StartError(f"host {t.label}: connection refused on port {t.port}: is sshd "
                              "running there, and on that port?", host=t.label) from e
         except paramiko.SSHException as e:
+            if "banner" in str(e).lower() and _closed_early(e):
+                raise StartError(
+                    f"host {t.label}: port {t.port} closed the connection before the SSH banner, "
+                    f"{DROPPED_RETRIES + 1} times: sshd's MaxStartups is full (lower "
+                    "max_concurrent=), or its address is refused there", host=t.label) from e
             if "banner" in str(e).lower():
                 raise StartError(
                     f"host {t.label}: port {t.port} accepted the connection but sent no SSH banner "
@@ -227,9 +251,10 @@ class RemoteProcess:
         self.info: dict[str, Any] = {}  # the JSON lines seen so far, merged
         pumps = ((self.channel.makefile("rb"), self._on_stdout, lambda: self.lines.put(None)),
                  (self.channel.makefile_stderr("rb"), self._stderr.append, lambda: None))
-        for stream, sink, on_eof in pumps:
-            threading.Thread(target=_pump, args=(stream, sink, on_eof), daemon=True,
-                             name=f"clustersdk-ssh-{self.host}").start()
+        self._pumps = [threading.Thread(target=_pump, args=p, daemon=True,
+                                        name=f"clustersdk-ssh-{self.host}") for p in pumps]
+        for pump in self._pumps:
+            pump.start()
 
     def _on_stdout(self, line: str) -> None:
         self._stdout.append(line)
@@ -274,10 +299,13 @@ class RemoteProcess:
         return f"; its last output:\n{text}" if text else ""
 
     def wait(self, timeout: float) -> int:
-        """The exit status, or -1 if none came within ``timeout``."""
-        if self.channel.status_event.wait(timeout):
-            return self.channel.recv_exit_status()
-        return -1
+        """The exit status, or -1 if none came within ``timeout``; its output is read."""
+        deadline = time.monotonic() + timeout
+        if not self.channel.status_event.wait(timeout):
+            return -1
+        for pump in self._pumps:
+            pump.join(max(0.1, deadline - time.monotonic()))
+        return self.channel.recv_exit_status()
 
     @property
     def running(self) -> bool:
@@ -308,6 +336,11 @@ class RemoteProcess:
 
     def stderr_text(self) -> str:
         return "".join(self._stderr)
+
+
+def _closed_early(e: BaseException) -> bool:
+    """The server closed or reset the connection (rather than staying silent)."""
+    return isinstance(e.__context__, (EOFError, ConnectionError))
 
 
 def _pump(stream: Any, sink: Any, on_eof: Any) -> None:

@@ -530,6 +530,8 @@ class ControlPlane(SchedulerPlugin):
         while the job's restart budget lasts, else fail the job."""
         budget = run.spec.get("max_restarts", 0)
         run.held_failure = None  # the peers of the lost rank failed for want of it
+        if run.status is JobStatus.RESTARTING:
+            return  # another worker of the gang (a whole host): part of the same restart
         if self._can_restart(run):
             run.restarts += 1
             run.restart_paused = run.status is JobStatus.PAUSED
