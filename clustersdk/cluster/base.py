@@ -200,6 +200,20 @@ class Cluster:
                 f"for the {world_size} ranks"
             )
 
+    def doctor(self, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
+               max_size: int | None = None, timeout: float = 60.0) -> Any:
+        """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
+
+        Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
+        lists what to fix, one line each). See :mod:`clustersdk.doctor`.
+
+        >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
+        """
+        from ..doctor import doctor
+
+        return doctor(self.client, checkpoint_dir=checkpoint_dir, bandwidth=bandwidth,
+                      max_size=max_size, timeout=timeout)
+
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
         return [Job(self, record) for record in self._call("jobs")]

@@ -27,13 +27,13 @@ def open_store(world_size: int, timeout: float) -> dist.TCPStore:
     ``clustersdk.rendezvous-ports`` range when one is set."""
     ports = network.rendezvous_ports()
     if ports is None:
-        return _store(0, world_size, timeout)
+        return store_on(0, world_size, timeout)
     low, high = ports
     candidates = list(range(low, high + 1))
     start = random.randrange(len(candidates))  # concurrent jobs rarely try the same port first
     for port in candidates[start:] + candidates[:start]:
         try:
-            return _store(port, world_size, timeout)
+            return store_on(port, world_size, timeout)
         except dist.DistNetworkError as e:
             if "EADDRINUSE" not in str(e):
                 raise
@@ -41,7 +41,8 @@ def open_store(world_size: int, timeout: float) -> dist.TCPStore:
                        "widen clustersdk.rendezvous-ports")
 
 
-def _store(port: int, world_size: int, timeout: float) -> dist.TCPStore:
+def store_on(port: int, world_size: int, timeout: float) -> dist.TCPStore:
+    """A master store on ``port`` (0: any free port), on every interface."""
     return dist.TCPStore(
         "0.0.0.0", port, world_size, is_master=True,
         timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,

@@ -8,7 +8,7 @@ Each host ``hN`` is a network namespace with
 
 - ``eth0``: a veth pair to the bridge, ``10.X.Y.(10+N)/24``; the bridge holds
   ``10.X.Y.1``, so this machine (the "notebook") reaches every host;
-- ``eth1``: ``192.0.2.(10+N)/24`` on a veth pair whose two ends both stay in the
+- ``eth1``: ``198.51.100.(10+N)/24`` on a veth pair whose two ends both stay in the
   namespace: an interface that connects to nothing. This machine's host name
   resolves to it inside the namespace (``/etc/netns/<ns>/hosts``), as on a
   multi-homed host whose name points at another network: gloo's default choice
@@ -36,7 +36,7 @@ import tempfile
 import time
 
 SSHD = "/usr/sbin/sshd"
-SIDE_NET = "192.0.2"  # TEST-NET-1: routed nowhere
+SIDE_NET = "198.51.100"  # TEST-NET-2: routed nowhere
 
 
 def missing() -> str | None:

@@ -15,7 +15,7 @@ import torch
 import clustersdk as cs
 
 from .. import workloads
-from . import jobs
+from . import jobs, netbed
 from .conftest import addresses, ssh_options, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -110,7 +110,7 @@ def test_ranks_bind_to_the_interface_towards_rank_0_and_get_the_launch_env(idle,
         assert (env["NCCL_DEBUG"], env["NCCL_IB_DISABLE"], env["NCCL_BUFFSIZE"], env["X_CLUSTER"]) \
             == ("INFO", "1", "4194304", "1")  # the launch's value wins over the cluster's
         # the host name points at eth1, which reaches no other host: gloo's own default
-        assert rank["hostname_resolves_to"].startswith("192.0.2.")
+        assert rank["hostname_resolves_to"].startswith(netbed.SIDE_NET + ".")
     after = idle.launch(jobs.report_env, world_size=6).wait(timeout=120)  # nothing leaks into it
     assert {r["env"]["NCCL_DEBUG"] for r in after["ranks"]} == {None}
 
