@@ -53,6 +53,18 @@ class Cluster:
         return ssh(cls, hosts, **options)
 
     @classmethod
+    def slurm(cls, **options: Any) -> Cluster:
+        """A scheduler here and workers as Slurm jobs, one per GPU, as launches need them.
+
+        See :func:`clustersdk.cluster.slurm.slurm` for the options.
+
+        >>> cluster = Cluster.slurm(gpus_per_worker=1, partition="gpu")   # doctest: +SKIP
+        """
+        from .slurm import slurm
+
+        return slurm(cls, **options)
+
+    @classmethod
     def connect(cls, target: Any, **options: Any) -> Cluster:
         """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
 
@@ -64,8 +76,9 @@ class Cluster:
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
                  owns_client: bool = True, state_dir: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, scaler: Any = None):
         self.client = client
+        self._scaler = scaler  # grows an autoscaling cluster before a launch: want(world_size)
         #: environment every launch's ranks get (a launch's ``env=`` adds to it), e.g.
         #: ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}``
         self.env: dict[str, str] = check_env(env) or {}
@@ -181,6 +194,8 @@ class Cluster:
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
+        if self._scaler is not None:
+            self._scaler.want(spec.world_size)
         payload = spec.payload()
         self._subscribe(spec.id)  # before submit, so that no event is missed
         try:

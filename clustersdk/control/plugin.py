@@ -106,10 +106,13 @@ class ControlPlane(SchedulerPlugin):
         self.busy: dict[str, str] = {}       # worker address -> job id
         self.queue: list[str] = []           # queued job ids, FIFO
         self.runs: dict[str, Run] = {}       # non-terminal jobs
+        # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
+        # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
+        self.capacity, self.note = 0, ""
         for name in (
             "worker_ready", "submit", "stop", "wait", "job", "jobs",
             "pause", "resume", "checkpoint", "suspend",
-            "history", "logs", "system", "inventory", "rank_event",
+            "history", "logs", "system", "inventory", "rank_event", "set_capacity",
         ):
             scheduler.handlers[f"clustersdk_{name}"] = getattr(self, f"_h_{name}")
 
@@ -171,8 +174,12 @@ class ControlPlane(SchedulerPlugin):
         ]
 
     # handlers: jobs ------------------------------------------------------------
+    def _h_set_capacity(self, slots: int, note: str = "") -> None:
+        self.capacity, self.note = int(slots), str(note)
+        self._schedule()  # rewrites the queued jobs' reasons
+
     def _check_capacity(self, ws: int) -> None:
-        total = len(self.slots)
+        total = max(len(self.slots), self.capacity)
         if ws > total:
             raise CapacityError(
                 f"world_size={ws} is more than this cluster can ever hold: it has {total} "
@@ -425,7 +432,7 @@ class ControlPlane(SchedulerPlugin):
         nfree, total = len(self.slots) - len(self.busy), len(self.slots)
         for ahead, job in enumerate(self.queue):
             reason = policy.wait_reason(self.runs[job].spec["world_size"], nfree, total, ahead)
-            self.journal.update(job, reason=reason)
+            self.journal.update(job, reason=f"{reason}; {self.note}" if self.note else reason)
 
     async def _start(self, run: Run) -> None:
         spec, gang, attempt = run.spec, run.slots, run.attempt

@@ -21,3 +21,11 @@ def report_env(ctx) -> dict:
     gathered = [None] * ctx.world_size
     torch.distributed.all_gather_object(gathered, mine)
     return {"ranks": gathered, "sum": t.item()}
+
+
+def slurm_env(ctx) -> list:
+    """The GPU and the Slurm job of each rank."""
+    mine = {n: os.environ.get(n) for n in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")}
+    gathered = [None] * ctx.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    return gathered
