@@ -108,6 +108,7 @@ class ClusterMagics(Magics):
     @argument("--gpus-per-worker", type=int, default=None, help="slurm: --gres=gpu:N per worker")
     @argument("--partition", default=None, help="slurm: the partition (queue)")
     @argument("--checkpoint-dir", default=None, help="doctor: check free space and writes here")
+    @argument("--no-bandwidth", action="store_true", help="doctor: skip the all-reduce sweep")
     @argument("--state-dir", default=None, help="where job records live (default: ~/.clustersdk)")
     @argument("-h", "--help", action="store_true", help="show this help")
     def cluster(self, line: str = "") -> Any:
@@ -120,7 +121,8 @@ class ClusterMagics(Magics):
             return self._current(None)
         if mode == "doctor":
             with one_line():
-                return self._current(None).doctor(checkpoint_dir=args.checkpoint_dir)
+                return self._current(None).doctor(checkpoint_dir=args.checkpoint_dir,
+                                                  bandwidth=not args.no_bandwidth)
         if mode == "close":
             cluster = self._current(None)
             cluster.close()

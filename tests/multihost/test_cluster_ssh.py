@@ -116,7 +116,7 @@ def test_ranks_bind_to_the_interface_towards_rank_0_and_get_the_launch_env(idle,
 
 
 def test_a_job_bound_to_the_isolated_interface_fails_within_its_timeout(idle):
-    job = idle.launch(jobs.report_env, world_size=6, timeout=5, env={"GLOO_SOCKET_IFNAME": "eth1"})
+    job = idle.launch(jobs.report_env, world_size=6, timeout=3, env={"GLOO_SOCKET_IFNAME": "eth1"})
     with pytest.raises(cs.JobFailedError):
         job.wait(timeout=120)
     # and the workers are fine for the next job
@@ -196,7 +196,9 @@ def test_a_host_that_dies_without_restarts_left_fails_the_job_naming_it(idle, be
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) > 5, timeout=60)
     victim = next(h for h in reversed(hosts_of(job)) if h != bed.hosts[0].address)
     bed.kill_host(host_named(bed, victim))
-    with pytest.raises(cs.JobFailedError, match=rf"\(host {victim}\) of rank \d left the cluster") \
-            as info:
+    with pytest.raises(cs.JobFailedError) as info:
         job.wait(timeout=60)
-    assert info.value.exc_type == "WorkerLost"
+    # whichever the control plane hears first: Dask's "worker left" or a peer's gloo
+    # error on the dead connection; both name the host (as with Cluster.local)
+    assert victim in str(info.value)
+    assert info.value.exc_type in ("WorkerLost", "RuntimeError")

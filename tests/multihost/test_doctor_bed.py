@@ -20,7 +20,7 @@ import pytest
 import clustersdk as cs
 
 from . import netbed
-from .conftest import need_bed, ssh_options
+from .conftest import cmdline, gone, need_bed, ssh_options, started_on, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -92,3 +92,41 @@ def test_clustersdk_doctor_address_prints_the_problems_and_fails(sick):
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"host {h2}: port {BLOCKED} of the rendezvous range" in proc.stdout
     assert "bus bandwidth" not in proc.stdout
+
+
+def test_magic_cluster_doctor_shows_the_report(sick, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    bed, cluster = sick
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "clustersdk")
+    ip.user_ns["cluster"] = cluster
+    try:
+        report = ip.run_line_magic("cluster", "doctor --no-bandwidth")
+    finally:
+        ip.user_ns.pop("cluster")
+    assert report.hosts == [h.address for h in bed.hosts]
+    assert (bed.hosts[1].address, "ports") in {(p.host, p.check) for p in report.problems}
+    assert report.sweeps == []
+
+
+def test_close_stops_every_process_it_started_and_nothing_else(sick):
+    """Last in the module: it closes the module's cluster."""
+    bed, cluster = sick
+    host = bed.hosts[1]
+    bystander = subprocess.Popen(["ip", "netns", "exec", host.netns, "sleep", "600"])
+    try:
+        sshd = {h.name: [p for p in bed.pids(h) if "sshd" in cmdline(p)] for h in bed.hosts}
+        ours = {h.name: [p for p in started_on(bed, h) if p != bystander.pid] for h in bed.hosts}
+        started = cluster.dask_cluster.pids()
+        assert set(started) == {h.address for h in bed.hosts} and all(ours.values())
+        for h in bed.hosts:  # the launchers it reports are among the host's processes
+            assert set(started[h.address]) <= set(ours[h.name])
+        cluster.close()
+        for h in bed.hosts:  # scheduler, launchers, nannies, workers: gone, by pid
+            wait_for(lambda h=h: gone(ours[h.name]), timeout=30)
+            assert not gone(sshd[h.name])
+        assert bystander.poll() is None  # not ours: left alone
+    finally:
+        bystander.kill()
+        bystander.wait()
