@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -24,7 +23,8 @@ from ..spec import check_env
 
 if TYPE_CHECKING:
     from .base import Cluster
-    from .sshconn import Connection, RemoteProcess, Target
+    from .sshconn import Connection, Target
+    from .sshproc import RemoteProcess
 
 logger = logging.getLogger(__name__)
 

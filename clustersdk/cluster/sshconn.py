@@ -14,25 +14,25 @@
 from __future__ import annotations
 
 import base64
-import collections
 import dataclasses
 import getpass
 import hashlib
-import json
 import logging
 import os
-import queue
 import random
 import shlex
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import paramiko
 
 from ..errors import HostKeyError, StartError
+
+if TYPE_CHECKING:
+    from .sshproc import RemoteProcess
 
 logger = logging.getLogger(__name__)
 # Every failure becomes a StartError with advice; paramiko's transport thread would
@@ -159,57 +159,32 @@ class Connection:
                                  f"reach it ({type(e).__name__}: {e})", host=t.label) from e
         user = t.user or getpass.getuser()
         try:
-            for attempt in range(DROPPED_RETRIES + 1):
-                try:
-                    self.client.connect(
-                        t.host, port=t.port, username=user, key_filename=o.key_file,
-                        timeout=o.connect_timeout,
-                        banner_timeout=o.banner_timeout or o.connect_timeout,
-                        auth_timeout=o.auth_timeout or o.connect_timeout,
-                        allow_agent=o.allow_agent, look_for_keys=o.key_file is None, sock=sock)
-                    break
-                except paramiko.SSHException as e:
-                    # Closed before the banner (not timed out): sshd's MaxStartups is full
-                    # for a moment, even below it (it counts a connection until its child
-                    # reports the login). Try again shortly, unless tunnelled.
-                    dropped = "banner" in str(e) and _closed_early(e)
-                    if not dropped or sock is not None or attempt == DROPPED_RETRIES:
-                        raise
-                    logger.debug("clustersdk: %s closed the connection before its banner; "
-                                 "again (%d)", t.label, attempt + 1)
-                    time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
+            self._login(user, sock)
         except HostKeyError:
             raise
-        except paramiko.BadHostKeyException as e:
-            raise _changed_key(t, o, e) from None
-        except paramiko.AuthenticationException as e:
-            keys = f"the key {o.key_file}" if o.key_file else "the agent's and ~/.ssh's keys"
-            raise StartError(
-                f"host {t.label}: authentication failed for user {user!r} with {keys} ({e}); check "
-                "user= and key_file=, and that the public key is in that user's "
-                "~/.ssh/authorized_keys there", host=t.label) from None
-        except (socket.timeout, TimeoutError) as e:
-            raise StartError(f"host {t.label}: no answer on port {t.port} within "
-                             f"{o.connect_timeout:g} s (host down or unreachable, or a firewall "
-                             "drops SSH)", host=t.label) from e
-        except ConnectionRefusedError as e:
-            raise StartError(f"host {t.label}: connection refused on port {t.port}: is sshd "
-                             "running there, and on that port?", host=t.label) from e
-        except paramiko.SSHException as e:
-            if "banner" in str(e).lower() and _closed_early(e):
-                raise StartError(
-                    f"host {t.label}: port {t.port} closed the connection before the SSH banner, "
-                    f"{DROPPED_RETRIES + 1} times: sshd's MaxStartups is full (lower "
-                    "max_concurrent=), or its address is refused there", host=t.label) from e
-            if "banner" in str(e).lower():
-                raise StartError(
-                    f"host {t.label}: port {t.port} accepted the connection but sent no SSH banner "
-                    f"within {o.banner_timeout or o.connect_timeout:g} s: is that an SSH server, "
-                    "and is it overloaded?", host=t.label) from e
-            raise StartError(f"host {t.label}: SSH failed: {e}", host=t.label) from e
-        except OSError as e:  # no route, unknown name, network unreachable
-            raise StartError(f"host {t.label}: cannot connect to port {t.port}: "
-                             f"{e.strerror or e}", host=t.label) from e
+        except Exception as e:  # noqa: BLE001 - every failure becomes advice naming the host
+            raise _failure(t, o, user, e) from e
+
+    def _login(self, user: str, sock: Any) -> None:
+        t, o = self.target, self.options
+        for attempt in range(DROPPED_RETRIES + 1):
+            try:
+                self.client.connect(
+                    t.host, port=t.port, username=user, key_filename=o.key_file,
+                    timeout=o.connect_timeout, banner_timeout=o.banner_timeout or o.connect_timeout,
+                    auth_timeout=o.auth_timeout or o.connect_timeout, allow_agent=o.allow_agent,
+                    look_for_keys=o.key_file is None, sock=sock)
+                return
+            except paramiko.SSHException as e:
+                # Closed before the banner (not timed out): sshd's MaxStartups is full for a
+                # moment, even below it (it counts a connection until its child reports the
+                # login). Try again shortly, unless tunnelled.
+                dropped = "banner" in str(e) and _closed_early(e)
+                if not dropped or sock is not None or attempt == DROPPED_RETRIES:
+                    raise
+                logger.debug("clustersdk: %s closed the connection before its banner; again (%d)",
+                             t.label, attempt + 1)
+                time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
 
     @property
     def alive(self) -> bool:
@@ -218,139 +193,54 @@ class Connection:
 
     def run(self, command: str, timeout: float) -> tuple[int, str, str]:
         """Run ``command``; its exit status, stdout and stderr (status -1: no status came)."""
+        from .sshproc import RemoteProcess
+
         process = RemoteProcess(self, command)
         status = process.wait(timeout)
         return status, process.stdout_text(), process.stderr_text()
 
     def start(self, command: str) -> RemoteProcess:
+        """Start ``command``; its output is read as it comes."""
+        from .sshproc import RemoteProcess
+
         return RemoteProcess(self, command)
 
     def close(self) -> None:
         self.client.close()
 
 
-class RemoteProcess:
-    """A command running on a host, its output read by threads (so it never blocks on a
-    full pipe). stdout carries JSON lines; stderr's last lines explain a failure."""
-
-    def __init__(self, connection: Connection, command: str):
-        self.connection, self.command = connection, command
-        self.host = connection.target.label
-        transport = connection.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise StartError(f"host {self.host}: the SSH connection is closed", host=self.host)
-        try:
-            self.channel = transport.open_session(timeout=connection.options.connect_timeout)
-            self.channel.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise StartError(f"host {self.host}: could not run a command over SSH: {e}",
-                             host=self.host) from e
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self._stdout: list[str] = []
-        self._stderr: collections.deque[str] = collections.deque(maxlen=60)
-        self.info: dict[str, Any] = {}  # the JSON lines seen so far, merged
-        pumps = ((self.channel.makefile("rb"), self._on_stdout, lambda: self.lines.put(None)),
-                 (self.channel.makefile_stderr("rb"), self._stderr.append, lambda: None))
-        self._pumps = [threading.Thread(target=_pump, args=p, daemon=True,
-                                        name=f"clustersdk-ssh-{self.host}") for p in pumps]
-        for pump in self._pumps:
-            pump.start()
-
-    def _on_stdout(self, line: str) -> None:
-        self._stdout.append(line)
-        self.lines.put(line)
-
-    @property
-    def pid(self) -> int | None:
-        return self.info.get("pid")
-
-    def wait_for(self, key: str, timeout: float, what: str) -> Any:
-        """Read stdout's JSON lines until one has ``key``; its value. A StartError naming
-        the host (with the last lines of stderr) if the process ends or time runs out."""
-        deadline = time.monotonic() + timeout
-        while key not in self.info:
-            left = deadline - time.monotonic()
-            try:
-                line = self.lines.get(timeout=max(left, 0)) if left > 0 else None
-            except queue.Empty:
-                line = None
-            if line is None:
-                reason = (f"did not {what} within {timeout:g} s" if time.monotonic() >= deadline
-                          else f"exited before it could {what} ({self._status_text()})")
-                raise StartError(f"host {self.host}: {reason}{self._tail()}", host=self.host)
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(message, dict):
-                self.info.update(message)
-        return self.info[key]
-
-    def _status_text(self) -> str:
-        if not self.connection.alive:
-            return "the SSH connection dropped"
-        if self.channel.exit_status_ready():
-            status = self.channel.recv_exit_status()
-            return "command not found" if status == 127 else f"exit status {status}"
-        return "its output ended"
-
-    def _tail(self) -> str:
-        text = self.stderr_text().strip()
-        return f"; its last output:\n{text}" if text else ""
-
-    def wait(self, timeout: float) -> int:
-        """The exit status, or -1 if none came within ``timeout``; its output is read."""
-        deadline = time.monotonic() + timeout
-        if not self.channel.status_event.wait(timeout):
-            return -1
-        for pump in self._pumps:
-            pump.join(max(0.1, deadline - time.monotonic()))
-        return self.channel.recv_exit_status()
-
-    @property
-    def running(self) -> bool:
-        return self.connection.alive and not self.channel.exit_status_ready()
-
-    def stop(self, grace: float) -> None:
-        """End the process and everything it started: close its stdin (the launcher then
-        stops its servers and kills its process group), and after ``grace`` seconds
-        kill the group. A dead host or connection is given up on at once."""
-        if not self.running:
-            self.channel.close()
-            return
-        try:
-            self.channel.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-        if self.wait(grace) < 0 and self.connection.alive and self.info.get("pgid"):
-            try:
-                self.connection.run(f"kill -KILL -- -{int(self.info['pgid'])}", timeout=grace)
-            except StartError:
-                logger.warning("clustersdk: could not kill process group %s on %s",
-                               self.info["pgid"], self.host)
-            self.wait(grace)
-        self.channel.close()
-
-    def stdout_text(self) -> str:
-        return "".join(self._stdout)
-
-    def stderr_text(self) -> str:
-        return "".join(self._stderr)
+def _failure(t: Target, o: Options, user: str, e: BaseException) -> StartError:
+    """What a failed login means, for the user, naming the host."""
+    if isinstance(e, paramiko.BadHostKeyException):
+        return _changed_key(t, o, e)
+    if isinstance(e, paramiko.AuthenticationException):
+        keys = f"the key {o.key_file}" if o.key_file else "the agent's and ~/.ssh's keys"
+        why = (f"authentication failed for user {user!r} with {keys} ({e}); check user= and "
+               "key_file=, and that the public key is in that user's ~/.ssh/authorized_keys there")
+    elif isinstance(e, (socket.timeout, TimeoutError)):
+        why = (f"no answer on port {t.port} within {o.connect_timeout:g} s (host down or "
+               "unreachable, or a firewall drops SSH)")
+    elif isinstance(e, ConnectionRefusedError):
+        why = f"connection refused on port {t.port}: is sshd running there, and on that port?"
+    elif isinstance(e, paramiko.SSHException) and "banner" in str(e).lower():
+        if _closed_early(e):
+            why = (f"port {t.port} closed the connection before the SSH banner, "
+                   f"{DROPPED_RETRIES + 1} times: sshd's MaxStartups is full (lower "
+                   "max_concurrent=), or its address is refused there")
+        else:
+            why = (f"port {t.port} accepted the connection but sent no SSH banner within "
+                   f"{o.banner_timeout or o.connect_timeout:g} s: is that an SSH server, and is "
+                   "it overloaded?")
+    elif isinstance(e, OSError):  # no route, unknown name, network unreachable
+        why = f"cannot connect to port {t.port}: {e.strerror or e}"
+    else:
+        why = f"SSH failed: {type(e).__name__}: {e}"
+    return StartError(f"host {t.label}: {why}", host=t.label)
 
 
 def _closed_early(e: BaseException) -> bool:
     """The server closed or reset the connection (rather than staying silent)."""
     return isinstance(e.__context__, (EOFError, ConnectionError))
-
-
-def _pump(stream: Any, sink: Any, on_eof: Any) -> None:
-    try:
-        for raw in iter(stream.readline, b""):
-            sink(raw.decode(errors="replace"))
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-    finally:
-        on_eof()
 
 
 def _changed_key(t: Target, o: Options, e: paramiko.BadHostKeyException) -> HostKeyError:
