@@ -158,8 +158,9 @@ async def run_scheduler(args: argparse.Namespace, control: Control) -> None:
 async def run_workers(args: argparse.Namespace, control: Control) -> None:
     from distributed import Nanny
 
-    done = asyncio.ensure_future(control.stop.wait())
-    await asyncio.wait([control.go, done], return_when=asyncio.FIRST_COMPLETED)
+    stopped = asyncio.ensure_future(control.stop.wait())
+    await asyncio.wait([control.go, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
     if not control.go.done():
         return  # stopped before it was told to start
     go = control.go.result()

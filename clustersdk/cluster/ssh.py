@@ -125,7 +125,9 @@ class _Plan:
             wanted = scheduler_host or hosts[0]
             plan.scheduler = next((t for t, h in zip(plan.targets, hosts) if h == wanted), None) \
                 or Target.parse(wanted, user=user, port=port)
-        plan.all_targets = list(dict.fromkeys(plan.targets + [plan.scheduler] * bool(plan.scheduler)))
+        # the scheduler's host needs a connection too, even when it runs no worker
+        extra = [plan.scheduler] if plan.scheduler and plan.scheduler not in plan.targets else []
+        plan.all_targets = plan.targets + extra
         return plan
 
     def slots_of(self, target: Target, facts: dict[str, Any]) -> list[str]:

@@ -49,8 +49,10 @@ def sick(tmp_path_factory):
         h1, h2, h3 = bed.hosts
         bed.block_port(h2, BLOCKED)
         bed.throttle(h3, "200mbit")
+        # the scheduler in this process (the notebook's machine: the bridge's address)
         cluster = cs.Cluster.ssh([h.address for h in bed.hosts], slots_per_host=1,
-                                 rendezvous_ports="29500-29509", start_timeout=180,
+                                 scheduler_host="local", rendezvous_ports="29500-29509",
+                                 start_timeout=180,
                                  state_dir=str(tmp_path_factory.mktemp("doctor-state")),
                                  **ssh_options(bed))
         try:
@@ -62,6 +64,7 @@ def sick(tmp_path_factory):
 def test_the_doctor_names_the_blocked_port_the_stray_version_and_the_slow_host(sick, tmp_path):
     bed, cluster = sick
     h1, h2, h3 = (h.address for h in bed.hosts)
+    assert cluster.scheduler_address.startswith(f"tcp://{bed.bridge_address}:")
     report = cluster.doctor(checkpoint_dir=str(tmp_path / "ckpt"), max_size=1 << 20)
     found = {(p.host, p.check) for p in report.problems}
     assert found == {(h2, "ports"), (h3, "versions"), (h3, "bandwidth")}, report
