@@ -202,3 +202,14 @@ def test_a_host_that_dies_without_restarts_left_fails_the_job_naming_it(idle, be
     # error on the dead connection; both name the host (as with Cluster.local)
     assert victim in str(info.value)
     assert info.value.exc_type in ("WorkerLost", "RuntimeError")
+
+
+@pytest.mark.gpu
+def test_one_worker_per_gpu_each_pinned_to_its_own(bed):
+    """Where there are GPUs: each host's workers own one GPU each, as with Cluster.local."""
+    n = torch.cuda.device_count()
+    with cs.Cluster.ssh([bed.hosts[0].address], **ssh_options(bed)) as cluster:
+        slots = cluster.slots()
+        assert [s["kind"] for s in slots] == ["cuda"] * n
+        assert sorted(s["index"] for s in slots) == list(range(n))
+        assert len({s["uuid"] for s in slots}) == n  # never two ranks on one GPU

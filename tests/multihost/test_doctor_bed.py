@@ -51,7 +51,8 @@ def sick(tmp_path_factory):
         bed.throttle(h3, "200mbit")
         # the scheduler in this process (the notebook's machine: the bridge's address)
         cluster = cs.Cluster.ssh([h.address for h in bed.hosts], slots_per_host=1,
-                                 scheduler_host="local", rendezvous_ports="29500-29509",
+                                 scheduler_host="local", interface="eth0",
+                                 rendezvous_ports="29500-29509",
                                  start_timeout=180,
                                  state_dir=str(tmp_path_factory.mktemp("doctor-state")),
                                  **ssh_options(bed))
@@ -65,6 +66,7 @@ def test_the_doctor_names_the_blocked_port_the_stray_version_and_the_slow_host(s
     bed, cluster = sick
     h1, h2, h3 = (h.address for h in bed.hosts)
     assert cluster.scheduler_address.startswith(f"tcp://{bed.bridge_address}:")
+    assert [s["host"] for s in cluster.slots()] == [h1, h2, h3]  # listening on eth0
     report = cluster.doctor(checkpoint_dir=str(tmp_path / "ckpt"), max_size=1 << 20)
     found = {(p.host, p.check) for p in report.problems}
     assert found == {(h2, "ports"), (h3, "versions"), (h3, "bandwidth")}, report

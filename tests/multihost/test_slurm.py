@@ -89,3 +89,18 @@ def test_the_allocation_grows_again_and_close_leaves_nothing_in_squeue(cluster, 
     job.stop()
     cluster.close()
     assert slurm.jobs() == []
+
+
+def test_magic_cluster_slurm(slurm):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "clustersdk")
+    cluster = ip.run_line_magic("cluster", "slurm --gpus-per-worker 1 --partition debug")
+    try:
+        assert cluster.kind == "slurm" and cluster.slots() == []
+        script = cluster.dask_cluster.job_script()
+        assert "#SBATCH --gres=gpu:1" in script and "#SBATCH -p debug" in script
+    finally:
+        ip.run_line_magic("cluster", "close")
+    assert "closed" in repr(cluster)
