@@ -23,6 +23,7 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
     "ClusterSDKError": "errors",
+    "HostKeyError": "errors",
     "InvalidTransitionError": "errors",
     "Job": "job",
     "JobFailedError": "errors",
@@ -34,6 +35,7 @@ _EXPORTS = {
     "PluginMissingError": "errors",
     "ProtocolError": "errors",
     "SpecError": "errors",
+    "StartError": "errors",
     "TrainContext": "runtime.context",
     "warmup_cosine": "runtime.training",
 }
@@ -44,6 +46,7 @@ __all__ = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -55,6 +58,7 @@ __all__ = [
     "PluginMissingError",
     "ProtocolError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
         CapacityError,
         CheckpointError,
         ClusterSDKError,
+        HostKeyError,
         InvalidTransitionError,
         JobFailedError,
         JobNotFoundError,
@@ -73,6 +78,7 @@ if TYPE_CHECKING:
         PluginMissingError,
         ProtocolError,
         SpecError,
+        StartError,
     )
     from .job import Job
     from .runtime.context import TrainContext

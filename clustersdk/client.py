@@ -34,6 +34,11 @@ class ControlClient:
         """Every slot in rank order: worker, host, kind, index, uuid and its job."""
         return await self.call(Op.INVENTORY)
 
+    async def set_capacity(self, slots: int, note: str = "") -> None:
+        """For an autoscaling deployer: the most slots it can grow to (launches up to that
+        are accepted) and what queued jobs wait for besides free slots."""
+        await self.call(Op.SET_CAPACITY, slots=slots, note=note)
+
     # --- jobs ---------------------------------------------------------------------------
     async def submit(self, spec: WireSpec, payload: bytes) -> dict[str, Any]:
         return await self.call(Op.SUBMIT, spec=spec.as_dict(), payload=payload)

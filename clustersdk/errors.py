@@ -12,6 +12,8 @@
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
      ├── JobStoppedError                     the job was stopped before it produced a result
      ├── CheckpointError                      a checkpoint can't be written, found or loaded
+     ├── StartError                          a cluster's hosts or batch jobs could not be started
+     │    └── HostKeyError                   an SSH host key is unknown or has changed: refused
      └── JobFailedError                      a rank raised; carries rank, type, message, traceback
 
 Every message names the bad value and what was expected, so that a user can
@@ -63,6 +65,21 @@ class JobStoppedError(ClusterSDKError):
 class CheckpointError(ClusterSDKError):
     """A checkpoint can't be written, found or loaded; the message says why and
     which checkpoint is kept instead."""
+
+
+class StartError(ClusterSDKError):
+    """A cluster could not be brought up: a host that can't be reached, logged into or
+    started on, or a batch system that refused its jobs. ``host`` names the host (None
+    when the failure is not one host's); whatever had been started is stopped again."""
+
+    def __init__(self, message: str, host: str | None = None):
+        super().__init__(message)
+        self.host = host
+
+
+class HostKeyError(StartError):
+    """An SSH host offered a key that ``known_hosts`` does not have, or a different one
+    than it has. Never accepted silently: the message says how to check and add it."""
 
 
 class JobFailedError(ClusterSDKError):

@@ -67,6 +67,7 @@ class Op(str, enum.Enum):
     LOGS = "logs"
     SYSTEM = "system"
     RANK_EVENT = "rank_event"
+    SET_CAPACITY = "set_capacity"    # an autoscaling deployer: slots it can grow to, and why jobs wait
 
     @property
     def handler(self) -> str:
@@ -213,6 +214,7 @@ class WireSpec:
     split: list[str] | None = None
     reshard_after_forward: bool | None = None
     cpu_offload: bool | None = None
+    env: dict[str, str] | None = None     # each rank's environment (NCCL_*, GLOO_SOCKET_IFNAME...)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class JobSpec:
     cpu_offload: bool | None = None     # fsdp: keep parameters and optimizer state in CPU memory
     model: Any = None                   # nn.Module or factory: checked at launch, built by ctx.prepare()
     plan: dict | None = None            # tp / 2-D: module name -> "colwise" | "rowwise" | ParallelStyle
+    env: dict[str, str] | None = None   # environment of each rank (NCCL_*, GLOO_SOCKET_IFNAME...)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -108,6 +109,7 @@ class JobSpec:
 
         self._check_checkpoint_options()
         self._check_parallel_options()
+        self.env = check_env(self.env)
 
     def _check_checkpoint_options(self) -> None:
         if self.checkpoint_dir is not None:
@@ -219,4 +221,38 @@ class JobSpec:
             clip_grad_norm=None if self.clip_grad_norm is None else float(self.clip_grad_norm),
             microbatches=self.microbatches, schedule=self.schedule, split=self.split,
             reshard_after_forward=self.reshard_after_forward, cpu_offload=self.cpu_offload,
+            env=dict(self.env) if self.env else None,
         )
+
+
+# set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
+RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env(env: Any) -> dict[str, str] | None:
+    """``env`` as a dict of str to str, or a SpecError naming the bad entry.
+
+    >>> check_env({"NCCL_DEBUG": "INFO", "NCCL_BUFFSIZE": 4194304})
+    {'NCCL_DEBUG': 'INFO', 'NCCL_BUFFSIZE': '4194304'}
+    """
+    if env is None:
+        return None
+    if not isinstance(env, dict):
+        raise SpecError(f"env must be a dict of environment variables, got {type(env).__name__}")
+    out = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise SpecError(f"env: {name!r} is not an environment variable name")
+        if name in RESERVED_ENV:
+            raise SpecError(
+                f"env: {name} is set by clustersdk for each rank; MASTER_ADDR is rank 0's worker "
+                "address, so pick the interface the workers listen on instead "
+                "(Cluster.ssh(interface=...)), and the port range with rendezvous_ports=")
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+            raise SpecError(f"env: {name}={value!r} must be a string or a number")
+        out[name] = str(value)
+    return out
+
+

@@ -10,6 +10,7 @@ PUBLIC = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -21,6 +22,7 @@ PUBLIC = [
     "PluginMissingError",
     "ProtocolError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
@@ -14,7 +14,7 @@ from ..client import ControlClient
 from ..errors import PluginMissingError, SpecError
 from ..job import Job
 from ..protocol import DEFAULTS, topic
-from ..spec import JobSpec
+from ..spec import JobSpec, check_env
 
 
 class Cluster:
@@ -39,6 +39,30 @@ class Cluster:
         return local(cls, workers, **options)
 
     @classmethod
+    def ssh(cls, hosts: Sequence[str], **options: Any) -> Cluster:
+        """Start a scheduler and one worker per GPU (or CPU slot) on each host, over SSH.
+
+        See :func:`clustersdk.cluster.ssh.ssh` for the options.
+
+        >>> cluster = Cluster.ssh(["node1", "node2"], gpus_per_host=8)   # doctest: +SKIP
+        """
+        from .ssh import ssh
+
+        return ssh(cls, hosts, **options)
+
+    @classmethod
+    def slurm(cls, **options: Any) -> Cluster:
+        """A scheduler here and workers as Slurm jobs, one per GPU, as launches need them.
+
+        See :func:`clustersdk.cluster.slurm.slurm` for the options.
+
+        >>> cluster = Cluster.slurm(gpus_per_worker=1, partition="gpu")   # doctest: +SKIP
+        """
+        from .slurm import slurm
+
+        return slurm(cls, **options)
+
+    @classmethod
     def connect(cls, target: Any, **options: Any) -> Cluster:
         """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
 
@@ -50,8 +74,13 @@ class Cluster:
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
                  owns_client: bool = True, state_dir: str | None = None,
-                 silence_logs: int | bool = False):
+                 silence_logs: int | bool = False, env: dict[str, str] | None = None,
+                 scaler: Any = None):
         self.client = client
+        self._scaler = scaler  # grows an autoscaling cluster before a launch: want(world_size)
+        #: environment every launch's ranks get (a launch's ``env=`` adds to it), e.g.
+        #: ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}``
+        self.env: dict[str, str] = check_env(env) or {}
         self.kind = kind
         self.dask_cluster = dask_cluster
         self.state_dir = config.state_dir(state_dir)
@@ -118,6 +147,7 @@ class Cluster:
         cpu_offload: bool | None = None,
         model: Any = None,
         plan: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -150,6 +180,12 @@ class Cluster:
         every slot must be a GPU), ``grad_accum`` micro-batches per step, and
         ``clip_grad_norm`` (of the whole model, however it is sharded).
 
+        ``env`` is set in every rank's environment before its process group comes up,
+        on top of the cluster's ``env`` (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``,
+        ``NCCL_IB_DISABLE``, ``NCCL_DEBUG``, ``NCCL_BUFFSIZE``...); what a job sets is
+        undone before the next job on the same workers. Unset socket interfaces default
+        to the one each rank reaches rank 0's address through.
+
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
         """
@@ -165,7 +201,7 @@ class Cluster:
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan,
+            plan=plan, env={**self.env, **(env or {})} or None,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
@@ -173,6 +209,8 @@ class Cluster:
             from ..runtime.checkpoint import check_writable
 
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
+        if self._scaler is not None:
+            self._scaler.want(spec.world_size)
         payload, wire = spec.payload(), spec.to_wire()
         job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
                          "spec": wire.as_dict()})
@@ -193,6 +231,20 @@ class Cluster:
                 f"but this cluster's slots are {'/'.join(kinds) or 'none'}; use precision='bf16' "
                 f"for the {world_size} ranks"
             )
+
+    def doctor(self, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
+               max_size: int | None = None, timeout: float = 60.0) -> Any:
+        """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
+
+        Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
+        lists what to fix, one line each). See :mod:`clustersdk.doctor`.
+
+        >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
+        """
+        from ..doctor import doctor
+
+        return doctor(self.client, checkpoint_dir=checkpoint_dir, bandwidth=bandwidth,
+                      max_size=max_size, timeout=timeout)
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""

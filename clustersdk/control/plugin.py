@@ -74,11 +74,15 @@ class ControlPlane(SchedulerPlugin):
         self.busy: dict[str, str] = {}       # worker address -> job id
         self.queue: list[str] = []           # queued job ids, in order
         self.runs: dict[str, Run] = {}       # jobs not released yet
+        # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
+        # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
+        self.capacity, self.note = 0, ""
         self.requests = Requests(self)
         handlers: dict[Op, Callable] = {
             **self.requests.handlers(),
             Op.WORKER_READY: self._worker_ready,
             Op.RANK_EVENT: self._rank_event,
+            Op.SET_CAPACITY: self._set_capacity,
         }
         for operation, handler in handlers.items():
             scheduler.handlers[operation.handler] = handler
@@ -132,9 +136,13 @@ class ControlPlane(SchedulerPlugin):
         nfree, total = len(self.slots) - len(self.busy), len(self.slots)
         for ahead, job in enumerate(self.queue):
             reason = policy.wait_reason(self.runs[job].machine.world_size, nfree, total, ahead)
-            self.journal.update(job, reason=reason)
+            self.journal.update(job, reason=f"{reason}; {self.note}" if self.note else reason)
 
-    # --- what agents send ------------------------------------------------------------------
+    # --- what agents and deployers send ------------------------------------------------------
+    def _set_capacity(self, slots: int, note: str = "") -> None:
+        self.capacity, self.note = int(slots), str(note)
+        self.schedule()  # rewrites the queued jobs' reasons
+
     def _worker_ready(self, slot: dict) -> None:
         self.slots[slot["worker"]] = policy.Slot(**slot)
         self.schedule()

@@ -56,11 +56,12 @@ class Requests:
 
     def _check_capacity(self, world_size: int) -> None:
         slots = self.plane.slots
-        if world_size > len(slots):
+        total = max(len(slots), self.plane.capacity)  # an autoscaling cluster can grow
+        if world_size > total:
             hosts = len({s.host for s in slots.values()})
             raise CapacityError(
                 f"world_size={world_size} is more than this cluster can ever hold: it has "
-                f"{len(slots)} slot(s) on {hosts} host(s); add workers or ask for fewer ranks")
+                f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks")
 
     # --- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: dict, payload: bytes) -> dict:

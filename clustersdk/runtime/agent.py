@@ -178,7 +178,7 @@ class RankThread(threading.Thread):
         outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
         try:
             device = pg.rank_device(_slot_kind())
-            pg.set_env(rank, ws, *self.master)
+            pg.set_env(rank, ws, *self.master, env=spec.env)
             store = self.store or pg.join_store(*self.master, ws, spec.timeout)
             self.store = None
             control_group, checkpoint_group = pg.init(store, rank, ws, device, spec.timeout)
