@@ -137,6 +137,16 @@ class Job:
         lines = self.cluster._call("logs", job=self.id, rank=rank)
         return "".join(line["text"] + "\n" for line in lines)
 
+    def log_lines(self, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """Log lines after sequence number ``since`` (of one rank, or of all): each a dict
+        with ``seq``, ``rank``, ``time``, ``stream`` and ``text``. Pass the last line's
+        ``seq`` as the next ``since`` to follow a running job.
+
+        >>> for line in job.log_lines(since=0):                 # doctest: +SKIP
+        ...     print(line["rank"], line["text"])
+        """
+        return list(self.cluster._call("logs", job=self.id, rank=rank, since=since))
+
     # control -------------------------------------------------------------------
     def pause(self, timeout: float | None = 60) -> int:
         """Hold every rank at the same step boundary, keeping the slots and process group.

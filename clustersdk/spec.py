@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import numbers
 import os
 import re
@@ -216,6 +217,7 @@ class JobSpec:
             "timeout": float(self.timeout),
             "metrics_interval": float(self.metrics_interval),
             "fn": getattr(self.fn, "__qualname__", repr(self.fn)),
+            "owner": owner(),
             "checkpoint_dir": self.checkpoint_dir,
             "checkpoint_every": self.checkpoint_every,
             "keep": self.keep,
@@ -234,6 +236,14 @@ class JobSpec:
             "reshard_after_forward": self.reshard_after_forward,
             "cpu_offload": self.cpu_offload,
         }
+
+
+def owner() -> str:
+    """Who launches: the login name (what the lab panel and ``clustersdk jobs`` show)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container uid with no passwd entry and no $USER
+        return f"uid {os.getuid()}"
 
 
 class _WithObjects:
