@@ -75,16 +75,36 @@ def progress(rows: Iterable[Mapping[str, Any]], total_steps: int | None) -> dict
 
 def show(record: Mapping[str, Any], cluster: str, done: Mapping[str, Any]) -> str:
     """``clustersdk show``: the record, its progress, its ranks and what went wrong."""
+    fields = _fields(record, cluster, done)
+    width = max(len(k) for k, _ in fields)
+    lines = [f"{k + ':':<{width + 1}} {v}" for k, v in fields]
+    ranks = record.get("ranks") or []
+    if ranks:
+        lines.append("ranks:")
+        rows = [[str(r["rank"]), r["host"], r["device"], r["worker"]] for r in ranks]
+        lines.extend("  " + line
+                     for line in table(rows, ["RANK", "HOST", "DEVICE", "WORKER"]).splitlines())
+    error = record.get("error")
+    if error:
+        lines.append(f"error: rank {error.get('rank')}: {error.get('type')}: "
+                     f"{error.get('message')}")
+        if error.get("traceback"):
+            lines.append(error["traceback"].rstrip())
+    return "\n".join(lines)
+
+
+def _fields(record: Mapping[str, Any], cluster: str,
+            done: Mapping[str, Any]) -> list[tuple[str, str]]:
     spec = record.get("spec") or {}
     total = done.get("total_steps")
-    step = f"{done['steps']}" + (f" / {total}" if total else "")
+    steps = f"{done['steps']}" + (f" / {total}" if total else "")
     scalars = "  ".join(f"{k}={v:.4g}" for k, v in done["scalars"].items())
+    reason = f" ({record['reason']})" if record.get("reason") else ""
     fields = [
         ("name", record["name"]), ("id", record["id"]), ("cluster", cluster),
-        ("status", record["status"] + (f" ({record['reason']})" if record.get("reason") else "")),
-        ("owner", spec.get("owner") or "-"),
+        ("status", record["status"] + reason), ("owner", spec.get("owner") or "-"),
         ("strategy", f"{spec.get('strategy')} on {spec.get('world_size')} rank(s)"),
-        ("steps", step + (f"  {scalars}" if scalars else "")),
+        ("steps", steps + (f"  {scalars}" if scalars else "")),
         ("submitted", _when(record.get("submitted"))), ("started", _when(record.get("started"))),
         ("ended", _when(record.get("ended"))),
     ]
@@ -93,25 +113,12 @@ def show(record: Mapping[str, Any], cluster: str, done: Mapping[str, Any]) -> st
     if record.get("restarts"):
         fields.append(("restarts", f"{record['restarts']} of {spec.get('max_restarts', '?')}"))
     if spec.get("checkpoint_dir"):
-        newest = record.get("checkpoint")
-        at = f" (step {record['checkpoint_step']})" if record.get("checkpoint_step") is not None else ""
-        fields.append(("checkpoint", f"{newest}{at}" if newest else f"none yet in {spec['checkpoint_dir']}"))
+        newest, step = record.get("checkpoint"), record.get("checkpoint_step")
+        fields.append(("checkpoint", (f"{newest}" + (f" (step {step})" if step is not None else ""))
+                       if newest else f"none yet in {spec['checkpoint_dir']}"))
     if record.get("checkpoint_error"):
         fields.append(("checkpoint error", record["checkpoint_error"]))
-    width = max(len(k) for k, _ in fields)
-    lines = [f"{k + ':':<{width + 1}} {v}" for k, v in fields]
-    ranks = record.get("ranks") or []
-    if ranks:
-        lines.append("ranks:")
-        lines.extend("  " + line for line in table(
-            [[str(r["rank"]), r["host"], r["device"], r["worker"]] for r in ranks],
-            ["RANK", "HOST", "DEVICE", "WORKER"]).splitlines())
-    error = record.get("error")
-    if error:
-        lines.append(f"error: rank {error.get('rank')}: {error.get('type')}: {error.get('message')}")
-        if error.get("traceback"):
-            lines.append(error["traceback"].rstrip())
-    return "\n".join(lines)
+    return fields
 
 
 def history_csv(rows: Sequence[Mapping[str, Any]]) -> str:

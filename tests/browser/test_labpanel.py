@@ -163,12 +163,12 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         assert loss.get_attribute("data-mode") == "lines"
         wait_until(lambda: panel.locator('figure[data-title="throughput"] path').count() == 2, 30,
                    "a throughput line per rank")
-        wait_until(lambda: "[1] rank 1 at step" in panel.locator(".jp-clustersdk-log").text_content(),
-                   30, "both ranks' logs")
+        log = panel.locator(".jp-clustersdk-log")
+        wait_until(lambda: "[1] rank 1 at step" in log.text_content(), 30, "both ranks' logs")
         panel.locator("select.jp-clustersdk-rank").select_option("1")
-        wait_until(lambda: panel.locator(".jp-clustersdk-log").text_content().startswith(
-            "rank 1 at step 0"), 30, "rank 1's own log")
-        assert "rank 0 at" not in panel.locator(".jp-clustersdk-log").text_content()
+        wait_until(lambda: log.text_content().startswith("rank 1 at step 0"), 30,
+                   "rank 1's own log")
+        assert "rank 0 at" not in log.text_content()
         step = job.info()["checkpoint_step"]
         panel.locator(".jp-clustersdk-checkpoints td", has_text=re.compile(rf"^{step}$")).wait_for()
         panel.locator(".jp-clustersdk-events li", has_text=f"checkpoint at step {step}").wait_for()

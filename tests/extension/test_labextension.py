@@ -53,14 +53,17 @@ def test_typescript_models_pass_their_unit_tests():
 def test_the_wheel_ships_the_prebuilt_labextension_and_jupyterlab_loads_it(tmp_path):
     if not (BUILT / "package.json").is_file():
         _missing(f"the lab extension is not built ({BUILT} is missing)")
-    had_build = (ROOT / "build").exists()
-    try:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
-                       check=True, capture_output=True, timeout=300)
-    finally:
-        if not had_build:  # setuptools builds in the source tree
-            shutil.rmtree(ROOT / "build", ignore_errors=True)
+    source = tmp_path / "source"  # setuptools builds in the tree: not in the shared checkout
+    source.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "node_modules", "lib", "test-lib", "*.egg-info")
+    for name in ("pyproject.toml", "README.md", "clustersdk", "extension"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=skip)
+        else:
+            shutil.copy(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path), str(source)],
+                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
     (wheel,) = tmp_path.glob("clustersdk-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()

@@ -34,7 +34,8 @@ async def test_overview_has_every_cluster_slot_and_job_with_progress_in_one_answ
     overview = await get(jp_fetch, "api", "overview")
     assert overview["unreachable"] == [cluster_id(DEAD)]
     by_address = {c["address"]: c for c in overview["clusters"]}
-    assert by_address[DEAD]["reachable"] is False and "could not connect" in by_address[DEAD]["error"]
+    dead = by_address[DEAD]
+    assert dead["reachable"] is False and "could not connect" in dead["error"]
     cluster = by_address[sdk_cluster.scheduler_address]
     assert cluster["reachable"] is True and cluster["workers"] == 2
     assert [s["kind"] for s in cluster["slots"]] == ["cpu", "cpu"]
@@ -84,12 +85,14 @@ async def test_checkpoints_lists_what_the_job_committed_newest_first(jp_fetch, f
     assert [os.path.basename(c["path"]) for c in listed["checkpoints"]] == on_disk[::-1]
     assert [c["step"] for c in listed["checkpoints"]] == [int(n[5:]) for n in on_disk[::-1]]
     newest = listed["checkpoints"][0]
-    assert newest["newest"] is True and listed["newest"] == newest["path"] == job.info()["checkpoint"]
+    assert newest["newest"] is True
+    assert listed["newest"] == newest["path"] == job.info()["checkpoint"]
     files = os.listdir(newest["path"])
     assert newest["bytes"] == sum(os.path.getsize(os.path.join(newest["path"], f))
                                   for f in files if f != "manifest.json")
     assert newest["world_size"] == 1 and newest["time"] > job.info()["started"]
-    assert (listed["directory"], listed["readable"], listed["error"]) == (str(directory), True, None)
+    assert (listed["directory"], listed["readable"], listed["error"]) == (
+        str(directory), True, None)
 
 
 async def test_checkpoints_of_a_job_without_checkpoint_dir_is_empty(jp_fetch, spin_job):
@@ -117,7 +120,8 @@ def test_scan_skips_what_is_not_a_committed_checkpoint(tmp_path):
 
 def test_checkpoints_model_names_why_a_directory_cannot_be_read():
     model = checkpoints_model("j1", "/data/ck", [], None, error="PermissionError")
-    assert (model["readable"], model["error"], model["checkpoints"]) == (False, "PermissionError", [])
+    assert (model["readable"], model["error"], model["checkpoints"]) == (
+        False, "PermissionError", [])
     rows = [{"step": 5, "path": "/c/step-5", "bytes": 1, "time": 1.0},
             {"step": 9, "path": "/c/step-9", "bytes": 2, "time": 2.0}]
     model = checkpoints_model("j1", "/c", rows, "/c/step-9")

@@ -73,13 +73,12 @@ export class JobPanel extends ReactWidget {
   }
 
   private onState(): void {
+    // the sidebar's refresh may know of a new status first; the busy buttons change too
     const fresh = this.state.job(this.jobId);
     if (fresh && (!this.record || fresh.status !== this.record.status)) {
       this.record = { ...fresh, progress: fresh.progress ?? this.record?.progress };
-      this.update();
-    } else {
-      this.update(); // busy buttons
     }
+    this.update();
   }
 
   /** One refresh: the record, new history rows, new log lines, and the checkpoints. */
