@@ -438,10 +438,11 @@ export function clusterView(
   const busy = slots.filter(s => s.job).length;
   const gpus = slots.filter(s => s.kind === 'cuda').length;
   const unit = gpus === slots.length && gpus > 0 ? 'GPUs' : 'slots';
+  const kind = KINDS[cluster.kind] ?? cluster.kind;
   const summary = cluster.reachable
-    ? `${plural(hosts.size, 'host')} · ${busy}/${slots.length} ${unit} busy` +
+    ? `${kind} · ${plural(hosts.size, 'host')} · ${busy}/${slots.length} ${unit} busy` +
       (gpus === 0 && slots.length ? ' · CPU only' : '')
-    : 'unreachable';
+    : `${kind} · unreachable`;
   return {
     id: cluster.id,
     address: cluster.address,
@@ -452,6 +453,13 @@ export function clusterView(
     hosts: [...hosts].map(([host, list]) => ({ host, slots: list }))
   };
 }
+
+/** How the server knows the cluster: started here, connected to, or configured. */
+const KINDS: Record<string, string> = {
+  local: 'local',
+  connect: 'connected',
+  remote: 'configured'
+};
 
 function plural(n: number, word: string): string {
   return `${n} ${word}${n === 1 ? '' : 's'}`;

@@ -118,7 +118,7 @@ function ClusterCard(props: {
       {!cluster.reachable && <div className="jp-clustersdk-error">{cluster.error}</div>}
       {cluster.hosts.map(host => (
         <div className="jp-clustersdk-host" key={host.host}>
-          <div className="jp-clustersdk-host-name">{host.host}</div>
+          <div className="jp-clustersdk-host-name">host {host.host}</div>
           <div className="jp-clustersdk-slots">
             {host.slots.map(slot => (
               <div

@@ -169,7 +169,7 @@ describe('clusters', () => {
     const cpu = view.hosts[1].slots[0];
     assert.equal(cpu.cpu, true);
     assert.deepEqual(cpu.bars.map(b => b.label), ['host CPU', 'rank mem']);
-    assert.equal(view.summary, '2 hosts · 2/3 slots busy');
+    assert.equal(view.summary, 'connected · 2 hosts · 2/3 slots busy');
   });
 
   test('an unreachable cluster says so', () => {
@@ -177,7 +177,7 @@ describe('clusters', () => {
       { id: 'c2', address: 'tcp://x:1', kind: 'remote', source: 'config', reachable: false, error: 'no answer' },
       []
     );
-    assert.equal(view.summary, 'unreachable');
+    assert.equal(view.summary, 'configured · unreachable');
     assert.equal(view.error, 'no answer');
   });
 
