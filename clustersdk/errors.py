@@ -6,6 +6,7 @@
      ├── SpecError (also ValueError)        a bad argument, caught before anything runs
      ├── CapacityError (also ValueError)    asks for more slots than the cluster can ever hold
      ├── PluginMissingError                  the scheduler has no clustersdk control plane
+     ├── ProtocolError                       a peer speaks another version of the wire protocol
      ├── JobNotFoundError (also KeyError)    no job by that name or id
      ├── InvalidTransitionError              an action that makes no sense in the job's state
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
@@ -34,6 +35,10 @@ class CapacityError(ClusterSDKError, ValueError):
 
 class PluginMissingError(ClusterSDKError):
     """The Dask scheduler does not run the clustersdk control plane."""
+
+
+class ProtocolError(ClusterSDKError):
+    """A message or spec from a peer running another clustersdk release."""
 
 
 class JobNotFoundError(ClusterSDKError, KeyError):

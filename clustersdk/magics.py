@@ -142,7 +142,7 @@ class ClusterMagics(Magics):
     def _replace(self, cluster: cs.Cluster, local: bool) -> None:
         old, old_local = self.current, self._made_local
         self.current, self._made_local = cluster, local
-        if old is not None and old_local and not old._closed:
+        if old is not None and old_local and not old.closed:
             old.close()  # re-running the cell must not leave a second local cluster behind
             print(f"(closed the previous local cluster {old.kind})")
 
@@ -153,10 +153,10 @@ class ClusterMagics(Magics):
             if not isinstance(found, cs.Cluster):
                 raise UsageError(f"--cluster {name}: no Cluster called {name!r} in the namespace")
             return found
-        if self.current is not None and not self.current._closed:
+        if self.current is not None and not self.current.closed:
             return self.current
         clusters = {k: v for k, v in self.shell.user_ns.items()
-                    if isinstance(v, cs.Cluster) and not v._closed and not k.startswith("_")}
+                    if isinstance(v, cs.Cluster) and not v.closed and not k.startswith("_")}
         if len(set(map(id, clusters.values()))) == 1:
             return next(iter(clusters.values()))
         if not clusters:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from .errors import SpecError
+from .protocol import DEFAULTS, WireSpec
 
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
@@ -47,21 +48,21 @@ class JobSpec:
     world_size: int
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    strategy: str = "ddp"
+    strategy: str = DEFAULTS.strategy
     name: str | None = None
-    timeout: float = 60.0           # process-group timeout, seconds
-    metrics_interval: float = 0.2   # how often ranks ship metrics and logs, seconds
+    timeout: float = DEFAULTS.timeout                    # process-group timeout, seconds
+    metrics_interval: float = DEFAULTS.metrics_interval  # how often ranks ship metrics, seconds
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # steps between periodic checkpoints
-    keep: int = 3                       # committed checkpoints kept
-    async_checkpoint: bool = True
+    keep: int = DEFAULTS.keep            # committed checkpoints kept
+    async_checkpoint: bool = DEFAULTS.async_checkpoint
     resume: str | None = None           # "auto" (newest in checkpoint_dir) or a checkpoint path
     tensorboard_dir: str | None = None  # every ctx.log scalar as TensorBoard events
-    max_restarts: int = 0               # gang restarts after a lost worker (from the newest checkpoint)
+    max_restarts: int = DEFAULTS.max_restarts  # gang restarts after a lost worker
     # model parallelism and training features (see clustersdk.layout, runtime/strategies)
     mesh: dict[str, int] | None = None  # e.g. {"dp": 2, "tp": 2}; default: all ranks on one dim
-    precision: str = "fp32"             # "bf16" (autocast) or "fp16" (autocast + grad scaler, CUDA)
-    grad_accum: int = 1                 # micro-batches per optimizer step
+    precision: str = DEFAULTS.precision  # "bf16" (autocast) or "fp16" (+ grad scaler, CUDA)
+    grad_accum: int = DEFAULTS.grad_accum  # micro-batches per optimizer step
     clip_grad_norm: float | None = None
     microbatches: int | None = None     # pp: micro-batches per schedule step (default: stages)
     schedule: str | None = None         # pp: "gpipe" (default) or "1f1b"
@@ -193,12 +194,11 @@ class JobSpec:
         strategies.check(layout, model, plan=self.plan, split=self.split)
 
     def payload(self) -> bytes:
-        """The function and its arguments, cloudpickled; a clear error if they can't be."""
-        fn = self.fn
-        if self.model is not None or self.plan is not None:
-            fn = _WithObjects(fn, {"model": self.model, "plan": self.plan})
+        """The function, its arguments and the Python objects given to launch (a model
+        factory, a TP plan), cloudpickled; a clear error if they can't be."""
+        objects = {k: v for k, v in (("model", self.model), ("plan", self.plan)) if v is not None}
         try:
-            return cloudpickle.dumps((fn, self.args, self.kwargs))
+            return cloudpickle.dumps((self.fn, self.args, self.kwargs, objects))
         except Exception as e:
             what = getattr(self.fn, "__qualname__", repr(self.fn))
             raise SpecError(
@@ -207,35 +207,20 @@ class JobSpec:
                 "open files, locks, sockets or clients out of it and create them inside the function"
             ) from e
 
-    def to_wire(self) -> dict[str, Any]:
-        """The msgpack-able part the scheduler keeps (no function)."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "world_size": self.world_size,
-            "strategy": self.strategy,
-            "timeout": float(self.timeout),
-            "metrics_interval": float(self.metrics_interval),
-            "fn": getattr(self.fn, "__qualname__", repr(self.fn)),
-            "owner": owner(),
-            "checkpoint_dir": self.checkpoint_dir,
-            "checkpoint_every": self.checkpoint_every,
-            "keep": self.keep,
-            "async_checkpoint": bool(self.async_checkpoint),
-            "resume": self.resume,
-            "tensorboard_dir": self.tensorboard_dir,
-            "max_restarts": self.max_restarts,
-            "attempt": 0,  # the control plane counts restarts and resumes
-            "mesh": self.mesh,
-            "precision": self.precision,
-            "grad_accum": self.grad_accum,
-            "clip_grad_norm": None if self.clip_grad_norm is None else float(self.clip_grad_norm),
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "split": self.split,
-            "reshard_after_forward": self.reshard_after_forward,
-            "cpu_offload": self.cpu_offload,
-        }
+    def to_wire(self) -> WireSpec:
+        """What the scheduler keeps and the ranks get: every option, no Python objects."""
+        return WireSpec(
+            id=self.id, name=self.name, world_size=self.world_size, strategy=self.strategy,
+            timeout=float(self.timeout), metrics_interval=float(self.metrics_interval),
+            fn=getattr(self.fn, "__qualname__", repr(self.fn)), owner=owner(),
+            checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
+            keep=self.keep, async_checkpoint=bool(self.async_checkpoint), resume=self.resume,
+            tensorboard_dir=self.tensorboard_dir, max_restarts=self.max_restarts,
+            mesh=self.mesh, precision=self.precision, grad_accum=self.grad_accum,
+            clip_grad_norm=None if self.clip_grad_norm is None else float(self.clip_grad_norm),
+            microbatches=self.microbatches, schedule=self.schedule, split=self.split,
+            reshard_after_forward=self.reshard_after_forward, cpu_offload=self.cpu_offload,
+        )
 
 
 def owner() -> str:
@@ -244,17 +229,3 @@ def owner() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # a container uid with no passwd entry and no $USER
         return f"uid {os.getuid()}"
-
-
-class _WithObjects:
-    """The training function, carrying the Python objects given to launch (a model
-    factory, a TP plan) to the rank's context: they can't travel in the wire spec."""
-
-    def __init__(self, fn: Callable[..., Any], objects: dict[str, Any]):
-        self.fn, self.objects = fn, objects
-        self.__name__ = getattr(fn, "__name__", "job")
-        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
-
-    def __call__(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        ctx._launched.update(self.objects)
-        return self.fn(ctx, *args, **kwargs)

@@ -40,6 +40,7 @@ def test_checkpoint_benchmark_smoke(tmp_path):
     medians = result["medians"]
     assert all(p["latency_s"] > 0 for p in medians["pause"].values())
     assert set(medians["saves"]) == {"async", "sync"} and medians["checkpoint_mb"] > 0
+    assert all(0 < t < 60 for t in medians["resume_s"].values())
     assert set(medians["resume_s"]) == {"2->2", "2->1"}
     assert set(result["targets_met"]) >= {"blocked", "throughput"}
 

@@ -7,42 +7,20 @@ import random
 import subprocess
 import time
 
-import cloudpickle
 import pytest
-import torch
 
 import clustersdk as cs
 from clustersdk.runtime import checkpoint as ckpt
 
 from . import workloads
-from .test_jobs import wait_for
-
-cloudpickle.register_pickle_by_value(workloads)
+from .helpers import assert_same_run, losses, step_reached, wait_for
 
 
-def losses(job, rank: int = 0) -> dict[int, float]:
-    rows = [r for r in job.history() if r["rank"] == rank]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["loss"] for r in rows}
 
 
-def assert_same_run(a: dict, b: dict, exact: bool) -> None:
-    assert a["step"] == b["step"]
-    for key in a["params"]:
-        if exact:
-            assert torch.equal(a["params"][key], b["params"][key]), key
-        else:
-            torch.testing.assert_close(a["params"][key], b["params"][key], rtol=0, atol=1e-6)
-    if exact:
-        for index, state in a["optim"]["state"].items():
-            for name, value in state.items():
-                assert torch.equal(value, b["optim"]["state"][index][name]), (index, name)
-        assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
 
 
-def step_reached(job, step: int) -> bool:
-    return any(r["step"] >= step for r in job.history())
+
 
 
 @pytest.fixture(scope="module")

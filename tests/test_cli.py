@@ -11,55 +11,23 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import cloudpickle
 import pytest
-import torch
 
 import clustersdk as cs
 
-# The workers import this module's functions by value: tests/ is not on their path.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from .helpers import wait_for
+from .workloads import count_to, ticker
 
 CLI = str(Path(sys.executable).with_name("clustersdk"))
 TIMEOUT = 120
 
 
-def ticker(ctx, steps: int = 1_000_000, sleep: float = 0.02) -> int:
-    """A checkpointable DDP job that prints ``tick N`` every 5 steps until stopped."""
-    model = ctx.prepare(torch.nn.Linear(2, 2))
-    for step, _ in ctx.loop(None, steps=steps):
-        if step % 5 == 0:
-            print(f"tick {step}")
-        time.sleep(sleep)
-        ctx.log(value=float(step), weight=float(next(model.parameters()).detach().sum()))
-    return ctx.step
-
-
-def short(ctx, steps: int = 12) -> str:
-    for step, _ in ctx.loop(None, steps=steps):
-        ctx.log(value=float(step) / 2)
-    return "done"
-
-
 @pytest.fixture(scope="module")
-def state(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cli-state")
-
-
-@pytest.fixture(scope="module")
-def cluster(state):
-    """Two CPU slots, registered in ``state`` (where the CLI's registry lookup goes)."""
-    c = cs.Cluster.local(workers=2, state_dir=str(state))
-    try:
-        yield c
-    finally:
-        for job in c.jobs():
-            if not job.status.terminal:
-                job.stop(wait=False)
-        c.close()
+def state(cluster) -> Path:
+    """Where the module's cluster is registered: the CLI finds it there."""
+    return Path(cluster.state_dir)
 
 
 def run(state: Path, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
@@ -73,29 +41,9 @@ def ok(result: subprocess.CompletedProcess) -> str:
     return result.stdout
 
 
-def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
-@pytest.fixture
-def idle(cluster):
-    wait_for(lambda: not [s for s in cluster.slots() if s["job"]])
-    yield cluster
-    for job in cluster.jobs():
-        if not job.status.terminal:
-            job.stop(wait=False)
-    wait_for(lambda: not [s for s in cluster.slots() if s["job"]])
-
-
 def start_ticker(cluster: cs.Cluster, directory: Path) -> cs.Job:
     job = cluster.launch(ticker, world_size=2, name="cli-tick", checkpoint_dir=str(directory))
-    wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) >= 4)
+    wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) >= 4, 60)
     return job
 
 
@@ -106,7 +54,7 @@ def running(idle, tmp_path):
 
 def test_jobs_lists_every_registered_cluster_and_hides_ended_jobs_without_all(
         idle, state, tmp_path):
-    done = idle.launch(short, world_size=1, name="cli-short")
+    done = idle.launch(count_to, world_size=1, name="cli-short")
     assert done.wait(timeout=60) == "done"
     running = start_ticker(idle, tmp_path / "ck")
 
@@ -127,7 +75,7 @@ def test_jobs_lists_every_registered_cluster_and_hides_ended_jobs_without_all(
 
 
 def test_show_and_history_of_a_job(idle, state):
-    job = idle.launch(short, kwargs={"steps": 12}, world_size=2, name="cli-hist")
+    job = idle.launch(count_to, kwargs={"steps": 12}, world_size=2, name="cli-hist")
     job.wait(timeout=60)
 
     shown = json.loads(ok(run(state, "show", "cli-hist", "--json")))
@@ -166,7 +114,7 @@ def test_pause_checkpoint_suspend_resume_at_another_size_and_stop(running, state
     assert running.status is cs.JobStatus.SUSPENDED
     resumed = json.loads(ok(run(state, "resume", name, "--world-size", "1", "--json")))
     assert resumed["spec"]["world_size"] == 1
-    wait_for(lambda: running.status is cs.JobStatus.RUNNING)
+    wait_for(lambda: running.status is cs.JobStatus.RUNNING, 60)
     assert len(running.info()["ranks"]) == 1
 
     out = ok(run(state, "stop", running.id))
@@ -176,7 +124,8 @@ def test_pause_checkpoint_suspend_resume_at_another_size_and_stop(running, state
 
 def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state):
     first = ok(run(state, "logs", "cli-tick", "--rank", "1"))
-    assert first.startswith("tick 0\n")  # rank 1's own lines, without a prefix
+    assert first.startswith("tick 0 on rank 1\n")  # rank 1's own lines, without a prefix
+    assert "on rank 0" not in first
 
     env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
     follow = subprocess.Popen([CLI, "logs", "cli-tick", "--rank", "0", "-f"], env=env,
@@ -188,7 +137,8 @@ def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state
         seen = [follow.stdout.readline() for _ in range(3)]  # blocks until the CLI prints
         assert all(line.startswith("tick ") for line in seen), seen
         newest = int(seen[-1].split()[1])
-        wait_for(lambda: f"tick {newest + 25}\n" in running.logs(rank=0))  # it goes on meanwhile
+        later = f"tick {newest + 25} on rank 0\n"
+        wait_for(lambda: later in running.logs(rank=0), 60)  # it goes on meanwhile
         running.stop()
         rest = follow.stdout.read()  # (not communicate(): it would skip what readline buffered)
         err = follow.stderr.read()
@@ -201,11 +151,10 @@ def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state
     assert follow.returncode == 0, err  # the job ended STOPPED
     lines = "".join(seen) + rest
     assert lines == running.logs(rank=0)  # every line once, in order, up to the last
-    assert f"tick {newest + 25}\n" in rest
+    assert later in rest
 
 
 def test_usage_errors_exit_2_and_a_missing_job_exits_1(cluster, state):
-    assert run(state, "pause").returncode == 2  # no JOB
     bad = run(state, "resume", "x", "--world-size", "0")
     assert bad.returncode == 2 and "must be positive" in bad.stderr
     missing = run(state, "show", "no-such-job")

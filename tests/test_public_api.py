@@ -19,6 +19,7 @@ PUBLIC = [
     "JobStoppedError",
     "JobTimeoutError",
     "PluginMissingError",
+    "ProtocolError",
     "SpecError",
     "TrainContext",
     "warmup_cosine",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -11,11 +10,10 @@ from distributed import Client
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, registry
-from ..control.plugin import ControlPlane, topic
+from ..client import ControlClient
 from ..errors import PluginMissingError, SpecError
 from ..job import Job
-from ..runtime.agent import Agent
-from ..runtime.checkpoint import check_writable
+from ..protocol import DEFAULTS, topic
 from ..spec import JobSpec
 
 
@@ -51,16 +49,18 @@ class Cluster:
         return connect(cls, target, **options)
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
-                 owns_client: bool = True, state_dir: str | None = None):
+                 owns_client: bool = True, state_dir: str | None = None,
+                 silence_logs: int | bool = False):
         self.client = client
         self.kind = kind
         self.dask_cluster = dask_cluster
         self.state_dir = config.state_dir(state_dir)
+        self.control = ControlClient(client.scheduler)  # the async core; sync() bridges it
         self._owns_client = owns_client
-        self._watchers: dict[str, list[Callable]] = defaultdict(list)
-        self._watch_lock = threading.Lock()
+        self._subscriptions: dict[str, list[Subscription]] = {}
+        self._subscribe_lock = threading.Lock()
         self._closed = False
-        self._silence_logs: int | bool = False
+        self._silence_logs = silence_logs  # Dask's log lines hidden while closing
         install(client, self.state_dir)
         self._registration = registry.register(self.scheduler_address, kind=kind,
                                                local=dask_cluster is not None,
@@ -71,9 +71,22 @@ class Cluster:
     def scheduler_address(self) -> str:
         return self.client.scheduler.address
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the handle then reaches nothing)."""
+        return self._closed
+
+    def sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run the coroutine function ``fn`` (e.g. a :attr:`control` operation) on the
+        client's event loop and return its result: the sync bridge of the async core.
+
+        >>> cluster.sync(cluster.control.history, job.id, since=0)   # doctest: +SKIP
+        """
+        return self.client.sync(fn, *args, **kwargs)
+
     def slots(self) -> list[dict[str, Any]]:
         """Every slot (GPU or CPU) in rank order: worker, host, kind, index and its job."""
-        return list(self._call("inventory"))
+        return list(self.sync(self.control.inventory))
 
     # jobs ------------------------------------------------------------------------
     def launch(
@@ -83,20 +96,20 @@ class Cluster:
         kwargs: dict[str, Any] | None = None,
         *,
         world_size: int,
-        strategy: str = "ddp",
+        strategy: str = DEFAULTS.strategy,
         name: str | None = None,
         timeout: float | None = None,
         metrics_interval: float | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None,
-        keep: int = 3,
-        async_checkpoint: bool = True,
+        keep: int = DEFAULTS.keep,
+        async_checkpoint: bool = DEFAULTS.async_checkpoint,
         resume: str | None = None,
         tensorboard_dir: str | None = None,
         max_restarts: int | None = None,
         mesh: dict[str, int] | None = None,
-        precision: str = "fp32",
-        grad_accum: int = 1,
+        precision: str = DEFAULTS.precision,
+        grad_accum: int = DEFAULTS.grad_accum,
         clip_grad_norm: float | None = None,
         microbatches: int | None = None,
         schedule: str | None = None,
@@ -157,15 +170,19 @@ class Cluster:
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
+            from ..runtime.checkpoint import check_writable
+
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
-        payload = spec.payload()
-        self._subscribe(spec.id)  # before submit, so that no event is missed
+        payload, wire = spec.payload(), spec.to_wire()
+        job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
+                         "spec": wire.as_dict()})
+        job.watch()  # before submit, so that no event is missed
         try:
-            record = self._call("submit", spec=spec.to_wire(), payload=payload)
+            self.sync(self.control.submit, wire, payload)
         except BaseException:
-            self._unsubscribe(spec.id)
+            job.close()
             raise
-        return Job(self, record)
+        return job
 
     def _check_fp16(self, world_size: int) -> None:
         """fp16's grad scaler needs CUDA: refuse before any slot is taken."""
@@ -179,37 +196,50 @@ class Cluster:
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
-        return [Job(self, record) for record in self._call("jobs")]
+        return [Job(self, record) for record in self.job_records()]
 
     def job(self, name: str) -> Job:
         """The newest job called ``name`` (same as ``Job.attach(cluster, name)``)."""
         return Job.attach(self, name)
 
-    # plumbing ------------------------------------------------------------------
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        handler = getattr(self.client.scheduler, f"clustersdk_{op}")
-        return self.client.sync(handler, **kwargs)
+    def job_records(self) -> list[dict[str, Any]]:
+        """Every job's record (status, spec, reason, ranks, times...), oldest first:
+        plain data, without making :class:`Job` handles."""
+        return list(self.sync(self.control.jobs))
 
-    def _subscribe(self, job: str) -> None:
-        with self._watch_lock:
-            if job in self._watchers:
-                return
-            self._watchers[job] = []
-        self.client.subscribe_topic(topic(job), lambda event: self._dispatch(job, event[1]))
+    def job_record(self, job: str | None = None, *, name: str | None = None) -> dict[str, Any]:
+        """The record of job id ``job``, or of the newest job called ``name``."""
+        return self.sync(self.control.job, job=job, name=name)
 
-    def _unsubscribe(self, job: str) -> None:
-        with self._watch_lock:
-            self._watchers.pop(job, None)
-        self.client.unsubscribe_topic(topic(job))
+    # events ------------------------------------------------------------------------
+    def subscribe(self, job: str, callback: Callable[[dict[str, Any]], None]) -> Subscription:
+        """Call ``callback(message)`` (on Dask's event loop) for every message the
+        control plane publishes about job id ``job``: status changes, metrics,
+        checkpoints (see :data:`clustersdk.protocol.Message`), until the returned
+        :class:`Subscription` is closed. The scheduler is asked once per job."""
+        subscription = Subscription(self, job, callback)
+        with self._subscribe_lock:
+            first = job not in self._subscriptions
+            self._subscriptions.setdefault(job, []).append(subscription)
+        if first:
+            self.client.subscribe_topic(topic(job), lambda event: self._dispatch(job, event[1]))
+        return subscription
 
-    def _watch(self, job: str, callback: Callable[[dict], None]) -> None:
-        self._subscribe(job)
-        with self._watch_lock:
-            self._watchers[job].append(callback)
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with self._subscribe_lock:
+            live = self._subscriptions.get(subscription.job, [])
+            if subscription in live:
+                live.remove(subscription)
+            last = not live and self._subscriptions.pop(subscription.job, None) is not None
+        if last and not self._closed:
+            try:
+                self.client.unsubscribe_topic(topic(subscription.job))
+            except Exception:  # the client is closing: nothing to release any more
+                pass
 
-    def _dispatch(self, job: str, msg: dict) -> None:
-        for callback in list(self._watchers.get(job, ())):
-            callback(msg)
+    def _dispatch(self, job: str, message: dict[str, Any]) -> None:
+        for subscription in list(self._subscriptions.get(job, ())):
+            subscription.callback(message)
 
     # lifecycle -----------------------------------------------------------------
     def close(self) -> None:
@@ -248,12 +278,25 @@ class Cluster:
                 f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>")
 
 
+class Subscription:
+    """A callback on a job's messages; :meth:`close` releases it (idempotent)."""
+
+    def __init__(self, cluster: Cluster, job: str, callback: Callable[[dict[str, Any]], None]):
+        self.cluster, self.job, self.callback = cluster, job, callback
+
+    def close(self) -> None:
+        self.cluster._unsubscribe(self)
+
+
 def install(client: Client, state_dir: str) -> None:
     """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
+    from ..control.plugin import ControlPlane
+    from ..runtime.agent import Agent
+
     client.register_plugin(ControlPlane(state_dir))
     client.register_plugin(Agent())
     try:
-        client.sync(client.scheduler.clustersdk_inventory)
+        client.sync(ControlClient(client.scheduler).inventory)
     except Exception as e:  # pragma: no cover - only with a foreign scheduler
         raise PluginMissingError(
             f"the scheduler at {client.scheduler.address} did not accept the clustersdk control "

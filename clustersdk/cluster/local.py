@@ -54,9 +54,8 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
                                    silence_logs=silence_logs)
     try:
         client = Client(dask_cluster)
-        cluster = cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir)
-        cluster._silence_logs = silence_logs
-        return cluster
+        return cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir,
+                   silence_logs=silence_logs)
     except BaseException:
         dask_cluster.close()
         raise

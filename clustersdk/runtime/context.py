@@ -12,7 +12,8 @@ import torch.distributed as dist
 from ..errors import SpecError
 from ..layout import Layout
 from . import checkpoint, strategies
-from .control import CHECKPOINT, PAUSE, RESUME, STOP, SUSPEND, Control, ControlCheck, JobSuspended
+from ..protocol import RankEvent, WireSpec, Word
+from .control import Control, ControlCheck, JobSuspended
 from .data import ShardedLoader
 from .saver import Saver, full_state_dict
 from .steps import Steps
@@ -61,7 +62,8 @@ class TrainContext:
         report: Callable[..., None] | None = None,
         checkpoint: dict[str, Any] | None = None,
         checkpoint_group: Any = None,
-        spec: dict[str, Any] | None = None,
+        spec: WireSpec | None = None,
+        objects: dict[str, Any] | None = None,
     ):
         self.job = job
         self.name = name
@@ -70,11 +72,13 @@ class TrainContext:
         self.local_rank = local_rank
         self.device = device
         self.strategy = strategy
-        self.spec = spec or {}  # the job's whole spec (mesh, precision, grad_accum, ...)
+        # the job's whole spec (mesh, precision, grad_accum, ...)
+        self.spec = spec or WireSpec(id=job, name=name, world_size=world_size, strategy=strategy)
         self.options = _options(self.spec)
         self.layout = Layout.resolve(strategy, self.options["mesh"], world_size)
         self._mesh: Any = None
-        self._launched: dict[str, Any] = {}  # Python objects given to launch (model=, plan=)
+        # the Python objects given to launch (model=, plan=): they can't travel in the spec
+        self.objects: dict[str, Any] = dict(objects or {})
         self._steps = Steps(self)
         self.step = 0
         self.stopped = False
@@ -142,14 +146,14 @@ class TrainContext:
         and pipeline stages keep what their rank built.
         """
         if model is None:
-            model = self._launched.get("model")
+            model = self.objects.get("model")
             if model is None:
                 raise SpecError("ctx.prepare() needs a model, or cluster.launch(model=...)")
             if not isinstance(model, torch.nn.Module):
                 model = model()
         if not isinstance(model, torch.nn.Module):
             raise SpecError(f"ctx.prepare expects a torch.nn.Module, got {type(model).__name__}")
-        plan = plan if plan is not None else self._launched.get("plan")
+        plan = plan if plan is not None else self.objects.get("plan")
         if plan is not None and self.layout.size("tp") == 1:
             raise SpecError(f"plan= is for tensor parallelism, and this job's mesh is {self.layout}")
         if not stage:
@@ -249,7 +253,7 @@ class TrainContext:
         if not self._begun:
             self._begin()
             if self.rank == 0:  # for progress bars and ETAs
-                self._report("loop", total_steps=steps)
+                self._report(RankEvent.LOOP, total_steps=steps)
         batches = _cycle(data) if data is not None else None
         check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
         start = self.step
@@ -294,33 +298,33 @@ class TrainContext:
             self.step = saver.restore(path)
             print(f"resumed from {path} at step {self.step}")
             if self.rank == 0:
-                self._report("restored", step=self.step, path=path)
+                self._report(RankEvent.RESTORED, step=self.step, path=path)
         if self.rank == 0:
             checkpoint.check_space(saver.root, 2 * saver.nbytes())
 
     def _act(self, check: ControlCheck, words: list[int]) -> bool:
         """Carry out the agreed control vector; False means: leave the loop."""
         while True:
-            if words[STOP]:
+            if words[Word.STOP]:
                 return False
-            if words[SUSPEND]:
+            if words[Word.SUSPEND]:
                 self._need_saver("suspend")
-                self._saver.save(words[CHECKPOINT], blocking=True)
+                self._saver.save(words[Word.CHECKPOINT], blocking=True)
                 raise JobSuspended(f"suspended at step {self.step}")
-            if words[CHECKPOINT] > self._checkpoints_done:
-                self._checkpoints_done = words[CHECKPOINT]
+            if words[Word.CHECKPOINT] > self._checkpoints_done:
+                self._checkpoints_done = words[Word.CHECKPOINT]
                 self._need_saver("checkpoint")
-                self._saver.save(words[CHECKPOINT], blocking=not self._async)
-            if words[PAUSE] <= words[RESUME]:
+                self._saver.save(words[Word.CHECKPOINT], blocking=not self._async)
+            if words[Word.PAUSE] <= words[Word.RESUME]:
                 if self._paused:
                     self._paused = False
-                    self._report("resumed", step=self.step)
+                    self._report(RankEvent.RESUMED, step=self.step)
                 return True
             if not self._paused:
                 self._paused = True
                 if self._saver is not None:
                     self._saver.wait()  # a paused job's last checkpoint is committed
-                self._report("paused", step=self.step)
+                self._report(RankEvent.PAUSED, step=self.step)
             self._control.wait_beyond(words)
             words = check.agree(self.step)
 
@@ -387,5 +391,6 @@ OPTIONS: dict[str, Any] = {
 }
 
 
-def _options(spec: dict[str, Any]) -> dict[str, Any]:
-    return {k: default if spec.get(k) is None else spec[k] for k, default in OPTIONS.items()}
+def _options(spec: WireSpec) -> dict[str, Any]:
+    return {k: default if getattr(spec, k) is None else getattr(spec, k)
+            for k, default in OPTIONS.items()}

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..protocol import RankEvent
 from . import checkpoint as ckpt
 from .checkpoint import CheckpointError
 
@@ -167,9 +168,14 @@ class Saver:
         step = self.ctx.step
         if self.last_step == step:
             if self.ctx.rank == 0:
-                self.report("checkpoint", step=step, path=ckpt.step_dir(self.root, step), seq=seq)
+                self.report(RankEvent.CHECKPOINT, step=step, path=ckpt.step_dir(self.root, step), seq=seq)
             return
         self._saves += 1
+        # The rows this rank logged before this step reach the journal before the
+        # checkpoint can commit (rank 0 commits after every rank entered the save):
+        # a restart from it then finds each earlier step's row, even from a rank that
+        # dies right after.
+        self.report(RankEvent.METRICS)
         # Everything goes through DCP, this rank's RNG states included, so that a
         # failure on any rank (a full disk...) reaches every rank as one
         # CheckpointException and all of them carry on alike.
@@ -276,12 +282,12 @@ class Saver:
         except OSError as e:
             self._failed(step, tmp, e, seq)
             return
-        self.report("checkpoint", step=step, path=path, seq=seq)
+        self.report(RankEvent.CHECKPOINT, step=step, path=path, seq=seq)
 
     def _failed(self, step: int, tmp: str, error: BaseException, seq: int) -> None:
         if self.ctx.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            self.report("checkpoint_failed", step=step, message=self._reason(error), seq=seq)
+            self.report(RankEvent.CHECKPOINT_FAILED, step=step, message=self._reason(error), seq=seq)
 
     def _reason(self, error: BaseException) -> str:
         """One line: the root cause, found inside DCP's CheckpointException if need be."""

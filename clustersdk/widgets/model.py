@@ -96,6 +96,13 @@ class Series:
             self.xs, self.ys = self.xs[::2], self.ys[::2]
             self.stride *= 2
 
+    def truncate(self, x: float) -> None:
+        """Forget the points at or after ``x``."""
+        cut = bisect.bisect_left(self.xs, x)
+        del self.xs[cut:], self.ys[cut:]
+        if self._tail is not None and self._tail[0] >= x:
+            self._tail = None
+
     def points(self) -> tuple[list[float], list[float]]:
         if self._tail is None:
             return list(self.xs), list(self.ys)
@@ -220,6 +227,8 @@ class JobView:
                             if self._cut_system.fresh(s["rank"], s["time"]))
             self.add_logs(line for line in msg.get("logs") or ()
                           if self._cut_logs.fresh(line[0], line[1]))
+        elif kind == "rollback":
+            self.roll_back(int(msg["step"]))
         if "total_steps" in msg and msg["total_steps"]:
             self.total_steps = int(msg["total_steps"])
             self.dirty.add("progress")
@@ -269,6 +278,15 @@ class JobView:
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")
+
+    def roll_back(self, step: int) -> None:
+        """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""
+        for per_rank in self.scalars.values():
+            for series in per_rank.values():
+                series.truncate(float(step))
+        for rank in [r for r, row in self.last_row.items() if row["step"] >= step]:
+            del self.last_row[rank]
+        self.dirty.update(("scalars", "progress"))
 
     def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:

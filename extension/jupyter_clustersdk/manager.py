@@ -1,7 +1,8 @@
 """The manager: finds clusters and talks to their schedulers; no HTTP in here.
 
 It keeps one asynchronous Dask client per scheduler address and calls the
-control plane's handlers (``clustersdk_<op>``) through it, with a timeout on
+control plane through the SDK's own async core (:class:`clustersdk.client.ControlClient`,
+the coroutines ``Cluster`` runs through its sync bridge), with a timeout on
 every call. Connection failures, timeouts and operations the scheduler does
 not know become :class:`~.errors.UpstreamError`; the SDK's own errors
 (``JobNotFoundError``, ``InvalidTransitionError``...) arrive as themselves.
@@ -24,7 +25,9 @@ from collections import deque
 from typing import Any, Iterable
 
 from clustersdk import registry
+from clustersdk.client import ControlClient
 from clustersdk.errors import ClusterSDKError, JobNotFoundError
+from clustersdk.protocol import Op
 
 from . import models
 from .errors import (
@@ -103,30 +106,32 @@ class ClusterManager(PanelQueries):
         raise ClusterNotFoundError(f"no cluster with id {cluster!r}; known clusters: {known}")
 
     # calls -------------------------------------------------------------------------
-    async def call(self, target: Target, op: str, *, call_timeout: float | None = None,
+    async def call(self, target: Target, op: Op | str, *, call_timeout: float | None = None,
                    **kwargs: Any) -> Any:
-        """``clustersdk_<op>(**kwargs)`` on ``target``'s scheduler."""
+        """The control plane's operation ``op`` with ``kwargs``, on ``target``'s scheduler."""
+        operation = Op(op)
         client = await self._client(target)
-        handler = getattr(client.scheduler, f"clustersdk_{op}")
+        control = ControlClient(client.scheduler)
         try:
-            result = await asyncio.wait_for(handler(**kwargs), call_timeout or self.call_timeout)
+            result = await asyncio.wait_for(control.call(operation, **kwargs),
+                                            call_timeout or self.call_timeout)
         except KNOWN_ERRORS:
             raise
         except ClusterSDKError as e:  # an SDK error the API has no status for: the scheduler's
-            raise UpstreamError(f"cluster {target.id}: {op!r} failed: {e}") from e
+            raise UpstreamError(f"cluster {target.id}: {operation.value!r} failed: {e}") from e
         except (OSError, asyncio.TimeoutError) as e:
             await self._drop(target.address)
             raise SchedulerUnavailableError(
                 f"the scheduler of cluster {target.id} ({target.address}) did not answer "
-                f"{op!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
+                f"{operation.value!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
         except Exception as e:  # the scheduler raised something it shouldn't: report, don't crash
             raise UpstreamError(
-                f"the scheduler of cluster {target.id} failed on {op!r}: {type(e).__name__}: {e}"
-            ) from e
+                f"the scheduler of cluster {target.id} failed on {operation.value!r}: "
+                f"{type(e).__name__}: {e}") from e
         if result is None:  # what a Dask server replies to an op it has no handler for
             raise UnsupportedOperationError(
-                f"the scheduler of cluster {target.id} does not support {op!r}: its clustersdk "
-                "control plane is older than this server extension; upgrade clustersdk there"
+                f"the scheduler of cluster {target.id} does not support {operation.value!r}: its "
+                "clustersdk control plane is older than this server extension; upgrade it there"
             )
         return result
 

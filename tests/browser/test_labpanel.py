@@ -7,42 +7,19 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 
-import cloudpickle
 import pytest
-import torch
 
 import clustersdk as cs
 
-from .test_jupyterlab import wait_until
+from ..helpers import wait_for
+from ..workloads import ticker
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-# The workers import this module's functions by value: tests/ is not on their path.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
 SIDEBAR = "#clustersdk-sidebar"
 APPEAR_WITHIN = 2.0  # seconds from launch() returning to the job's row in the sidebar
-
-
-def ticker(ctx, steps: int = 100_000, sleep: float = 0.02) -> int:
-    """A checkpointable two-rank job that logs a loss and prints a line every 10 steps."""
-    model = ctx.prepare(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ctx.register(optimizer=opt)
-    x, y = torch.randn(16, 4), torch.randn(16, 1)
-    for step, _ in ctx.loop(None, steps=steps):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if step % 10 == 0:
-            print(f"rank {ctx.rank} at step {step}")
-        ctx.log(loss=loss.item())
-        time.sleep(sleep)
-    return ctx.step
 
 
 def empty_notebook(path) -> None:
@@ -128,8 +105,8 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         print(f"the job's row appeared {appeared:.2f} s after launch() returned")
         assert appeared <= APPEAR_WITHIN
         badge = row.locator(".jp-clustersdk-badge")
-        wait_until(lambda: badge.text_content() == "RUNNING", 60, "the RUNNING badge")
-        row.get_by_text(re.compile(r"step \d+ / 100000")).wait_for()
+        wait_for(lambda: badge.text_content() == "RUNNING", 60)
+        row.get_by_text(re.compile(r"step \d+ / 1000000")).wait_for()
         assert "ddp · 2 ranks" in row.locator(".jp-clustersdk-job-meta").text_content()
         page.locator(".jp-clustersdk-status-text",
                      has_text="clustersdk: 1 running · 2/2 slots busy").wait_for()
@@ -138,37 +115,34 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
             return row.get_by_role("button", name=name, exact=True)
 
         button("Pause").click()
-        wait_until(lambda: job.status is cs.JobStatus.PAUSED, 60, "the job to pause (SDK)")
-        wait_until(lambda: badge.text_content() == "PAUSED", 10, "the PAUSED badge")
+        wait_for(lambda: job.status is cs.JobStatus.PAUSED, 60)
+        wait_for(lambda: badge.text_content() == "PAUSED", 10)
         assert button("Pause").is_disabled()
         assert "PAUSED" in button("Pause").get_attribute("title")
         assert button("Resume").is_enabled()
         toast(page, "Paused job lab-job before step")
 
         button("Resume").click()
-        wait_until(lambda: job.status is cs.JobStatus.RUNNING, 60, "the job to resume (SDK)")
+        wait_for(lambda: job.status is cs.JobStatus.RUNNING, 60)
         first_steps = len(job.history())
-        wait_until(lambda: len(job.history()) > first_steps + 10, 60, "steps after the resume")
+        wait_for(lambda: len(job.history()) > first_steps + 10, 60)
 
         button("Checkpoint").click()
-        wait_until(lambda: job.info()["checkpoint"], 60, "a committed checkpoint (SDK)")
+        wait_for(lambda: job.info()["checkpoint"], 60)
 
         # the job panel: charts per rank, logs per rank, checkpoints, events
         row.locator(".jp-clustersdk-job-name").click()
         panel = page.locator('.jp-clustersdk-jobpanel-body[data-job="%s"]' % job.id)
         panel.wait_for()
         loss = panel.locator('figure[data-title="loss"]')
-        wait_until(lambda: loss.locator("path.jp-clustersdk-line").count() == 2, 30,
-                   "a loss line per rank")
+        wait_for(lambda: loss.locator("path.jp-clustersdk-line").count() == 2, 30)
         assert loss.get_attribute("data-mode") == "lines"
-        wait_until(lambda: panel.locator('figure[data-title="throughput"] path').count() == 2, 30,
-                   "a throughput line per rank")
+        wait_for(lambda: panel.locator('figure[data-title="throughput"] path').count() == 2, 30)
         log = panel.locator(".jp-clustersdk-log")
-        wait_until(lambda: "[1] rank 1 at step" in log.text_content(), 30, "both ranks' logs")
+        wait_for(lambda: "[1] tick 0 on rank 1" in log.text_content(), 30)
         panel.locator("select.jp-clustersdk-rank").select_option("1")
-        wait_until(lambda: log.text_content().startswith("rank 1 at step 0"), 30,
-                   "rank 1's own log")
-        assert "rank 0 at" not in log.text_content()
+        wait_for(lambda: log.text_content().startswith("tick 0 on rank 1"), 30)
+        assert "on rank 0" not in log.text_content()
         step = job.info()["checkpoint_step"]
         panel.locator(".jp-clustersdk-checkpoints td", has_text=re.compile(rf"^{step}$")).wait_for()
         panel.locator(".jp-clustersdk-events li", has_text=f"checkpoint at step {step}").wait_for()
@@ -180,8 +154,7 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         page.locator(".lm-TabBar-tab", has_text="attach.ipynb").first.click()
         row.get_by_role("button", name="Insert attach code").click()
         cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
-        wait_until(lambda: "cs.Job.attach(cs.Cluster.connect(" in cell.text_content(), 10,
-                   "the attach code in a new cell")
+        wait_for(lambda: "cs.Job.attach(cs.Cluster.connect(" in cell.text_content(), 10)
         assert f'"{cluster.scheduler_address}"), "lab-job")' in cell.text_content()
         page.keyboard.press("Shift+Enter")  # runs it and makes a new cell below
         page.keyboard.press("Enter")
@@ -191,9 +164,8 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
             timeout=60_000)
 
         button("Stop").click()
-        wait_until(lambda: job.status is cs.JobStatus.STOPPED, 60, "the job to stop (SDK)")
-        wait_until(lambda: row.locator(".jp-clustersdk-badge").text_content() == "STOPPED"
-                   if row.count() else False, 10, "the STOPPED badge")
+        wait_for(lambda: job.status is cs.JobStatus.STOPPED, 60)
+        wait_for(lambda: badge.text_content() == "STOPPED", 10)
 
         # a refused action (409) and a vanished job (404) are notifications that say why
         palette(page, "Pause the selected job")

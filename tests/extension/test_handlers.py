@@ -12,6 +12,7 @@ import clustersdk as cs
 
 from .. import workloads
 from .conftest import extension_config
+from ..helpers import wait_for
 
 
 @pytest.fixture
@@ -185,7 +186,6 @@ async def test_pause_and_resume_over_rest_and_the_job_obeys(jp_fetch, free_slot)
 
 
 def _wait_running(job: cs.Job, timeout: float = 30.0) -> None:
-    from .conftest import wait_for
 
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and job.history(), timeout)
 
