@@ -50,7 +50,7 @@ def test_typescript_models_pass_their_unit_tests():
     assert failed == 0 and passed >= 20
 
 
-def test_the_wheel_ships_the_prebuilt_labextension_and_jupyterlab_loads_it(tmp_path):
+def test_the_wheel_ships_the_prebuilt_labextension_and_jupyterlab_sees_it(tmp_path):
     if not (BUILT / "package.json").is_file():
         _missing(f"the lab extension is not built ({BUILT} is missing)")
     source = tmp_path / "source"  # setuptools builds in the tree: not in the shared checkout
@@ -81,12 +81,14 @@ def test_the_wheel_ships_the_prebuilt_labextension_and_jupyterlab_loads_it(tmp_p
     # JupyterLab finds it where pip puts it, and would load it
     data = tmp_path / "unpacked" / prefix / "share" / "jupyter"
     listing = _jupyter("labextension", "list", JUPYTER_PATH=str(data))
-    section = listing.split(str(data / "labextensions"), 1)[1].split("\n/", 1)[0]
+    section = listing.split(f"{data / 'labextensions'}\n", 1)[1].split("\n/", 1)[0]
     assert re.search(rf"{NAME} v0\.1\.0 enabled\s+OK \(python, clustersdk\)", section), listing
 
 
 def test_the_dev_environment_shows_the_labextension_enabled():
+    """./dev links the build into .venv (an editable install ships no data files)."""
     if not (BUILT / "package.json").is_file():
         _missing(f"the lab extension is not built ({BUILT} is missing)")
     listing = _jupyter("labextension", "list")
-    assert re.search(rf"{NAME} v0\.1\.0 enabled\s+OK", listing), listing
+    section = listing.split(f"{Path(sys.prefix) / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
+    assert re.search(rf"{NAME} v0\.1\.0 enabled\s+OK", section), listing
