@@ -68,15 +68,22 @@ export function RankChart(props: {
               </text>
             ))}
           {c.mode === 'lines' &&
-            c.lines.map(line => (
-              <path
-                key={line.rank}
-                className="jp-clustersdk-line"
-                data-rank={line.rank}
-                d={svgPath(line.points, c.x, c.y, w, h)}
-                stroke={COLORS[line.rank % COLORS.length]}
-              />
-            ))}
+            c.lines.map(line => {
+              const color = COLORS[line.rank % COLORS.length];
+              const [lx, ly] = line.points[line.points.length - 1];
+              return (
+                <g key={line.rank}>
+                  <path
+                    className="jp-clustersdk-line"
+                    data-rank={line.rank}
+                    d={svgPath(line.points, c.x, c.y, w, h)}
+                    stroke={color}
+                  />
+                  {/* the newest point: where the rank is now (and a lone point shows) */}
+                  <circle cx={sx(lx)} cy={sy(ly)} r={2.5} fill={color} />
+                </g>
+              );
+            })}
           {c.mode === 'band' && c.band && (
             <>
               <path className="jp-clustersdk-band" d={bandPath(c.band, c.x, c.y, w, h)} />
