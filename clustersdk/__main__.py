@@ -1,4 +1,4 @@
-"""Command line: ``python -m clustersdk demo|jobs|doctor``."""
+"""Command line: ``python -m clustersdk demo|doctor|jobs|show|pause|resume|...``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--workers", type=int, default=2, help="ranks (default: 2)")
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
 
-    jobs = sub.add_parser("jobs", help="list the jobs of a running cluster")
-    jobs.add_argument("scheduler", help="the Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    from . import cli
+
+    cli.add_commands(sub)  # jobs, show, pause, resume, checkpoint, suspend, stop, logs, history
 
     doctor = sub.add_parser("doctor", help="pre-flight checks of a running cluster; exit 1 on "
                                            "any problem")
@@ -35,20 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         from .demo import run
 
         run(workers=args.workers, steps=args.steps)
-    elif args.command == "jobs":
-        _jobs(args.scheduler)
-    return 0
-
-
-def _jobs(address: str) -> None:
-    import clustersdk as cs
-
-    with cs.Cluster.connect(address) as cluster:
-        print(f"{'name':<28} {'status':<10} {'ranks':>5}  strategy")
-        for record in cluster.job_records():
-            spec = record["spec"]
-            print(f"{record['name']:<28} {record['status']:<10} {spec['world_size']:>5}  "
-                  f"{spec['strategy']}")
+        return 0
+    return cli.run(args)
 
 
 def _bytes(text: str) -> int:

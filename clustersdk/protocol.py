@@ -194,6 +194,7 @@ class WireSpec:
     name: str
     world_size: int
     fn: str = "job"                       # the training function's qualified name
+    owner: str | None = None              # who launched it (login name)
     strategy: str = "ddp"
     timeout: float = 60.0                 # process-group timeout, seconds
     metrics_interval: float = 0.2         # how often ranks ship metrics and logs, seconds

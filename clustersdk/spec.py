@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import numbers
 import os
 import re
@@ -213,7 +214,7 @@ class JobSpec:
         return WireSpec(
             id=self.id, name=self.name, world_size=self.world_size, strategy=self.strategy,
             timeout=float(self.timeout), metrics_interval=float(self.metrics_interval),
-            fn=getattr(self.fn, "__qualname__", repr(self.fn)),
+            fn=getattr(self.fn, "__qualname__", repr(self.fn)), owner=owner(),
             checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
             keep=self.keep, async_checkpoint=bool(self.async_checkpoint), resume=self.resume,
             tensorboard_dir=self.tensorboard_dir, max_restarts=self.max_restarts,
@@ -256,3 +257,9 @@ def check_env(env: Any) -> dict[str, str] | None:
     return out
 
 
+def owner() -> str:
+    """Who launches: the login name (what the lab panel and ``clustersdk jobs`` show)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container uid with no passwd entry and no $USER
+        return f"uid {os.getuid()}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import re
 import threading
 
@@ -117,6 +118,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
     assert wire == {"id": spec.id, "name": "run", "world_size": 2, "strategy": "ddp",
                     "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
+                    "owner": getpass.getuser(),
                     "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
                     "async_checkpoint": True, "resume": None, "tensorboard_dir": None,
                     "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32",

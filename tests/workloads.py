@@ -137,3 +137,29 @@ def slow_staging(delay: float | None) -> None:
 
     DefaultStager._clustersdk_original = original
     DefaultStager._stage = late
+
+
+def ticker(ctx, steps: int = 1_000_000, sleep: float = 0.02) -> int:
+    """A checkpointable DDP job that runs until stopped: a loss every step, and
+    ``tick N on rank R`` printed every 5 steps (the CLI's and the lab panel's tests)."""
+    model = ctx.prepare(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx.register(optimizer=opt)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for step, _ in ctx.loop(None, steps=steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 5 == 0:
+            print(f"tick {step} on rank {ctx.rank}")
+        ctx.log(loss=loss.item())
+        time.sleep(sleep)
+    return ctx.step
+
+
+def count_to(ctx, steps: int = 12) -> str:
+    """Logs ``value`` = step / 2 for ``steps`` steps."""
+    for step, _ in ctx.loop(None, steps=steps):
+        ctx.log(value=float(step) / 2)
+    return "done"

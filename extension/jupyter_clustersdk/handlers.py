@@ -176,6 +176,26 @@ class LogsHandler(ClusterSDKHandler):
                                        since=self.int_arg("since", 0))
 
 
+class OverviewHandler(ClusterSDKHandler):
+    """Every cluster with its slots and every job with its progress: the lab panel's refresh."""
+
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self) -> Any:
+        return await self.manager.overview()
+
+
+class CheckpointsHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        return await self.manager.checkpoints(job)
+
+
 class ActionHandler(ClusterSDKHandler):
     """POST pause | resume | checkpoint | suspend | stop; resume takes ``{"world_size": N}``."""
 
@@ -263,10 +283,12 @@ ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
     (r"/clustersdk/api/clusters", ClustersHandler),
     (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)", ClusterHandler),
     (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)/doctor", DoctorHandler),
+    (r"/clustersdk/api/overview", OverviewHandler),
     (r"/clustersdk/api/jobs", JobsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}", JobHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/history", HistoryHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/logs", LogsHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/checkpoints", CheckpointsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/(?P<action>{'|'.join(ACTIONS)})", ActionHandler),
     (r"/clustersdk/api/openapi\.(?P<fmt>json|yaml)", OpenAPIHandler),
     (r"/clustersdk/metrics", MetricsHandler),

@@ -38,6 +38,7 @@ from .errors import (
     UpstreamError,
 )
 from .models import Target
+from .panel import PanelQueries
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class Progress:
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
 
-class ClusterManager:
+class ClusterManager(PanelQueries):
     """Every cluster the extension can see, and the calls the REST API makes on them."""
 
     def __init__(self, *, state_dirs: Iterable[str] = (), addresses: Iterable[str] = (),
