@@ -37,6 +37,7 @@ class Job:
         self.spec: dict[str, Any] = record["spec"]
         self._record = record
         self._latest: dict[int, dict[str, Any]] = {}
+        self._spec_stale = False  # a status event came: the world size may have changed
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
         cluster._watch(self.id, self._on_event)
@@ -59,6 +60,7 @@ class Job:
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error."""
         self._record = self.cluster._call("job", job=self.id)
+        self.spec = self._record.get("spec") or self.spec  # resume(world_size=) changes it
         return self._record
 
     @property
@@ -77,9 +79,17 @@ class Job:
 
     @property
     def latest(self) -> dict[int, dict[str, Any]]:
-        """The last row each rank logged, kept current by the event stream."""
+        """The last row each rank of the job's current world size logged, kept current by
+        the event stream (a rank that a resume at a smaller world size left out is gone)."""
+        if self._spec_stale:
+            self._spec_stale = False
+            try:
+                self.info()
+            except Exception:  # the cluster is gone: keep what we know
+                pass
         with self._lock:
-            return {rank: dict(row) for rank, row in self._latest.items()}
+            return {rank: dict(row) for rank, row in self._latest.items()
+                    if rank < self.world_size}
 
     def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(msg)`` for every status change and metrics batch (from Dask's loop)."""
@@ -176,6 +186,8 @@ class Job:
 
     # events ------------------------------------------------------------------------
     def _on_event(self, msg: dict[str, Any]) -> None:
+        if msg.get("kind") == "status":
+            self._spec_stale = True  # read the record on the caller's thread, not Dask's
         if msg.get("kind") == "metrics":
             with self._lock:
                 for row in msg.get("rows", ()):

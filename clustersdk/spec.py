@@ -69,6 +69,9 @@ class JobSpec:
     cpu_offload: bool | None = None     # fsdp: keep parameters and optimizer state in CPU memory
     model: Any = None                   # nn.Module or factory: checked at launch, built by ctx.prepare()
     plan: dict | None = None            # tp / 2-D: module name -> "colwise" | "rowwise" | ParallelStyle
+    # the job's own code, shipped to the workers (see clustersdk.cluster.shipping)
+    working_dir: str | None = None      # a directory: its modules and files; the ranks' cwd
+    py_modules: list | None = None      # modules (or their names) to ship
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -107,6 +110,19 @@ class JobSpec:
 
         self._check_checkpoint_options()
         self._check_parallel_options()
+        self._check_code_options()
+
+    def _check_code_options(self) -> None:
+        if self.working_dir is not None:
+            if not isinstance(self.working_dir, (str, os.PathLike)) or \
+                    not os.path.isdir(self.working_dir):
+                raise SpecError(f"working_dir must be a directory, got {self.working_dir!r}")
+            self.working_dir = os.path.abspath(os.fspath(self.working_dir))
+        if self.py_modules is not None:
+            if isinstance(self.py_modules, (str, bytes)) or not hasattr(self.py_modules, "__iter__"):
+                raise SpecError(f"py_modules must be a list of modules or module names, got "
+                                f"{self.py_modules!r}")
+            self.py_modules = list(self.py_modules)
 
     def _check_checkpoint_options(self) -> None:
         if self.checkpoint_dir is not None:
@@ -191,13 +207,14 @@ class JobSpec:
                 raise SpecError(f"model= returned {type(model).__name__}, not an nn.Module")
         strategies.check(layout, model, plan=self.plan, split=self.split)
 
-    def payload(self) -> bytes:
-        """The function and its arguments, cloudpickled; a clear error if they can't be."""
+    def payload(self, dumps: Callable[[Any], bytes] = cloudpickle.dumps) -> bytes:
+        """The function and its arguments, cloudpickled (by ``dumps``); a clear error if
+        they can't be."""
         fn = self.fn
         if self.model is not None or self.plan is not None:
             fn = _WithObjects(fn, {"model": self.model, "plan": self.plan})
         try:
-            return cloudpickle.dumps((fn, self.args, self.kwargs))
+            return dumps((fn, self.args, self.kwargs))
         except Exception as e:
             what = getattr(self.fn, "__qualname__", repr(self.fn))
             raise SpecError(
@@ -233,6 +250,8 @@ class JobSpec:
             "split": self.split,
             "reshard_after_forward": self.reshard_after_forward,
             "cpu_offload": self.cpu_offload,
+            "working_dir": self.working_dir,
+            "py_modules": [getattr(m, "__name__", m) for m in self.py_modules or ()] or None,
         }
 
 

@@ -17,6 +17,7 @@ from ..job import Job
 from ..runtime.agent import Agent
 from ..runtime.checkpoint import check_writable
 from ..spec import JobSpec
+from . import shipping
 
 
 class Cluster:
@@ -105,6 +106,8 @@ class Cluster:
         cpu_offload: bool | None = None,
         model: Any = None,
         plan: dict[str, Any] | None = None,
+        working_dir: str | None = None,
+        py_modules: list[Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -137,8 +140,16 @@ class Cluster:
         every slot must be a GPU), ``grad_accum`` micro-batches per step, and
         ``clip_grad_norm`` (of the whole model, however it is sharded).
 
+        Code: functions defined in ``__main__`` or a notebook travel by value;
+        modules the workers can't import are an error here, naming them, unless
+        shipped: ``working_dir`` (a directory whose modules and files go to
+        every worker and become the ranks' current directory) and
+        ``py_modules`` (modules or names; a package goes whole). See
+        :mod:`clustersdk.cluster.shipping`.
+
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
+        >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
         """
         spec = JobSpec(
             fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
@@ -152,13 +163,13 @@ class Cluster:
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan,
+            plan=plan, working_dir=working_dir, py_modules=py_modules,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
-        payload = spec.payload()
+        payload = shipping.payload(spec, self.client)  # with the code; checks its modules
         self._subscribe(spec.id)  # before submit, so that no event is missed
         try:
             record = self._call("submit", spec=spec.to_wire(), payload=payload)
