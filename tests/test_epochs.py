@@ -14,6 +14,8 @@ import pytest
 import torch
 
 import clustersdk as cs
+from clustersdk.widgets import source
+from clustersdk.widgets.model import JobView
 
 from . import workloads_data as W
 from .test_jobs import wait_for
@@ -104,6 +106,18 @@ def test_suspend_at_two_and_resume_keeps_lengths_epochs_and_the_data(idle4, refe
         else:  # one rank averages its batch in another order than two
             torch.testing.assert_close(out["params"][key], value, rtol=1e-5, atol=1e-6)
     assert set(job.latest) == set(range(target))
+    assert source.job_view(job).ranks == set(range(target))  # the dashboard's rank table
+
+
+def test_a_dashboard_drops_the_ranks_a_smaller_resume_left_out():
+    view = JobView(name="a", world_size=2, strategy="ddp")
+    view.add_rows([{"rank": r, "step": 5, "time": 1.0 + r, "scalars": {"loss": 1.0}} for r in (0, 1)])
+    assert view.ranks == {0, 1}
+    view.set_status("QUEUED", {"spec": {"world_size": 1}})
+    assert view.ranks == {0} and set(view.last_row) == {0}
+    assert set(view.scalars["loss"]) == {0, 1}  # what rank 1 did stays in the charts
+    view.add_rows([{"rank": 1, "step": 4, "time": 0.5, "scalars": {"loss": 2.0}}])  # history
+    assert view.ranks == {0}
 
 
 def test_three_ranks_reduce_evaluations_into_the_row_of_their_step(idle4):

@@ -7,6 +7,7 @@ import itertools
 import os
 import threading
 
+import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +19,6 @@ from clustersdk.runtime.data import ShardedLoader, make_loader
 from clustersdk.runtime.parquet import ParquetLoader
 from clustersdk.runtime.streams import StreamLoader
 
-datasets = pytest.importorskip("datasets")  # the test extra installs it
 
 CPU = torch.device("cpu")
 
@@ -159,6 +159,8 @@ def test_parquet_batches_are_tensors_columns_and_collate(tmp_path):
 
     from_dataset = ParquetLoader(pads.dataset(root, format="parquet"), 4, 0, 1, CPU, shuffle=False)
     assert ids(next(iter(from_dataset))) == [0, 1, 2, 3]
+    from_glob = ParquetLoader(os.path.join(root, "part-[12].parquet"), 4, 0, 1, CPU, shuffle=False)
+    assert ids(next(iter(from_glob))) == [70, 71, 72, 73] and len(from_glob) == (45 + 90) // 4
 
 
 def test_parquet_resume_on_changed_files_is_refused(tmp_path):

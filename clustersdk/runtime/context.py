@@ -254,7 +254,7 @@ class TrainContext(Looping):
         Options: ``shuffle`` (default True; a stream can't), ``seed=0``,
         ``collate_fn``, ``num_workers`` (map-style), ``prefetch`` (batches
         read ahead by a background thread: 2 for streams and Parquet, 0 for
-        map-style), ``columns`` (Parquet).
+        map-style), ``columns`` and ``lanes`` (Parquet).
         """
         loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
         key, n = "data", 0

@@ -25,6 +25,7 @@ length become 2-D tensors) or list (anything else), or whatever
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 from typing import Any, Callable, Iterator
@@ -46,7 +47,7 @@ def arrow() -> Any:
 
 
 def is_parquet(source: Any) -> bool:
-    """Paths (files, directories, a list of them) or a ``pyarrow.dataset.Dataset``."""
+    """Paths (files, directories, globs, a list of them) or a ``pyarrow.dataset.Dataset``."""
     if isinstance(source, (str, os.PathLike)):
         return True
     if isinstance(source, (list, tuple)) and source and \
@@ -219,8 +220,12 @@ def _units(source: Any) -> tuple[list[tuple[Any, int, int]], str]:
     """Every row group as (fragment, first row, end row), in path order; and their fingerprint."""
     pads = arrow()
     if isinstance(source, (str, os.PathLike)) or isinstance(source, (list, tuple)):
-        paths = [os.fspath(s) for s in (source if isinstance(source, (list, tuple)) else [source])]
-        missing = [p for p in paths if not os.path.exists(p)]
+        given = [os.fspath(s) for s in (source if isinstance(source, (list, tuple)) else [source])]
+        paths, missing = [], []
+        for path in given:
+            matches = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+            paths += [p for p in matches if os.path.exists(p)]
+            missing += [path] if not matches or not os.path.exists(matches[0]) else []
         if missing:
             raise SpecError(f"ctx.shard: no such Parquet file or directory: {', '.join(missing)}")
         # a directory is searched (recursively, partitions too); several paths are files
