@@ -136,7 +136,8 @@ def check_importable(client: Client, names: set[str], what: str) -> None:
         return
     from ..runtime.code import missing_modules
 
-    answers = client.run(missing_modules, ask)
+    # a worker that can't answer (it is dying, say) is left out: it can't run the job either
+    answers = client.run(missing_modules, ask, on_error="ignore")
     for worker, missing in sorted(answers.items()):
         if missing:
             name = missing[0]
