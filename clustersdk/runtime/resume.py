@@ -8,6 +8,7 @@ are right at any world size.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch.distributed as dist
@@ -40,5 +41,7 @@ def saved_state(path: str, key: str, template: dict[str, Any]) -> dict[str, Any]
     if not wanted:
         return None
     state = {"extra": {key: wanted}}
-    dcp.load(state, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that this is one process: that is the point
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=reader, no_dist=True)
     return state["extra"][key]
