@@ -47,7 +47,8 @@ class Rebinder:
         self._new: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._current: set[int] = set()
         self._checked: weakref.WeakSet = weakref.WeakSet()
-        self.stepped: weakref.WeakSet = weakref.WeakSet()  # optimizers that stepped
+        self.stepped: weakref.WeakSet = weakref.WeakSet()  # optimizers that stepped...
+        self.watching = True  # ...in the first step
         self.notes: list[str] = []
 
     def before(self, model: torch.nn.Module) -> dict[int, tuple[weakref.ref, str]]:
@@ -113,6 +114,7 @@ class Rebinder:
 
     def check_schedulers(self, stateful: dict[str, Any], optimizers: list[Any]) -> None:
         """After the first step: every registered LR scheduler drives an optimizer in use."""
+        self.watching = False
         used = set(map(id, optimizers)) | {id(o) for o in self.stepped}
         for key, obj in stateful.items():
             if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and \
@@ -125,9 +127,11 @@ class Rebinder:
 
 def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     rebinder = getattr(_local, "rebinder", None)
-    if rebinder is not None:
+    if rebinder is not None and rebinder.watching:  # cheap once the first step is over
         rebinder.fix(optimizer)
         rebinder.stepped.add(optimizer)
+    elif rebinder is not None and optimizer not in rebinder._checked:  # a new optimizer
+        rebinder.fix(optimizer)
 
 
 def _install_hook() -> None:
