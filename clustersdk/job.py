@@ -40,6 +40,7 @@ class Job:
         self.name: str = record["name"]
         self._record = record
         self._latest: dict[int, dict[str, Any]] = {}
+        self._spec_stale = False  # a status event came: the world size may have changed
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
         self._subscription: Subscription | None = None
@@ -85,11 +86,19 @@ class Job:
 
     @property
     def latest(self) -> dict[int, dict[str, Any]]:
-        """The last row each rank logged, kept current by the event stream (a handle
-        follows the stream from its launch, or from the first read of ``latest``)."""
+        """The last row each rank of the job's current world size logged, kept current by
+        the event stream (a handle follows the stream from its launch, or from the first
+        read of ``latest``; a rank that a resume at a smaller world size left out is gone)."""
         self.watch()
+        if self._spec_stale:
+            self._spec_stale = False
+            try:
+                self.info()
+            except Exception:  # the cluster is gone: keep what we know
+                pass
         with self._lock:
-            return {rank: dict(row) for rank, row in self._latest.items()}
+            return {rank: dict(row) for rank, row in self._latest.items()
+                    if rank < self.world_size}
 
     def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(msg)`` for every status change and metrics batch (from Dask's loop)."""
@@ -217,6 +226,8 @@ class Job:
     # events ------------------------------------------------------------------------
     def _on_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
+        if kind == "status":
+            self._spec_stale = True  # read the record on the caller's thread, not Dask's
         if kind == "metrics":
             with self._lock:
                 for row in msg.get("rows", ()):

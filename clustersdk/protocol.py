@@ -216,6 +216,8 @@ class WireSpec:
     reshard_after_forward: bool | None = None
     cpu_offload: bool | None = None
     env: dict[str, str] | None = None     # each rank's environment (NCCL_*, GLOO_SOCKET_IFNAME...)
+    working_dir: str | None = None        # shipped code: the directory (the ranks' cwd)
+    py_modules: list[str] | None = None   # shipped code: the modules' names
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

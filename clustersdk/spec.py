@@ -72,6 +72,9 @@ class JobSpec:
     model: Any = None                   # nn.Module or factory: checked at launch, built by ctx.prepare()
     plan: dict | None = None            # tp / 2-D: module name -> "colwise" | "rowwise" | ParallelStyle
     env: dict[str, str] | None = None   # environment of each rank (NCCL_*, GLOO_SOCKET_IFNAME...)
+    # the job's own code, shipped to the workers (see clustersdk.cluster.shipping)
+    working_dir: str | None = None      # a directory: its modules and files; the ranks' cwd
+    py_modules: list | None = None      # modules (or their names) to ship
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -111,6 +114,19 @@ class JobSpec:
         self._check_checkpoint_options()
         self._check_parallel_options()
         self.env = check_env(self.env)
+        self._check_code_options()
+
+    def _check_code_options(self) -> None:
+        if self.working_dir is not None:
+            if not isinstance(self.working_dir, (str, os.PathLike)) or \
+                    not os.path.isdir(self.working_dir):
+                raise SpecError(f"working_dir must be a directory, got {self.working_dir!r}")
+            self.working_dir = os.path.abspath(os.fspath(self.working_dir))
+        if self.py_modules is not None:
+            if isinstance(self.py_modules, (str, bytes)) or not hasattr(self.py_modules, "__iter__"):
+                raise SpecError(f"py_modules must be a list of modules or module names, got "
+                                f"{self.py_modules!r}")
+            self.py_modules = list(self.py_modules)
 
     def _check_checkpoint_options(self) -> None:
         if self.checkpoint_dir is not None:
@@ -195,12 +211,12 @@ class JobSpec:
                 raise SpecError(f"model= returned {type(model).__name__}, not an nn.Module")
         strategies.check(layout, model, plan=self.plan, split=self.split)
 
-    def payload(self) -> bytes:
+    def payload(self, dumps: Callable[[Any], bytes] = cloudpickle.dumps) -> bytes:
         """The function, its arguments and the Python objects given to launch (a model
-        factory, a TP plan), cloudpickled; a clear error if they can't be."""
+        factory, a TP plan), pickled by ``dumps``; a clear error if they can't be."""
         objects = {k: v for k, v in (("model", self.model), ("plan", self.plan)) if v is not None}
         try:
-            return cloudpickle.dumps((self.fn, self.args, self.kwargs, objects))
+            return dumps((self.fn, self.args, self.kwargs, objects))
         except Exception as e:
             what = getattr(self.fn, "__qualname__", repr(self.fn))
             raise SpecError(
@@ -222,7 +238,8 @@ class JobSpec:
             clip_grad_norm=None if self.clip_grad_norm is None else float(self.clip_grad_norm),
             microbatches=self.microbatches, schedule=self.schedule, split=self.split,
             reshard_after_forward=self.reshard_after_forward, cpu_offload=self.cpu_offload,
-            env=dict(self.env) if self.env else None,
+            env=dict(self.env) if self.env else None, working_dir=self.working_dir,
+            py_modules=[getattr(m, "__name__", m) for m in self.py_modules or ()] or None,
         )
 
 

@@ -63,3 +63,13 @@ def test_parallel_benchmark_smoke(tmp_path):
         assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
     assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
     assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())
+
+
+@pytest.mark.slow
+def test_data_benchmark_smoke():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "data.py"), "--repeats", "1", "--rows", "20000"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "prefetch=2 / prefetch=0" in proc.stdout and "prefetch=2 / datasets" in proc.stdout

@@ -124,7 +124,8 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32",
                     "grad_accum": 1, "clip_grad_norm": None, "microbatches": None,
                     "schedule": None, "split": None, "reshard_after_forward": None,
-                    "cpu_offload": None, "env": None, "version": 1}
+                    "cpu_offload": None, "env": None, "working_dir": None,
+                    "py_modules": None, "version": 1}
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():

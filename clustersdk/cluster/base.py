@@ -15,6 +15,7 @@ from ..errors import PluginMissingError, SpecError
 from ..job import Job
 from ..protocol import DEFAULTS, topic
 from ..spec import JobSpec, check_env
+from . import shipping
 
 
 class Cluster:
@@ -148,6 +149,8 @@ class Cluster:
         model: Any = None,
         plan: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        working_dir: str | None = None,
+        py_modules: list[Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -186,8 +189,16 @@ class Cluster:
         undone before the next job on the same workers. Unset socket interfaces default
         to the one each rank reaches rank 0's address through.
 
+        Code: functions defined in ``__main__`` or a notebook travel by value;
+        modules the workers can't import are an error here, naming them, unless
+        shipped: ``working_dir`` (a directory whose modules and files go to
+        every worker and become the ranks' current directory) and
+        ``py_modules`` (modules or names; a package goes whole). See
+        :mod:`clustersdk.cluster.shipping`.
+
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
+        >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
         """
         spec = JobSpec(
             fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
@@ -201,7 +212,8 @@ class Cluster:
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan, env={**self.env, **(env or {})} or None,
+            plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
+            py_modules=py_modules,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
@@ -211,7 +223,8 @@ class Cluster:
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
         if self._scaler is not None:
             self._scaler.want(spec.world_size)
-        payload, wire = spec.payload(), spec.to_wire()
+        payload = shipping.payload(spec, self.client)  # with the code; checks its modules
+        wire = spec.to_wire()
         job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
                          "spec": wire.as_dict()})
         job.watch()  # before submit, so that no event is missed

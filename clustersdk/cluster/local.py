@@ -23,8 +23,14 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     Every worker has one thread and imports torch when it starts. Dask's own
     log lines below ``silence_logs`` are hidden (``False`` shows them all).
 
+    In a script, call it under ``if __name__ == "__main__":`` (the workers
+    import the script again); without the guard this fails at once, saying so.
+
     >>> cluster = Cluster.local(workers=2)   # doctest: +SKIP
     """
+    from .guard import check_main_guard
+
+    check_main_guard("Cluster.local")
     from distributed import Client, Nanny, Scheduler, SpecCluster
     import torch
 

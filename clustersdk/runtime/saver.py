@@ -16,7 +16,7 @@ import os
 import random
 import shutil
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
 import torch
 import torch.distributed as dist
@@ -305,12 +305,16 @@ class Saver:
         return f"{type(cause).__name__}: {lines[-1][:300] if lines else ''}"
 
     # --- restoring ---------------------------------------------------------------------
-    def restore(self, path: str) -> int:
-        """Load ``path`` into the registered objects; return the step it holds."""
+    def restore(self, path: str, skip: Collection[str] = ()) -> int:
+        """Load ``path`` into the registered objects but those named in ``skip`` (restored
+        already, by whoever made them); return the step it holds."""
         manifest = ckpt.read_manifest(path)
         model, optimizers, others = self._parts()
+        others = {k: o for k, o in others.items() if k not in skip}
         meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         state = self.state(with_optim=bool(optimizers) and any(k.startswith("optim.") for k in meta))
+        for key in skip:
+            state["extra"].pop(key, None)
         _check_matches(path, self._shapes(state), meta)
         source = str(self.ctx.rank % manifest["world_size"])  # another world size: borrow
         state["ranks"] = {source: b""}

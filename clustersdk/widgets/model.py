@@ -275,6 +275,7 @@ class JobView:
         if spec.get("world_size") and spec["world_size"] != self.world_size:  # resumed at another size
             self.world_size = int(spec["world_size"])
             self.dirty.add("status")
+            self._drop_gone_ranks()
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")
@@ -303,7 +304,8 @@ class JobView:
             if rate is not None:
                 self.rate.setdefault(rank, Series(self.cap)).append(self.elapsed_at(t), rate)
                 self.dirty.add("rate")
-            self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
+            if rank < self.world_size:
+                self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
             self.dirty.update(("scalars", "progress"))
 
     def add_system(self, samples: Iterable[dict[str, Any]]) -> None:
@@ -315,7 +317,8 @@ class JobView:
                 self.source = source
             if "net_sent_per_s" in sample:
                 sample["net_per_s"] = sample["net_sent_per_s"] + sample.get("net_recv_per_s", 0.0)
-            self.last_sample[rank] = sample
+            if rank < self.world_size:
+                self.last_sample[rank] = sample
             for chart, field, _title, _unit, scale in SYSTEM_CHARTS.get(source, ()):
                 if field in sample:
                     series = self.system.setdefault(chart, {}).setdefault(rank, Series(self.cap))
@@ -334,8 +337,20 @@ class JobView:
         return dirty
 
     def _rank(self, rank: int) -> None:
-        if rank not in self.ranks:
+        # a rank beyond the world size is history: a resume at fewer ranks left it out
+        if rank not in self.ranks and rank < self.world_size:
             self.ranks.add(rank)
+            self.dirty.add("ranks")
+
+    def _drop_gone_ranks(self) -> None:
+        """Ranks the current world size has no more leave the rank table and the picker
+        (their lines stay in the charts: that is what they did)."""
+        gone = {r for r in self.ranks if r >= self.world_size}
+        if gone:
+            self.ranks -= gone
+            for table in (self.last_row, self.last_sample):
+                for rank in gone:
+                    table.pop(rank, None)
             self.dirty.add("ranks")
 
     # reading -------------------------------------------------------------------

@@ -321,6 +321,10 @@ class ClusterManager(PanelQueries):
                     progress.seq = rows[-1]["seq"]
                 if len(rows) < HISTORY_PAGE:
                     break
+            world_size = int((record.get("spec") or {}).get("world_size") or 0)
+            for table in (progress.latest, progress.system):  # resumed at fewer ranks: gone
+                for rank in [r for r in table if world_size and r >= world_size]:
+                    del table[rank]
             progress.updated = time.time()
             progress.final = terminal
         return progress
