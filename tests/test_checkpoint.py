@@ -119,9 +119,9 @@ def test_resume_auto_continues_from_the_newest_checkpoint(idle, uninterrupted, t
     assert "resumed from" in again.logs(0)
 
 
-@pytest.mark.parametrize("point", ["staged", "data", "metadata", "manifest", "rename", "committed"])
+@pytest.mark.parametrize("point", workloads.FAULT_POINTS)
 def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle, tmp_path, point):
-    idle.client.run(ckpt.inject_fault, point, 2)  # the second save dies at `point`
+    idle.client.run(workloads.inject_fault, point, 2)  # the second save dies at `point`
     before = {s["worker"] for s in idle.slots()}
     try:
         job = idle.launch(workloads.train_ckpt, kwargs={"steps": 30, "delay": 0.01}, world_size=2,
@@ -133,7 +133,7 @@ def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle
         # the nanny restarted the killed worker(s): new addresses, all slots back
         wait_for(lambda: len(idle.slots()) == 2 and {s["worker"] for s in idle.slots()} != before,
                  timeout=60)
-        idle.client.run(ckpt.inject_fault, None)
+        idle.client.run(workloads.inject_fault, None)
     newest = ckpt.latest(str(tmp_path))
     expected_step = 10 if point == "committed" else 5
     assert newest == ckpt.step_dir(str(tmp_path), expected_step)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 
 import torch
 from torch import nn
+
+from clustersdk.runtime.checkpoint import storage
+from clustersdk.runtime.checkpoint.storage import FileStorage, Writer
 
 N, D_IN, D_OUT = 512, 8, 2
 
@@ -163,3 +168,54 @@ def count_to(ctx, steps: int = 12) -> str:
     for step, _ in ctx.loop(None, steps=steps):
         ctx.log(value=float(step) / 2)
     return "done"
+
+
+# --- a checkpoint storage that kills its process at a chosen point of a save ----------------
+FAULT_POINTS = ("staged", "data", "metadata", "manifest", "rename", "committed")
+_armed: dict = {}
+
+
+def inject_fault(point: str | None, nth: int = 1) -> None:
+    """SIGKILL this worker the ``nth`` time a save reaches ``point`` (None: disarm), by
+    making its saves use :class:`FaultyStorage`. Points, in save order: ``FAULT_POINTS``."""
+    _armed.clear()
+    if point is None:
+        storage.override(None)
+        return
+    assert point in FAULT_POINTS, point
+    _armed.update(point=point, left=nth)
+    storage.override(FaultyStorage)
+
+
+def _reach(point: str) -> None:
+    if _armed.get("point") == point:
+        _armed["left"] -= 1
+        if _armed["left"] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultyWriter(Writer):
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()  # the data is on disk when the process dies
+        _reach("data")
+        return future
+
+    def finish(self, metadata, results):
+        super().finish(metadata, results)
+        _reach("metadata")
+
+
+class FaultyStorage(FileStorage):
+    def writer(self, path):
+        _reach("staged")  # the state is collected; nothing is written yet
+        return FaultyWriter(path, sync_files=True, thread_count=2)
+
+    def write_manifest(self, tmp, step, world_size):
+        _reach("manifest")
+        super().write_manifest(tmp, step, world_size)
+
+    def publish(self, tmp, final):
+        _reach("rename")
+        super().publish(tmp, final)
+        _reach("committed")

@@ -6,15 +6,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..errors import SpecError
+from ..errors import CheckpointError, SpecError
 from ..layout import Layout
 from ..protocol import RankEvent, WireSpec
 from . import checkpoint, epochs as _epochs, rebind, resume, strategies
+from .checkpoint.export import full_state_dict
+from .checkpoint.saver import Saver
 from .control import Control
 from .data import make_loader
 from .looping import Looping
 from .metrics import RESERVED, Metrics  # noqa: F401 - RESERVED: the names every row has
-from .saver import Saver, full_state_dict
 from .steps import Steps
 from .training import TrainingState
 
@@ -101,8 +102,9 @@ class TrainContext(Looping):
         self._saver = None
         self._resume_path: str | None = None
         if options.get("dir"):
-            self._saver = Saver(self, options["dir"], options.get("keep", 3), checkpoint_group,
-                                self._report)
+            self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
+                                report=self._report, rank=rank, world_size=world_size, job=job,
+                                device=device, pipeline=strategy == "pp")
             self._async = options.get("async", True)
             # known from the start, so that ctx.shard restores its position at once
             self._resume_path = resume.resolve(self._resume, options["dir"], world_size,
@@ -185,7 +187,11 @@ class TrainContext(Looping):
         shard and stage as plain CPU tensors keyed by parameter name, on rank 0; None on
         the other ranks. Every rank must call it. What a training function returns.
         """
-        return full_state_dict(self, optimizer)
+        model = self.stateful.get("model")
+        if model is None:
+            raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
+        return full_state_dict(model, optimizer, rank=self.rank, world_size=self.world_size,
+                               pipeline=self.strategy == "pp")
 
     # training steps ----------------------------------------------------------
     def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
@@ -277,7 +283,11 @@ class TrainContext(Looping):
         """Save a checkpoint now (all ranks must call it at the same step)."""
         if self._saver is None:
             raise SpecError("this job has no checkpoint_dir; pass checkpoint_dir= to cluster.launch")
-        self._saver.save(self._checkpoints_done, blocking=True)
+        self._save(self._checkpoints_done, blocking=True)
+
+    def _save(self, seq: int, blocking: bool) -> None:
+        """What is registered, at this step (answering checkpoint request ``seq``)."""
+        self._saver.save(self.stateful, self.step, seq, blocking)
 
     def _begin(self) -> None:
         """Restore a resumed job and check there is room for a checkpoint, once."""
@@ -289,12 +299,13 @@ class TrainContext(Looping):
             return
         path = self._resume_path
         if path:
-            self.step = saver.restore(path, skip=self._shards)  # loaders: restored when made
+            # loaders are restored when they are made
+            self.step = saver.restore(self.stateful, path, skip=self._shards)
             print(f"resumed from {path} at step {self.step}")
             if self.rank == 0:
                 self._report(RankEvent.RESTORED, step=self.step, path=path)
         if self.rank == 0:
-            checkpoint.check_space(saver.root, 2 * saver.nbytes())
+            checkpoint.check_space(saver.root, 2 * saver.nbytes(self.stateful))
 
     # metrics -------------------------------------------------------------------
     def log(self, *, reduce: str | None = None, **scalars: Any) -> None:

@@ -61,7 +61,7 @@ class Looping:
         try:
             while limit is None or self.step < limit:
                 if self._every and self.step % self._every == 0 and self.step != start:
-                    self._saver.save(self._checkpoints_done, blocking=not self._async)
+                    self._save(self._checkpoints_done, blocking=not self._async)
                 if check.due(self.step) and not self._act(check, check.agree(self.step), self.step):
                     self.stopped = True
                     return
@@ -79,7 +79,7 @@ class Looping:
                 if self.stopped:  # an evaluation in that step was told to stop
                     return
             if self._every and self.step % self._every == 0 and self.step != start:
-                self._saver.save(self._checkpoints_done, blocking=not self._async)
+                self._save(self._checkpoints_done, blocking=not self._async)
         finally:
             self._metrics.end_step()
             if batches is not None:
@@ -162,12 +162,12 @@ class Looping:
                 return True  # finish the evaluation; suspend at the next step boundary
             if words[Word.SUSPEND]:
                 self._need_saver("suspend")
-                self._saver.save(words[Word.CHECKPOINT], blocking=True)
+                self._save(words[Word.CHECKPOINT], blocking=True)
                 raise JobSuspended(f"suspended at step {self.step}")
             if words[Word.CHECKPOINT] > self._checkpoints_done and not evaluating:
                 self._checkpoints_done = words[Word.CHECKPOINT]
                 self._need_saver("checkpoint")
-                self._saver.save(words[Word.CHECKPOINT], blocking=not self._async)
+                self._save(words[Word.CHECKPOINT], blocking=not self._async)
             if words[Word.PAUSE] <= words[Word.RESUME]:
                 if self._paused:
                     self._paused = False
