@@ -18,7 +18,8 @@ from clustersdk.widgets import render
 from clustersdk.widgets.cluster import ClusterDashboard
 from clustersdk.widgets.format import fmt_duration, progress_text
 from clustersdk.widgets.job import JobDashboard
-from clustersdk.widgets.model import Cutoff, JobView, RateMeter, Series
+from clustersdk.widgets.model import JobView
+from clustersdk.widgets.series import Cutoff, RateMeter, Series
 from clustersdk.widgets.pump import Pump
 
 from . import workloads
