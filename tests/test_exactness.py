@@ -19,6 +19,7 @@ jobs share the module's four-slot cluster, and 8 ranks get a cluster of their ow
 from __future__ import annotations
 
 import cloudpickle
+import dask.config
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ from .test_restart import checkpointed_at, kill_worker_of
 
 cloudpickle.register_pickle_by_value(workloads)
 
-STEPS = 24
+STEPS = 20
 GLOBAL_BATCH = 24  # divides over 2, 3, 4 and 8 ranks, so that a resume may change the world size
 DELAY = 0.05  # s per step of a job that is acted on mid-run (room to pause, suspend, kill)
 
@@ -39,7 +40,8 @@ DELAY = 0.05  # s per step of a job that is acted on mid-run (room to pause, sus
 STRATEGIES = {
     "ddp": ({"strategy": "ddp"}, {"kind": "mlp"}),
     "fsdp": ({"strategy": "fsdp"}, {"kind": "mlp"}),
-    "ep": ({"strategy": "ep"}, {"kind": "lm", "n_experts": 12}),  # 12 experts: 2, 3, 4 ranks
+    # 12 experts divide over 2, 3 and 4 ranks
+    "ep": ({"strategy": "ep"}, {"kind": "lm", "n_experts": 12, "n_layers": 1}),
 }
 CASES = [(name, ws) for name in STRATEGIES for ws in (2, 3, 4)]
 IDS = [f"{name}-{ws}" for name, ws in CASES]
@@ -82,6 +84,15 @@ def assert_close(got: dict, want: dict, atol: float = 1e-6) -> None:
         torch.testing.assert_close(got["state"]["model"][key], value, rtol=0, atol=atol, msg=key)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def slow_restarts_keep_their_slot():
+    """A killed worker's nanny brings it back; on a loaded machine that can take longer than
+    the 15 s after which Dask's SpecCluster gives up on it and closes the nanny, and the
+    slot would be gone for good."""
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "300s"}):
+        yield
+
+
 @pytest.fixture(scope="module")
 def earlier(tmp_path_factory):
     """Every case's first steps, trained and checkpointed on a cluster that is gone
@@ -103,6 +114,8 @@ def reference(cluster4):
     cache: dict = {}
 
     def get(name: str, world_size: int, **kwargs):
+        if STRATEGIES[name][1]["kind"] == "lm":
+            kwargs.pop("dropout", None)  # the transformer has none: the same run
         key = (name, world_size, tuple(sorted(kwargs.items())))
         if key not in cache:
             job = launch(cluster4, name, world_size, kwargs=kwargs)
@@ -119,12 +132,12 @@ def ready(cluster4):
         slots = cluster4.slots()
         return len(slots) == 4 and not any(s["job"] for s in slots)
 
-    wait_for(healed, timeout=60)
+    wait_for(healed, timeout=120)
     yield cluster4
     for job in cluster4.jobs():  # a failed test may leave a job behind
         if not job.status.terminal:
             job.stop(wait=False)
-    wait_for(healed, timeout=60)
+    wait_for(healed, timeout=120)
 
 
 # the earlier cluster first: it is gone before the module's cluster starts
@@ -193,9 +206,9 @@ def test_ddp_at_four_ranks_resumes_bitwise_from_a_checkpoint(ready, reference, t
 
 # the other model-parallel layouts at four ranks: name -> launch options, workload options
 LAYOUTS = {
-    "fsdp-over-tp": ({"strategy": "fsdp", "mesh": {"dp": 2, "tp": 2}}, {}),
-    "tp": ({"strategy": "tp"}, {}),
-    "pp-1f1b": ({"strategy": "pp", "schedule": "1f1b", "microbatches": 2}, {"n_layers": 4}),
+    "fsdp-over-tp": ({"strategy": "fsdp", "mesh": {"dp": 2, "tp": 2}}, {"n_layers": 1}),
+    "tp": ({"strategy": "tp"}, {"n_layers": 1}),
+    "pp-1f1b": ({"strategy": "pp", "schedule": "1f1b", "microbatches": 4}, {"n_layers": 4}),
 }
 
 

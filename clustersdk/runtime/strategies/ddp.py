@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ...errors import ClusterSDKError
+
 if TYPE_CHECKING:
     from ..context import TrainContext
 
@@ -38,13 +40,13 @@ def distributed(model: torch.nn.Module, device: torch.device) -> DistributedData
     """``model`` under DDP with a bucket layout fixed from the start (all ranks call it)."""
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = _FixedBuckets(model, device_ids=device_ids)
-    # What DDP's first backward would record and its next forward apply, done now
-    # with the order chosen above: the layout is final before the first step. (These
-    # are the reducer calls DDP's own Join hook makes for a rank that ran out of data.)
+    # What DDP's first backward would record and its next forward apply, done now in
+    # _FixedBuckets' order: the layout is final before the first step. (These are the
+    # reducer calls DDP's own Join hook makes for a rank that ran out of data.)
     ddp.reducer._push_all_rebuilt_params()
     if not ddp.reducer._rebuild_buckets():
-        raise RuntimeError("DDP did not take the fixed bucket layout (a torch release that "
-                           "rebuilds buckets differently?); resumed runs would not be exact")
+        raise ClusterSDKError(f"DDP of torch {torch.__version__} did not take the fixed bucket "
+                              "layout, so resumed runs would not be exact: please report it")
     return ddp
 
 
