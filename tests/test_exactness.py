@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import clustersdk as cs
+from clustersdk.runtime import checkpoint as ckpt
 
 from . import workloads
 from .test_checkpoint import step_reached
@@ -214,14 +215,17 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_layout_resumes_bitwise_at_four_ranks(ready, tmp_path, layout):
+    """A run that checkpoints on its way is the reference (the cases above show that
+    saving changes nothing); the run resumed from its first checkpoint must equal it."""
     options, model = LAYOUTS[layout]
     kwargs = {"kind": "lm", "steps": STEPS, "global_batch": GLOBAL_BATCH, **model}
-    want = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4,
-                        **options).wait(timeout=120)
-    ready.launch(workloads.train_exact, kwargs={**kwargs, "stop_at": 7}, world_size=4,
-                 checkpoint_dir=str(tmp_path), checkpoint_every=7, **options).wait(timeout=120)
+    root = str(tmp_path)
+    want = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4, checkpoint_dir=root,
+                        checkpoint_every=7, keep=5, **options).wait(timeout=120)
+    first = sorted(ckpt.committed(root))[0]
+    assert first[0] == 7
     job = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4,
-                       checkpoint_dir=str(tmp_path), resume="auto", **options)
+                       checkpoint_dir=str(tmp_path / "resumed"), resume=first[1], **options)
     assert_bitwise(job.wait(timeout=120), want)
 
 
