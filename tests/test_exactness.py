@@ -18,6 +18,11 @@ jobs share the module's four-slot cluster, and 8 ranks get a cluster of their ow
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import cloudpickle
 import dask.config
 import pytest
@@ -32,6 +37,8 @@ from .test_jobs import wait_for
 from .test_restart import checkpointed_at, kill_worker_of
 
 cloudpickle.register_pickle_by_value(workloads)
+
+ROOT = Path(__file__).resolve().parent.parent
 
 STEPS = 20
 GLOBAL_BATCH = 24  # divides over 2, 3, 4 and 8 ranks, so that a resume may change the world size
@@ -192,6 +199,22 @@ def test_a_resume_at_another_world_size_stays_within_1e_6(ready, reference, tmp_
     got = job.wait(timeout=120)
     assert job.world_size == to
     assert_close(got, want)
+
+
+def test_stock_ddp_rewrapped_mid_run_drifts_and_the_fixed_layout_does_not(tmp_path):
+    """The measurement behind the fix, at 3 ranks in plain processes: a model wrapped
+    afresh before step 3 (as a resumed job wraps it) reduces step 3 differently under
+    stock DDP - which shows the check can fail - and identically under ours."""
+    out = tmp_path / "buckets.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "ddp_buckets.py"), "--ranks", "3",
+         "--repeats", "1", "--steps", "5", "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["first_differing_step"] == {"stock DDP": 3, "fixed layout": None}
+    assert result["resume_drift"]["fixed layout"] == 0
 
 
 def test_ddp_at_four_ranks_resumes_bitwise_from_a_checkpoint(ready, reference, tmp_path):
