@@ -13,8 +13,9 @@ So :func:`distributed` builds the layout once, when the model is wrapped,
 from the model alone: the parameters in reverse registration order (about
 the order backward produces their gradients, so that communication still
 overlaps with it; Megatron-LM lays out its gradient buffers the same way),
-cut into DDP's usual buckets (1 MiB first, then 25 MiB), and never rebuilt. Every start of a job -
-fresh, resumed, restarted, at any step - reduces every step alike.
+cut into DDP's usual buckets (1 MiB first, then 25 MiB), and never rebuilt.
+Every start of a job - fresh, resumed, restarted, at any step - reduces
+every step alike.
 """
 
 from __future__ import annotations
