@@ -116,7 +116,8 @@ def run_rank(rank: int, ranks: int, port: int, args: argparse.Namespace, out: st
                            if not all(torch.equal(u, v) for u, v in zip(a, b))), None)
     if rank == 0:
         ratios = [f / s for s, f in zip(rates["stock DDP"], rates["fixed layout"])]
-        result = {"ranks": ranks, "steps_per_s": {w: statistics.median(r) for w, r in rates.items()},
+        medians = {way: statistics.median(r) for way, r in rates.items()}
+        result = {"ranks": ranks, "steps_per_s": medians,
                   "ratio": statistics.median(ratios), "resume_drift": drift,
                   "first_differing_step": first}
         with open(out, "w") as f:
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
-    print(f"DDP gradient buckets, {args.ranks} gloo ranks, {args.repeats} rounds of {args.steps} steps")
+    print(f"DDP gradient buckets, {args.ranks} gloo ranks, {args.repeats} rounds of "
+          f"{args.steps} steps")
     for way in WAYS:
         step = result["first_differing_step"][way]
         print(f"  {way:13s} {result['steps_per_s'][way]:7.2f} steps/s   rewrapped before step "
