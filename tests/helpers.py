@@ -7,6 +7,8 @@ pickled by value: the workers do not have ``tests/`` on their path).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any, Callable
 
@@ -58,3 +60,17 @@ def assert_same_run(a: dict, b: dict, exact: bool) -> None:
             for name, value in state.items():
                 assert torch.equal(value, b["optim"]["state"][index][name]), (index, name)
         assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+
+
+def checkpointed_at(job, step: int) -> bool:
+    return (job.info().get("checkpoint_step") or 0) >= step
+
+
+def kill_worker_of(cluster, job, rank: int) -> str:
+    """SIGKILL the worker process that runs ``rank`` of ``job``; its address."""
+    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == rank)
+    pid = cluster.client.run(os.getpid, workers=[worker])[worker]
+    os.kill(pid, signal.SIGKILL)
+    # until the scheduler knows: a later test must not count the dead worker as a slot
+    wait_for(lambda: worker not in [s["worker"] for s in cluster.slots()], timeout=60)
+    return worker

@@ -22,7 +22,7 @@ from clustersdk.runtime.control import Control
 from clustersdk.widgets.model import JobView
 
 from . import workloads
-from .helpers import assert_same_run, losses, wait_for
+from .helpers import assert_same_run, checkpointed_at, kill_worker_of, losses, wait_for
 
 
 TRAIN = {"steps": 60, "delay": 0.03}
@@ -52,16 +52,6 @@ def uninterrupted(cluster3):
     return job.wait(timeout=120), losses(job)
 
 
-def kill_worker_of(cluster, job, rank: int) -> str:
-    """SIGKILL the worker process that runs ``rank`` of ``job``; its address."""
-    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == rank)
-    pid = cluster.client.run(os.getpid, workers=[worker])[worker]
-    os.kill(pid, signal.SIGKILL)
-    # until the scheduler knows: a later test must not count the dead worker as a slot
-    wait_for(lambda: worker not in [s["worker"] for s in cluster.slots()], timeout=60)
-    return worker
-
-
 class Statuses:
     """Every status the job's event stream announced, in order."""
 
@@ -82,10 +72,6 @@ class Statuses:
     def after(self, status: str) -> list[str]:
         with self._lock:
             return self.seen[self.seen.index(status):]
-
-
-def checkpointed_at(job, step: int) -> bool:
-    return (job.info().get("checkpoint_step") or 0) >= step
 
 
 def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, uninterrupted, tmp_path):

@@ -219,3 +219,47 @@ class FaultyStorage(FileStorage):
         _reach("rename")
         super().publish(tmp, final)
         _reach("committed")
+
+
+def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
+                stop_at: int | None = None, delay: float = 0.0, dropout: float = 0.1,
+                n_experts: int = 0, n_layers: int = 2) -> dict | None:
+    """The exactness tests' job, under any strategy; rank 0 returns the whole state.
+
+    ``kind="mlp"``: the small MLP of :func:`ckpt_model` (dropout), AdamW and a step
+    schedule, in a plain ``loss.backward(); opt.step()`` loop. ``kind="lm"``: the
+    reference transformer (``n_experts`` > 0: mixture-of-experts blocks), AdamW and
+    warm-up + cosine over ``steps``, through ``ctx.train_step``. Every layout sees
+    the same ``global_batch`` samples per step. ``stop_at`` ends the loop early
+    (the schedule still spans ``steps``).
+    """
+    from clustersdk import models
+
+    batch_size = global_batch // ctx.dp_size
+    if kind == "mlp":
+        net = ctx.prepare(ckpt_model(dropout=dropout), loss_fn=nn.functional.mse_loss)
+        data = dataset()
+        opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
+    else:
+        net = ctx.prepare(models.Transformer(n_layers=n_layers, n_experts=n_experts),
+                          loss_fn=models.lm_loss)
+        data = models.SyntheticText(n=256, seq_len=16, vocab=64, seed=0)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
+        from clustersdk import warmup_cosine
+
+        sched = warmup_cosine(opt, warmup=3, total=steps)
+    ctx.register(optimizer=opt, scheduler=sched)
+    for _step, (x, y) in ctx.loop(ctx.shard(data, batch_size=batch_size), steps=stop_at or steps):
+        if kind == "mlp":
+            loss = nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            loss = ctx.train_step(opt, x, y)
+        sched.step()
+        ctx.log(loss=loss)
+        if delay:
+            time.sleep(delay)
+    return {"state": ctx.full_state_dict(opt), "step": ctx.step}
