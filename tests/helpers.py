@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -74,3 +75,26 @@ def kill_worker_of(cluster, job, rank: int) -> str:
     # until the scheduler knows: a later test must not count the dead worker as a slot
     wait_for(lambda: worker not in [s["worker"] for s in cluster.slots()], timeout=60)
     return worker
+
+
+class Statuses:
+    """Every status a job's event stream announces, in order."""
+
+    def __init__(self, job: Any):
+        self.seen: list[str] = []
+        self._lock = threading.Lock()
+        job.on_event(self._on_event)
+
+    def _on_event(self, msg: dict) -> None:
+        if msg.get("kind") == "status":
+            with self._lock:
+                self.seen.append(msg["status"])
+
+    def __contains__(self, status: str) -> bool:
+        with self._lock:
+            return status in self.seen
+
+    def after(self, status: str) -> list[str]:
+        """The statuses from the first ``status`` on (none if it never came)."""
+        with self._lock:
+            return self.seen[self.seen.index(status):] if status in self.seen else []

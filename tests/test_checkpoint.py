@@ -16,13 +16,6 @@ from . import workloads
 from .helpers import assert_same_run, losses, step_reached, wait_for
 
 
-
-
-
-
-
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, tmp_path_factory):
     job = cluster.launch(workloads.train_ckpt, kwargs={"steps": 60}, world_size=2,

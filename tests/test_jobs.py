@@ -21,9 +21,6 @@ from . import workloads
 from .helpers import wait_for
 
 
-
-
-
 def test_ddp_equals_single_process_reference(idle):
     job = idle.launch(workloads.train_mlp, kwargs={"steps": 40}, world_size=2, name="ddp-ref")
     out = job.wait(timeout=120)

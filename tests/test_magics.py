@@ -11,8 +11,6 @@ import clustersdk as cs
 from clustersdk.magics import ClusterMagics, RemoteFailure, cell_function
 
 
-
-
 @pytest.fixture(scope="module")
 def shell():
     ip = InteractiveShell.instance()

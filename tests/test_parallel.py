@@ -15,7 +15,6 @@ import clustersdk as cs
 
 from . import workloads_parallel as W
 
-
 LOSS_RTOL = 1e-5
 # Sharded matmuls add in another order; ten AdamW steps keep that near float eps.
 PARAM_TOL = {"rtol": 1e-4, "atol": 2e-5}

@@ -16,7 +16,6 @@ from clustersdk.runtime import checkpoint as ckpt
 
 from . import workloads_parallel as W
 
-
 STEPS = 6
 # name -> launch options of the source job
 SOURCES = {

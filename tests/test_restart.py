@@ -7,10 +7,7 @@ brings each back, so the cluster heals while the tests watch.
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +19,14 @@ from clustersdk.runtime.control import Control
 from clustersdk.widgets.model import JobView
 
 from . import workloads
-from .helpers import assert_same_run, checkpointed_at, kill_worker_of, losses, wait_for
-
+from .helpers import (
+    Statuses,
+    assert_same_run,
+    checkpointed_at,
+    kill_worker_of,
+    losses,
+    wait_for,
+)
 
 TRAIN = {"steps": 60, "delay": 0.03}
 
@@ -50,28 +53,6 @@ def healed(cluster3):
 def uninterrupted(cluster3):
     job = cluster3.launch(workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]}, world_size=2)
     return job.wait(timeout=120), losses(job)
-
-
-class Statuses:
-    """Every status the job's event stream announced, in order."""
-
-    def __init__(self, job):
-        self.seen: list[str] = []
-        self._lock = threading.Lock()
-        job.on_event(self._on_event)
-
-    def _on_event(self, msg: dict) -> None:
-        if msg.get("kind") == "status":
-            with self._lock:
-                self.seen.append(msg["status"])
-
-    def __contains__(self, status: str) -> bool:
-        with self._lock:
-            return status in self.seen
-
-    def after(self, status: str) -> list[str]:
-        with self._lock:
-            return self.seen[self.seen.index(status):]
 
 
 def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, uninterrupted, tmp_path):

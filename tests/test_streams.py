@@ -19,7 +19,6 @@ from clustersdk.runtime.data import ShardedLoader, make_loader
 from clustersdk.runtime.parquet import ParquetLoader
 from clustersdk.runtime.streams import StreamLoader
 
-
 CPU = torch.device("cpu")
 
 

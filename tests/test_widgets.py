@@ -19,12 +19,11 @@ from clustersdk.widgets.cluster import ClusterDashboard
 from clustersdk.widgets.format import fmt_duration, progress_text
 from clustersdk.widgets.job import JobDashboard
 from clustersdk.widgets.model import JobView
-from clustersdk.widgets.series import Cutoff, RateMeter, Series
 from clustersdk.widgets.pump import Pump
+from clustersdk.widgets.series import Cutoff, RateMeter, Series
 
 from . import workloads
 from .helpers import wait_for
-
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 

@@ -9,7 +9,6 @@ reach every test of the suite. Imported here, it reaches this folder only.
 
 from __future__ import annotations
 
-
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures and hooks)
 from traitlets.config import Config
@@ -18,9 +17,6 @@ import clustersdk as cs
 
 from .. import workloads
 from ..helpers import wait_for
-
-
-
 
 
 @pytest.fixture(scope="package")

@@ -11,8 +11,8 @@ from tornado.httpclient import HTTPClientError
 import clustersdk as cs
 
 from .. import workloads
-from .conftest import extension_config
 from ..helpers import wait_for
+from .conftest import extension_config
 
 
 @pytest.fixture

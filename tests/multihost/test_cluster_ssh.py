@@ -7,16 +7,15 @@ really talk over eth0, not over loopback.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 import clustersdk as cs
 
 from .. import workloads
+from ..helpers import Statuses, wait_for
 from . import jobs, netbed
-from .conftest import addresses, ssh_options, wait_for
+from .helpers import addresses, ssh_options
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -145,24 +144,6 @@ def test_pause_suspend_and_resume_at_world_size_4_move_across_hosts(idle, uninte
     assert got.keys() == reference_losses.keys()
     for step, loss in got.items():
         assert loss == pytest.approx(reference_losses[step], abs=1e-6)
-
-
-class Statuses:
-    """Every status the job's event stream announced, in order."""
-
-    def __init__(self, job):
-        self.seen: list[str] = []
-        self._lock = threading.Lock()
-        job.on_event(self._on_event)
-
-    def _on_event(self, msg: dict) -> None:
-        if msg.get("kind") == "status":
-            with self._lock:
-                self.seen.append(msg["status"])
-
-    def after(self, status: str) -> list[str]:
-        with self._lock:
-            return self.seen[self.seen.index(status):] if status in self.seen else []
 
 
 def host_named(bed, address: str):

@@ -19,8 +19,9 @@ import pytest
 
 import clustersdk as cs
 
+from ..helpers import wait_for
 from . import netbed
-from .conftest import cmdline, gone, need_bed, ssh_options, started_on, wait_for
+from .helpers import cmdline, gone, need_bed, ssh_options, started_on
 
 pytestmark = pytest.mark.timeout(240)
 

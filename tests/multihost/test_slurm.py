@@ -11,8 +11,8 @@ import torch
 import clustersdk as cs
 
 from .. import workloads
+from ..helpers import wait_for
 from . import jobs, slurmbed
-from .conftest import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

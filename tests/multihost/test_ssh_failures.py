@@ -14,8 +14,9 @@ import pytest
 import clustersdk as cs
 from clustersdk.cluster import sshconn
 
+from ..helpers import wait_for
 from . import netbed
-from .conftest import addresses, cmdline, gone, need_bed, ssh_options, started_on, wait_for
+from .helpers import addresses, cmdline, gone, need_bed, ssh_options, started_on
 
 pytestmark = pytest.mark.timeout(180)
 
