@@ -93,6 +93,7 @@ def _bytes(tensors: Any) -> int:
 
 def main(out: str, steps: int, cases: list[dict[str, Any]]) -> None:
     """Under torchrun: every case in turn on one process group, as clustersdk would run it."""
+    from clustersdk.protocol import WireSpec
     from clustersdk.runtime.context import TrainContext
 
     torch.set_num_threads(1)  # torchrun's OMP_NUM_THREADS=1, made explicit
@@ -103,7 +104,8 @@ def main(out: str, steps: int, cases: list[dict[str, Any]]) -> None:
         ctx = TrainContext(job="torchrun", name=case["name"], rank=rank, world_size=world,
                            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
                            device=torch.device("cpu"), strategy=case["strategy"],
-                           spec={"strategy": case["strategy"], **case.get("spec", {})})
+                           spec=WireSpec(id="torchrun", name=case["name"], world_size=world,
+                                         strategy=case["strategy"], **case.get("spec", {})))
         results[case["name"]] = train(ctx, steps)
         del ctx
         gc.collect()

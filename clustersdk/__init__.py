@@ -3,38 +3,42 @@
 >>> import clustersdk as cs
 >>> cluster = cs.Cluster.local(workers=2)            # doctest: +SKIP
 >>> job = cluster.launch(train, world_size=2)        # doctest: +SKIP
+
+Importing the package is cheap: each public name loads its module (Dask,
+torch...) on first use, so the pure parts (``clustersdk.protocol``,
+``clustersdk.control.policy``...) and the server extension never pay for them.
 """
 
 from __future__ import annotations
 
-from . import config  # noqa: F401  (registers the clustersdk.* defaults)
-from .cluster import Cluster
-from .errors import (
-    CapacityError,
-    CheckpointError,
-    ClusterSDKError,
-    InvalidTransitionError,
-    JobFailedError,
-    JobNotFoundError,
-    JobStoppedError,
-    JobTimeoutError,
-    PluginMissingError,
-    SpecError,
-)
-from .job import Job
-from .runtime.context import TrainContext
-from .runtime.training import warmup_cosine
-from .spec import STRATEGIES, JobSpec
-from .status import JobStatus
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
-    """``%load_ext clustersdk``: the %cluster, %%distributed, %jobs and %job magics."""
-    from .magics import load_ipython_extension as load
-
-    load(ipython)
+# public name -> the module that defines it
+_EXPORTS = {
+    "STRATEGIES": "spec",
+    "CapacityError": "errors",
+    "CheckpointError": "errors",
+    "Cluster": "cluster.base",
+    "ClusterSDKError": "errors",
+    "HostKeyError": "errors",
+    "InvalidTransitionError": "errors",
+    "Job": "job",
+    "JobFailedError": "errors",
+    "JobNotFoundError": "errors",
+    "JobSpec": "spec",
+    "JobStatus": "status",
+    "JobStoppedError": "errors",
+    "JobTimeoutError": "errors",
+    "PluginMissingError": "errors",
+    "ProtocolError": "errors",
+    "SpecError": "errors",
+    "StartError": "errors",
+    "TrainContext": "runtime.context",
+    "warmup_cosine": "runtime.training",
+}
 
 __all__ = [
     "STRATEGIES",
@@ -42,6 +46,7 @@ __all__ = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -51,7 +56,52 @@ __all__ = [
     "JobStoppedError",
     "JobTimeoutError",
     "PluginMissingError",
+    "ProtocolError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]
+
+if TYPE_CHECKING:
+    from .cluster.base import Cluster
+    from .errors import (
+        CapacityError,
+        CheckpointError,
+        ClusterSDKError,
+        HostKeyError,
+        InvalidTransitionError,
+        JobFailedError,
+        JobNotFoundError,
+        JobStoppedError,
+        JobTimeoutError,
+        PluginMissingError,
+        ProtocolError,
+        SpecError,
+        StartError,
+    )
+    from .job import Job
+    from .runtime.context import TrainContext
+    from .runtime.training import warmup_cosine
+    from .spec import STRATEGIES, JobSpec
+    from .status import JobStatus
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'clustersdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
+    """``%load_ext clustersdk``: the %cluster, %%distributed, %jobs and %job magics."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

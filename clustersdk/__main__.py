@@ -1,8 +1,9 @@
-"""Command line: ``python -m clustersdk demo|jobs``."""
+"""Command line: ``python -m clustersdk demo|doctor|jobs|show|pause|resume|...``."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
@@ -14,26 +15,49 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--workers", type=int, default=2, help="ranks (default: 2)")
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
 
-    jobs = sub.add_parser("jobs", help="list the jobs of a running cluster")
-    jobs.add_argument("scheduler", help="the Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    from . import cli
+
+    cli.add_commands(sub)  # jobs, show, pause, resume, checkpoint, suspend, stop, logs, history
+
+    doctor = sub.add_parser("doctor", help="pre-flight checks of a running cluster; exit 1 on "
+                                           "any problem")
+    doctor.add_argument("scheduler", help="the Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    doctor.add_argument("--checkpoint-dir", default=None,
+                        help="check free space, writes and sharing there")
+    doctor.add_argument("--no-bandwidth", action="store_true", help="skip the all-reduce sweep")
+    doctor.add_argument("--max-size", type=_bytes, default=None,
+                        help="largest all-reduce, e.g. 64MiB (default 256MiB)")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
 
     args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return _doctor(args)
     if args.command == "demo":
         from .demo import run
 
         run(workers=args.workers, steps=args.steps)
-    elif args.command == "jobs":
-        _jobs(args.scheduler)
-    return 0
+        return 0
+    return cli.run(args)
 
 
-def _jobs(address: str) -> None:
+def _bytes(text: str) -> int:
+    """``"64MiB"``, ``"1M"``, ``"4096"`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64MiB")
+    return int(float(match[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2].lower()])
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
     import clustersdk as cs
 
-    with cs.Cluster.connect(address) as cluster:
-        print(f"{'name':<28} {'status':<10} {'ranks':>5}  strategy")
-        for job in cluster.jobs():
-            print(f"{job.name:<28} {job._record['status']:<10} {job.world_size:>5}  {job.strategy}")
+    with cs.Cluster.connect(args.scheduler) as cluster:
+        report = cluster.doctor(checkpoint_dir=args.checkpoint_dir,
+                                bandwidth=not args.no_bandwidth, max_size=args.max_size)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

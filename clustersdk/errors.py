@@ -6,11 +6,14 @@
      ├── SpecError (also ValueError)        a bad argument, caught before anything runs
      ├── CapacityError (also ValueError)    asks for more slots than the cluster can ever hold
      ├── PluginMissingError                  the scheduler has no clustersdk control plane
+     ├── ProtocolError                       a peer speaks another version of the wire protocol
      ├── JobNotFoundError (also KeyError)    no job by that name or id
      ├── InvalidTransitionError              an action that makes no sense in the job's state
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
      ├── JobStoppedError                     the job was stopped before it produced a result
      ├── CheckpointError                      a checkpoint can't be written, found or loaded
+     ├── StartError                          a cluster's hosts or batch jobs could not be started
+     │    └── HostKeyError                   an SSH host key is unknown or has changed: refused
      └── JobFailedError                      a rank raised; carries rank, type, message, traceback
 
 Every message names the bad value and what was expected, so that a user can
@@ -36,6 +39,10 @@ class PluginMissingError(ClusterSDKError):
     """The Dask scheduler does not run the clustersdk control plane."""
 
 
+class ProtocolError(ClusterSDKError):
+    """A message or spec from a peer running another clustersdk release."""
+
+
 class JobNotFoundError(ClusterSDKError, KeyError):
     """No job with that name or id is known to the scheduler."""
 
@@ -58,6 +65,21 @@ class JobStoppedError(ClusterSDKError):
 class CheckpointError(ClusterSDKError):
     """A checkpoint can't be written, found or loaded; the message says why and
     which checkpoint is kept instead."""
+
+
+class StartError(ClusterSDKError):
+    """A cluster could not be brought up: a host that can't be reached, logged into or
+    started on, or a batch system that refused its jobs. ``host`` names the host (None
+    when the failure is not one host's); whatever had been started is stopped again."""
+
+    def __init__(self, message: str, host: str | None = None):
+        super().__init__(message)
+        self.host = host
+
+
+class HostKeyError(StartError):
+    """An SSH host offered a key that ``known_hosts`` does not have, or a different one
+    than it has. Never accepted silently: the message says how to check and add it."""
 
 
 class JobFailedError(ClusterSDKError):

@@ -2,22 +2,26 @@
 
 A ``Job`` holds no state of its own that matters: the control plane in the
 scheduler is the truth, so a handle made by ``Job.attach`` in another process
-sees exactly what the launching one sees.
+sees exactly what the launching one sees. A handle follows the job's event
+stream only while something needs it (``latest``, ``on_event``, a dashboard),
+and lets go of it when it is closed or garbage-collected.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import cloudpickle
 
 from .errors import InvalidTransitionError, JobFailedError, JobStoppedError, JobTimeoutError
+from .protocol import WireSpec
 from .status import JobStatus
 
 if TYPE_CHECKING:
-    from .cluster.base import Cluster
+    from .cluster.base import Cluster, Subscription
 
 WAIT_SLICE = 5.0  # seconds per server-side wait, so that Ctrl-C stays responsive
 
@@ -34,31 +38,36 @@ class Job:
         self.cluster = cluster
         self.id: str = record["id"]
         self.name: str = record["name"]
-        self.spec: dict[str, Any] = record["spec"]
         self._record = record
         self._latest: dict[int, dict[str, Any]] = {}
+        self._spec_stale = False  # a status event came: the world size may have changed
         self._callbacks: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
-        cluster._watch(self.id, self._on_event)
+        self._subscription: Subscription | None = None
 
     # attach ------------------------------------------------------------------
     @classmethod
     def attach(cls, cluster: Cluster, name: str) -> Job:
         """The newest job called ``name`` on ``cluster``, from any process."""
-        return cls(cluster, cluster._call("job", name=name))
+        return cls(cluster, cluster.job_record(name=name))
 
     # state ---------------------------------------------------------------------
     @property
+    def spec(self) -> WireSpec:
+        """Every option of the job as the scheduler keeps it (world size, strategy...)."""
+        return WireSpec.from_dict(self._record["spec"])
+
+    @property
     def world_size(self) -> int:
-        return self.spec["world_size"]
+        return self.spec.world_size
 
     @property
     def strategy(self) -> str:
-        return self.spec["strategy"]
+        return self.spec.strategy
 
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error."""
-        self._record = self.cluster._call("job", job=self.id)
+        self._record = self.cluster.sync(self.cluster.control.job, job=self.id)
         return self._record
 
     @property
@@ -77,13 +86,44 @@ class Job:
 
     @property
     def latest(self) -> dict[int, dict[str, Any]]:
-        """The last row each rank logged, kept current by the event stream."""
+        """The last row each rank of the job's current world size logged, kept current by
+        the event stream (a handle follows the stream from its launch, or from the first
+        read of ``latest``; a rank that a resume at a smaller world size left out is gone)."""
+        self.watch()
+        if self._spec_stale:
+            self._spec_stale = False
+            try:
+                self.info()
+            except Exception:  # the cluster is gone: keep what we know
+                pass
         with self._lock:
-            return {rank: dict(row) for rank, row in self._latest.items()}
+            return {rank: dict(row) for rank, row in self._latest.items()
+                    if rank < self.world_size}
 
     def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(msg)`` for every status change and metrics batch (from Dask's loop)."""
+        self.watch()
         self._callbacks.append(callback)
+
+    def watch(self) -> None:
+        """Follow the job's event stream (``latest``, ``on_event`` and dashboards do)."""
+        if self._subscription is not None:
+            return
+        ref = weakref.ref(self)
+
+        def deliver(message: dict[str, Any]) -> None:
+            job = ref()
+            if job is not None:
+                job._on_event(message)
+
+        self._subscription = self.cluster.subscribe(self.id, deliver)
+        weakref.finalize(self, self._subscription.close)
+
+    def close(self) -> None:
+        """Stop following the job's events (the job itself goes on)."""
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
 
     # results -------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> Any:
@@ -95,7 +135,7 @@ class Job:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
-            record = self.cluster._call("wait", job=self.id, timeout=max(left, 0.0))
+            record = self.cluster.sync(self.cluster.control.wait, self.id, timeout=max(left, 0.0))
             if JobStatus[record["status"]].terminal:
                 return self._outcome(record)
             if deadline is not None and time.monotonic() >= deadline:
@@ -107,7 +147,7 @@ class Job:
     @property
     def result(self) -> Any:
         """Rank 0's return value of a finished job (raises if it has none)."""
-        record = self.cluster._call("wait", job=self.id, timeout=0)
+        record = self.cluster.sync(self.cluster.control.wait, self.id, timeout=0)
         if not JobStatus[record["status"]].terminal:
             raise InvalidTransitionError(
                 f"job {self.name!r} is {record['status']}; it has no result yet (use job.wait())"
@@ -123,19 +163,25 @@ class Job:
             raise JobStoppedError(f"job {self.name!r} was stopped before it returned a result")
         return cloudpickle.loads(record["result"])
 
-    def history(self, since: int = 0) -> list[dict[str, Any]]:
-        """Every logged row after sequence number ``since``: seq, rank, step, time, scalars."""
-        return list(self.cluster._call("history", job=self.id, since=since))
+    def history(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Logged rows after sequence number ``since``: seq, rank, step, time, scalars."""
+        return list(self.cluster.sync(self.cluster.control.history, self.id, since=since,
+                                      limit=limit))
 
     def system(self, since: int = 0) -> list[dict[str, Any]]:
         """GPU samples per rank (utilisation, memory, temperature, power) or, without a
         GPU, CPU, memory and network samples; ``source`` says which ("nvml"/"psutil")."""
-        return list(self.cluster._call("system", job=self.id, since=since))
+        return list(self.cluster.sync(self.cluster.control.system, self.id, since=since))
+
+    def log_lines(self, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """Log lines after sequence number ``since`` (of one rank, or every rank):
+        seq, rank, time, stream ("stdout", "stderr", "log") and text."""
+        return list(self.cluster.sync(self.cluster.control.logs, self.id, rank=rank,
+                                      since=since))
 
     def logs(self, rank: int = 0) -> str:
         """What rank ``rank`` printed or logged, as text."""
-        lines = self.cluster._call("logs", job=self.id, rank=rank)
-        return "".join(line["text"] + "\n" for line in lines)
+        return "".join(line["text"] + "\n" for line in self.log_lines(rank))
 
     # control -------------------------------------------------------------------
     def pause(self, timeout: float | None = 60) -> int:
@@ -143,30 +189,33 @@ class Job:
 
         Returns once every rank has paused, with the step they stopped before.
         """
-        return self.cluster._call("pause", job=self.id, timeout=timeout)["paused_at"]
+        self._record = self.cluster.sync(self.cluster.control.pause, self.id, timeout=timeout)
+        return self._record["paused_at"]
 
     def resume(self, world_size: int | None = None) -> JobStatus:
         """Continue a PAUSED job, or queue a SUSPENDED one again (optionally at another
         ``world_size``; the global batch stays the same)."""
-        self._record = self.cluster._call("resume", job=self.id, world_size=world_size)
-        self.spec = self._record["spec"]  # the world size may have changed
+        self._record = self.cluster.sync(self.cluster.control.resume, self.id,
+                                         world_size=world_size)
         return JobStatus[self._record["status"]]
 
     def checkpoint(self, timeout: float | None = None) -> str:
         """Checkpoint at the next step boundary; return the committed checkpoint's path."""
-        return self.cluster._call("checkpoint", job=self.id, timeout=timeout)["checkpoint"]
+        self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id,
+                                         timeout=timeout)
+        return self._record["checkpoint"]
 
     def suspend(self, timeout: float | None = None) -> str:
         """Checkpoint, free the slots and wait SUSPENDED; ``resume()`` continues.
 
         Returns the path of the checkpoint the job will resume from.
         """
-        self._record = self.cluster._call("suspend", job=self.id, timeout=timeout)
+        self._record = self.cluster.sync(self.cluster.control.suspend, self.id, timeout=timeout)
         return self._record["checkpoint"]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has."""
-        self.cluster._call("stop", job=self.id)
+        self.cluster.sync(self.cluster.control.stop, self.id)
         if wait:
             try:
                 self.wait(timeout)
@@ -176,13 +225,22 @@ class Job:
 
     # events ------------------------------------------------------------------------
     def _on_event(self, msg: dict[str, Any]) -> None:
-        if msg.get("kind") == "metrics":
+        kind = msg.get("kind")
+        if kind == "status":
+            self._spec_stale = True  # read the record on the caller's thread, not Dask's
+        if kind == "metrics":
             with self._lock:
                 for row in msg.get("rows", ()):
-                    self._latest[row["rank"]] = {"step": row["step"], "time": row["time"],
-                                                 **row["scalars"]}
+                    self._keep_latest(row["rank"], row["step"], row["time"], row["scalars"])
+        elif kind == "rollback":  # those steps will be replayed
+            with self._lock:
+                for rank in [r for r, row in self._latest.items() if row["step"] >= msg["step"]]:
+                    del self._latest[rank]
         for callback in list(self._callbacks):
             callback(msg)
+
+    def _keep_latest(self, rank: int, step: int, when: float, scalars: dict[str, Any]) -> None:
+        self._latest[rank] = {"step": step, "time": when, **scalars}
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The live dashboard in Jupyter (plain HTML where ipywidgets is missing)."""

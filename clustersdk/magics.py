@@ -4,6 +4,9 @@
 
     %cluster local -n 2                 start a local cluster and show it
     %cluster connect tcp://10.0.0.5:8786
+    %cluster ssh node1 node2 --gpus-per-host 8
+    %cluster slurm --gpus-per-worker 1 --partition gpu
+    %cluster doctor                     pre-flight checks of the current cluster
     %%distributed -n 2 --strategy ddp   run the cell on 2 ranks, ``ctx`` bound
     %jobs                               the cluster's jobs
     %job pause NAME                     pause | resume | checkpoint | suspend | stop | show | logs
@@ -90,11 +93,22 @@ class ClusterMagics(Magics):
     # %cluster ------------------------------------------------------------------------
     @line_magic("cluster")
     @magic_arguments()
-    @argument("mode", nargs="?", help="local | connect | ssh | close (none: show the current cluster)")
+    @argument("mode", nargs="?",
+              help="local | connect | ssh | slurm | doctor | close (none: show the current cluster)")
     @argument("targets", nargs="*", help="connect: the scheduler address; ssh: the hosts")
     @argument("-n", "--workers", type=int, default=None,
-              help="local: worker slots (default: one per GPU, or 2 without a GPU)")
+              help="local: worker slots (default: one per GPU, or 2 without a GPU); slurm: "
+                   "workers to start now (default: as launches need them)")
     @argument("--gpus-per-host", type=int, default=None, help="ssh: GPUs (workers) per host")
+    @argument("--slots-per-host", type=int, default=None, help="ssh: CPU slots per GPU-less host")
+    @argument("--user", default=None, help="ssh: the login name")
+    @argument("--key-file", default=None, help="ssh: the private key")
+    @argument("--known-hosts", default=None, help="ssh: host keys (default ~/.ssh/known_hosts)")
+    @argument("--python", default=None, help="ssh, slurm: the workers' python")
+    @argument("--gpus-per-worker", type=int, default=None, help="slurm: --gres=gpu:N per worker")
+    @argument("--partition", default=None, help="slurm: the partition (queue)")
+    @argument("--checkpoint-dir", default=None, help="doctor: check free space and writes here")
+    @argument("--no-bandwidth", action="store_true", help="doctor: skip the all-reduce sweep")
     @argument("--state-dir", default=None, help="where job records live (default: ~/.clustersdk)")
     @argument("-h", "--help", action="store_true", help="show this help")
     def cluster(self, line: str = "") -> Any:
@@ -105,6 +119,10 @@ class ClusterMagics(Magics):
         mode = args.mode
         if mode is None:
             return self._current(None)
+        if mode == "doctor":
+            with one_line():
+                return self._current(None).doctor(checkpoint_dir=args.checkpoint_dir,
+                                                  bandwidth=not args.no_bandwidth)
         if mode == "close":
             cluster = self._current(None)
             cluster.close()
@@ -124,25 +142,25 @@ class ClusterMagics(Magics):
                                      "%cluster connect tcp://10.0.0.5:8786")
                 cluster = _connect(args.targets[0], options)
             elif mode == "ssh":
-                ssh = getattr(cs.Cluster, "ssh", None)
-                if ssh is None:
-                    raise UsageError("this clustersdk has no Cluster.ssh yet; use %cluster connect "
-                                     "with the address of a scheduler you started")
                 if not args.targets:
                     raise UsageError("%cluster ssh needs at least one host, e.g. %cluster ssh node1 node2")
-                if args.gpus_per_host is not None:
-                    options["gpus_per_host"] = args.gpus_per_host
-                cluster = ssh(args.targets, **options)
+                cluster = cs.Cluster.ssh(args.targets, **options, **_given(
+                    args, "gpus_per_host", "slots_per_host", "user", "key_file", "known_hosts",
+                    "python"))
+            elif mode == "slurm":
+                cluster = cs.Cluster.slurm(**options, **_given(
+                    args, "gpus_per_worker", "partition", "python"), **(
+                    {"workers": args.workers} if args.workers is not None else {}))
             else:
-                raise UsageError(f"unknown mode {mode!r}: use local, connect, ssh or close "
-                                 "(%cluster --help)")
+                raise UsageError(f"unknown mode {mode!r}: use local, connect, ssh, slurm, doctor "
+                                 "or close (%cluster --help)")
         self._replace(cluster, local=mode == "local")
         return cluster
 
     def _replace(self, cluster: cs.Cluster, local: bool) -> None:
         old, old_local = self.current, self._made_local
         self.current, self._made_local = cluster, local
-        if old is not None and old_local and not old._closed:
+        if old is not None and old_local and not old.closed:
             old.close()  # re-running the cell must not leave a second local cluster behind
             print(f"(closed the previous local cluster {old.kind})")
 
@@ -153,10 +171,10 @@ class ClusterMagics(Magics):
             if not isinstance(found, cs.Cluster):
                 raise UsageError(f"--cluster {name}: no Cluster called {name!r} in the namespace")
             return found
-        if self.current is not None and not self.current._closed:
+        if self.current is not None and not self.current.closed:
             return self.current
         clusters = {k: v for k, v in self.shell.user_ns.items()
-                    if isinstance(v, cs.Cluster) and not v._closed and not k.startswith("_")}
+                    if isinstance(v, cs.Cluster) and not v.closed and not k.startswith("_")}
         if len(set(map(id, clusters.values()))) == 1:
             return next(iter(clusters.values()))
         if not clusters:
@@ -246,6 +264,11 @@ class ClusterMagics(Magics):
                 result = getattr(job, args.action)()
         print(f"job {job.name!r}: {_said(args.action, result)}")
         return None
+
+
+def _given(args: Any, *names: str) -> dict[str, Any]:
+    """The options the user gave on the line (the others keep the API's defaults)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
 def _connect(target: str, options: dict[str, Any]) -> cs.Cluster:

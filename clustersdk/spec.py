@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import numbers
 import os
 import re
@@ -12,6 +13,7 @@ from typing import Any, Callable
 import cloudpickle
 
 from .errors import SpecError
+from .protocol import DEFAULTS, WireSpec
 
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
@@ -46,21 +48,21 @@ class JobSpec:
     world_size: int
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    strategy: str = "ddp"
+    strategy: str = DEFAULTS.strategy
     name: str | None = None
-    timeout: float = 60.0           # process-group timeout, seconds
-    metrics_interval: float = 0.2   # how often ranks ship metrics and logs, seconds
+    timeout: float = DEFAULTS.timeout                    # process-group timeout, seconds
+    metrics_interval: float = DEFAULTS.metrics_interval  # how often ranks ship metrics, seconds
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None  # steps between periodic checkpoints
-    keep: int = 3                       # committed checkpoints kept
-    async_checkpoint: bool = True
+    keep: int = DEFAULTS.keep            # committed checkpoints kept
+    async_checkpoint: bool = DEFAULTS.async_checkpoint
     resume: str | None = None           # "auto" (newest in checkpoint_dir) or a checkpoint path
     tensorboard_dir: str | None = None  # every ctx.log scalar as TensorBoard events
-    max_restarts: int = 0               # gang restarts after a lost worker (from the newest checkpoint)
+    max_restarts: int = DEFAULTS.max_restarts  # gang restarts after a lost worker
     # model parallelism and training features (see clustersdk.layout, runtime/strategies)
     mesh: dict[str, int] | None = None  # e.g. {"dp": 2, "tp": 2}; default: all ranks on one dim
-    precision: str = "fp32"             # "bf16" (autocast) or "fp16" (autocast + grad scaler, CUDA)
-    grad_accum: int = 1                 # micro-batches per optimizer step
+    precision: str = DEFAULTS.precision  # "bf16" (autocast) or "fp16" (+ grad scaler, CUDA)
+    grad_accum: int = DEFAULTS.grad_accum  # micro-batches per optimizer step
     clip_grad_norm: float | None = None
     microbatches: int | None = None     # pp: micro-batches per schedule step (default: stages)
     schedule: str | None = None         # pp: "gpipe" (default) or "1f1b"
@@ -69,6 +71,10 @@ class JobSpec:
     cpu_offload: bool | None = None     # fsdp: keep parameters and optimizer state in CPU memory
     model: Any = None                   # nn.Module or factory: checked at launch, built by ctx.prepare()
     plan: dict | None = None            # tp / 2-D: module name -> "colwise" | "rowwise" | ParallelStyle
+    env: dict[str, str] | None = None   # environment of each rank (NCCL_*, GLOO_SOCKET_IFNAME...)
+    # the job's own code, shipped to the workers (see clustersdk.cluster.shipping)
+    working_dir: str | None = None      # a directory: its modules and files; the ranks' cwd
+    py_modules: list | None = None      # modules (or their names) to ship
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -107,6 +113,20 @@ class JobSpec:
 
         self._check_checkpoint_options()
         self._check_parallel_options()
+        self.env = check_env(self.env)
+        self._check_code_options()
+
+    def _check_code_options(self) -> None:
+        if self.working_dir is not None:
+            if not isinstance(self.working_dir, (str, os.PathLike)) or \
+                    not os.path.isdir(self.working_dir):
+                raise SpecError(f"working_dir must be a directory, got {self.working_dir!r}")
+            self.working_dir = os.path.abspath(os.fspath(self.working_dir))
+        if self.py_modules is not None:
+            if isinstance(self.py_modules, (str, bytes)) or not hasattr(self.py_modules, "__iter__"):
+                raise SpecError(f"py_modules must be a list of modules or module names, got "
+                                f"{self.py_modules!r}")
+            self.py_modules = list(self.py_modules)
 
     def _check_checkpoint_options(self) -> None:
         if self.checkpoint_dir is not None:
@@ -191,13 +211,12 @@ class JobSpec:
                 raise SpecError(f"model= returned {type(model).__name__}, not an nn.Module")
         strategies.check(layout, model, plan=self.plan, split=self.split)
 
-    def payload(self) -> bytes:
-        """The function and its arguments, cloudpickled; a clear error if they can't be."""
-        fn = self.fn
-        if self.model is not None or self.plan is not None:
-            fn = _WithObjects(fn, {"model": self.model, "plan": self.plan})
+    def payload(self, dumps: Callable[[Any], bytes] = cloudpickle.dumps) -> bytes:
+        """The function, its arguments and the Python objects given to launch (a model
+        factory, a TP plan), pickled by ``dumps``; a clear error if they can't be."""
+        objects = {k: v for k, v in (("model", self.model), ("plan", self.plan)) if v is not None}
         try:
-            return cloudpickle.dumps((fn, self.args, self.kwargs))
+            return dumps((self.fn, self.args, self.kwargs, objects))
         except Exception as e:
             what = getattr(self.fn, "__qualname__", repr(self.fn))
             raise SpecError(
@@ -206,45 +225,58 @@ class JobSpec:
                 "open files, locks, sockets or clients out of it and create them inside the function"
             ) from e
 
-    def to_wire(self) -> dict[str, Any]:
-        """The msgpack-able part the scheduler keeps (no function)."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "world_size": self.world_size,
-            "strategy": self.strategy,
-            "timeout": float(self.timeout),
-            "metrics_interval": float(self.metrics_interval),
-            "fn": getattr(self.fn, "__qualname__", repr(self.fn)),
-            "checkpoint_dir": self.checkpoint_dir,
-            "checkpoint_every": self.checkpoint_every,
-            "keep": self.keep,
-            "async_checkpoint": bool(self.async_checkpoint),
-            "resume": self.resume,
-            "tensorboard_dir": self.tensorboard_dir,
-            "max_restarts": self.max_restarts,
-            "attempt": 0,  # the control plane counts restarts and resumes
-            "mesh": self.mesh,
-            "precision": self.precision,
-            "grad_accum": self.grad_accum,
-            "clip_grad_norm": None if self.clip_grad_norm is None else float(self.clip_grad_norm),
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "split": self.split,
-            "reshard_after_forward": self.reshard_after_forward,
-            "cpu_offload": self.cpu_offload,
-        }
+    def to_wire(self) -> WireSpec:
+        """What the scheduler keeps and the ranks get: every option, no Python objects."""
+        return WireSpec(
+            id=self.id, name=self.name, world_size=self.world_size, strategy=self.strategy,
+            timeout=float(self.timeout), metrics_interval=float(self.metrics_interval),
+            fn=getattr(self.fn, "__qualname__", repr(self.fn)), owner=owner(),
+            checkpoint_dir=self.checkpoint_dir, checkpoint_every=self.checkpoint_every,
+            keep=self.keep, async_checkpoint=bool(self.async_checkpoint), resume=self.resume,
+            tensorboard_dir=self.tensorboard_dir, max_restarts=self.max_restarts,
+            mesh=self.mesh, precision=self.precision, grad_accum=self.grad_accum,
+            clip_grad_norm=None if self.clip_grad_norm is None else float(self.clip_grad_norm),
+            microbatches=self.microbatches, schedule=self.schedule, split=self.split,
+            reshard_after_forward=self.reshard_after_forward, cpu_offload=self.cpu_offload,
+            env=dict(self.env) if self.env else None, working_dir=self.working_dir,
+            py_modules=[getattr(m, "__name__", m) for m in self.py_modules or ()] or None,
+        )
 
 
-class _WithObjects:
-    """The training function, carrying the Python objects given to launch (a model
-    factory, a TP plan) to the rank's context: they can't travel in the wire spec."""
+# set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
+RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-    def __init__(self, fn: Callable[..., Any], objects: dict[str, Any]):
-        self.fn, self.objects = fn, objects
-        self.__name__ = getattr(fn, "__name__", "job")
-        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
-    def __call__(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        ctx._launched.update(self.objects)
-        return self.fn(ctx, *args, **kwargs)
+def check_env(env: Any) -> dict[str, str] | None:
+    """``env`` as a dict of str to str, or a SpecError naming the bad entry.
+
+    >>> check_env({"NCCL_DEBUG": "INFO", "NCCL_BUFFSIZE": 4194304})
+    {'NCCL_DEBUG': 'INFO', 'NCCL_BUFFSIZE': '4194304'}
+    """
+    if env is None:
+        return None
+    if not isinstance(env, dict):
+        raise SpecError(f"env must be a dict of environment variables, got {type(env).__name__}")
+    out = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise SpecError(f"env: {name!r} is not an environment variable name")
+        if name in RESERVED_ENV:
+            raise SpecError(
+                f"env: {name} is set by clustersdk for each rank; MASTER_ADDR is rank 0's worker "
+                "address, so pick the interface the workers listen on instead "
+                "(Cluster.ssh(interface=...)), and the port range with rendezvous_ports=")
+        if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+            raise SpecError(f"env: {name}={value!r} must be a string or a number")
+        out[name] = str(value)
+    return out
+
+
+def owner() -> str:
+    """Who launches: the login name (what the lab panel and ``clustersdk jobs`` show)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container uid with no passwd entry and no $USER
+        return f"uid {os.getuid()}"

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import logging
 
+import cloudpickle
 import dask.config
 import pytest
 
 import clustersdk as cs
+
+from . import workloads, workloads_parallel
+from .helpers import wait_idle
+
+# The workers import the workload functions by value: tests/ is not on their path.
+cloudpickle.register_pickle_by_value(workloads)
+cloudpickle.register_pickle_by_value(workloads_parallel)
 
 # Dask's INFO lines drown the test output; warnings still show.
 dask.config.set({"distributed.logging.distributed": "warning"})
@@ -39,25 +47,12 @@ def cluster(tmp_path_factory):
 @pytest.fixture
 def idle(cluster):
     """The module's cluster, checked to have every slot free before and after the test."""
-    _wait_idle(cluster)
+    wait_idle(cluster)
     yield cluster
     for job in cluster.jobs():  # a failed test may leave a job behind: stop it
         if not job.status.terminal:
             job.stop(wait=False)
-    _wait_idle(cluster)
-
-
-def _wait_idle(cluster, timeout: float = 30.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        busy = [s for s in cluster.slots() if s["job"]]
-        if not busy:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"slots still busy after {timeout} s: {busy}")
-        time.sleep(0.05)
+    wait_idle(cluster)
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +69,12 @@ def cluster4(tmp_path_factory):
 @pytest.fixture
 def idle4(cluster4):
     """The four-slot cluster, every slot free before and after the test."""
-    _wait_idle(cluster4)
+    wait_idle(cluster4)
     yield cluster4
     for job in cluster4.jobs():
         if not job.status.terminal:
             job.stop(wait=False)
-    _wait_idle(cluster4)
+    wait_idle(cluster4)
 
 
 def pytest_runtest_setup(item):

@@ -40,6 +40,7 @@ def test_checkpoint_benchmark_smoke(tmp_path):
     medians = result["medians"]
     assert all(p["latency_s"] > 0 for p in medians["pause"].values())
     assert set(medians["saves"]) == {"async", "sync"} and medians["checkpoint_mb"] > 0
+    assert all(0 < t < 60 for t in medians["resume_s"].values())
     assert set(medians["resume_s"]) == {"2->2", "2->1"}
     assert set(result["targets_met"]) >= {"blocked", "throughput"}
 
@@ -62,6 +63,16 @@ def test_parallel_benchmark_smoke(tmp_path):
         assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
     assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
     assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())
+
+
+@pytest.mark.slow
+def test_data_benchmark_smoke():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "data.py"), "--repeats", "1", "--rows", "20000"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "prefetch=2 / prefetch=0" in proc.stdout and "prefetch=2 / datasets" in proc.stdout
 
 
 @pytest.mark.slow

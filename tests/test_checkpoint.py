@@ -7,42 +7,13 @@ import random
 import subprocess
 import time
 
-import cloudpickle
 import pytest
-import torch
 
 import clustersdk as cs
 from clustersdk.runtime import checkpoint as ckpt
 
 from . import workloads
-from .test_jobs import wait_for
-
-cloudpickle.register_pickle_by_value(workloads)
-
-
-def losses(job, rank: int = 0) -> dict[int, float]:
-    rows = [r for r in job.history() if r["rank"] == rank]
-    steps = [r["step"] for r in rows]
-    assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["loss"] for r in rows}
-
-
-def assert_same_run(a: dict, b: dict, exact: bool) -> None:
-    assert a["step"] == b["step"]
-    for key in a["params"]:
-        if exact:
-            assert torch.equal(a["params"][key], b["params"][key]), key
-        else:
-            torch.testing.assert_close(a["params"][key], b["params"][key], rtol=0, atol=1e-6)
-    if exact:
-        for index, state in a["optim"]["state"].items():
-            for name, value in state.items():
-                assert torch.equal(value, b["optim"]["state"][index][name]), (index, name)
-        assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
-
-
-def step_reached(job, step: int) -> bool:
-    return any(r["step"] >= step for r in job.history())
+from .helpers import assert_same_run, losses, step_reached, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +112,9 @@ def test_resume_auto_continues_from_the_newest_checkpoint(idle, uninterrupted, t
     assert "resumed from" in again.logs(0)
 
 
-@pytest.mark.parametrize("point", ["staged", "data", "metadata", "manifest", "rename", "committed"])
+@pytest.mark.parametrize("point", workloads.FAULT_POINTS)
 def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle, tmp_path, point):
-    idle.client.run(ckpt.inject_fault, point, 2)  # the second save dies at `point`
+    idle.client.run(workloads.inject_fault, point, 2)  # the second save dies at `point`
     before = {s["worker"] for s in idle.slots()}
     try:
         job = idle.launch(workloads.train_ckpt, kwargs={"steps": 30, "delay": 0.01}, world_size=2,
@@ -155,7 +126,7 @@ def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle
         # the nanny restarted the killed worker(s): new addresses, all slots back
         wait_for(lambda: len(idle.slots()) == 2 and {s["worker"] for s in idle.slots()} != before,
                  timeout=60)
-        idle.client.run(ckpt.inject_fault, None)
+        idle.client.run(workloads.inject_fault, None)
     newest = ckpt.latest(str(tmp_path))
     expected_step = 10 if point == "committed" else 5
     assert newest == ckpt.step_dir(str(tmp_path), expected_step)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cloudpickle
 import pytest
 import torch
 
@@ -10,7 +9,6 @@ import clustersdk as cs
 
 from . import workloads
 
-cloudpickle.register_pickle_by_value(workloads)
 pytestmark = pytest.mark.gpu
 
 

@@ -11,7 +11,6 @@ import textwrap
 import threading
 import time
 
-import cloudpickle
 import pytest
 import torch
 
@@ -19,19 +18,7 @@ import clustersdk as cs
 from clustersdk.control.journal import Journal
 
 from . import workloads
-
-# The workers import these functions by value: tests/ is not on their path.
-cloudpickle.register_pickle_by_value(workloads)
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+from .helpers import wait_for
 
 
 def test_ddp_equals_single_process_reference(idle):
@@ -245,7 +232,7 @@ def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
     # interval passes (a rank's own events, started/exit, carry what is left)
     assert len(rows) > 200
     for rank in (0, 1):
-        sent = sorted(e["sent"] for e in events if e["rank"] == rank and "event" not in e)
+        sent = sorted(e["sent"] for e in events if e["rank"] == rank and e["event"] == "metrics")
         assert len(sent) >= 2
         assert min(b - a for a, b in zip(sent, sent[1:])) >= 0.25 - 0.01
         assert sum(len(e["rows"]) for e in events if e["rank"] == rank) == len([r for r in rows if r["rank"] == rank])
@@ -293,3 +280,29 @@ def test_a_refused_action_is_an_exception_not_a_logged_crash(idle, caplog):
 def test_stop_right_after_launch_is_not_lost(idle):
     job = idle.launch(workloads.spin, world_size=2)
     assert job.stop(timeout=60) is cs.JobStatus.STOPPED
+
+
+def _subscribers(cluster, job_id: str) -> int:
+    """How many clients the scheduler sends the job's events to."""
+    def count(dask_scheduler, topic):
+        found = dask_scheduler._broker._topics.get(topic)
+        return len(found.subscribers) if found is not None else 0
+
+    return cluster.client.run_on_scheduler(count, topic=f"clustersdk-job-{job_id}")
+
+
+def test_handles_follow_events_only_while_they_are_alive(idle):
+    import gc
+
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2)
+    job.wait(timeout=60)
+    assert _subscribers(idle, job.id) == 1  # the launching handle follows its job
+    listed = idle.jobs()  # plain handles: nothing subscribed for them
+    attached = cs.Job.attach(idle, job.name)
+    assert _subscribers(idle, job.id) == 1 and attached.latest == {}
+    assert _subscribers(idle, job.id) == 1  # one subscription per job, shared by handles
+    job.close()
+    assert _subscribers(idle, job.id) == 1  # the attached handle still follows it
+    del attached, listed
+    gc.collect()
+    wait_for(lambda: _subscribers(idle, job.id) == 0, timeout=10)

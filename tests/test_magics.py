@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import time
 
-import cloudpickle
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import clustersdk as cs
 from clustersdk.magics import ClusterMagics, RemoteFailure, cell_function
-
-from . import workloads
-
-cloudpickle.register_pickle_by_value(workloads)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +90,7 @@ def test_cluster_local_starts_shows_and_closes(shell, tmp_path, capsys):
         assert "1 CPU slot on 1 host" in bundle["text/plain"]
     finally:
         run(shell, "%cluster close")
-    assert cluster._closed and magics.current is None
+    assert cluster.closed and magics.current is None
     assert "closed <Cluster local (closed)>" in capsys.readouterr().out
 
 

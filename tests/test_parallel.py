@@ -8,15 +8,12 @@ cluster with the two 4-rank cases (FSDP on 4, 2-D FSDP over TP).
 
 from __future__ import annotations
 
-import cloudpickle
 import pytest
 import torch
 
 import clustersdk as cs
 
 from . import workloads_parallel as W
-
-cloudpickle.register_pickle_by_value(W)
 
 LOSS_RTOL = 1e-5
 # Sharded matmuls add in another order; ten AdamW steps keep that near float eps.
@@ -78,7 +75,7 @@ def test_fsdp_over_tp_on_a_2x2_mesh_equals_one_process(idle4):
                        mesh={"dp": 2, "tp": -1}, model=W.make_model, **FEATURES)
     out = job.wait(timeout=120)
     assert_matches_reference(job, out, W.reference_lm(16, clip=0.5))
-    assert job.spec["mesh"] == {"dp": 2, "tp": -1}
+    assert job.spec.mesh == {"dp": 2, "tp": -1}
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

@@ -10,6 +10,7 @@ PUBLIC = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "HostKeyError",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -19,7 +20,9 @@ PUBLIC = [
     "JobStoppedError",
     "JobTimeoutError",
     "PluginMissingError",
+    "ProtocolError",
     "SpecError",
+    "StartError",
     "TrainContext",
     "warmup_cosine",
 ]

@@ -9,15 +9,12 @@ does no arithmetic.
 
 from __future__ import annotations
 
-import cloudpickle
 import pytest
 import torch
 
 from clustersdk.runtime import checkpoint as ckpt
 
 from . import workloads_parallel as W
-
-cloudpickle.register_pickle_by_value(W)
 
 STEPS = 6
 # name -> launch options of the source job

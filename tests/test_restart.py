@@ -7,25 +7,26 @@ brings each back, so the cluster heals while the tests watch.
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
-import threading
 from types import SimpleNamespace
 
-import cloudpickle
 import pytest
 
 import clustersdk as cs
 from clustersdk.control.journal import Journal
 from clustersdk.runtime.agent import Agent
 from clustersdk.runtime.control import Control
+from clustersdk.widgets.model import JobView
 
 from . import workloads
-from .test_checkpoint import assert_same_run, losses
-from .test_jobs import wait_for
-
-cloudpickle.register_pickle_by_value(workloads)
+from .helpers import (
+    Statuses,
+    assert_same_run,
+    checkpointed_at,
+    kill_worker_of,
+    losses,
+    wait_for,
+)
 
 TRAIN = {"steps": 60, "delay": 0.03}
 
@@ -54,45 +55,13 @@ def uninterrupted(cluster3):
     return job.wait(timeout=120), losses(job)
 
 
-def kill_worker_of(cluster, job, rank: int) -> str:
-    """SIGKILL the worker process that runs ``rank`` of ``job``; its address."""
-    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == rank)
-    pid = cluster.client.run(os.getpid, workers=[worker])[worker]
-    os.kill(pid, signal.SIGKILL)
-    return worker
-
-
-class Statuses:
-    """Every status the job's event stream announced, in order."""
-
-    def __init__(self, job):
-        self.seen: list[str] = []
-        self._lock = threading.Lock()
-        job.on_event(self._on_event)
-
-    def _on_event(self, msg: dict) -> None:
-        if msg.get("kind") == "status":
-            with self._lock:
-                self.seen.append(msg["status"])
-
-    def __contains__(self, status: str) -> bool:
-        with self._lock:
-            return status in self.seen
-
-    def after(self, status: str) -> list[str]:
-        with self._lock:
-            return self.seen[self.seen.index(status):]
-
-
-def checkpointed_at(job, step: int) -> bool:
-    return (job.info().get("checkpoint_step") or 0) >= step
-
-
 def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, uninterrupted, tmp_path):
     reference, reference_losses = uninterrupted
     job = healed.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=2, timeout=10,
                         checkpoint_dir=str(tmp_path), checkpoint_every=10, max_restarts=2)
     statuses = Statuses(job)
+    view = JobView.from_record(job.info())  # a dashboard's model, fed by the live stream
+    job.on_event(view.apply)
     wait_for(lambda: checkpointed_at(job, 20), timeout=60)
     lost = kill_worker_of(healed, job, rank=1)
     out = job.wait(timeout=120)
@@ -103,6 +72,13 @@ def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, unin
     assert lost not in [r["worker"] for r in job.info()["ranks"]]
     assert_same_run(out, reference, exact=True)
     assert losses(job) == reference_losses  # each step once, the replayed ones replaced
+    # the history is the run that counts: every step once per rank, in order, for both
+    # the rank that died (its unsent rows) and the one that survived (its rolled-back rows)
+    history = job.history()
+    for rank in (0, 1):
+        assert [r["step"] for r in history if r["rank"] == rank] == list(range(TRAIN["steps"]))
+        steps, _ = view.scalars["loss"][rank].points()
+        assert steps == [float(step) for step in range(TRAIN["steps"])]
     assert "resumed from" in job.logs(rank=1)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import getpass
 import re
 import threading
 
@@ -68,7 +69,10 @@ def _make(name: str):
 
 @pytest.mark.parametrize("fn_name", ["_train", "t" * 60, "entraînement"])
 def test_any_function_gets_a_valid_default_name(fn_name):
-    JobSpec(fn=_make(fn_name), world_size=1)
+    spec = JobSpec(fn=_make(fn_name), world_size=1)
+    # the name a user would have to type back: legal, short, ending in the id
+    assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", spec.name)
+    assert spec.name.endswith(f"-{spec.id[:6]}") and spec.name[0] in (fn_name.strip("_") or "j")[0]
 
 
 @pytest.mark.parametrize("field, value", [("timeout", 0), ("timeout", "5"), ("metrics_interval", -1.0),
@@ -80,8 +84,8 @@ def test_durations_must_be_positive_numbers(field, value):
 
 def test_payload_round_trips_function_and_arguments():
     spec = JobSpec(fn=train, world_size=1, args=[None], kwargs={"lr": 0.5})
-    fn, args, kwargs = cloudpickle.loads(spec.payload())
-    assert args == (None,) and fn(*args, **kwargs) == 0.5
+    fn, args, kwargs, objects = cloudpickle.loads(spec.payload())
+    assert args == (None,) and fn(*args, **kwargs) == 0.5 and objects == {}
 
 
 def _closure_over_lock():
@@ -110,15 +114,18 @@ def test_unpicklable_payload_names_the_function(make, named):
 
 def test_to_wire_is_msgpackable_and_has_no_function():
     spec = JobSpec(fn=train, world_size=2, name="run", timeout=5)
-    wire = spec.to_wire()
+    wire = spec.to_wire().as_dict()
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
     assert wire == {"id": spec.id, "name": "run", "world_size": 2, "strategy": "ddp",
                     "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
+                    "owner": getpass.getuser(),
                     "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
                     "async_checkpoint": True, "resume": None, "tensorboard_dir": None,
-                    "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32", "grad_accum": 1, "clip_grad_norm": None,
-                    "microbatches": None, "schedule": None, "split": None,
-                    "reshard_after_forward": None, "cpu_offload": None}
+                    "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32",
+                    "grad_accum": 1, "clip_grad_norm": None, "microbatches": None,
+                    "schedule": None, "split": None, "reshard_after_forward": None,
+                    "cpu_offload": None, "env": None, "working_dir": None,
+                    "py_modules": None, "version": 1}
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():
@@ -129,12 +136,12 @@ def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():
                    precision="bf16", grad_accum=2, clip_grad_norm=1, plan=plan,
                    model=lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                                                      torch.nn.Linear(8, 4)))
-    wire = spec.to_wire()
+    wire = spec.to_wire().as_dict()
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
     assert (wire["mesh"], wire["precision"], wire["grad_accum"], wire["clip_grad_norm"]) == (
         {"dp": -1, "tp": 2}, "bf16", 2, 1.0)
-    fn, _, _ = cloudpickle.loads(spec.payload())
-    assert fn.objects["plan"] == plan and fn.__qualname__ == "train"
+    fn, _, _, objects = cloudpickle.loads(spec.payload())
+    assert objects["plan"] == plan and fn.__qualname__ == "train" and callable(objects["model"])
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 
 import torch
 from torch import nn
+
+from clustersdk.runtime.checkpoint import storage
+from clustersdk.runtime.checkpoint.storage import FileStorage, Writer
 
 N, D_IN, D_OUT = 512, 8, 2
 
@@ -137,3 +142,124 @@ def slow_staging(delay: float | None) -> None:
 
     DefaultStager._clustersdk_original = original
     DefaultStager._stage = late
+
+
+def ticker(ctx, steps: int = 1_000_000, sleep: float = 0.02) -> int:
+    """A checkpointable DDP job that runs until stopped: a loss every step, and
+    ``tick N on rank R`` printed every 5 steps (the CLI's and the lab panel's tests)."""
+    model = ctx.prepare(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx.register(optimizer=opt)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for step, _ in ctx.loop(None, steps=steps):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 5 == 0:
+            print(f"tick {step} on rank {ctx.rank}")
+        ctx.log(loss=loss.item())
+        time.sleep(sleep)
+    return ctx.step
+
+
+def count_to(ctx, steps: int = 12) -> str:
+    """Logs ``value`` = step / 2 for ``steps`` steps."""
+    for step, _ in ctx.loop(None, steps=steps):
+        ctx.log(value=float(step) / 2)
+    return "done"
+
+
+# --- a checkpoint storage that kills its process at a chosen point of a save ----------------
+FAULT_POINTS = ("staged", "data", "metadata", "manifest", "rename", "committed")
+_armed: dict = {}
+
+
+def inject_fault(point: str | None, nth: int = 1) -> None:
+    """SIGKILL this worker the ``nth`` time a save reaches ``point`` (None: disarm), by
+    making its saves use :class:`FaultyStorage`. Points, in save order: ``FAULT_POINTS``."""
+    _armed.clear()
+    if point is None:
+        storage.override(None)
+        return
+    assert point in FAULT_POINTS, point
+    _armed.update(point=point, left=nth)
+    storage.override(FaultyStorage)
+
+
+def _reach(point: str) -> None:
+    if _armed.get("point") == point:
+        _armed["left"] -= 1
+        if _armed["left"] <= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultyWriter(Writer):
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()  # the data is on disk when the process dies
+        _reach("data")
+        return future
+
+    def finish(self, metadata, results):
+        super().finish(metadata, results)
+        _reach("metadata")
+
+
+class FaultyStorage(FileStorage):
+    def writer(self, path):
+        _reach("staged")  # the state is collected; nothing is written yet
+        return FaultyWriter(path, sync_files=True, thread_count=2)
+
+    def write_manifest(self, tmp, step, world_size):
+        _reach("manifest")
+        super().write_manifest(tmp, step, world_size)
+
+    def publish(self, tmp, final):
+        _reach("rename")
+        super().publish(tmp, final)
+        _reach("committed")
+
+
+def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
+                stop_at: int | None = None, delay: float = 0.0, dropout: float = 0.1,
+                n_experts: int = 0, n_layers: int = 2) -> dict | None:
+    """The exactness tests' job, under any strategy; rank 0 returns the whole state.
+
+    ``kind="mlp"``: the small MLP of :func:`ckpt_model` (dropout), AdamW and a step
+    schedule, in a plain ``loss.backward(); opt.step()`` loop. ``kind="lm"``: the
+    reference transformer (``n_experts`` > 0: mixture-of-experts blocks), AdamW and
+    warm-up + cosine over ``steps``, through ``ctx.train_step``. Every layout sees
+    the same ``global_batch`` samples per step. ``stop_at`` ends the loop early
+    (the schedule still spans ``steps``).
+    """
+    from clustersdk import models
+
+    batch_size = global_batch // ctx.dp_size
+    if kind == "mlp":
+        net = ctx.prepare(ckpt_model(dropout=dropout), loss_fn=nn.functional.mse_loss)
+        data = dataset()
+        opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
+    else:
+        net = ctx.prepare(models.Transformer(n_layers=n_layers, n_experts=n_experts),
+                          loss_fn=models.lm_loss)
+        data = models.SyntheticText(n=256, seq_len=16, vocab=64, seed=0)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
+        from clustersdk import warmup_cosine
+
+        sched = warmup_cosine(opt, warmup=3, total=steps)
+    ctx.register(optimizer=opt, scheduler=sched)
+    for _step, (x, y) in ctx.loop(ctx.shard(data, batch_size=batch_size), steps=stop_at or steps):
+        if kind == "mlp":
+            loss = nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            loss = ctx.train_step(opt, x, y)
+        sched.step()
+        ctx.log(loss=loss)
+        if delay:
+            time.sleep(delay)
+    return {"state": ctx.full_state_dict(opt), "step": ctx.step}

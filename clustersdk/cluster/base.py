@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
 
 from .. import config, registry
-from ..control.plugin import ControlPlane, topic
+from ..client import ControlClient
 from ..errors import PluginMissingError, SpecError
 from ..job import Job
-from ..runtime.agent import Agent
-from ..runtime.checkpoint import check_writable
-from ..spec import JobSpec
+from ..protocol import DEFAULTS, topic
+from ..spec import JobSpec, check_env
+from . import shipping
 
 
 class Cluster:
@@ -41,6 +40,30 @@ class Cluster:
         return local(cls, workers, **options)
 
     @classmethod
+    def ssh(cls, hosts: Sequence[str], **options: Any) -> Cluster:
+        """Start a scheduler and one worker per GPU (or CPU slot) on each host, over SSH.
+
+        See :func:`clustersdk.cluster.ssh.ssh` for the options.
+
+        >>> cluster = Cluster.ssh(["node1", "node2"], gpus_per_host=8)   # doctest: +SKIP
+        """
+        from .ssh import ssh
+
+        return ssh(cls, hosts, **options)
+
+    @classmethod
+    def slurm(cls, **options: Any) -> Cluster:
+        """A scheduler here and workers as Slurm jobs, one per GPU, as launches need them.
+
+        See :func:`clustersdk.cluster.slurm.slurm` for the options.
+
+        >>> cluster = Cluster.slurm(gpus_per_worker=1, partition="gpu")   # doctest: +SKIP
+        """
+        from .slurm import slurm
+
+        return slurm(cls, **options)
+
+    @classmethod
     def connect(cls, target: Any, **options: Any) -> Cluster:
         """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
 
@@ -51,16 +74,23 @@ class Cluster:
         return connect(cls, target, **options)
 
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
-                 owns_client: bool = True, state_dir: str | None = None):
+                 owns_client: bool = True, state_dir: str | None = None,
+                 silence_logs: int | bool = False, env: dict[str, str] | None = None,
+                 scaler: Any = None):
         self.client = client
+        self._scaler = scaler  # grows an autoscaling cluster before a launch: want(world_size)
+        #: environment every launch's ranks get (a launch's ``env=`` adds to it), e.g.
+        #: ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}``
+        self.env: dict[str, str] = check_env(env) or {}
         self.kind = kind
         self.dask_cluster = dask_cluster
         self.state_dir = config.state_dir(state_dir)
+        self.control = ControlClient(client.scheduler)  # the async core; sync() bridges it
         self._owns_client = owns_client
-        self._watchers: dict[str, list[Callable]] = defaultdict(list)
-        self._watch_lock = threading.Lock()
+        self._subscriptions: dict[str, list[Subscription]] = {}
+        self._subscribe_lock = threading.Lock()
         self._closed = False
-        self._silence_logs: int | bool = False
+        self._silence_logs = silence_logs  # Dask's log lines hidden while closing
         install(client, self.state_dir)
         self._registration = registry.register(self.scheduler_address, kind=kind,
                                                local=dask_cluster is not None,
@@ -71,9 +101,22 @@ class Cluster:
     def scheduler_address(self) -> str:
         return self.client.scheduler.address
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the handle then reaches nothing)."""
+        return self._closed
+
+    def sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run the coroutine function ``fn`` (e.g. a :attr:`control` operation) on the
+        client's event loop and return its result: the sync bridge of the async core.
+
+        >>> cluster.sync(cluster.control.history, job.id, since=0)   # doctest: +SKIP
+        """
+        return self.client.sync(fn, *args, **kwargs)
+
     def slots(self) -> list[dict[str, Any]]:
         """Every slot (GPU or CPU) in rank order: worker, host, kind, index and its job."""
-        return list(self._call("inventory"))
+        return list(self.sync(self.control.inventory))
 
     # jobs ------------------------------------------------------------------------
     def launch(
@@ -83,20 +126,20 @@ class Cluster:
         kwargs: dict[str, Any] | None = None,
         *,
         world_size: int,
-        strategy: str = "ddp",
+        strategy: str = DEFAULTS.strategy,
         name: str | None = None,
         timeout: float | None = None,
         metrics_interval: float | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None,
-        keep: int = 3,
-        async_checkpoint: bool = True,
+        keep: int = DEFAULTS.keep,
+        async_checkpoint: bool = DEFAULTS.async_checkpoint,
         resume: str | None = None,
         tensorboard_dir: str | None = None,
         max_restarts: int | None = None,
         mesh: dict[str, int] | None = None,
-        precision: str = "fp32",
-        grad_accum: int = 1,
+        precision: str = DEFAULTS.precision,
+        grad_accum: int = DEFAULTS.grad_accum,
         clip_grad_norm: float | None = None,
         microbatches: int | None = None,
         schedule: str | None = None,
@@ -105,6 +148,9 @@ class Cluster:
         cpu_offload: bool | None = None,
         model: Any = None,
         plan: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        working_dir: str | None = None,
+        py_modules: list[Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -137,8 +183,22 @@ class Cluster:
         every slot must be a GPU), ``grad_accum`` micro-batches per step, and
         ``clip_grad_norm`` (of the whole model, however it is sharded).
 
+        ``env`` is set in every rank's environment before its process group comes up,
+        on top of the cluster's ``env`` (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``,
+        ``NCCL_IB_DISABLE``, ``NCCL_DEBUG``, ``NCCL_BUFFSIZE``...); what a job sets is
+        undone before the next job on the same workers. Unset socket interfaces default
+        to the one each rank reaches rank 0's address through.
+
+        Code: functions defined in ``__main__`` or a notebook travel by value;
+        modules the workers can't import are an error here, naming them, unless
+        shipped: ``working_dir`` (a directory whose modules and files go to
+        every worker and become the ranks' current directory) and
+        ``py_modules`` (modules or names; a package goes whole). See
+        :mod:`clustersdk.cluster.shipping`.
+
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
+        >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
         """
         spec = JobSpec(
             fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
@@ -152,20 +212,28 @@ class Cluster:
             mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan,
+            plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
+            py_modules=py_modules,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
+            from ..runtime.checkpoint import check_writable
+
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
-        payload = spec.payload()
-        self._subscribe(spec.id)  # before submit, so that no event is missed
+        if self._scaler is not None:
+            self._scaler.want(spec.world_size)
+        payload = shipping.payload(spec, self.client)  # with the code; checks its modules
+        wire = spec.to_wire()
+        job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
+                         "spec": wire.as_dict()})
+        job.watch()  # before submit, so that no event is missed
         try:
-            record = self._call("submit", spec=spec.to_wire(), payload=payload)
+            self.sync(self.control.submit, wire, payload)
         except BaseException:
-            self._unsubscribe(spec.id)
+            job.close()
             raise
-        return Job(self, record)
+        return job
 
     def _check_fp16(self, world_size: int) -> None:
         """fp16's grad scaler needs CUDA: refuse before any slot is taken."""
@@ -177,39 +245,66 @@ class Cluster:
                 f"for the {world_size} ranks"
             )
 
+    def doctor(self, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
+               max_size: int | None = None, timeout: float = 60.0) -> Any:
+        """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
+
+        Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
+        lists what to fix, one line each). See :mod:`clustersdk.doctor`.
+
+        >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
+        """
+        from ..doctor import doctor
+
+        return doctor(self.client, checkpoint_dir=checkpoint_dir, bandwidth=bandwidth,
+                      max_size=max_size, timeout=timeout)
+
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
-        return [Job(self, record) for record in self._call("jobs")]
+        return [Job(self, record) for record in self.job_records()]
 
     def job(self, name: str) -> Job:
         """The newest job called ``name`` (same as ``Job.attach(cluster, name)``)."""
         return Job.attach(self, name)
 
-    # plumbing ------------------------------------------------------------------
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        handler = getattr(self.client.scheduler, f"clustersdk_{op}")
-        return self.client.sync(handler, **kwargs)
+    def job_records(self) -> list[dict[str, Any]]:
+        """Every job's record (status, spec, reason, ranks, times...), oldest first:
+        plain data, without making :class:`Job` handles."""
+        return list(self.sync(self.control.jobs))
 
-    def _subscribe(self, job: str) -> None:
-        with self._watch_lock:
-            if job in self._watchers:
-                return
-            self._watchers[job] = []
-        self.client.subscribe_topic(topic(job), lambda event: self._dispatch(job, event[1]))
+    def job_record(self, job: str | None = None, *, name: str | None = None) -> dict[str, Any]:
+        """The record of job id ``job``, or of the newest job called ``name``."""
+        return self.sync(self.control.job, job=job, name=name)
 
-    def _unsubscribe(self, job: str) -> None:
-        with self._watch_lock:
-            self._watchers.pop(job, None)
-        self.client.unsubscribe_topic(topic(job))
+    # events ------------------------------------------------------------------------
+    def subscribe(self, job: str, callback: Callable[[dict[str, Any]], None]) -> Subscription:
+        """Call ``callback(message)`` (on Dask's event loop) for every message the
+        control plane publishes about job id ``job``: status changes, metrics,
+        checkpoints (see :data:`clustersdk.protocol.Message`), until the returned
+        :class:`Subscription` is closed. The scheduler is asked once per job."""
+        subscription = Subscription(self, job, callback)
+        with self._subscribe_lock:
+            first = job not in self._subscriptions
+            self._subscriptions.setdefault(job, []).append(subscription)
+        if first:
+            self.client.subscribe_topic(topic(job), lambda event: self._dispatch(job, event[1]))
+        return subscription
 
-    def _watch(self, job: str, callback: Callable[[dict], None]) -> None:
-        self._subscribe(job)
-        with self._watch_lock:
-            self._watchers[job].append(callback)
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        with self._subscribe_lock:
+            live = self._subscriptions.get(subscription.job, [])
+            if subscription in live:
+                live.remove(subscription)
+            last = not live and self._subscriptions.pop(subscription.job, None) is not None
+        if last and not self._closed:
+            try:
+                self.client.unsubscribe_topic(topic(subscription.job))
+            except Exception:  # the client is closing: nothing to release any more
+                pass
 
-    def _dispatch(self, job: str, msg: dict) -> None:
-        for callback in list(self._watchers.get(job, ())):
-            callback(msg)
+    def _dispatch(self, job: str, message: dict[str, Any]) -> None:
+        for subscription in list(self._subscriptions.get(job, ())):
+            subscription.callback(message)
 
     # lifecycle -----------------------------------------------------------------
     def close(self) -> None:
@@ -248,12 +343,25 @@ class Cluster:
                 f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>")
 
 
+class Subscription:
+    """A callback on a job's messages; :meth:`close` releases it (idempotent)."""
+
+    def __init__(self, cluster: Cluster, job: str, callback: Callable[[dict[str, Any]], None]):
+        self.cluster, self.job, self.callback = cluster, job, callback
+
+    def close(self) -> None:
+        self.cluster._unsubscribe(self)
+
+
 def install(client: Client, state_dir: str) -> None:
     """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
+    from ..control.plugin import ControlPlane
+    from ..runtime.agent import Agent
+
     client.register_plugin(ControlPlane(state_dir))
     client.register_plugin(Agent())
     try:
-        client.sync(client.scheduler.clustersdk_inventory)
+        client.sync(ControlClient(client.scheduler).inventory)
     except Exception as e:  # pragma: no cover - only with a foreign scheduler
         raise PluginMissingError(
             f"the scheduler at {client.scheduler.address} did not accept the clustersdk control "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +24,15 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     Every worker has one thread and imports torch when it starts. Dask's own
     log lines below ``silence_logs`` are hidden (``False`` shows them all).
 
+    In a script, call it under ``if __name__ == "__main__":`` (the workers
+    import the script again); without the guard this fails at once, saying so.
+
     >>> cluster = Cluster.local(workers=2)   # doctest: +SKIP
     """
-    from distributed import Client, Nanny, Scheduler, SpecCluster
+    from .guard import check_main_guard
+
+    check_main_guard("Cluster.local")
+    from distributed import Client, Nanny, Scheduler
     import torch
 
     n_gpus = torch.cuda.device_count() if gpus is not False else 0
@@ -50,16 +57,39 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
             "dashboard": False, "silence_logs": silence_logs,
         }}
     with dask.config.set(_nanny_environ()):
-        dask_cluster = SpecCluster(workers=specs, scheduler=scheduler, name="clustersdk-local",
-                                   silence_logs=silence_logs)
+        dask_cluster = _slots_class()(workers=specs, scheduler=scheduler, name="clustersdk-local",
+                              silence_logs=silence_logs)
     try:
         client = Client(dask_cluster)
-        cluster = cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir)
-        cluster._silence_logs = silence_logs
-        return cluster
+        return cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir,
+                   silence_logs=silence_logs)
     except BaseException:
         dask_cluster.close()
         raise
+
+
+@functools.cache
+def _slots_class() -> type:
+    from distributed import SpecCluster
+    from distributed.deploy.cluster import Cluster as DaskCluster
+
+    class Slots(SpecCluster):
+        """A SpecCluster of nannies that keeps a slot whose worker died.
+
+        SpecCluster closes a worker's nanny when its worker is not back within
+        ``distributed.deploy.lost-worker-timeout`` (15 s), the right thing for
+        deployers that cannot restart a worker; but a nanny restarts its own, and
+        on a loaded machine that takes longer (15-48 s measured), so the slot
+        would be gone for good and a job with restarts left would fail.
+        """
+
+        def _update_worker_status(self, op: str, msg: Any) -> None:
+            if op == "remove":
+                DaskCluster._update_worker_status(self, op, msg)
+            else:
+                super()._update_worker_status(op, msg)
+
+    return Slots
 
 
 def _nanny_environ() -> dict[str, Any]:

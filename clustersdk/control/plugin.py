@@ -1,9 +1,13 @@
 """The control plane: a Dask ``SchedulerPlugin`` that owns jobs and slots.
 
-It keeps the slot inventory the worker agents report, queues jobs, allocates
-whole gangs through :mod:`.policy`, tells the chosen agents to start their
-ranks, follows what the ranks report and journals everything in SQLite.
+A thin shell around pure code. It keeps the slot inventory the worker agents
+report and the queue, lets :mod:`.policy` pick whole gangs, and turns what it
+hears (RPCs from kernels, rank reports from agents, Dask's notice that a
+worker left, timers) into :mod:`.events` for each job's
+:class:`~.lifecycle.Lifecycle`, then carries out the actions that come back:
+journal writes, topic messages, control words, gang starts, freed slots.
 Every method runs on the scheduler's event loop, so no locks are needed.
+The client-facing handlers are in :mod:`.requests`.
 """
 
 from __future__ import annotations
@@ -13,78 +17,42 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import config
-from ..errors import (
-    CapacityError,
-    CheckpointError,
-    ClusterSDKError,
-    InvalidTransitionError,
-    JobNotFoundError,
-    JobTimeoutError,
-    SpecError,
-)
-from ..layout import Layout
-from ..status import TRANSITIONS, JobStatus, check_transition
+from ..errors import ClusterSDKError
+from ..protocol import ExitStatus, MetricsMessage, Op, RankEvent, WireSpec, WorkerOp, op, topic
+from . import events as ev
 from . import policy
 from .journal import Journal
+from .lifecycle import Lifecycle
+from .requests import Requests
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
-STOP, SUSPEND, PAUSE, RESUME, CHECKPOINT = range(5)  # the control vector (runtime/control.py)
-_RESTARTABLE = (JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED)  # on a lost worker
-
-
-def topic(job: str) -> str:
-    """The Dask event topic a job's metrics, logs and status changes go to."""
-    return f"clustersdk-job-{job}"
 
 
 @dataclasses.dataclass
 class Run:
-    """What the plugin holds in memory about a job that isn't terminal yet."""
+    """A job that isn't released yet: its lifecycle and what the shell keeps beside it."""
 
-    spec: dict[str, Any]
+    machine: Lifecycle
     payload: bytes
-    status: JobStatus = JobStatus.QUEUED
-    slots: list[policy.Slot] = dataclasses.field(default_factory=list)
-    started: set[int] = dataclasses.field(default_factory=set)
-    exited: dict[int, dict] = dataclasses.field(default_factory=dict)
-    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step
-    control: list[int] = dataclasses.field(default_factory=lambda: [0] * 5)
-    checkpoint_seq: int = 0        # newest CHECKPOINT request committed
-    checkpoint_failed_seq: int = -1
-    restarts: int = 0              # gang restarts after lost workers, of spec["max_restarts"]
-    restart_paused: bool = False   # it was PAUSED when it lost a worker: comes back PAUSED
-    # a rank's failure, held back for a moment: was it a peer's lost worker? (then: restart)
-    held_failure: dict | None = None
-    result: bytes | None = None
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     board: Any = None  # TensorBoard writers, with tensorboard_dir
+
+    @property
+    def id(self) -> str:
+        return self.machine.id
 
     def close_board(self) -> None:
         if self.board is not None:
             self.board.close()  # flushed before wait() returns
             self.board = None
-
-    def reset_ranks(self) -> None:
-        self.slots, self.started, self.exited, self.paused = [], set(), {}, {}
-        self.control = [0] * 5
-        self.held_failure, self.result = None, None
-
-    @property
-    def id(self) -> str:
-        return self.spec["id"]
-
-    @property
-    def attempt(self) -> int:
-        """Counts the job's gang starts after the first: restarts and resumes."""
-        return self.spec.get("attempt", 0)
 
 
 class ControlPlane(SchedulerPlugin):
@@ -96,7 +64,7 @@ class ControlPlane(SchedulerPlugin):
     def __init__(self, state_dir: str):
         self.state_dir = state_dir
 
-    # lifecycle -------------------------------------------------------------
+    # --- Dask's hooks --------------------------------------------------------------------
     async def start(self, scheduler) -> None:
         _quiet_expected_errors()
         self.scheduler = scheduler
@@ -104,397 +72,205 @@ class ControlPlane(SchedulerPlugin):
         self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
         self.slots: dict[str, policy.Slot] = {}
         self.busy: dict[str, str] = {}       # worker address -> job id
-        self.queue: list[str] = []           # queued job ids, FIFO
-        self.runs: dict[str, Run] = {}       # non-terminal jobs
-        for name in (
-            "worker_ready", "submit", "stop", "wait", "job", "jobs",
-            "pause", "resume", "checkpoint", "suspend",
-            "history", "logs", "system", "inventory", "rank_event",
-        ):
-            scheduler.handlers[f"clustersdk_{name}"] = getattr(self, f"_h_{name}")
+        self.queue: list[str] = []           # queued job ids, in order
+        self.runs: dict[str, Run] = {}       # jobs not released yet
+        # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
+        # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
+        self.capacity, self.note = 0, ""
+        self.requests = Requests(self)
+        handlers: dict[Op, Callable] = {
+            **self.requests.handlers(),
+            Op.WORKER_READY: self._worker_ready,
+            Op.RANK_EVENT: self._rank_event,
+            Op.SET_CAPACITY: self._set_capacity,
+        }
+        for operation, handler in handlers.items():
+            scheduler.handlers[operation.handler] = handler
 
     async def close(self) -> None:
         for run in list(self.runs.values()):
-            # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it)
-            if JobStatus.FAILED in TRANSITIONS[run.status]:
-                self._finish(run, JobStatus.FAILED, error=_error(
-                    None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
+            self.feed(run, ev.SchedulerClosing())
         self.journal.close()
 
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
-        self.slots.pop(worker, None)
-        job = self.busy.pop(worker, None)
+        slot = self.slots.pop(worker, None)
+        job = self.busy.get(worker)
         run = self.runs.get(job) if job else None
         if run is None:
             return
-        rank = next(i for i, s in enumerate(run.slots) if s.worker == worker)
-        run.exited[rank] = {"status": "lost"}
-        self._lost(run, rank, "WorkerLost",
-                   f"worker {worker} (host {run.slots[rank].host}) of rank {rank} left the cluster")
-        self._maybe_done(run)
-        self._schedule()
-        self._notify(run)
+        machine = run.machine
+        rank = next(i for i, r in enumerate(machine.ranks) if r.worker == worker)
+        host = slot.host if slot is not None else machine.ranks[rank].host
+        self.feed(run, ev.WorkerLost(rank, machine.attempt, worker, host))
 
-    def log_event(self, topic_name: str, msg: Any) -> None:
-        if topic_name.startswith("clustersdk-job-") and isinstance(msg, dict) and msg.get("kind") == "metrics":
-            job = topic_name[len("clustersdk-job-"):]
-            if msg.get("rows"):
-                self.journal.add_metrics(job, msg["rows"])
-                board = self._board(job)
-                if board is not None:
-                    board.write(msg["rows"])
-            if msg.get("logs"):
-                self.journal.add_logs(job, msg["logs"])
-            if msg.get("system"):
-                self.journal.add_system(job, msg["system"])
-
-    def _board(self, job: str):
-        """The job's TensorBoard writers, opened on its first rows (None without a dir)."""
-        run = self.runs.get(job)
-        if run is None or not run.spec.get("tensorboard_dir"):
-            return None
-        if run.board is None:
-            from ..runtime.tensorboard import JobBoard
-
-            run.board = JobBoard(run.spec["tensorboard_dir"], run.spec["world_size"])
-        return run.board
-
-    # handlers: inventory -----------------------------------------------------
-    def _h_worker_ready(self, slot: dict) -> None:
-        self.slots[slot["worker"]] = policy.Slot(**slot)
-        self._schedule()
-
-    def _h_inventory(self) -> list[dict]:
-        return [
-            {**dataclasses.asdict(s), "job": self.busy.get(s.worker)}
-            for s in policy.rank_order(self.slots.values())
-        ]
-
-    # handlers: jobs ------------------------------------------------------------
-    def _check_capacity(self, ws: int) -> None:
-        total = len(self.slots)
-        if ws > total:
-            raise CapacityError(
-                f"world_size={ws} is more than this cluster can ever hold: it has {total} "
-                f"slot(s) on {len({s.host for s in self.slots.values()})} host(s); add workers or "
-                "ask for fewer ranks"
-            )
-
-    def _h_submit(self, spec: dict, payload: bytes) -> dict:
-        self._check_capacity(spec["world_size"])
-        clash = self.journal.find(self.id, spec["name"])
-        if clash and not JobStatus[clash["status"]].terminal:
-            raise SpecError(
-                f"a job named {spec['name']!r} is already {clash['status']}; stop it or pick "
-                "another name"
-            )
-        run = Run(spec=spec, payload=payload)
+    # --- feeding the lifecycles ---------------------------------------------------------
+    def add_run(self, spec: WireSpec, payload: bytes) -> Run:
+        run = Run(Lifecycle(spec, failure_grace=float(config.get("failure-grace"))), payload)
         self.runs[run.id] = run
-        self.journal.add_job({
-            "id": run.id, "name": spec["name"], "scheduler": self.id,
-            "status": JobStatus.QUEUED.name, "spec": spec, "submitted": time.time(),
-        })
         self.queue.append(run.id)
-        self._schedule()
-        return self._record(run.id)
+        self.schedule()
+        return run
 
-    def _h_stop(self, job: str) -> dict:
-        run = self.runs.get(job)
-        if run is None:
-            record = self._record(job)
-            raise InvalidTransitionError(
-                f"job {record['name']!r} is {record['status']}; there is nothing to stop"
-            )
-        if run.status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
-            if job in self.queue:
-                self.queue.remove(job)
-            self._finish(run, JobStatus.STOPPED, reason=f"stopped while {run.status.name}")
-            self._schedule()
-        elif run.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
-            self._transition(run, JobStatus.STOPPING, reason="stop requested")
-            run.control[STOP] = 1
-            self._broadcast(run)
-        return self._record(job)
-
-    async def _h_pause(self, job: str, timeout: float | None = None) -> dict:
-        run = self._active(job, "pause")
-        check_transition(run.spec["name"], run.status, JobStatus.PAUSED)
-        if run.control[PAUSE] <= run.control[RESUME]:
-            run.control[PAUSE] = run.control[RESUME] + 1
-            run.paused.clear()
-            self._broadcast(run)
-        if not await self._until(run, lambda: run.status is not JobStatus.RUNNING, timeout):
-            run.control[RESUME] = run.control[PAUSE]  # withdraw the request
-            self._broadcast(run)
-            raise JobTimeoutError(
-                f"job {run.spec['name']!r} did not pause within {timeout} s: its ranks reach no step "
-                "boundary (does the training function iterate over ctx.loop?)"
-            )
-        if run.status is not JobStatus.PAUSED:
-            raise InvalidTransitionError(
-                f"job {run.spec['name']!r} became {run.status.name} before it could pause"
-            )
-        return self._record(job)
-
-    def _h_resume(self, job: str, world_size: int | None = None) -> dict:
-        run = self._active(job, "resume")
-        name = run.spec["name"]
-        if run.status is JobStatus.PAUSED:
-            if world_size not in (None, run.spec["world_size"]):
-                raise SpecError(
-                    f"job {name!r} is PAUSED and keeps its process group of "
-                    f"{run.spec['world_size']} ranks; to resume at world_size={world_size}, "
-                    "suspend it first"
-                )
-            run.control[RESUME] = run.control[PAUSE]
-            self._broadcast(run)
-            self._transition(run, JobStatus.RUNNING, reason="")
-        elif run.status is JobStatus.SUSPENDED:
-            ws = run.spec["world_size"] if world_size is None else world_size
-            if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
-                raise SpecError(f"world_size must be a positive int, got {ws!r}")
-            self._check_capacity(ws)
-            Layout.resolve(run.spec["strategy"], run.spec.get("mesh"), ws)  # a mesh that fits ws
-            record = self.journal.get(job)
-            run.reset_ranks()
-            run.spec = {**run.spec, "world_size": ws, "resume": record["checkpoint"],
-                        "attempt": run.attempt + 1}
-            self.journal.update(job, spec=run.spec)
-            self._transition(run, JobStatus.QUEUED, reason="")
-            self.queue.append(job)
-            self._schedule()
-        else:
-            raise InvalidTransitionError(
-                f"job {name!r} is {run.status.name}; only a PAUSED or SUSPENDED job can be resumed"
-            )
-        return self._record(job)
-
-    async def _h_checkpoint(self, job: str, timeout: float | None = None) -> dict:
-        run = self._active(job, "checkpoint")
-        self._need_checkpoint_dir(run, "checkpoint")
-        if run.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
-            raise InvalidTransitionError(
-                f"job {run.spec['name']!r} is {run.status.name}; a checkpoint needs a RUNNING or "
-                "PAUSED job"
-            )
-        run.control[CHECKPOINT] += 1
-        seq = run.control[CHECKPOINT]
-        self._broadcast(run)
-        done = await self._until(run, lambda: run.checkpoint_seq >= seq
-                                 or run.checkpoint_failed_seq >= seq or run.status.terminal, timeout)
-        record = self._record(job)
-        if run.checkpoint_seq >= seq:
-            return record
-        if run.checkpoint_failed_seq >= seq:
-            raise CheckpointError(
-                f"checkpoint of job {run.spec['name']!r} failed: {record['checkpoint_error']}; the "
-                f"previous one is kept ({record['checkpoint'] or 'none yet'})"
-            )
-        if not done:
-            raise JobTimeoutError(f"job {run.spec['name']!r} did not checkpoint within {timeout} s")
-        raise InvalidTransitionError(f"job {run.spec['name']!r} became {run.status.name} before "
-                                     "it could checkpoint")
-
-    async def _h_suspend(self, job: str, timeout: float | None = None) -> dict:
-        run = self._active(job, "suspend")
-        self._need_checkpoint_dir(run, "suspend")
-        check_transition(run.spec["name"], run.status, JobStatus.SUSPENDING)
-        self._transition(run, JobStatus.SUSPENDING, reason="suspend requested")
-        run.control[SUSPEND] = 1
-        self._broadcast(run)
-        await self._until(run, lambda: run.status is not JobStatus.SUSPENDING, timeout)
-        record = self._record(job)
-        if run.status is not JobStatus.SUSPENDED and run.status is not JobStatus.SUSPENDING:
-            raise InvalidTransitionError(
-                f"job {run.spec['name']!r} became {run.status.name} instead of SUSPENDED"
-            )
-        return record
-
-    async def _h_wait(self, job: str, timeout: float | None = None) -> dict:
-        run = self.runs.get(job)
-        if run is not None:
-            try:
-                await asyncio.wait_for(run.done.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-        return self._record(job, with_result=True)
-
-    def _h_job(self, job: str | None = None, name: str | None = None) -> dict:
-        if job is None:
-            found = self.journal.find(self.id, name)
-            if found is None:
-                known = sorted({r["name"] for r in self.journal.jobs(self.id)})
-                raise JobNotFoundError(
-                    f"no job named {name!r} on this cluster; known jobs: {', '.join(known) or 'none'}"
-                )
-            job = found["id"]
-        return self._record(job)
-
-    def _h_jobs(self) -> list[dict]:
-        return [_public(r) for r in self.journal.jobs(self.id)]
-
-    def _h_history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
-        return self.journal.history(job, since, limit)
-
-    def _h_system(self, job: str, since: int = 0) -> list[dict]:
-        return self.journal.system(job, since)
-
-    def _h_logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
-        return self.journal.logs(job, rank, since)
-
-    # handlers: ranks ---------------------------------------------------------
-    def _h_rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
-                      attempt: int = 0) -> None:
-        data = data or {}
-        final = {key: data.pop(key, []) for key in ("rows", "logs", "system")}
-        data.pop("kind", None)
-        if any(final.values()):
-            # through the broker, so that subscribers see the last rows too
-            self.scheduler.log_event(topic(job), {"kind": "metrics", "rank": rank, "event": event,
-                                                  **final})
-        run = self.runs.get(job)
-        if run is None or attempt != run.attempt:  # over, or a rank of an earlier start
-            return
-        if event == "started":
-            run.started.add(rank)
-            if run.status is JobStatus.STARTING and len(run.started) == run.spec["world_size"]:
-                self._transition(run, JobStatus.RUNNING, started=time.time(), reason="")
-        elif event == "paused":
-            run.paused[rank] = data["step"]
-            if run.status is JobStatus.RUNNING and len(run.paused) == run.spec["world_size"]:
-                self._transition(run, JobStatus.PAUSED, paused_at=max(run.paused.values()))
-        elif event == "resumed":
-            run.paused.pop(rank, None)
-        elif event == "loop":
-            self.journal.update(job, total_steps=data["total_steps"])
-            self.scheduler.log_event(topic(job), {"kind": "progress",
-                                                  "total_steps": data["total_steps"]})
-        elif event == "restored":
-            # the history goes on from the checkpoint's step: rows logged after it
-            # (by a run that died before its next checkpoint) are replaced
-            self.journal.truncate_history(job, data["step"])
-        elif event == "checkpoint":
-            run.checkpoint_seq = max(run.checkpoint_seq, data["seq"])
-            self.journal.update(job, checkpoint=data["path"], checkpoint_step=data["step"],
-                                checkpoint_error=None)
-            self.scheduler.log_event(topic(job), {"kind": "checkpoint", "path": data["path"],
-                                                  "step": data["step"]})
-        elif event == "checkpoint_failed":
-            run.checkpoint_failed_seq = max(run.checkpoint_failed_seq, data["seq"])
-            self.journal.update(job, checkpoint_error=f"step {data['step']}: {data['message']}")
-            self.scheduler.log_event(topic(job), {"kind": "checkpoint_failed",
-                                                  "step": data["step"], "message": data["message"]})
-        elif event == "failed":
-            # while RESTARTING, the other ranks fail for want of the lost one: not news
-            if run.status.terminal or run.status is JobStatus.RESTARTING:
-                pass
-            elif run.spec.get("max_restarts", 0) and run.status in _RESTARTABLE:
-                # A rank often sees a dead peer (connection reset) before Dask tells us the
-                # peer's worker left: hold the failure back for a moment to tell them apart.
-                if run.held_failure is None:
-                    run.held_failure = data["error"]
-                    self.scheduler.loop.call_later(float(config.get("failure-grace")),
-                                                   self._release_held_failure, run, run.attempt)
-            else:
-                self._fail(run, data["error"])
-        elif event == "exit":
-            run.exited[rank] = data
-            if rank == 0 and data.get("result") is not None:
-                run.result = data["result"]
-            slot = run.slots[rank]
-            if self.busy.get(slot.worker) == job:
-                del self.busy[slot.worker]
-            self._maybe_done(run)
-            self._schedule()
+    def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
+        """Give ``event`` to the job's lifecycle and carry out what it asks for."""
+        actions = run.machine.handle(event, time.time())
+        reschedule = False
+        for action in actions:
+            _EXECUTORS[type(action)](self, run, action)
+            reschedule |= isinstance(action, (ev.FreeSlot, ev.Enqueue, ev.Dequeue, ev.Release))
+        if reschedule:
+            self.schedule()
         self._notify(run)
+        return actions
 
-    # internals -----------------------------------------------------------------
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
+        """Start every queued job the policy finds a gang for; say why the others wait."""
         free = [s for w, s in self.slots.items() if w not in self.busy]
-        pending = [policy.Pending(j, self.runs[j].spec["world_size"]) for j in self.queue]
+        pending = [policy.Pending(j, self.runs[j].machine.world_size) for j in self.queue]
         for job, gang in policy.schedule(pending, free):
             self.queue.remove(job)
-            run = self.runs[job]
-            run.slots = gang
             for slot in gang:
                 self.busy[slot.worker] = job
-            ranks = [{"rank": i, "worker": s.worker, "host": s.host, "device": _device(s)}
-                     for i, s in enumerate(gang)]
-            self._transition(run, JobStatus.STARTING, ranks=ranks, reason="")
-            self.scheduler.loop.add_callback(self._start, run)
+            ranks = tuple(ev.RankSlot(s.worker, s.host, _device(s)) for s in gang)
+            self.feed(self.runs[job], ev.Allocated(ranks))
         nfree, total = len(self.slots) - len(self.busy), len(self.slots)
         for ahead, job in enumerate(self.queue):
-            reason = policy.wait_reason(self.runs[job].spec["world_size"], nfree, total, ahead)
-            self.journal.update(job, reason=reason)
+            reason = policy.wait_reason(self.runs[job].machine.world_size, nfree, total, ahead)
+            self.journal.update(job, reason=f"{reason}; {self.note}" if self.note else reason)
 
-    async def _start(self, run: Run) -> None:
-        spec, gang, attempt = run.spec, run.slots, run.attempt
+    # --- what agents and deployers send ------------------------------------------------------
+    def _set_capacity(self, slots: int, note: str = "") -> None:
+        self.capacity, self.note = int(slots), str(note)
+        self.schedule()  # rewrites the queued jobs' reasons
+
+    def _worker_ready(self, slot: dict) -> None:
+        self.slots[slot["worker"]] = policy.Slot(**slot)
+        self.schedule()
+
+    def _rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
+                    attempt: int = 0) -> None:
+        data = dict(data or {})
+        kind = RankEvent(event)
+        run = self.runs.get(job)
+        if run is None:  # over: nothing of it is kept any more
+            return
+        self._intake(run, rank, attempt, kind, data)
+        make = _RANK_EVENTS.get(kind)
+        if make is not None:
+            self.feed(run, make(rank, attempt, data))
+
+    def _intake(self, run: Run, rank: int, attempt: int, kind: RankEvent, data: dict) -> None:
+        """Journal and publish the metrics a rank sent. Rows of an earlier gang start are
+        dropped: they belong to steps that a restart rolled back (or will replay)."""
+        rows = data.pop("rows", None) or []
+        logs = data.pop("logs", None) or []
+        system = data.pop("system", None) or []
+        if attempt != run.machine.attempt:
+            rows = []
+        if not (rows or logs or system):
+            return
+        if rows:
+            self.journal.add_metrics(run.id, rows)
+            board = self._board(run)
+            if board is not None:
+                board.write(rows)
+        if logs:
+            self.journal.add_logs(run.id, logs)
+        if system:
+            self.journal.add_system(run.id, system)
+        message: MetricsMessage = {"kind": "metrics", "rank": rank, "attempt": attempt,
+                                   "sent": data.pop("sent", time.time()), "event": kind.value,
+                                   "rows": rows, "logs": logs, "system": system}
+        self.scheduler.log_event(topic(run.id), message)
+
+    def _board(self, run: Run) -> Any:
+        """The job's TensorBoard writers, opened on its first rows (None without a dir)."""
+        spec = run.machine.spec
+        if not spec.tensorboard_dir:
+            return None
+        if run.board is None:
+            from .tensorboard import JobBoard
+
+            run.board = JobBoard(spec.tensorboard_dir, spec.world_size)
+        return run.board
+
+    # --- carrying out actions ------------------------------------------------------------
+    def _journal(self, run: Run, action: ev.Journal) -> None:
+        self.journal.update(run.id, **action.fields)
+
+    def _publish(self, run: Run, action: ev.Publish) -> None:
+        self.scheduler.log_event(topic(run.id), action.message)
+
+    def _start_gang(self, run: Run, action: ev.StartGang) -> None:
+        self.scheduler.loop.add_callback(self._start, run, action.attempt, action.words)
+
+    def _send_control(self, run: Run, action: ev.SendControl) -> None:
+        for worker in action.workers:
+            if worker in self.slots:
+                self.scheduler.loop.add_callback(self._control, worker, run.id,
+                                                 list(action.words), action.attempt)
+
+    def _free_slot(self, run: Run, action: ev.FreeSlot) -> None:
+        if self.busy.get(action.worker) == run.id:
+            del self.busy[action.worker]
+
+    def _enqueue(self, run: Run, action: ev.Enqueue) -> None:
+        if action.front:
+            self.queue.insert(0, run.id)
+        else:
+            self.queue.append(run.id)
+
+    def _dequeue(self, run: Run, action: ev.Dequeue) -> None:
+        if run.id in self.queue:
+            self.queue.remove(run.id)
+
+    def _start_timer(self, run: Run, action: ev.StartTimer) -> None:
+        self.scheduler.loop.call_later(action.delay, self.feed, run, action.event)
+
+    def _truncate(self, run: Run, action: ev.TruncateHistory) -> None:
+        self.journal.truncate_history(run.id, action.step)
+        self.scheduler.log_event(topic(run.id), {"kind": "rollback", "step": action.step})
+
+    def _close_board(self, run: Run, action: ev.CloseBoard) -> None:
+        run.close_board()
+
+    def _release(self, run: Run, action: ev.Release) -> None:
+        self.journal.update(run.id, result=action.result)
+        self.runs.pop(run.id, None)
+        run.done.set()
+
+    # --- talking to agents ---------------------------------------------------------------
+    async def _start(self, run: Run, attempt: int, words: tuple[int, ...]) -> None:
+        machine = run.machine
+        spec, ranks = machine.spec, machine.ranks
         try:
-            port = await self.scheduler.rpc(gang[0].worker).clustersdk_open_store(
-                job=run.id, world_size=spec["world_size"], timeout=spec["timeout"]
-            )
+            port = await op(self.scheduler.rpc(ranks[0].worker), WorkerOp.OPEN_STORE)(
+                job=run.id, world_size=spec.world_size, timeout=spec.timeout)
         except Exception as e:  # the worker of rank 0 vanished: no rank starts
-            results: list[Any] = [e] * len(gang)
+            results: list[Any] = [e] * len(ranks)
         else:
             results = await asyncio.gather(*(
-                self.scheduler.rpc(slot.worker).clustersdk_start_rank(
-                    job=run.id, rank=rank, spec=spec, payload=run.payload,
-                    master_addr=gang[0].host, master_port=port,
-                )
-                for rank, slot in enumerate(gang)
+                op(self.scheduler.rpc(slot.worker), WorkerOp.START_RANK)(
+                    job=run.id, rank=rank, spec=spec.as_dict(), payload=run.payload,
+                    master_addr=ranks[0].host, master_port=port, words=list(words))
+                for rank, slot in enumerate(ranks)
             ), return_exceptions=True)
-        failed = {rank: e for rank, e in enumerate(results) if isinstance(e, Exception)}
-        if run.attempt != attempt:  # restarted meanwhile: these ranks are not the job's any more
-            return
-        if not failed:
-            if any(run.control):  # e.g. the pause of a job that was PAUSED before its restart
-                self._broadcast(run)
-            return
-        for rank, e in failed.items():  # these never report an exit; the others will
-            logger.warning("clustersdk: could not start rank %d of job %s on %s: %r",
-                           rank, run.id, gang[rank].worker, e)
-            if self.busy.get(gang[rank].worker) == run.id:
-                del self.busy[gang[rank].worker]
-            run.exited.setdefault(rank, {"status": "not started"})
-        rank, e = next(iter(failed.items()))
-        if run.status is not JobStatus.RESTARTING:  # else remove_worker has seen to it
-            self._lost(run, rank, type(e).__name__,
-                       f"could not start rank {rank} on worker {gang[rank].worker}: {e}")
-        self._maybe_done(run)
-        self._schedule()
-
-    def _broadcast(self, run: Run) -> None:
-        """Send the job's control vector to each of its ranks' agents."""
-        for slot in run.slots:
-            if slot.worker in self.slots:
-                self.scheduler.loop.add_callback(self._control, slot.worker, run.id,
-                                                 list(run.control), run.attempt)
+        for rank, result in enumerate(results):
+            if isinstance(result, Exception):
+                logger.warning("clustersdk: could not start rank %d of job %s on %s: %r",
+                               rank, run.id, ranks[rank].worker, result)
+                self.feed(run, ev.StartFailed(rank, attempt, type(result).__name__, str(result)))
 
     async def _control(self, worker: str, job: str, words: list[int], attempt: int) -> None:
         try:
-            await self.scheduler.rpc(worker).clustersdk_control(job=job, words=words,
-                                                                attempt=attempt)
+            await op(self.scheduler.rpc(worker), WorkerOp.CONTROL)(job=job, words=words,
+                                                                    attempt=attempt)
         except Exception:  # the worker is gone; remove_worker deals with it
             logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
 
-    def _active(self, job: str, action: str) -> Run:
-        run = self.runs.get(job)
-        if run is None:
-            record = self._record(job)
-            raise InvalidTransitionError(
-                f"job {record['name']!r} is {record['status']}; it cannot {action}"
-            )
-        return run
-
-    def _need_checkpoint_dir(self, run: Run, action: str) -> None:
-        if not run.spec.get("checkpoint_dir"):
-            raise SpecError(
-                f"job {run.spec['name']!r} has no checkpoint_dir, so it cannot {action}; launch it "
-                "with checkpoint_dir=..."
-            )
-
-    async def _until(self, run: Run, predicate, timeout: float | None) -> bool:
-        """Wait until ``predicate()`` holds (re-checked on every event of the job)."""
+    # --- waiting ---------------------------------------------------------------------------
+    async def until(self, run: Run, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """Wait until ``predicate()`` holds (re-checked after every event of the job)."""
         async with run.changed:
             try:
                 await asyncio.wait_for(run.changed.wait_for(predicate), timeout)
@@ -509,101 +285,38 @@ class ControlPlane(SchedulerPlugin):
 
         self.scheduler.loop.add_callback(notify)
 
-    def _fail(self, run: Run, error: dict) -> None:
-        """First error wins; the other ranks are told to stop and will exit."""
-        self._finish(run, JobStatus.FAILED, error=error, reason="")
-        run.control[STOP] = 1
-        self._broadcast(run)
 
-    def _can_restart(self, run: Run) -> bool:
-        return run.status in _RESTARTABLE and run.restarts < run.spec.get("max_restarts", 0)
+# what the plugin does for each action of a lifecycle
+_EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
+    ev.Journal: ControlPlane._journal,
+    ev.Publish: ControlPlane._publish,
+    ev.StartGang: ControlPlane._start_gang,
+    ev.SendControl: ControlPlane._send_control,
+    ev.FreeSlot: ControlPlane._free_slot,
+    ev.Enqueue: ControlPlane._enqueue,
+    ev.Dequeue: ControlPlane._dequeue,
+    ev.StartTimer: ControlPlane._start_timer,
+    ev.TruncateHistory: ControlPlane._truncate,
+    ev.CloseBoard: ControlPlane._close_board,
+    ev.Release: ControlPlane._release,
+}
 
-    def _release_held_failure(self, run: Run, attempt: int) -> None:
-        """No worker of the job was lost after all: the held-back failure is the job's."""
-        if run.held_failure is not None and run.attempt == attempt and not run.status.terminal \
-                and run.status is not JobStatus.RESTARTING:
-            self._fail(run, run.held_failure)
-            self._maybe_done(run)
-
-    def _lost(self, run: Run, rank: int, exc_type: str, message: str) -> None:
-        """Rank ``rank``'s worker is gone (or could not start it): restart the gang
-        while the job's restart budget lasts, else fail the job."""
-        budget = run.spec.get("max_restarts", 0)
-        run.held_failure = None  # the peers of the lost rank failed for want of it
-        if self._can_restart(run):
-            run.restarts += 1
-            run.restart_paused = run.status is JobStatus.PAUSED
-            self._transition(run, JobStatus.RESTARTING, restarts=run.restarts, reason=(
-                f"{message}; restart {run.restarts} of {budget}: the other ranks stop first"))
-            run.control[STOP] = 1
-            self._broadcast(run)
-        elif not run.status.terminal:
-            if budget and run.status in _RESTARTABLE:
-                message += f" (all {budget} restart(s) of the job are used up)"
-            self._fail(run, _error(rank, exc_type, message))
-
-    def _restart(self, run: Run) -> None:
-        """Every rank of the lost gang is gone: queue the job again, first in line, to
-        continue from its newest committed checkpoint (or from the start without one)."""
-        record = self.journal.get(run.id)
-        resume = record["checkpoint"] or run.spec.get("resume")
-        # the history goes on from where the new run begins (its "restored" event
-        # trims it again if an explicit resume= loads an older step)
-        start = record["checkpoint_step"] if record["checkpoint"] else 0
-        self.journal.truncate_history(run.id, start)
-        run.reset_ranks()
-        run.spec = {**run.spec, "resume": resume, "attempt": run.attempt + 1}
-        if run.restart_paused:
-            run.control[PAUSE] = 1
-        where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
-        self.journal.update(run.id, spec=run.spec)
-        self._transition(run, JobStatus.QUEUED, reason=f"restart {run.restarts}: {where}")
-        self.queue.insert(0, run.id)
-        self._schedule()
-
-    def _maybe_done(self, run: Run) -> None:
-        if len(run.exited) < run.spec["world_size"]:
-            return
-        if run.status is JobStatus.RESTARTING:
-            self._restart(run)
-            return
-        if run.held_failure is not None and not run.status.terminal:
-            self._fail(run, run.held_failure)  # every rank is out and no worker was lost
-        if run.status is JobStatus.SUSPENDING and all(
-            e.get("status") == "suspended" for e in run.exited.values()
-        ):
-            self._transition(run, JobStatus.SUSPENDED, reason="suspended: resume() to continue")
-            run.close_board()
-            return  # stays in self.runs, with its payload, for resume()
-        if not run.status.terminal:
-            final = JobStatus.STOPPED if run.status is JobStatus.STOPPING else JobStatus.FINISHED
-            self._finish(run, final, reason="")
-        self._release(run)
-
-    def _release(self, run: Run) -> None:
-        """The job is over and nothing of it runs: store the result, wake waiters."""
-        run.close_board()
-        self.journal.update(run.id, result=run.result)
-        self.runs.pop(run.id, None)
-        run.done.set()
-
-    def _finish(self, run: Run, status: JobStatus, **fields: Any) -> None:
-        self._transition(run, status, ended=time.time(), **fields)
-        if all(self.busy.get(s.worker) != run.id for s in run.slots):
-            self._release(run)  # nothing runs: nobody will report an exit
-
-    def _transition(self, run: Run, status: JobStatus, **fields: Any) -> None:
-        check_transition(run.spec["name"], run.status, status)
-        run.status = status
-        self.journal.update(run.id, status=status.name, **fields)
-        self.scheduler.log_event(topic(run.id), {"kind": "status", "status": status.name})
-        self._notify(run)
-
-    def _record(self, job: str, with_result: bool = False) -> dict:
-        record = self.journal.get(job)
-        if record is None:
-            raise JobNotFoundError(f"no job with id {job!r} on this cluster")
-        return record if with_result else _public(record)
+# which lifecycle event a rank's report is (METRICS carries rows only)
+_RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
+    RankEvent.STARTED: lambda rank, attempt, d: ev.Started(rank, attempt),
+    RankEvent.LOOP: lambda rank, attempt, d: ev.LoopStarted(rank, attempt, d["total_steps"]),
+    RankEvent.RESTORED: lambda rank, attempt, d: ev.Restored(rank, attempt, d["step"],
+                                                             d.get("path", "")),
+    RankEvent.PAUSED: lambda rank, attempt, d: ev.Paused(rank, attempt, d["step"]),
+    RankEvent.RESUMED: lambda rank, attempt, d: ev.Resumed(rank, attempt, d.get("step", 0)),
+    RankEvent.CHECKPOINT: lambda rank, attempt, d: ev.CheckpointCommitted(
+        rank, attempt, d["seq"], d["step"], d["path"]),
+    RankEvent.CHECKPOINT_FAILED: lambda rank, attempt, d: ev.CheckpointFailed(
+        rank, attempt, d["seq"], d["step"], d["message"]),
+    RankEvent.FAILED: lambda rank, attempt, d: ev.Failed(rank, attempt, d["error"]),
+    RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
+        rank, attempt, ExitStatus(d["status"]), d.get("result")),
+}
 
 
 class _ExpectedErrors(logging.Filter):
@@ -624,13 +337,6 @@ def _quiet_expected_errors() -> None:
         core.addFilter(_ExpectedErrors())
 
 
-def _public(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "result"}
-
-
 def _device(slot: policy.Slot) -> str:
     return f"cuda:{slot.index}" if slot.kind == "cuda" else "cpu"
 
-
-def _error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict:
-    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ from distributed.utils import sync
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
+from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from . import capture, checkpoint, telemetry
 from .control import Control, JobSuspended
 
@@ -45,20 +47,24 @@ class Agent(WorkerPlugin):
         self.early: dict[tuple[str, int], Control] = {}
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
-        for name in ("open_store", "start_rank", "control"):
-            worker.handlers[f"clustersdk_{name}"] = getattr(self, name)
+        handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
+                    WorkerOp.CONTROL: self.control}
+        for operation, handler in handlers.items():
+            worker.handlers[operation.handler] = handler
         capture.install()
         _exit_without_finalizers()
         self._flusher = PeriodicCallback(self.flush, FLUSH_MS)
         self._flusher.start()
         slot.update(worker=worker.address, host=_host_of(worker.address))
         self.slot = slot
-        await worker.scheduler.clustersdk_worker_ready(slot=slot)
+        await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
 
     def teardown(self, worker) -> None:
         self._flusher.stop()
+        stop = no_words()
+        stop[Word.STOP] = 1
         for rank in self.ranks.values():
-            rank.control.merge([1, 0, 0, 0, 0])  # STOP
+            rank.control.merge(stop)
 
     # handlers ------------------------------------------------------------------
     def open_store(self, job: str, world_size: int, timeout: float) -> int:
@@ -69,9 +75,12 @@ class Agent(WorkerPlugin):
         return store.port
 
     def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
-                   master_addr: str, master_port: int) -> None:
+                   master_addr: str, master_port: int, words: list[int] | None = None) -> None:
         store = self.stores.pop(job, None) if rank == 0 else None
-        thread = RankThread(self, job, rank, spec, payload, master_addr, master_port, store)
+        thread = RankThread(self, job, rank, WireSpec.from_dict(spec), payload, master_addr,
+                            master_port, store)
+        if words:  # e.g. the pause of a job that was PAUSED before its restart
+            thread.control.merge(words)
         early = self.early.pop((job, thread.attempt), None)
         if early is not None:  # e.g. a stop sent while the job was still starting
             thread.control.merge(early.words())
@@ -92,31 +101,44 @@ class Agent(WorkerPlugin):
             self.early.pop(next(iter(self.early)))  # words for long-gone jobs
         self.early.setdefault(key, Control()).merge(words)
 
-    # metrics -------------------------------------------------------------------
+    # what ranks report -------------------------------------------------------------
     def flush(self) -> None:
+        """Ship each rank's metrics at its job's rate (skipped while one is on its way)."""
         for rank in list(self.ranks.values()):
-            if rank.due():
-                msg = rank.drain()
-                if msg["rows"] or msg["logs"] or msg["system"]:
-                    self.worker.log_event(rank.topic, msg)
+            if not rank.outbox.locked() and rank.due():
+                self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
 
-    def report(self, job: str, rank: int, event: str, attempt: int = 0, **data: Any) -> None:
+    async def send(self, rank: RankThread, event: RankEvent, data: dict[str, Any],
+                   final: bool = False) -> None:
+        """Tell the control plane ``event`` of ``rank``, with its metrics since the last
+        message. One message of a rank at a time, in order: rows arrive in the order
+        they were logged, and before the event that follows them."""
+        async with rank.outbox:
+            msg = rank.drain(final)
+            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]):
+                return
+            await op(self.worker.scheduler, Op.RANK_EVENT)(
+                job=rank.job, rank=rank.rank, event=event.value, attempt=rank.attempt,
+                data={**msg, **data})
+
+    def report(self, rank: RankThread, event: RankEvent, final: bool = False,
+               **data: Any) -> None:
         """From a rank thread: tell the control plane, and wait until it has heard."""
-        sync(self.worker.loop, self.worker.scheduler.clustersdk_rank_event,
-             job=job, rank=rank, event=event, attempt=attempt, data=data)
+        sync(self.worker.loop, self.send, rank, event, data, final)
 
 
 class RankThread(threading.Thread):
     """One rank of one job: process group up, user function, process group down."""
 
-    def __init__(self, agent: Agent, job: str, rank: int, spec: dict, payload: bytes,
+    def __init__(self, agent: Agent, job: str, rank: int, spec: WireSpec, payload: bytes,
                  master_addr: str, master_port: int, store: Any):
-        super().__init__(name=f"clustersdk-{spec['name']}-rank{rank}", daemon=True)
+        super().__init__(name=f"clustersdk-{spec.name}-rank{rank}", daemon=True)
         self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
         self.payload, self.store = payload, store
         self.master = (master_addr, master_port)
-        self.attempt = int(spec.get("attempt", 0))
-        self.topic = f"clustersdk-job-{job}"
+        self.attempt = spec.attempt
+        self.outbox = asyncio.Lock()  # what this rank sends goes out one message at a time
+        self.leftover: collections.deque = collections.deque()  # rows of a context now gone
         self.sink = capture.Sink(rank)
         self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
         self.telemetry_interval = float(config.get("telemetry-interval"))
@@ -127,14 +149,15 @@ class RankThread(threading.Thread):
 
     def due(self) -> bool:
         now = time.monotonic()
-        if now - self._last_flush >= self.spec["metrics_interval"]:
+        if now - self._last_flush >= self.spec.metrics_interval:
             self._last_flush = now
             return True
         return False
 
     def drain(self, final: bool = False) -> dict[str, Any]:
         ctx = self.ctx
-        rows = ctx.drain_rows() if ctx is not None else []
+        rows = [self.leftover.popleft() for _ in range(len(self.leftover))]
+        rows += ctx.drain_rows() if ctx is not None else []
         system = []
         now = time.monotonic()
         if not final and now - self._last_sample >= self.telemetry_interval:
@@ -143,52 +166,51 @@ class RankThread(threading.Thread):
                 system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
-        return {"kind": "metrics", "rank": self.rank, "sent": time.time(), "rows": rows,
-                "logs": self.sink.drain(final), "system": system}
+        return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
+                "system": system}
 
     def run(self) -> None:
         from . import process_group as pg
         from .context import TrainContext
 
         capture.bind(self.sink)
-        spec, rank, ws = self.spec, self.rank, self.spec["world_size"]
-        outcome: dict[str, Any] = {"status": "ok"}
+        spec, rank, ws = self.spec, self.rank, self.spec.world_size
+        outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
         try:
             device = pg.rank_device(_slot_kind())
-            pg.set_env(rank, ws, *self.master)
-            store = self.store or pg.join_store(*self.master, ws, spec["timeout"])
+            pg.set_env(rank, ws, *self.master, env=spec.env)
+            store = self.store or pg.join_store(*self.master, ws, spec.timeout)
             self.store = None
-            control_group, checkpoint_group = pg.init(store, rank, ws, device, spec["timeout"])
-            options = _checkpoint_options(spec, rank)
+            control_group, checkpoint_group = pg.init(store, rank, ws, device, spec.timeout)
+            fn, args, kwargs, objects = cloudpickle.loads(self.payload)
             self.ctx = TrainContext(
-                job=self.job, name=spec["name"], rank=rank, world_size=ws, local_rank=0,
-                device=device, strategy=spec["strategy"], control=self.control,
+                job=self.job, name=spec.name, rank=rank, world_size=ws, local_rank=0,
+                device=device, strategy=spec.strategy, control=self.control,
                 control_group=control_group, checkpoint_group=checkpoint_group,
-                checkpoint=options, report=self._report, spec=spec,
+                checkpoint=_checkpoint_options(spec, rank), report=self._report, spec=spec,
+                objects=objects,
             )
-            self.agent.report(self.job, rank, "started", self.attempt)
-            fn, args, kwargs = cloudpickle.loads(self.payload)
+            self.agent.report(self, RankEvent.STARTED)
             result = fn(self.ctx, *args, **kwargs)
             if self.ctx.stopped:
-                outcome["status"] = "stopped"
+                outcome["status"] = ExitStatus.STOPPED.value
             if rank == 0:
                 outcome["result"] = cloudpickle.dumps(result)
         except JobSuspended:
-            outcome = {"status": "suspended"}
+            outcome = {"status": ExitStatus.SUSPENDED.value}
         except BaseException as e:  # noqa: BLE001 - every failure must reach the user
-            outcome = {"status": "failed"}
+            outcome = {"status": ExitStatus.FAILED.value}
             error = {"rank": rank, "type": type(e).__name__, "message": str(e),
                      "traceback": "".join(traceback.format_exception(e))}
             try:  # before teardown, so that the first failure is the one reported
-                msg = self.drain(final=True)
-                self.agent.report(self.job, rank, "failed", self.attempt, error=error,
-                                  rows=msg["rows"], logs=msg["logs"], system=msg["system"])
+                self.agent.report(self, RankEvent.FAILED, final=True, error=error)
             except Exception:
                 logger.exception("clustersdk: could not report the failure of rank %d", rank)
         finally:
-            msg = self.drain(final=True)
+            if self.ctx is not None:  # its last rows go with the exit report
+                self.leftover.extend(self.ctx.drain_rows())
             self.ctx = None
-            fn = args = kwargs = result = None  # noqa: F841 - drop the job's objects
+            fn = args = kwargs = objects = result = None  # noqa: F841 - drop the job's objects
             try:
                 pg.teardown()
             except Exception:
@@ -197,29 +219,26 @@ class RankThread(threading.Thread):
             if self.agent.ranks.get(self.job) is self:
                 del self.agent.ranks[self.job]
             try:
-                self.agent.report(self.job, rank, "exit", self.attempt, rows=msg["rows"],
-                                  logs=msg["logs"], **outcome)
+                self.agent.report(self, RankEvent.EXIT, final=True, **outcome)
             except Exception:  # the worker is closing: the scheduler learns it by itself
                 logger.info("clustersdk: could not report the exit of rank %d", rank, exc_info=True)
 
-    def _report(self, event: str, **data: Any) -> None:
+    def _report(self, event: RankEvent, **data: Any) -> None:
         """From the rank's context: the event, with the metrics and logs so far (a
         paused job's history is then complete as soon as pause() returns)."""
-        msg = self.drain()
-        self.agent.report(self.job, self.rank, event, self.attempt, rows=msg["rows"],
-                          logs=msg["logs"], system=msg["system"], **data)
+        self.agent.report(self, event, **data)
 
 
-def _checkpoint_options(spec: dict[str, Any], rank: int) -> dict[str, Any] | None:
+def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
     """Check the checkpoint directory before any training; clean up killed saves."""
-    root = spec.get("checkpoint_dir")
+    root = spec.checkpoint_dir
     if not root:
         return None
     checkpoint.check_writable(root)
     if rank == 0:
         checkpoint.clean_leftovers(root)
-    return {"dir": root, "every": spec.get("checkpoint_every"), "keep": spec.get("keep", 3),
-            "async": spec.get("async_checkpoint", True), "resume": spec.get("resume")}
+    return {"dir": root, "every": spec.checkpoint_every, "keep": spec.keep,
+            "async": spec.async_checkpoint, "resume": spec.resume}
 
 
 def _warm_up_and_probe() -> dict[str, Any]:

@@ -2,36 +2,39 @@
 
 from __future__ import annotations
 
-import collections
-import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
-from ..errors import SpecError
+from ..errors import CheckpointError, SpecError
 from ..layout import Layout
-from . import checkpoint, strategies
-from .control import CHECKPOINT, PAUSE, RESUME, STOP, SUSPEND, Control, ControlCheck, JobSuspended
-from .data import ShardedLoader
-from .saver import Saver, full_state_dict
+from ..protocol import RankEvent, WireSpec
+from . import checkpoint, epochs as _epochs, rebind, resume, strategies
+from .checkpoint.export import full_state_dict
+from .checkpoint.saver import Saver
+from .control import Control
+from .data import make_loader
+from .looping import Looping
+from .metrics import RESERVED, Metrics  # noqa: F401 - RESERVED: the names every row has
 from .steps import Steps
 from .training import TrainingState
 
-RESERVED = frozenset({"seq", "rank", "step", "time"})  # fields of every metrics row
 
-
-class TrainContext:
+class TrainContext(Looping):
     """The rank's view of its job.
 
     >>> def train(ctx):
     ...     model = ctx.prepare(torch.nn.Linear(4, 1))
     ...     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ...     ctx.register(optimizer=opt)
-    ...     for step, (x, y) in ctx.loop(ctx.shard(dataset, batch_size=8), steps=100):
+    ...     for step, (x, y) in ctx.loop(ctx.shard(dataset, batch_size=8), epochs=3):
     ...         loss = torch.nn.functional.mse_loss(model(x), y)
     ...         loss.backward(); opt.step(); opt.zero_grad()
-    ...         ctx.log(loss=loss)
+    ...         ctx.log(loss=loss, epoch=ctx.epoch)
+    ...         if ctx.epoch_end:                       # evaluate after every epoch
+    ...             with torch.no_grad():
+    ...                 for x, y in ctx.evaluate(test_set, batch_size=8):
+    ...                     ctx.log(test_loss=mse_loss(model(x), y), reduce="mean")
 
     With the training features of the job's spec (``precision``,
     ``grad_accum``, ``clip_grad_norm``) and under every strategy, ``pp``
@@ -61,7 +64,8 @@ class TrainContext:
         report: Callable[..., None] | None = None,
         checkpoint: dict[str, Any] | None = None,
         checkpoint_group: Any = None,
-        spec: dict[str, Any] | None = None,
+        spec: WireSpec | None = None,
+        objects: dict[str, Any] | None = None,
     ):
         self.job = job
         self.name = name
@@ -70,19 +74,25 @@ class TrainContext:
         self.local_rank = local_rank
         self.device = device
         self.strategy = strategy
-        self.spec = spec or {}  # the job's whole spec (mesh, precision, grad_accum, ...)
+        # the job's whole spec (mesh, precision, grad_accum, ...)
+        self.spec = spec or WireSpec(id=job, name=name, world_size=world_size, strategy=strategy)
         self.options = _options(self.spec)
         self.layout = Layout.resolve(strategy, self.options["mesh"], world_size)
         self._mesh: Any = None
-        self._launched: dict[str, Any] = {}  # Python objects given to launch (model=, plan=)
+        # the Python objects given to launch (model=, plan=): they can't travel in the spec
+        self.objects: dict[str, Any] = dict(objects or {})
         self._steps = Steps(self)
         self.step = 0
+        self.epoch = 0  # of the data ctx.loop walks, at the step it yielded last
         self.stopped = False
         self.stateful: dict[str, Any] = {}
         self._control = control or Control()
         self._control_group = control_group
         self._report = report or (lambda event, **data: None)
-        self._rows: collections.deque = collections.deque()
+        self._metrics = Metrics(rank, world_size, control_group)
+        self._rebinder = rebind.Rebinder(strategy)
+        self._batches: _epochs.Batches | None = None
+        self._shards: list[str] = []  # the keys of the loaders ctx.shard made, in order
         self._paused = False
         self._checkpoints_done = 0  # the newest CHECKPOINT request acted on
         self._begun = False
@@ -90,10 +100,15 @@ class TrainContext:
         self._every = options.get("every")
         self._resume = options.get("resume")
         self._saver = None
+        self._resume_path: str | None = None
         if options.get("dir"):
-            self._saver = Saver(self, options["dir"], options.get("keep", 3), checkpoint_group,
-                                self._report)
+            self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
+                                report=self._report, rank=rank, world_size=world_size, job=job,
+                                device=device, pipeline=strategy == "pp")
             self._async = options.get("async", True)
+            # known from the start, so that ctx.shard restores its position at once
+            self._resume_path = resume.resolve(self._resume, options["dir"], world_size,
+                                               control_group)
 
     def __repr__(self) -> str:
         return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
@@ -142,19 +157,21 @@ class TrainContext:
         and pipeline stages keep what their rank built.
         """
         if model is None:
-            model = self._launched.get("model")
+            model = self.objects.get("model")
             if model is None:
                 raise SpecError("ctx.prepare() needs a model, or cluster.launch(model=...)")
             if not isinstance(model, torch.nn.Module):
                 model = model()
         if not isinstance(model, torch.nn.Module):
             raise SpecError(f"ctx.prepare expects a torch.nn.Module, got {type(model).__name__}")
-        plan = plan if plan is not None else self._launched.get("plan")
+        plan = plan if plan is not None else self.objects.get("plan")
         if plan is not None and self.layout.size("tp") == 1:
             raise SpecError(f"plan= is for tensor parallelism, and this job's mesh is {self.layout}")
         if not stage:
             strategies.check(self.layout, model, plan=plan, split=self.options["split"])
+        before = self._rebinder.before(model)
         model = strategies.wrap(self.strategy, model, self, plan=plan, policy=wrap, stage=stage)
+        self._rebinder.after(before, model)  # optimizers built before this now train `model`
         steps = self._steps
         steps.model, steps.loss_fn = model, loss_fn
         if self.strategy == "pp":
@@ -170,7 +187,11 @@ class TrainContext:
         shard and stage as plain CPU tensors keyed by parameter name, on rank 0; None on
         the other ranks. Every rank must call it. What a training function returns.
         """
-        return full_state_dict(self, optimizer)
+        model = self.stateful.get("model")
+        if model is None:
+            raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
+        return full_state_dict(model, optimizer, rank=self.rank, world_size=self.world_size,
+                               pipeline=self.strategy == "pp")
 
     # training steps ----------------------------------------------------------
     def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
@@ -184,6 +205,7 @@ class TrainContext:
         micro-batches, and the loss is returned by the last stage only
         (None elsewhere).
         """
+        self._rebinder.fix(optimizer)  # before clipping, which reads its parameters
         return self._steps.train_step(optimizer, inputs, target)
 
     def autocast(self) -> Any:
@@ -211,6 +233,7 @@ class TrainContext:
 
         Returns the gradient norm of the whole model when clipping, else None.
         """
+        self._rebinder.fix(optimizer)
         return self._steps.optimizer_step(optimizer)
 
     def register(self, **objects: Any) -> None:
@@ -221,162 +244,85 @@ class TrainContext:
                     f"ctx.register({key}=...) needs an object with state_dict() and "
                     f"load_state_dict(), got {type(obj).__name__}"
                 )
+            self._rebinder.fix(obj)
             self.stateful[key] = obj
 
     # data ----------------------------------------------------------------------
-    def shard(self, dataset: Any, batch_size: int, **options: Any) -> ShardedLoader:
+    def shard(self, dataset: Any, batch_size: int, **options: Any) -> Any:
         """This rank's share of every global batch (``batch_size`` samples per
         data-parallel rank; ranks that differ only in their ``tp`` or ``pp``
         coordinate get the same samples, see :mod:`clustersdk.layout`).
 
-        Options: ``shuffle=True``, ``seed=0``, ``collate_fn``, ``num_workers``.
+        ``dataset`` is map-style (a torch ``Dataset``, a Hugging Face
+        ``datasets.Dataset``, a list), a stream (an ``IterableDataset``, a
+        streaming Hugging Face dataset) or Parquet files (paths, a directory,
+        a ``pyarrow.dataset.Dataset``: read by row group, see
+        :mod:`.parquet`). Its position goes into checkpoints; in a resumed
+        job it is restored here, so ``len()`` is right before the loop.
+        Make loaders once, before the loop, in the same order on every run.
+
+        Options: ``shuffle`` (default True; a stream can't), ``seed=0``,
+        ``collate_fn``, ``num_workers`` (map-style), ``prefetch`` (batches
+        read ahead by a background thread: 2 for streams and Parquet, 0 for
+        map-style), ``columns`` and ``lanes`` (Parquet).
         """
-        loader = ShardedLoader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
-        self.stateful.setdefault("data", loader)
+        loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
+        key, n = "data", 0
+        while key in self.stateful:
+            n += 1
+            key = f"data_{n}"
+        self._shards.append(key)
+        if self._resume_path:
+            saved = resume.saved_state(self._resume_path, key, loader.state_dict())
+            if saved is not None:
+                loader.load_state_dict(saved)
+        self.stateful[key] = loader
         return loader
-
-    def loop(self, data: Iterable[Any] | None, steps: int) -> Iterator[tuple[int, Any]]:
-        """Yield ``(step, batch)`` until ``steps`` steps are done or the job is stopped.
-
-        ``data`` is iterated again when it runs out (a new epoch). At step
-        boundaries the ranks agree on the control vector (see
-        :mod:`.control`), so that they all pause, checkpoint, suspend or stop
-        at the same step. On the first call of a resumed job, everything that
-        was registered is restored from the checkpoint before the first step.
-        """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise SpecError(f"steps must be a non-negative int, got {steps!r}")
-        if not self._begun:
-            self._begin()
-            if self.rank == 0:  # for progress bars and ETAs
-                self._report("loop", total_steps=steps)
-        batches = _cycle(data) if data is not None else None
-        check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
-        start = self.step
-        try:
-            while self.step < steps:
-                if self._every and self.step % self._every == 0 and self.step != start:
-                    self._saver.save(self._checkpoints_done, blocking=not self._async)
-                if check.due(self.step) and not self._act(check, check.agree(self.step)):
-                    self.stopped = True
-                    return
-                batch = next(batches) if batches is not None else None
-                yield self.step, batch
-                if self.step == start:
-                    self._steps.check_used()
-                self.step += 1
-            if self._every and self.step % self._every == 0 and self.step != start:
-                self._saver.save(self._checkpoints_done, blocking=not self._async)
-        finally:
-            if self._saver is not None:
-                self._saver.close()
 
     def checkpoint(self) -> None:
         """Save a checkpoint now (all ranks must call it at the same step)."""
         if self._saver is None:
             raise SpecError("this job has no checkpoint_dir; pass checkpoint_dir= to cluster.launch")
-        self._saver.save(self._checkpoints_done, blocking=True)
+        self._save(self._checkpoints_done, blocking=True)
+
+    def _save(self, seq: int, blocking: bool) -> None:
+        """What is registered, at this step (answering checkpoint request ``seq``)."""
+        self._saver.save(self.stateful, self.step, seq, blocking)
 
     def _begin(self) -> None:
         """Restore a resumed job and check there is room for a checkpoint, once."""
         self._begun = True
+        for obj in self.stateful.values():  # their restored state must go to the right tensors
+            self._rebinder.fix(obj)
         saver = self._saver
         if saver is None:
             return
-        path = self._resume
-        if path == "auto":
-            path = checkpoint.latest(saver.root)
-            if self.world_size > 1:  # every rank must load the same one
-                chosen = [path]
-                dist.broadcast_object_list(chosen, src=0, group=self._control_group)
-                path = chosen[0]
+        path = self._resume_path
         if path:
-            self.step = saver.restore(path)
+            # loaders are restored when they are made
+            self.step = saver.restore(self.stateful, path, skip=self._shards)
             print(f"resumed from {path} at step {self.step}")
             if self.rank == 0:
-                self._report("restored", step=self.step, path=path)
+                self._report(RankEvent.RESTORED, step=self.step, path=path)
         if self.rank == 0:
-            checkpoint.check_space(saver.root, 2 * saver.nbytes())
-
-    def _act(self, check: ControlCheck, words: list[int]) -> bool:
-        """Carry out the agreed control vector; False means: leave the loop."""
-        while True:
-            if words[STOP]:
-                return False
-            if words[SUSPEND]:
-                self._need_saver("suspend")
-                self._saver.save(words[CHECKPOINT], blocking=True)
-                raise JobSuspended(f"suspended at step {self.step}")
-            if words[CHECKPOINT] > self._checkpoints_done:
-                self._checkpoints_done = words[CHECKPOINT]
-                self._need_saver("checkpoint")
-                self._saver.save(words[CHECKPOINT], blocking=not self._async)
-            if words[PAUSE] <= words[RESUME]:
-                if self._paused:
-                    self._paused = False
-                    self._report("resumed", step=self.step)
-                return True
-            if not self._paused:
-                self._paused = True
-                if self._saver is not None:
-                    self._saver.wait()  # a paused job's last checkpoint is committed
-                self._report("paused", step=self.step)
-            self._control.wait_beyond(words)
-            words = check.agree(self.step)
-
-    def _need_saver(self, action: str) -> None:
-        if self._saver is None:
-            raise SpecError(f"cannot {action}: this job has no checkpoint_dir")
+            checkpoint.check_space(saver.root, 2 * saver.nbytes(self.stateful))
 
     # metrics -------------------------------------------------------------------
-    def log(self, **scalars: Any) -> None:
+    def log(self, *, reduce: str | None = None, **scalars: Any) -> None:
         """Record scalars (numbers or one-element tensors) for the current step.
 
-        ``None`` values are left out (a pipeline's first stages have no loss),
-        and a row left with nothing is not recorded.
+        Every call of a step adds to that step's one row. ``None`` values are
+        left out (a pipeline's first stages have no loss), and a row left
+        with nothing is not recorded. ``reduce="mean"`` (or ``"sum"``,
+        ``"max"``, ``"min"``) records the value over all ranks instead of
+        this rank's: at once (every rank must make the same call), or inside
+        :meth:`evaluate` over the whole pass, when it ends.
         """
-        row = {}
-        for key, value in scalars.items():
-            if value is None:
-                continue
-            if key in RESERVED:
-                raise SpecError(f"ctx.log({key}=...): {key!r} is recorded with every row already; "
-                                "pick another name")
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise SpecError(
-                        f"ctx.log({key}=...) needs a number or a one-element tensor, got a tensor "
-                        f"of shape {tuple(value.shape)}"
-                    )
-                value = value.detach()
-                if value.device.type == "cpu":
-                    value = value.item()
-            elif not isinstance(value, (int, float)):
-                raise SpecError(f"ctx.log({key}=...) needs a number, got {type(value).__name__}")
-            row[key] = value
-        if not row and scalars:
-            return
-        self._rows.append({"rank": self.rank, "step": self.step, "time": time.time(), "scalars": row})
+        self._metrics.log(self.step, scalars, reduce)
 
     def drain_rows(self) -> list[dict[str, Any]]:
         """Logged rows since the last drain, as plain numbers (called by the agent)."""
-        out = []
-        while self._rows:
-            row = self._rows.popleft()
-            row["scalars"] = {k: (v.item() if isinstance(v, torch.Tensor) else v)
-                              for k, v in row["scalars"].items()}
-            out.append(row)
-        return out
-
-
-def _cycle(data: Iterable[Any]) -> Iterator[Any]:
-    while True:
-        empty = True
-        for item in data:
-            empty = False
-            yield item
-        if empty:
-            raise SpecError("ctx.loop got an empty data iterable")
+        return self._metrics.drain()
 
 
 # the training options of a job's spec, and their values when the spec leaves them out
@@ -387,5 +333,6 @@ OPTIONS: dict[str, Any] = {
 }
 
 
-def _options(spec: dict[str, Any]) -> dict[str, Any]:
-    return {k: default if spec.get(k) is None else spec[k] for k, default in OPTIONS.items()}
+def _options(spec: WireSpec) -> dict[str, Any]:
+    return {k: default if getattr(spec, k) is None else getattr(spec, k)
+            for k, default in OPTIONS.items()}

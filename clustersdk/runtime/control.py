@@ -1,17 +1,9 @@
 """Control words: how every rank learns, at the same step, to stop, pause or save.
 
-The control plane sends each rank the job's control vector; a rank merges
-what it receives (element-wise max, so that order of arrival does not matter)
-and at step boundaries all ranks agree on the vector with one tiny all-reduce
-(MAX). Each entry only ever grows:
-
-=========== =====================================================
-STOP        1 once a stop is asked
-SUSPEND     1 once a suspend is asked
-PAUSE       pause generation: incremented by every pause
-RESUME      resume generation: equal to PAUSE after a resume
-CHECKPOINT  sequence number of the newest checkpoint request
-=========== =====================================================
+The control plane sends each rank the job's control vector (its entries are
+:class:`clustersdk.protocol.Word`); a rank merges what it receives
+(element-wise max, so that order of arrival does not matter) and at step
+boundaries all ranks agree on the vector with one tiny all-reduce (MAX).
 """
 
 from __future__ import annotations
@@ -20,11 +12,8 @@ import threading
 import time
 from typing import Any, Sequence
 
-import torch
-import torch.distributed as dist
+from ..protocol import no_words
 
-STOP, SUSPEND, PAUSE, RESUME, CHECKPOINT = range(5)
-WORDS = 5
 CHECK_INTERVAL = 0.04  # seconds between checks in a loop of fast steps
 MAX_CHECK_EVERY = 1000
 
@@ -41,7 +30,7 @@ class Control:
     """One rank's copy of the control vector, written by the worker's event loop."""
 
     def __init__(self) -> None:
-        self._words = [0] * WORDS
+        self._words = no_words()
         self._changed = threading.Condition()
 
     def merge(self, words: Sequence[int]) -> None:
@@ -88,6 +77,9 @@ class ControlCheck:
         elapsed_us = int(1e6 * (now - self.since) / max(step - self.since_step, 1))
         words = self.control.words()
         if self.world_size > 1:
+            import torch
+            import torch.distributed as dist
+
             msg = torch.tensor([*words, elapsed_us], dtype=torch.int64)
             dist.all_reduce(msg, op=dist.ReduceOp.MAX, group=self.group)
             *words, step_us = msg.tolist()

@@ -1,6 +1,11 @@
 """``ctx.shard``: each rank's part of every global batch, with a saveable position.
 
-The dataset is permuted once per epoch (seeded, identical on every rank);
+:func:`make_loader` picks the loader for what it is given: Parquet files or a
+pyarrow dataset (:mod:`.parquet`), a stream such as an ``IterableDataset``
+(:mod:`.streams`), or, here, a map-style dataset (``len`` and indexing: a
+torch ``Dataset``, a Hugging Face ``datasets.Dataset``, a list).
+
+A map-style dataset is permuted once per epoch (seeded, identical on every rank);
 global batch ``b`` is ``perm[b*G:(b+1)*G]`` with ``G = batch_size * world_size``
 and rank ``r`` takes its ``r``-th slice of it. So the union of the ranks'
 batches at a step is the same whatever the world size, and the position is
@@ -12,7 +17,37 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
+
+from .streams import Prefetcher, split_global_batch, to_device
+
+
+def make_loader(dataset: Any, batch_size: int, rank: int, world_size: int, device: torch.device,
+                **options: Any) -> Any:
+    """The loader for ``dataset``: Parquet, stream or map-style (see the module docstring)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    from .parquet import ParquetLoader, is_parquet
+
+    if is_parquet(dataset):
+        return ParquetLoader(dataset, batch_size, rank, world_size, device, **options)
+    if is_stream(dataset):
+        from .streams import StreamLoader
+
+        options.pop("num_workers", None)  # a stream is read by its own background thread
+        return StreamLoader(dataset, batch_size, rank, world_size, device, **options)
+    options.setdefault("shuffle", True)
+    if options["shuffle"] is None:
+        options["shuffle"] = True
+    return ShardedLoader(dataset, batch_size, rank, world_size, device, **options)
+
+
+def is_stream(dataset: Any) -> bool:
+    """An iterable without random access (a streaming Hugging Face dataset is one)."""
+    if isinstance(dataset, IterableDataset):
+        return True
+    return hasattr(dataset, "__iter__") and not (hasattr(dataset, "__getitem__")
+                                                 and hasattr(dataset, "__len__"))
 
 
 class ShardedLoader:
@@ -29,6 +64,7 @@ class ShardedLoader:
         seed: int = 0,
         collate_fn: Callable | None = None,
         num_workers: int = 0,
+        prefetch: int = 0,
     ):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -49,6 +85,9 @@ class ShardedLoader:
         self.seed = seed
         self.collate_fn = collate_fn
         self.num_workers = num_workers
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"prefetch must be a non-negative int (batches), got {prefetch!r}")
+        self.prefetch = prefetch  # batches read ahead by a background thread
         self.epoch = 0
         self.consumed = 0  # samples of the current epoch consumed by all ranks together
 
@@ -59,6 +98,10 @@ class ShardedLoader:
     def __len__(self) -> int:
         """Batches per epoch (the last partial global batch is dropped)."""
         return len(self.dataset) // self.global_batch
+
+    def end_of_epoch(self) -> bool:
+        """Whether the batch taken last was its epoch's last."""
+        return self.consumed >= len(self) * self.global_batch
 
     def _batches(self) -> list[list[int]]:
         n = len(self.dataset)
@@ -83,9 +126,13 @@ class ShardedLoader:
             self.dataset, batch_sampler=self._batches(), collate_fn=self.collate_fn,
             num_workers=self.num_workers, generator=torch.Generator().manual_seed(seed),
         )
-        for batch in loader:
-            self.consumed += self.global_batch
-            yield to_device(batch, self.device)
+        reader = Prefetcher(iter(loader), self.prefetch, name=f"clustersdk-data-rank{self.rank}")
+        try:
+            for batch in reader:
+                self.consumed += self.global_batch
+                yield to_device(batch, self.device)
+        finally:
+            reader.close()
         self.epoch += 1
         self.consumed = 0
 
@@ -101,20 +148,6 @@ class ShardedLoader:
         ``global_batch / world_size``.
         """
         self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
-        global_batch = state.get("global_batch", self.global_batch)
-        if global_batch % self.world_size:
-            raise ValueError(
-                f"the checkpoint's global batch of {global_batch} can't be split evenly over "
-                f"{self.world_size} ranks; resume at a world size that divides it"
-            )
-        self.batch_size = global_batch // self.world_size
+        self.batch_size = split_global_batch(state.get("global_batch", self.global_batch),
+                                             self.world_size)
 
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch

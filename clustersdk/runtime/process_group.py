@@ -10,19 +10,41 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import random
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+from .. import network
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
 def open_store(world_size: int, timeout: float) -> dist.TCPStore:
-    """Rank 0's store on a free port (``store.port`` tells which)."""
+    """Rank 0's store on a free port (``store.port`` tells which), inside the
+    ``clustersdk.rendezvous-ports`` range when one is set."""
+    ports = network.rendezvous_ports()
+    if ports is None:
+        return store_on(0, world_size, timeout)
+    low, high = ports
+    candidates = list(range(low, high + 1))
+    start = random.randrange(len(candidates))  # concurrent jobs rarely try the same port first
+    for port in candidates[start:] + candidates[:start]:
+        try:
+            return store_on(port, world_size, timeout)
+        except dist.DistNetworkError as e:
+            if "EADDRINUSE" not in str(e):
+                raise
+    raise RuntimeError(f"every port of the rendezvous range {low}-{high} is in use on this host; "
+                       "widen clustersdk.rendezvous-ports")
+
+
+def store_on(port: int, world_size: int, timeout: float) -> dist.TCPStore:
+    """A master store on ``port`` (0: any free port), on every interface."""
     return dist.TCPStore(
-        "0.0.0.0", 0, world_size, is_master=True,
+        "0.0.0.0", port, world_size, is_master=True,
         timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
     )
 
@@ -40,7 +62,33 @@ def rank_device(kind: str) -> torch.device:
     return torch.device("cpu")
 
 
-def set_env(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+# what the previous job on this worker changed in os.environ: name -> value before it
+_saved_env: dict[str, str | None] = {}
+
+
+def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
+            env: dict[str, str] | None = None) -> None:
+    """The rank's environment: torch's variables, the job's ``env`` and, unless set,
+    the socket interface towards rank 0 (see :mod:`clustersdk.network`).
+
+    Whatever the previous job on this worker set is undone first, so that one
+    job's ``NCCL_DEBUG`` or interface never leaks into the next.
+    """
+    for name, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _saved_env.clear()
+    wanted = dict(env or {})
+    if not network.is_loopback(master_addr):
+        missing = [v for v in network.IFNAME_VARIABLES if v not in wanted and v not in os.environ]
+        interface = network.interface_towards(master_addr) if missing else None
+        if interface is not None:
+            wanted.update(dict.fromkeys(missing, interface))
+    for name, value in wanted.items():
+        _saved_env[name] = os.environ.get(name)
+        os.environ[name] = value
     os.environ.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",

@@ -85,7 +85,7 @@ def cluster_mimebundle(cluster: Cluster, include: Any = None, exclude: Any = Non
     """The display of a cluster: live dashboard where possible, always HTML and text."""
     from .cluster import snapshot
 
-    if widgets_available() and not cluster._closed:
+    if widgets_available() and not cluster.closed:
         dash = cluster_dashboard(cluster)
         bundle = dash._repr_mimebundle_(include=include, exclude=exclude)
         model = dash.model

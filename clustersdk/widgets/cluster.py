@@ -29,7 +29,7 @@ REFRESH = 2.0  # seconds between reads of the cluster
 def snapshot(cluster: Cluster, seen: dict | None = None) -> dict[str, Any]:
     """The cluster dashboard's model, read now (``seen`` makes repeated reads incremental)."""
     address = _address(cluster)
-    if cluster._closed:
+    if cluster.closed:
         return cluster_model(kind=cluster.kind, address=address, slots=[], jobs=[], samples={},
                              closed=True)
     slots = cluster.slots()
@@ -82,7 +82,7 @@ class ClusterDashboard:
             except Exception:  # a scheduler that went away: try again, unless closed
                 logger.debug("clustersdk: cluster dashboard refresh failed", exc_info=True)
                 cluster = self._cluster()
-                if cluster is None or cluster._closed:
+                if cluster is None or cluster.closed:
                     self._stop.set()
 
 

@@ -15,15 +15,13 @@ both read from it, so they always agree.
 
 from __future__ import annotations
 
-import bisect
 import collections
-import math
 import time
 from typing import Any, Iterable
 
-MAX_POINTS = 600        # per series; older points are thinned when it fills
+from .series import MAX_POINTS, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
+
 MAX_LOG_LINES = 300     # per rank
-RATE_WINDOW = 1.0       # seconds of steps that make one throughput point
 GIB = float(1 << 30)
 
 #: The system charts per telemetry source: (chart id, sample field, title, unit, scale).
@@ -55,109 +53,6 @@ ACTIONS: dict[str, frozenset[str]] = {
     "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "RESTARTING", "SUSPENDING",
                        "SUSPENDED"}),
 }
-
-
-class Series:
-    """At most ``cap`` (x, y) points covering the whole run, evenly thinned.
-
-    When full, every other stored point is dropped and from then on only one
-    new point in ``stride`` is stored; the newest point is always shown, so
-    the line reaches the present. A point with a smaller x than the last one
-    (a job resumed from an older checkpoint) drops the points it rewinds over.
-    """
-
-    __slots__ = ("cap", "xs", "ys", "stride", "_count", "_tail")
-
-    def __init__(self, cap: int = MAX_POINTS):
-        self.cap = max(cap, 4)
-        self.xs: list[float] = []
-        self.ys: list[float] = []
-        self.stride = 1
-        self._count = 0
-        self._tail: tuple[float, float] | None = None
-
-    def __len__(self) -> int:
-        return len(self.xs) + (self._tail is not None)
-
-    def append(self, x: float, y: float) -> None:
-        if self.xs and x < self.xs[-1]:
-            cut = bisect.bisect_left(self.xs, x)
-            del self.xs[cut:], self.ys[cut:]
-        if self._tail is not None and x < self._tail[0]:
-            self._tail = None
-        index, self._count = self._count, self._count + 1
-        if index % self.stride:
-            self._tail = (x, y)
-            return
-        self.xs.append(x)
-        self.ys.append(y)
-        self._tail = None
-        if len(self.xs) > self.cap:
-            self.xs, self.ys = self.xs[::2], self.ys[::2]
-            self.stride *= 2
-
-    def points(self) -> tuple[list[float], list[float]]:
-        if self._tail is None:
-            return list(self.xs), list(self.ys)
-        return [*self.xs, self._tail[0]], [*self.ys, self._tail[1]]
-
-    def last(self) -> tuple[float, float] | None:
-        if self._tail is not None:
-            return self._tail
-        return (self.xs[-1], self.ys[-1]) if self.xs else None
-
-
-class RateMeter:
-    """Steps per second over windows of at least ``window`` seconds."""
-
-    __slots__ = ("window", "_step", "_time")
-
-    def __init__(self, window: float = RATE_WINDOW):
-        self.window = window
-        self._step: int | None = None
-        self._time = 0.0
-
-    def add(self, step: int, t: float) -> float | None:
-        """The rate of the window this row closes, or ``None`` if none closes."""
-        if self._step is None or step < self._step:
-            self._step, self._time = step, t
-            return None
-        if t - self._time < self.window:
-            return None
-        rate = (step - self._step) / (t - self._time)
-        self._step, self._time = step, t
-        return rate
-
-
-class Cutoff:
-    """Drops what was already read from the journal when it arrives again as an event.
-
-    Records per rank the newest time seen on load, and how many items had that
-    time (one ``print`` of several lines gives them all the same time).
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[int, tuple[float, int]] = {}
-
-    def load(self, rank: int, t: float) -> None:
-        last, n = self._last.get(rank, (-math.inf, 0))
-        if t > last:
-            self._last[rank] = (t, 1)
-        elif t == last:
-            self._last[rank] = (t, n + 1)
-
-    def fresh(self, rank: int, t: float) -> bool:
-        entry = self._last.get(rank)
-        if entry is None:
-            return True
-        last, n = entry
-        if t > last:
-            del self._last[rank]  # events come in order: from here on all is new
-            return True
-        if t == last and n > 0:
-            self._last[rank] = (last, n - 1)
-            return False
-        return t == last
 
 
 class JobView:
@@ -220,6 +115,8 @@ class JobView:
                             if self._cut_system.fresh(s["rank"], s["time"]))
             self.add_logs(line for line in msg.get("logs") or ()
                           if self._cut_logs.fresh(line[0], line[1]))
+        elif kind == "rollback":
+            self.roll_back(int(msg["step"]))
         if "total_steps" in msg and msg["total_steps"]:
             self.total_steps = int(msg["total_steps"])
             self.dirty.add("progress")
@@ -266,9 +163,19 @@ class JobView:
         if spec.get("world_size") and spec["world_size"] != self.world_size:  # resumed at another size
             self.world_size = int(spec["world_size"])
             self.dirty.add("status")
+            self._drop_gone_ranks()
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")
+
+    def roll_back(self, step: int) -> None:
+        """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""
+        for per_rank in self.scalars.values():
+            for series in per_rank.values():
+                series.truncate(float(step))
+        for rank in [r for r, row in self.last_row.items() if row["step"] >= step]:
+            del self.last_row[rank]
+        self.dirty.update(("scalars", "progress"))
 
     def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
@@ -285,7 +192,8 @@ class JobView:
             if rate is not None:
                 self.rate.setdefault(rank, Series(self.cap)).append(self.elapsed_at(t), rate)
                 self.dirty.add("rate")
-            self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
+            if rank < self.world_size:
+                self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
             self.dirty.update(("scalars", "progress"))
 
     def add_system(self, samples: Iterable[dict[str, Any]]) -> None:
@@ -297,7 +205,8 @@ class JobView:
                 self.source = source
             if "net_sent_per_s" in sample:
                 sample["net_per_s"] = sample["net_sent_per_s"] + sample.get("net_recv_per_s", 0.0)
-            self.last_sample[rank] = sample
+            if rank < self.world_size:
+                self.last_sample[rank] = sample
             for chart, field, _title, _unit, scale in SYSTEM_CHARTS.get(source, ()):
                 if field in sample:
                     series = self.system.setdefault(chart, {}).setdefault(rank, Series(self.cap))
@@ -316,8 +225,20 @@ class JobView:
         return dirty
 
     def _rank(self, rank: int) -> None:
-        if rank not in self.ranks:
+        # a rank beyond the world size is history: a resume at fewer ranks left it out
+        if rank not in self.ranks and rank < self.world_size:
             self.ranks.add(rank)
+            self.dirty.add("ranks")
+
+    def _drop_gone_ranks(self) -> None:
+        """Ranks the current world size has no more leave the rank table and the picker
+        (their lines stay in the charts: that is what they did)."""
+        gone = {r for r in self.ranks if r >= self.world_size}
+        if gone:
+            self.ranks -= gone
+            for table in (self.last_row, self.last_sample):
+                for rank in gone:
+                    table.pop(rank, None)
             self.dirty.add("ranks")
 
     # reading -------------------------------------------------------------------

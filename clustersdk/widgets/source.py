@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..job import Job
 from .model import JobView
 
 if TYPE_CHECKING:
     from ..cluster.base import Cluster
-    from ..job import Job
 
 
 def job_view(job: Job, **options: Any) -> JobView:
@@ -31,16 +31,13 @@ def load_into(view: JobView, job: Job) -> None:
 
 
 def log_lines(job: Job, since: int = 0) -> list[dict[str, Any]]:
-    """Every rank's log lines after sequence number ``since``: seq, rank, time, stream, text.
-
-    (``Job.logs`` joins one rank's lines into text, without their times.)
-    """
-    return list(job.cluster._call("logs", job=job.id, since=since))
+    """Every rank's log lines after sequence number ``since``: seq, rank, time, stream, text."""
+    return job.log_lines(since=since)
 
 
 def job_records(cluster: Cluster) -> list[dict[str, Any]]:
-    """The cluster's job records, oldest first, without making ``Job`` handles (each subscribes)."""
-    return list(cluster._call("jobs"))
+    """The cluster's job records, oldest first."""
+    return cluster.job_records()
 
 
 def latest_samples(cluster: Cluster, slots: list[dict[str, Any]],
@@ -58,11 +55,11 @@ def latest_samples(cluster: Cluster, slots: list[dict[str, Any]],
     ranks_of: dict[str, dict[str, int]] = {}
     for job in busy:
         since, latest = seen.get(job, (0, {}))
-        for sample in cluster._call("system", job=job, since=since):
+        record = cluster.job_record(job)
+        for sample in Job(cluster, record).system(since=since):
             since = max(since, sample["seq"])
             latest[sample["rank"]] = sample
         seen[job] = (since, latest)
-        record = cluster._call("job", job=job)
         ranks_of[job] = {r["worker"]: r["rank"] for r in record.get("ranks") or ()}
     for s in slots:
         job = s.get("job")

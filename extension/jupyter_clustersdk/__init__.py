@@ -3,10 +3,12 @@
 Routes under ``<base_url>/clustersdk/`` (see ``openapi.yaml`` in this package,
 also served at ``/clustersdk/api/openapi.json``)::
 
+    GET  api/overview                 (every cluster and job, for the lab panel)
     GET  api/clusters                 api/clusters/{cluster}
     GET  api/jobs[?cluster=]          api/jobs/{job}
     GET  api/jobs/{job}/history?since=&limit=
     GET  api/jobs/{job}/logs?rank=&since=
+    GET  api/jobs/{job}/checkpoints
     POST api/jobs/{job}/pause|resume|checkpoint|suspend|stop
     GET  metrics                      (Prometheus text format)
     GET  healthz                      (no authentication; no job data)

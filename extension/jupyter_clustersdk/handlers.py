@@ -22,13 +22,14 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client.exposition import choose_encoder
 from tornado import web
 
-from . import metrics
+from . import doctor, metrics
 from .errors import KNOWN_ERRORS, BadRequestError, http_status
 from .manager import ACTIONS, ClusterManager
 from .models import error_model
 
 JOBS, CLUSTERS, METRICS = "clustersdk:jobs", "clustersdk:clusters", "clustersdk:metrics"
 MAX_LIMIT = 10_000
+_KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer"}
 _CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
 
 
@@ -103,6 +104,43 @@ class ClusterHandler(ClusterSDKHandler):
         return await self.manager.cluster(cluster)
 
 
+class DoctorHandler(ClusterSDKHandler):
+    """POST: the doctor's pre-flight checks of one cluster. A POST that needs ``write``:
+    it opens ports on every host, writes to the checkpoint directory and loads the links."""
+
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def post(self, cluster: str) -> Any:
+        options = self._options()
+        return await doctor.run(self.manager.target(cluster),
+                                connect_timeout=self.manager.connect_timeout, **options)
+
+    def _options(self) -> dict[str, Any]:
+        raw = self.request.body.strip()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            raise BadRequestError("the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BadRequestError("the request body must be a JSON object")
+        kinds = {"checkpoint_dir": str, "bandwidth": bool, "max_size": int}
+        unknown = sorted(set(body) - set(kinds))
+        if unknown:
+            raise BadRequestError(f"doctor takes {sorted(kinds)}, got {unknown}")
+        for name, value in body.items():
+            if value is not None and (not isinstance(value, kinds[name])
+                                      or (kinds[name] is int and isinstance(value, bool))):
+                raise BadRequestError(f"{name} must be {_KIND_NAMES[kinds[name]]}, got {value!r}")
+        if body.get("max_size") is not None and body["max_size"] < 1:
+            raise BadRequestError(f"max_size must be at least 1 (bytes), got {body['max_size']}")
+        if body.get("checkpoint_dir") == "":
+            raise BadRequestError("checkpoint_dir must be a path, got ''")
+        return {k: v for k, v in body.items() if v is not None}
+
+
 class JobsHandler(ClusterSDKHandler):
     @web.authenticated
     @authorized
@@ -136,6 +174,26 @@ class LogsHandler(ClusterSDKHandler):
     async def get(self, job: str) -> Any:
         return await self.manager.logs(job, rank=self.int_arg("rank", None),
                                        since=self.int_arg("since", 0))
+
+
+class OverviewHandler(ClusterSDKHandler):
+    """Every cluster with its slots and every job with its progress: the lab panel's refresh."""
+
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self) -> Any:
+        return await self.manager.overview()
+
+
+class CheckpointsHandler(ClusterSDKHandler):
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        return await self.manager.checkpoints(job)
 
 
 class ActionHandler(ClusterSDKHandler):
@@ -224,10 +282,13 @@ _JOB = r"(?P<job>[^/]+)"
 ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
     (r"/clustersdk/api/clusters", ClustersHandler),
     (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)", ClusterHandler),
+    (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)/doctor", DoctorHandler),
+    (r"/clustersdk/api/overview", OverviewHandler),
     (r"/clustersdk/api/jobs", JobsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}", JobHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/history", HistoryHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/logs", LogsHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/checkpoints", CheckpointsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/(?P<action>{'|'.join(ACTIONS)})", ActionHandler),
     (r"/clustersdk/api/openapi\.(?P<fmt>json|yaml)", OpenAPIHandler),
     (r"/clustersdk/metrics", MetricsHandler),

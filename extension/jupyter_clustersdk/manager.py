@@ -1,7 +1,8 @@
 """The manager: finds clusters and talks to their schedulers; no HTTP in here.
 
 It keeps one asynchronous Dask client per scheduler address and calls the
-control plane's handlers (``clustersdk_<op>``) through it, with a timeout on
+control plane through the SDK's own async core (:class:`clustersdk.client.ControlClient`,
+the coroutines ``Cluster`` runs through its sync bridge), with a timeout on
 every call. Connection failures, timeouts and operations the scheduler does
 not know become :class:`~.errors.UpstreamError`; the SDK's own errors
 (``JobNotFoundError``, ``InvalidTransitionError``...) arrive as themselves.
@@ -17,14 +18,14 @@ It also follows running jobs incrementally (``history``/``system`` with
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections import deque
 from typing import Any, Iterable
 
 from clustersdk import registry
+from clustersdk.client import ControlClient
 from clustersdk.errors import ClusterSDKError, JobNotFoundError
+from clustersdk.protocol import Op
 
 from . import models
 from .errors import (
@@ -34,34 +35,18 @@ from .errors import (
     UnsupportedOperationError,
     UpstreamError,
 )
+from .following import Following, Progress, gather_all
 from .models import Target
+from .panel import PanelQueries
 
 logger = logging.getLogger(__name__)
 
 ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop")
 WAITING_ACTIONS = ("pause", "checkpoint", "suspend")  # return once the ranks have done it
-HISTORY_PAGE = 5000          # rows per read while catching up with a job's history
-RATE_WINDOW = 30.0           # seconds of steps that steps/s is measured over
-STALL_AFTER = 10.0           # a running job with no new row for this long makes 0 steps/s
-UNSUPPORTED_RETRY = 60.0     # how long an op the scheduler lacks is not asked again
 RECONNECT_AFTER = 5.0        # how long a scheduler that refused a connection is not tried again
 
 
-@dataclasses.dataclass
-class Progress:
-    """What the manager remembers about one job between reads."""
-
-    seq: int = 0                                   # last history row read
-    latest: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    points: deque = dataclasses.field(default_factory=lambda: deque(maxlen=1024))
-    system_seq: int = 0                            # last telemetry sample read
-    system: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    final: bool = False                            # terminal and fully read
-    updated: float | None = None
-    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-
-
-class ClusterManager:
+class ClusterManager(Following, PanelQueries):
     """Every cluster the extension can see, and the calls the REST API makes on them."""
 
     def __init__(self, *, state_dirs: Iterable[str] = (), addresses: Iterable[str] = (),
@@ -102,30 +87,32 @@ class ClusterManager:
         raise ClusterNotFoundError(f"no cluster with id {cluster!r}; known clusters: {known}")
 
     # calls -------------------------------------------------------------------------
-    async def call(self, target: Target, op: str, *, call_timeout: float | None = None,
+    async def call(self, target: Target, op: Op | str, *, call_timeout: float | None = None,
                    **kwargs: Any) -> Any:
-        """``clustersdk_<op>(**kwargs)`` on ``target``'s scheduler."""
+        """The control plane's operation ``op`` with ``kwargs``, on ``target``'s scheduler."""
+        operation = Op(op)
         client = await self._client(target)
-        handler = getattr(client.scheduler, f"clustersdk_{op}")
+        control = ControlClient(client.scheduler)
         try:
-            result = await asyncio.wait_for(handler(**kwargs), call_timeout or self.call_timeout)
+            result = await asyncio.wait_for(control.call(operation, **kwargs),
+                                            call_timeout or self.call_timeout)
         except KNOWN_ERRORS:
             raise
         except ClusterSDKError as e:  # an SDK error the API has no status for: the scheduler's
-            raise UpstreamError(f"cluster {target.id}: {op!r} failed: {e}") from e
+            raise UpstreamError(f"cluster {target.id}: {operation.value!r} failed: {e}") from e
         except (OSError, asyncio.TimeoutError) as e:
             await self._drop(target.address)
             raise SchedulerUnavailableError(
                 f"the scheduler of cluster {target.id} ({target.address}) did not answer "
-                f"{op!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
+                f"{operation.value!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
         except Exception as e:  # the scheduler raised something it shouldn't: report, don't crash
             raise UpstreamError(
-                f"the scheduler of cluster {target.id} failed on {op!r}: {type(e).__name__}: {e}"
-            ) from e
+                f"the scheduler of cluster {target.id} failed on {operation.value!r}: "
+                f"{type(e).__name__}: {e}") from e
         if result is None:  # what a Dask server replies to an op it has no handler for
             raise UnsupportedOperationError(
-                f"the scheduler of cluster {target.id} does not support {op!r}: its clustersdk "
-                "control plane is older than this server extension; upgrade clustersdk there"
+                f"the scheduler of cluster {target.id} does not support {operation.value!r}: its "
+                "clustersdk control plane is older than this server extension; upgrade it there"
             )
         return result
 
@@ -193,12 +180,12 @@ class ClusterManager:
     async def _cluster(self, target: Target, *, detail: bool) -> dict[str, Any]:
         samples: dict[str, dict] = {}
         try:
-            inventory, jobs, identity = await _all(
+            inventory, jobs, identity = await gather_all(
                 self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target))
             if detail:
                 busy = {s["job"] for s in inventory if s.get("job")}
                 records = [r for r in jobs if r["id"] in busy]
-                await _all(*(self._follow_system(target, r) for r in records))
+                await gather_all(*(self._follow_system(target, r) for r in records))
                 for record in records:
                     samples.update(models.newest_by_worker(record,
                                                            self._progress[record["id"]].system))
@@ -296,86 +283,6 @@ class ClusterManager:
                                  call_timeout=self.action_timeout + 5, **kwargs)
         return models.job_model(result, target.id)
 
-    # progress ----------------------------------------------------------------------------
-    async def _follow(self, target: Target, record: dict[str, Any]) -> Progress:
-        """Read the job's new history rows; remember each rank's newest and rank 0's pace."""
-        progress = self._progress.setdefault(record["id"], Progress())
-        async with progress.lock:
-            if progress.final:
-                return progress
-            terminal = models.is_terminal(record["status"])  # read before the rows: none missed
-            while True:
-                rows = await self.call(target, "history", job=record["id"], since=progress.seq,
-                                       limit=HISTORY_PAGE)
-                for row in rows:
-                    progress.latest[row["rank"]] = row
-                    if row["rank"] == 0:
-                        progress.points.append((row["time"], row["step"]))
-                if rows:
-                    progress.seq = rows[-1]["seq"]
-                if len(rows) < HISTORY_PAGE:
-                    break
-            progress.updated = time.time()
-            progress.final = terminal
-        return progress
-
-    async def _follow_system(self, target: Target, record: dict[str, Any]) -> None:
-        """Newest telemetry sample per rank; skipped where the scheduler has no ``system``."""
-        progress = self._progress.setdefault(record["id"], Progress())
-        key = (target.address, "system")
-        if time.monotonic() < self._unsupported.get(key, 0):
-            return
-        async with progress.lock:
-            try:
-                samples = await self.call(target, "system", job=record["id"],
-                                          since=progress.system_seq)
-            except UnsupportedOperationError:
-                self._unsupported[key] = time.monotonic() + UNSUPPORTED_RETRY
-                return
-            for sample in samples:
-                progress.system[sample["rank"]] = sample
-            if samples:
-                progress.system_seq = samples[-1]["seq"]
-
-    def _progress_model(self, progress: Progress, status: str) -> dict[str, Any]:
-        rate = 0.0  # a paused, queued or finished job makes no progress, whatever it did before
-        if status == "RUNNING":
-            rate = models.steps_per_second(list(progress.points), time.time(), RATE_WINDOW,
-                                           stale=STALL_AFTER)
-        return models.progress_model(progress.latest, rate, progress.updated)
-
-    # metrics and health ------------------------------------------------------------------
-    async def snapshot(self) -> dict[str, Any]:
-        """Everything the metrics endpoint exposes, per cluster (see :mod:`.metrics`)."""
-        targets = self.targets()
-        clusters = await asyncio.gather(*(self._snapshot(t) for t in targets))
-        live = {j["record"]["id"] for c in clusters for j in c.get("jobs", ())}
-        for job in list(self._progress):  # forget jobs that left the window
-            if job not in live:
-                self._progress.pop(job, None)
-        return {"time": time.time(), "clusters": list(clusters)}
-
-    async def _snapshot(self, target: Target) -> dict[str, Any]:
-        try:
-            inventory, records = await _all(self.call(target, "inventory"),
-                                            self.call(target, "jobs"))
-            now = time.time()
-            shown = [r for r in records if not models.is_terminal(r["status"])
-                     or (r.get("ended") or now) >= now - self.ended_window]
-            await _all(*(self._follow(target, r) for r in shown))
-            await _all(*(self._follow_system(target, r) for r in shown
-                                   if not models.is_terminal(r["status"])))
-        except UpstreamError as e:
-            return {"id": target.id, "up": False, "error": str(e)}
-        jobs = []
-        for record in shown:
-            progress = self._progress[record["id"]]
-            jobs.append({"record": record,
-                         "progress": self._progress_model(progress, record["status"]),
-                         "system": dict(progress.system)})
-        return {"id": target.id, "up": True, "slots": inventory, "jobs": jobs,
-                "counts": _counts(records)}
-
     async def health(self) -> tuple[int, dict[str, Any]]:
         """Whether every known scheduler answers; see :func:`.models.health_model`."""
         targets = self.targets()
@@ -393,20 +300,3 @@ class ClusterManager:
 
         results = await asyncio.gather(*(probe(t) for t in targets))
         return models.health_model({t.id: r for t, r in zip(targets, results)})
-
-
-async def _all(*awaitables: Any) -> list[Any]:
-    """``asyncio.gather`` that lets every call finish before it raises the first error,
-    so that none is left running behind the response."""
-    results = await asyncio.gather(*awaitables, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
-
-
-def _counts(records: Iterable[dict[str, Any]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for record in records:
-        out[record["status"]] = out.get(record["status"], 0) + 1
-    return out

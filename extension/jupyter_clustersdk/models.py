@@ -22,7 +22,8 @@ from clustersdk.status import JobStatus
 #: record fields every control plane sends; others (paused_at, checkpoint...) pass through
 _RECORD_FIELDS = ("id", "name", "scheduler", "status", "reason", "submitted", "started", "ended",
                   "ranks", "error", "spec")
-_DERIVED_FIELDS = frozenset({"cluster", "terminal", "world_size", "strategy", "progress", "result"})
+_DERIVED_FIELDS = frozenset({"cluster", "terminal", "world_size", "strategy", "owner", "progress",
+                             "result"})
 _SAMPLE_KEYS = ("gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_temp", "gpu_power",
                 "cpu_percent", "mem_used", "mem_total", "rss", "net_sent_per_s", "net_recv_per_s")
 
@@ -68,6 +69,7 @@ def job_model(record: Mapping[str, Any], cluster: str,
         "terminal": is_terminal(str(record.get("status", ""))),
         "world_size": spec.get("world_size"),
         "strategy": spec.get("strategy"),
+        "owner": spec.get("owner"),
     })
     for key, value in record.items():
         if key not in out and key not in _DERIVED_FIELDS:
@@ -81,6 +83,28 @@ def jobs_model(jobs: Iterable[dict[str, Any]], unreachable: Sequence[str] = ()) 
     """The job list, oldest first, and the clusters that could not be asked."""
     ordered = sorted(jobs, key=lambda j: (j.get("submitted") or 0, j["id"]))
     return {"jobs": ordered, "unreachable": list(unreachable)}
+
+
+def overview_model(clusters: Sequence[Mapping[str, Any]], jobs: Iterable[dict[str, Any]],
+                   now: float) -> dict[str, Any]:
+    """Everything the JupyterLab panel shows, in one answer: every cluster with its slots,
+    and every job (with its progress where the server follows it), oldest first."""
+    unreachable = [c["id"] for c in clusters if not c.get("reachable", True)]
+    return {"time": now, "clusters": list(clusters), **jobs_model(jobs, unreachable)}
+
+
+def checkpoints_model(job: str, directory: str | None, found: Sequence[Mapping[str, Any]],
+                      newest: str | None, error: str | None = None) -> dict[str, Any]:
+    """A job's committed checkpoints, newest first: step, size in bytes, commit time.
+
+    ``directory`` is the job's ``checkpoint_dir`` (``None`` when it has none);
+    ``error`` says why it could not be read from this server (the list is then empty).
+    """
+    rows = [{"step": c["step"], "path": c["path"], "bytes": c["bytes"], "time": c["time"],
+             "world_size": c.get("world_size"), "newest": c["path"] == newest}
+            for c in sorted(found, key=lambda c: c["step"], reverse=True)]
+    return {"job": job, "directory": directory, "readable": error is None, "error": error,
+            "newest": newest, "checkpoints": rows}
 
 
 def history_model(job: str, rows: Sequence[Mapping[str, Any]], since: int,

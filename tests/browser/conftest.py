@@ -51,10 +51,13 @@ def _free_port() -> int:
 
 
 class Lab:
-    """A running JupyterLab: its URL, token, root directory and log."""
+    """A running JupyterLab: its URL, token, root directory, log and the clustersdk state
+    directory whose registry its server extension reads."""
 
-    def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen, log: Path):
+    def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen, log: Path,
+                 state_dir: Path):
         self.root, self.port, self.token, self.proc, self.log = root, port, token, proc, log
+        self.state_dir = state_dir
 
     @property
     def url(self) -> str:
@@ -109,7 +112,7 @@ def jupyterlab(tmp_path):
              f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    lab = Lab(root, port, token, proc, log)
+    lab = Lab(root, port, token, proc, log, home / "state")
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -9,9 +9,6 @@ reach every test of the suite. Imported here, it reaches this folder only.
 
 from __future__ import annotations
 
-import time
-
-import cloudpickle
 import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (fixtures and hooks)
 from traitlets.config import Config
@@ -19,20 +16,7 @@ from traitlets.config import Config
 import clustersdk as cs
 
 from .. import workloads
-
-# The workers import these functions by value: tests/ is not on their path.
-cloudpickle.register_pickle_by_value(workloads)
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):
-    """Poll ``predicate`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
+from ..helpers import wait_for
 
 
 @pytest.fixture(scope="package")

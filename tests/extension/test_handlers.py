@@ -11,6 +11,7 @@ from tornado.httpclient import HTTPClientError
 import clustersdk as cs
 
 from .. import workloads
+from ..helpers import wait_for
 from .conftest import extension_config
 
 
@@ -185,7 +186,6 @@ async def test_pause_and_resume_over_rest_and_the_job_obeys(jp_fetch, free_slot)
 
 
 def _wait_running(job: cs.Job, timeout: float = 30.0) -> None:
-    from .conftest import wait_for
 
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and job.history(), timeout)
 
@@ -265,3 +265,20 @@ def _sample(text: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     raise AssertionError(f"{series} not in the metrics:\n{text}")
+
+
+async def test_doctor_over_rest_reports_the_cluster(jp_fetch, spin_job, tmp_path):
+    cid = _cid(spin_job)
+    body = json.dumps({"checkpoint_dir": str(tmp_path / "ckpt"), "max_size": 4096}).encode()
+    report = await post(jp_fetch, "api", "clusters", cid, "doctor", body=body)
+    assert report["ok"] is True and report["problems"] == []
+    assert report["hosts"] == ["127.0.0.1"] and len(report["workers"]) == 2
+    assert report["disks"]["127.0.0.1"]["free"] > 0
+    assert report["workers"][0]["versions"]["clustersdk"] == cs.__version__
+    assert report["sweeps"] == []  # one host: no link to measure
+    code, body = await fails(jp_fetch, "api", "clusters", cid, "doctor", method="POST",
+                             body=b'{"max_size": "big"}')
+    assert code == 400 and "max_size must be an integer" in body["message"]
+    code, body = await fails(jp_fetch, "api", "clusters", "tcp-10.9.9.9-1", "doctor",
+                             method="POST", body=b"")
+    assert (code, body["error"]) == (404, "cluster_not_found")

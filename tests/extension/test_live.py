@@ -266,7 +266,8 @@ def test_a_wheel_ships_the_enabling_config_and_the_openapi_description(tmp_path)
     for name in ("pyproject.toml", "README.md", "clustersdk", "extension"):
         copy = shutil.copytree if os.path.isdir(os.path.join(root, name)) else shutil.copy
         copy(os.path.join(root, name), source / name,
-             **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
+             **({"ignore": shutil.ignore_patterns("__pycache__", "node_modules")}
+                if copy is shutil.copytree
                 else {}))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp_path / "dist"), str(source)], check=True,

@@ -1,4 +1,4 @@
-"""clustersdk.runtime.tensorboard: ctx.log rows as TensorBoard scalar events.
+"""clustersdk.control.tensorboard: ctx.log rows as TensorBoard scalar events.
 
 Read back with TensorBoard's own EventAccumulator, as TensorBoard would.
 """
@@ -10,7 +10,7 @@ import os
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from clustersdk.runtime.tensorboard import Aggregator, ScalarWriter, aggregate
+from clustersdk.control.tensorboard import Aggregator, ScalarWriter, aggregate
 
 from .. import workloads
 from .conftest import idle_cluster

@@ -2,11 +2,13 @@
 
 The experts' stacked weights of each :class:`clustersdk.models.MoE` become
 ``Shard(0)`` DTensors on the ``ep`` mesh; the rest of the model is data
-parallel (DDP, with the expert weights left out of its all-reduce). In each
-MoE layer, a rank sends each of its tokens to the rank that owns the token's
-expert with one all-to-all, runs its own experts on what it receives, and
-sends the results back with a second all-to-all; backward does the same in
-reverse.
+parallel (DDP, with the expert weights left out of its all-reduce and its
+bucket layout fixed as :mod:`.ddp` explains). In each MoE layer, a rank sends
+each of its tokens to the rank that owns the token's expert with one
+all-to-all, runs its own experts on what it receives, and sends the results
+back with a second all-to-all; backward does the same in reverse. An
+all-to-all only moves values (it adds nothing): every start of a job
+exchanges the same values in the same order.
 
 Gradients: a rank's expert weights receive the gradient of *every* rank's
 loss (through the all-to-all), so a hook divides them by N, which makes them
@@ -58,9 +60,10 @@ def wrap(model: nn.Module, ctx: TrainContext) -> nn.Module:
             layer.dispatch = dispatch
     from torch.nn.parallel import DistributedDataParallel
 
+    from .ddp import distributed
+
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sharded)
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return distributed(model, ctx.device)  # the dense layers, with a fixed bucket layout
 
 
 class AllToAll:

@@ -1,6 +1,7 @@
-"""Checkpoints: DCP shards in atomic, fsynced step directories; the last K kept.
+"""Checkpoint directories on a filesystem: where they are, their commit, their retention.
 
-Layout of a checkpoint root::
+Pure file handling (no torch), so that the server extension can list a job's
+checkpoints too. Layout of a checkpoint root::
 
     step-00000040/              committed (the rename is the commit)
         .metadata  __0_0.distcp  __1_0.distcp   torch.distributed.checkpoint
@@ -20,11 +21,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import uuid
 from typing import Any
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 COMMITTED = re.compile(r"^step-(\d{8})$")
 TMP_PREFIX = ".tmp-step-"
@@ -141,37 +141,23 @@ def write_file(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def commit(tmp: str, final: str, step: int, world_size: int) -> str:
-    """Write the manifest and rename ``tmp`` to ``final``, fsyncing on the way."""
+def write_manifest(tmp: str, step: int, world_size: int) -> None:
+    """The manifest of what ``tmp`` holds (every file's size), fsynced: written last."""
     files = {name: os.path.getsize(os.path.join(tmp, name))
              for name in sorted(os.listdir(tmp)) if name != MANIFEST}
-    fault("manifest")
     manifest = {"step": step, "world_size": world_size, "files": files}
     write_file(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
     fsync_dir(tmp)
-    fault("rename")
+
+
+def publish(tmp: str, final: str) -> None:
+    """Rename the finished ``tmp`` into place: the commit."""
     os.rename(tmp, final)
     fsync_dir(os.path.dirname(final))
-    fault("committed")
+
+
+def commit(tmp: str, final: str, step: int, world_size: int) -> str:
+    """Write the manifest and rename ``tmp`` to ``final``, fsyncing on the way."""
+    write_manifest(tmp, step, world_size)
+    publish(tmp, final)
     return final
-
-
-# --- fault injection, for the kill-during-save tests -------------------------------------------
-_fault: dict[str, Any] = {}
-
-
-def inject_fault(point: str | None, nth: int = 1) -> None:
-    """SIGKILL this process the ``nth`` time a save reaches ``point`` (None: disarm).
-
-    Points, in save order: "staged", "data", "metadata", "manifest", "rename", "committed".
-    """
-    _fault.clear()
-    if point is not None:
-        _fault.update(point=point, left=nth)
-
-
-def fault(point: str) -> None:
-    if _fault.get("point") == point:
-        _fault["left"] -= 1
-        if _fault["left"] <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,97 @@
+"""The job commands of ``clustersdk`` on a terminal, as ``sky``, ``det`` or ``ray job`` offer::
+
+    clustersdk jobs [ADDRESS] [--all]          every cluster in the registry without ADDRESS
+    clustersdk show JOB
+    clustersdk pause|checkpoint|suspend JOB [--timeout S]
+    clustersdk resume JOB [--world-size N]
+    clustersdk stop JOB [--no-wait]
+    clustersdk logs JOB [--rank R] [-f]
+    clustersdk history JOB [--csv]
+
+Every command takes ``--cluster ADDRESS`` (default: every cluster in this
+machine's registry) and ``--json``. Exit codes: 0 done, 1 refused or failed
+(the message on stderr names the job and why), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import ClusterSDKError
+
+USAGE = 2
+INTERRUPTED = 130
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add the job commands to the ``clustersdk`` parser's subcommands."""
+    from . import commands
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cluster", metavar="ADDRESS",
+                        help="the Dask scheduler address (default: every cluster in the registry)")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    jobs = sub.add_parser("jobs", parents=[common], help="list jobs (of every registered cluster)")
+    jobs.add_argument("address", nargs="?", help="a scheduler address, e.g. tcp://10.0.0.5:8786")
+    jobs.add_argument("--all", action="store_true", help="also jobs that have ended")
+    jobs.set_defaults(run=commands.jobs)
+
+    def job_command(name: str, help: str, run) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, parents=[common], help=help)
+        parser.add_argument("job", metavar="JOB", help="a job id, or a job name (the newest)")
+        parser.set_defaults(run=run)
+        return parser
+
+    job_command("show", "a job's status, progress, ranks, checkpoint and error", commands.show)
+    for name, help in (("pause", "hold every rank at the next step boundary"),
+                       ("checkpoint", "checkpoint at the next step boundary"),
+                       ("suspend", "checkpoint, free the slots, wait for resume")):
+        job_command(name, help, commands.act).add_argument(
+            "--timeout", type=_positive(float), default=120.0, metavar="S",
+            help="seconds to wait for the ranks (default: 120)")
+    resume = job_command("resume", "continue a paused job, or queue a suspended one again",
+                         commands.act)
+    resume.add_argument("--world-size", type=_positive(int), metavar="N",
+                        help="resume a suspended job on N ranks (resharding its checkpoint)")
+    stop = job_command("stop", "stop at the next step boundary (or dequeue)", commands.act)
+    stop.add_argument("--no-wait", action="store_true", help="return once the stop is asked")
+    stop.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
+                      help="seconds to wait for the job to stop")
+    logs = job_command("logs", "what the ranks printed or logged", commands.logs)
+    logs.add_argument("--rank", type=int, metavar="R", help="only rank R (default: every rank)")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing new lines until the job ends (exit 1 if it failed)")
+    history = job_command("history", "every metric row the ranks logged", commands.history)
+    history.add_argument("--csv", action="store_true", help="as CSV")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed job command; a refusal or failure is one line on stderr and exit code 1."""
+    # Dask's own log lines (connection retries, shutdown) would bury the answer
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    try:
+        return args.run(args)
+    except ClusterSDKError as e:
+        print(f"clustersdk {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BrokenPipeError:  # `clustersdk logs JOB | head`
+        return 0
+
+
+def _positive(kind: type) -> type:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse

@@ -1,0 +1,201 @@
+"""What each job command does, through the public ``Cluster`` and ``Job`` API only.
+
+A command looks at the cluster named by ``--cluster ADDRESS``, or else at every
+cluster in this machine's registry (the clusters the SDK here created or
+connected to, as the Jupyter server extension finds them). A job is named by its
+id or its name (the newest job of that name, on whichever cluster has it).
+Each command returns its exit code: 0 done, 1 refused or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .. import registry
+from ..errors import ClusterSDKError, JobNotFoundError, SpecError
+from ..status import JobStatus
+from . import render
+
+if TYPE_CHECKING:
+    from ..cluster.base import Cluster
+    from ..job import Job
+
+OK, FAILED = 0, 1
+CONNECT_TIMEOUT = 5.0   # seconds per cluster: a stale registry entry must not hang the CLI
+FOLLOW_EVERY = 0.25     # seconds between reads of new log lines with logs -f
+
+
+class Clusters:
+    """The clusters a command looks at, connected for the command's duration.
+
+    >>> with Clusters(None) as clusters:          # doctest: +SKIP
+    ...     [c.scheduler_address for c in clusters]
+    """
+
+    def __init__(self, address: str | None):
+        self.address = address
+        self.connected: list[Cluster] = []
+        self.unreachable: list[tuple[str, str]] = []  # (address, why)
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Clusters:
+        from ..cluster.base import Cluster
+
+        if self.address is not None:  # named: failing to reach it fails the command
+            self.connected.append(self._stack.enter_context(
+                Cluster.connect(self.address, timeout=CONNECT_TIMEOUT)))
+            return self
+        for entry in registry.entries():
+            try:
+                cluster = Cluster.connect(entry["address"], timeout=CONNECT_TIMEOUT)
+            except ClusterSDKError as e:
+                self.unreachable.append((entry["address"], str(e)))
+                continue
+            self.connected.append(self._stack.enter_context(cluster))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def __iter__(self) -> Iterator[Cluster]:
+        return iter(self.connected)
+
+    def where(self) -> str:
+        if self.address is not None:
+            return f"the cluster at {self.address}"
+        return f"any of the {len(self.connected)} cluster(s) in the registry" if self.connected \
+            else "any cluster (none is in the registry: give --cluster ADDRESS)"
+
+    def warn_unreachable(self) -> None:
+        for address, why in self.unreachable:
+            print(f"clustersdk: skipped {address}: {why}", file=sys.stderr)
+
+    def find(self, ref: str) -> Job:
+        """The job with id ``ref`` or, failing that, the newest job named ``ref``."""
+        named = []
+        for cluster in self:
+            for job in cluster.jobs():
+                if job.id == ref:
+                    return job
+                if job.name == ref:
+                    named.append(job)
+        if not named:
+            self.warn_unreachable()
+            raise JobNotFoundError(f"no job with id or name {ref!r} on {self.where()}")
+        return max(named, key=lambda job: job.info()["submitted"])
+
+
+def _out(text: str) -> None:
+    print(text, flush=True)
+
+
+# commands ---------------------------------------------------------------------------------
+def jobs(args: argparse.Namespace) -> int:
+    """List the jobs of every cluster (live ones; all with --all)."""
+    with Clusters(args.address or args.cluster) as clusters:
+        clusters.warn_unreachable()
+        found = [(cluster.scheduler_address, job.info()) for cluster in clusters
+                 for job in cluster.jobs()]
+        shown = [(a, r) for a, r in found if args.all or not JobStatus[r["status"]].terminal]
+        if args.json:
+            _out(render.to_json([{**r, "cluster": a} for a, r in shown]))
+        elif shown:
+            _out(render.table([render.job_row(r, a) for a, r in shown], render.JOB_HEADERS))
+        else:
+            hidden = len(found) - len(shown)
+            _out("no jobs" + (f" running ({hidden} ended: --all shows them)" if hidden else ""))
+        everything_failed = clusters.unreachable and not clusters.connected
+    return FAILED if everything_failed else OK
+
+
+def show(args: argparse.Namespace) -> int:
+    """One job: status, progress, ranks, checkpoint, error."""
+    with Clusters(args.cluster) as clusters:
+        job = clusters.find(args.job)
+        record = job.info()
+        done = render.progress(job.history(), record.get("total_steps"))
+        address = job.cluster.scheduler_address
+        if args.json:
+            _out(render.to_json({**record, "cluster": address, "progress": done}))
+        else:
+            _out(render.show(record, address, done))
+    return OK
+
+
+def act(args: argparse.Namespace) -> int:
+    """pause | resume | checkpoint | suspend | stop; refusals raise (exit code 1)."""
+    with Clusters(args.cluster) as clusters:
+        job = clusters.find(args.job)
+        message = _ACTIONS[args.command](job, args)
+        if args.json:
+            _out(render.to_json({**job.info(), "cluster": job.cluster.scheduler_address}))
+        else:
+            _out(message)
+    return OK
+
+
+def _pause(job: Job, args: argparse.Namespace) -> str:
+    return f"paused job {job.name!r} before step {job.pause(timeout=args.timeout)}"
+
+
+def _resume(job: Job, args: argparse.Namespace) -> str:
+    status = job.resume(world_size=args.world_size)
+    return f"job {job.name!r} is {status.name} (world size {job.world_size})"
+
+
+def _checkpoint(job: Job, args: argparse.Namespace) -> str:
+    return f"job {job.name!r} checkpointed: {job.checkpoint(timeout=args.timeout)}"
+
+
+def _suspend(job: Job, args: argparse.Namespace) -> str:
+    path = job.suspend(timeout=args.timeout)
+    return f"job {job.name!r} is SUSPENDED; its slots are free; resume continues from {path}"
+
+
+def _stop(job: Job, args: argparse.Namespace) -> str:
+    status = job.stop(wait=not args.no_wait, timeout=args.timeout)
+    return f"job {job.name!r} is {status.name}"
+
+
+_ACTIONS = {"pause": _pause, "resume": _resume, "checkpoint": _checkpoint, "suspend": _suspend,
+            "stop": _stop}
+
+
+def logs(args: argparse.Namespace) -> int:
+    """What the ranks printed; with -f, follow until the job ends (exit 1 if it failed)."""
+    with Clusters(args.cluster) as clusters:
+        job = clusters.find(args.job)
+        if args.rank is not None and not 0 <= args.rank < job.world_size:
+            raise SpecError(f"--rank {args.rank} is not a rank of job {job.name!r} "
+                            f"(its ranks are 0..{job.world_size - 1})")
+        prefix = args.rank is None and job.world_size > 1
+        since = 0
+        while True:
+            status = job.status  # before the read: lines written before it ended are not missed
+            lines = job.log_lines(rank=args.rank, since=since)
+            for line in lines:
+                _out(render.to_json(line) if args.json else render.log_line(line, prefix))
+            if lines:
+                since = lines[-1]["seq"]
+            if not args.follow:
+                return OK
+            if status.terminal:
+                return FAILED if status is JobStatus.FAILED else OK
+            time.sleep(FOLLOW_EVERY)
+
+
+def history(args: argparse.Namespace) -> int:
+    """Every metric row the ranks logged (as CSV with --csv)."""
+    with Clusters(args.cluster) as clusters:
+        rows = clusters.find(args.job).history()
+        if args.json:
+            _out(render.to_json(rows))
+        elif args.csv:
+            sys.stdout.write(render.history_csv(rows))
+        else:
+            _out(render.history_table(rows) if rows else "no rows logged yet")
+    return OK

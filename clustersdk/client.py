@@ -1,0 +1,83 @@
+"""The control plane's operations, written once, as coroutines.
+
+:class:`ControlClient` wraps any Dask RPC object that reaches a scheduler
+(``client.scheduler`` of a sync or an async ``distributed.Client``). The SDK's
+:class:`~clustersdk.Cluster` runs these coroutines through its client's sync
+bridge; the Jupyter server extension awaits them on its own event loop. No
+Dask import here: the RPC object brings the transport.
+
+>>> control = ControlClient(client.scheduler)               # doctest: +SKIP
+>>> await control.jobs()                                     # doctest: +SKIP
+[{'id': '4f1c...', 'name': 'a', 'status': 'RUNNING', ...}]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .protocol import Op, WireSpec, op
+
+
+class ControlClient:
+    """One coroutine per :class:`~clustersdk.protocol.Op` a kernel may call."""
+
+    def __init__(self, rpc: Any):
+        self.rpc = rpc
+
+    async def call(self, operation: Op, **kwargs: Any) -> Any:
+        """``operation`` with ``kwargs``; what a scheduler without the handler answers
+        (None) comes back as is."""
+        return await op(self.rpc, operation)(**kwargs)
+
+    # --- the cluster ----------------------------------------------------------------
+    async def inventory(self) -> list[dict[str, Any]]:
+        """Every slot in rank order: worker, host, kind, index, uuid and its job."""
+        return await self.call(Op.INVENTORY)
+
+    async def set_capacity(self, slots: int, note: str = "") -> None:
+        """For an autoscaling deployer: the most slots it can grow to (launches up to that
+        are accepted) and what queued jobs wait for besides free slots."""
+        await self.call(Op.SET_CAPACITY, slots=slots, note=note)
+
+    # --- jobs ---------------------------------------------------------------------------
+    async def submit(self, spec: WireSpec, payload: bytes) -> dict[str, Any]:
+        return await self.call(Op.SUBMIT, spec=spec.as_dict(), payload=payload)
+
+    async def job(self, job: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """The record of job id ``job``, or of the newest job called ``name``."""
+        return await self.call(Op.JOB, job=job, name=name)
+
+    async def jobs(self) -> list[dict[str, Any]]:
+        """Every job record of the scheduler, oldest first."""
+        return await self.call(Op.JOBS)
+
+    async def wait(self, job: str, timeout: float | None = None) -> dict[str, Any]:
+        """The record (with ``result``) once the job is over, or when ``timeout`` passes."""
+        return await self.call(Op.WAIT, job=job, timeout=timeout)
+
+    async def history(self, job: str, since: int = 0,
+                      limit: int | None = None) -> list[dict[str, Any]]:
+        return await self.call(Op.HISTORY, job=job, since=since, limit=limit)
+
+    async def logs(self, job: str, rank: int | None = None,
+                   since: int = 0) -> list[dict[str, Any]]:
+        return await self.call(Op.LOGS, job=job, rank=rank, since=since)
+
+    async def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
+        return await self.call(Op.SYSTEM, job=job, since=since)
+
+    # --- control ----------------------------------------------------------------------
+    async def stop(self, job: str) -> dict[str, Any]:
+        return await self.call(Op.STOP, job=job)
+
+    async def pause(self, job: str, timeout: float | None = None) -> dict[str, Any]:
+        return await self.call(Op.PAUSE, job=job, timeout=timeout)
+
+    async def resume(self, job: str, world_size: int | None = None) -> dict[str, Any]:
+        return await self.call(Op.RESUME, job=job, world_size=world_size)
+
+    async def checkpoint(self, job: str, timeout: float | None = None) -> dict[str, Any]:
+        return await self.call(Op.CHECKPOINT, job=job, timeout=timeout)
+
+    async def suspend(self, job: str, timeout: float | None = None) -> dict[str, Any]:
+        return await self.call(Op.SUSPEND, job=job, timeout=timeout)

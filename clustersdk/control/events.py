@@ -1,0 +1,236 @@
+"""The vocabulary of :mod:`.lifecycle`: events that happen to a job, actions it asks for.
+
+Pure dataclasses. The control plane turns what it hears (an RPC, a rank's
+report, Dask's notice that a worker left, a timer) into an *event*, feeds it
+to the job's :class:`~.lifecycle.Lifecycle`, and carries out the *actions*
+that come back, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+from ..protocol import ExitStatus, Message, StatusMessage
+
+
+# --- events: what the control plane learned --------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RankSlot:
+    """Where one rank of a gang runs."""
+
+    worker: str
+    host: str
+    device: str  # "cuda:<index>" or "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocated:
+    """The policy gave the queued job a whole gang, in rank order."""
+
+    ranks: tuple[RankSlot, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEventBase:
+    rank: int
+    attempt: int  # the gang start it belongs to: events of an earlier one are ignored
+
+
+@dataclasses.dataclass(frozen=True)
+class Started(RankEventBase):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Paused(RankEventBase):
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed(RankEventBase):
+    step: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStarted(RankEventBase):
+    total_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored(RankEventBase):
+    step: int
+    path: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointCommitted(RankEventBase):
+    seq: int
+    step: int
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFailed(RankEventBase):
+    seq: int
+    step: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed(RankEventBase):
+    error: dict[str, Any]  # rank, type, message, traceback
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited(RankEventBase):
+    status: ExitStatus
+    result: bytes | None = None  # rank 0's pickled return value
+
+
+@dataclasses.dataclass(frozen=True)
+class StartFailed(RankEventBase):
+    """The agent could not start the rank (its worker vanished, or refused)."""
+
+    exc_type: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLost(RankEventBase):
+    worker: str
+    host: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GraceExpired:
+    """The failure held back at this attempt was not explained by a lost worker."""
+
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequested:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseRequested:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class PauseWithdrawn:
+    """The pause did not happen in time: take the request back."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeRequested:
+    world_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRequested:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SuspendRequested:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerClosing:
+    pass
+
+
+Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
+              CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
+              StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
+              CheckpointRequested, SuspendRequested, SchedulerClosing]
+
+
+# --- actions: what the control plane must do ----------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Journal:
+    """Update the job's record with these fields."""
+
+    fields: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Publish:
+    """Send ``message`` to the job's topic (every subscribed kernel sees it)."""
+
+    message: Message
+
+
+@dataclasses.dataclass(frozen=True)
+class StartGang:
+    """Open rank 0's store and start every rank of the allocated gang with ``spec``."""
+
+    attempt: int
+    words: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SendControl:
+    """Send the control vector to the agents of ``workers``."""
+
+    words: tuple[int, ...]
+    attempt: int
+    workers: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeSlot:
+    """The slot of ``worker`` no longer runs anything of the job."""
+
+    worker: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Enqueue:
+    """Queue the job for a gang: at the back, or first in line (a restart)."""
+
+    front: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Dequeue:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class StartTimer:
+    """Feed ``event`` back to the job after ``delay`` seconds."""
+
+    delay: float
+    event: GraceExpired
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncateHistory:
+    """Forget the metric rows of steps at or after ``step`` (they will be replayed)."""
+
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseBoard:
+    """Flush and close the job's TensorBoard writers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """The job is over and nothing of it runs: store ``result``, wake waiters, forget it."""
+
+    result: bytes | None
+
+
+Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequeue, StartTimer,
+               TruncateHistory, CloseBoard, Release]
+
+
+def status_message(status: str, attempt: int) -> StatusMessage:
+    return {"kind": "status", "status": status, "attempt": attempt}

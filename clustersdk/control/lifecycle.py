@@ -1,0 +1,392 @@
+"""The rules of a job's life, as a pure state machine: events in, actions out.
+
+No Dask, torch or I/O: :class:`Lifecycle` takes the :mod:`.events` the
+control plane hears and returns the actions it must carry out, so every rule
+below is tested in microseconds (tests/control/test_lifecycle.py).
+
+The rules, by event:
+
+- **Allocated** (a whole gang): STARTING; start every rank.
+- **Started**: RUNNING once every rank is inside the user's function.
+- **Paused / Resumed**: PAUSED once every rank waits at the same step.
+- **Exited**: the rank's slot is free; once every rank is out the job ends
+  FINISHED (STOPPED after a stop, SUSPENDED after a suspend whose every rank
+  checkpointed, QUEUED again first in line when RESTARTING).
+- **Failed** (a rank raised): the job FAILS and the other ranks are stopped;
+  but with restarts left the failure is *held back* for ``failure_grace``
+  seconds (or until every rank is out), because a rank usually sees a dead
+  peer (connection reset) before Dask says the peer's worker left: if a worker
+  is lost meanwhile, the job restarts instead.
+- **WorkerLost / StartFailed**: within the restart budget (``max_restarts``)
+  a STARTING, RUNNING or PAUSED job goes RESTARTING: the other ranks stop,
+  then it queues first in line to continue from its newest committed
+  checkpoint (from the start without one; a PAUSED job comes back paused).
+  Otherwise, or in any other state, the job fails naming the worker.
+- Requests (stop, pause, resume, checkpoint, suspend) check the state first
+  and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
+  ``SpecError``) before changing anything.
+
+Slots: every rank of an allocated gang is freed exactly once (:class:`FreeSlot`,
+on its exit, its worker's loss or its failed start), and a job is released
+(:class:`Release`) exactly once, when it is terminal and holds no slot.
+Events of an earlier gang start (``attempt``) are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import InvalidTransitionError, SpecError
+from ..layout import Layout
+from ..protocol import ExitStatus, WireSpec, Word, no_words
+from ..status import TRANSITIONS, JobStatus, check_transition
+from . import events as ev
+
+RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
+
+
+def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
+    """A job's error record (``JobFailedError.from_record`` reads it)."""
+    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+
+
+class Lifecycle:
+    """One job that is not released yet: its state and the rules of its life.
+
+    >>> from clustersdk.control import events as ev
+    >>> job = Lifecycle(WireSpec(id="j", name="j", world_size=1), failure_grace=3.0)
+    >>> [type(a).__name__ for a in job.handle(ev.Allocated((ev.RankSlot("w", "h", "cpu"),)), 0.0)]
+    ['Journal', 'Publish', 'StartGang']
+    >>> job.status
+    <JobStatus.STARTING: 'starting'>
+    """
+
+    def __init__(self, spec: WireSpec, *, failure_grace: float,
+                 status: JobStatus = JobStatus.QUEUED, restarts: int = 0,
+                 checkpoint: str | None = None, checkpoint_step: int | None = None):
+        self.spec = spec
+        self.status = status
+        self.failure_grace = failure_grace
+        self.restarts = restarts
+        self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step  # newest committed
+        self.checkpoint_seq = 0          # newest CHECKPOINT request committed
+        self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
+        self.restart_paused = False      # it was PAUSED when it lost a worker
+        self.released = False
+        self._out: list[ev.Action] = []
+        self._now = 0.0
+        self._reset_ranks()
+
+    def _reset_ranks(self) -> None:
+        self.ranks: tuple[ev.RankSlot, ...] = ()
+        self.held: set[int] = set()          # ranks whose slot is still the job's
+        self.started: set[int] = set()
+        self.exited: dict[int, ExitStatus] = {}
+        self.paused: dict[int, int] = {}     # rank -> step it waits before
+        self.words = no_words()
+        self.held_failure: dict[str, Any] | None = None
+        self.result: bytes | None = None
+
+    # --- properties ------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def attempt(self) -> int:
+        return self.spec.attempt
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    # --- the one entry point ----------------------------------------------------------
+    def handle(self, event: ev.Event, now: float) -> list[ev.Action]:
+        """Apply ``event`` (at time ``now``); return the actions, in order.
+
+        Requests that make no sense in the current state raise before anything
+        changes. A released job, or a rank event of another attempt, yields nothing.
+        """
+        if self.released:
+            return []
+        if isinstance(event, ev.RankEventBase) and event.attempt != self.attempt:
+            return []
+        self._out, self._now = [], now
+        _DISPATCH[type(event)](self, event)
+        return self._out
+
+    # --- the gang ----------------------------------------------------------------------
+    def _allocated(self, e: ev.Allocated) -> None:
+        self.ranks = e.ranks
+        self.held = set(range(len(e.ranks)))
+        ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
+                 for i, r in enumerate(e.ranks)]
+        self._transition(JobStatus.STARTING, ranks=ranks, reason="")
+        self._out.append(ev.StartGang(self.attempt, tuple(self.words)))
+
+    def _started(self, e: ev.Started) -> None:
+        self.started.add(e.rank)
+        if self.status is JobStatus.STARTING and len(self.started) == self.world_size:
+            self._transition(JobStatus.RUNNING, started=self._now, reason="")
+
+    def _paused(self, e: ev.Paused) -> None:
+        self.paused[e.rank] = e.step
+        if self.status is JobStatus.RUNNING and len(self.paused) == self.world_size:
+            self._transition(JobStatus.PAUSED, paused_at=max(self.paused.values()))
+
+    def _resumed(self, e: ev.Resumed) -> None:
+        self.paused.pop(e.rank, None)
+
+    def _loop_started(self, e: ev.LoopStarted) -> None:
+        self._out.append(ev.Journal({"total_steps": e.total_steps}))
+        self._out.append(ev.Publish({"kind": "progress", "total_steps": e.total_steps}))
+
+    def _restored(self, e: ev.Restored) -> None:
+        # the history goes on from the checkpoint's step: rows logged after it
+        # (by a run that died before its next checkpoint) are replaced
+        self._out.append(ev.TruncateHistory(e.step))
+
+    def _checkpoint_committed(self, e: ev.CheckpointCommitted) -> None:
+        self.checkpoint_seq = max(self.checkpoint_seq, e.seq)
+        self.checkpoint, self.checkpoint_step = e.path, e.step
+        self._out.append(ev.Journal({"checkpoint": e.path, "checkpoint_step": e.step,
+                                     "checkpoint_error": None}))
+        self._out.append(ev.Publish({"kind": "checkpoint", "path": e.path, "step": e.step}))
+
+    def _checkpoint_failed(self, e: ev.CheckpointFailed) -> None:
+        self.checkpoint_failed_seq = max(self.checkpoint_failed_seq, e.seq)
+        self._out.append(ev.Journal({"checkpoint_error": f"step {e.step}: {e.message}"}))
+        self._out.append(ev.Publish({"kind": "checkpoint_failed", "step": e.step,
+                                     "message": e.message}))
+
+    def _failed(self, e: ev.Failed) -> None:
+        # while RESTARTING, the other ranks fail for want of the lost one: not news
+        if self.status.terminal or self.status is JobStatus.RESTARTING:
+            return
+        if self.spec.max_restarts and self.status in RESTARTABLE:
+            if self.held_failure is None:  # was it a peer's lost worker? wait and see
+                self.held_failure = e.error
+                self._out.append(ev.StartTimer(self.failure_grace, ev.GraceExpired(self.attempt)))
+            return
+        self._fail(e.error)
+
+    def _exited(self, e: ev.Exited) -> None:
+        self.exited[e.rank] = e.status
+        if e.rank == 0 and e.result is not None:
+            self.result = e.result
+        self._free(e.rank)
+        self._maybe_done()
+
+    def _start_failed(self, e: ev.StartFailed) -> None:
+        self._free(e.rank)  # it never reports an exit; the ranks that did start will
+        self.exited.setdefault(e.rank, ExitStatus.NOT_STARTED)
+        if self.status is not JobStatus.RESTARTING:
+            worker = self.ranks[e.rank].worker
+            self._lost(e.rank, e.exc_type, f"could not start rank {e.rank} on worker {worker}: "
+                                           f"{e.message}")
+        self._maybe_done()
+
+    def _worker_lost(self, e: ev.WorkerLost) -> None:
+        if e.rank not in self.held:
+            return
+        self.exited[e.rank] = ExitStatus.LOST
+        self._free(e.rank)
+        self._lost(e.rank, "WorkerLost",
+                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster")
+        self._maybe_done()
+
+    def _grace_expired(self, e: ev.GraceExpired) -> None:
+        """No worker of the job was lost after all: the held-back failure is the job's."""
+        if (self.held_failure is not None and e.attempt == self.attempt
+                and not self.status.terminal and self.status is not JobStatus.RESTARTING):
+            self._fail(self.held_failure)
+            self._maybe_done()
+
+    # --- requests -------------------------------------------------------------------------
+    def _stop(self, e: ev.StopRequested) -> None:
+        if self.status.terminal:
+            raise InvalidTransitionError(
+                f"job {self.name!r} is {self.status.name}; there is nothing to stop")
+        if self.status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
+            if self.status is JobStatus.QUEUED:
+                self._out.append(ev.Dequeue())
+            self._finish(JobStatus.STOPPED, reason=f"stopped while {self.status.name}")
+        elif self.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
+            self._transition(JobStatus.STOPPING, reason="stop requested")
+            self._ask(Word.STOP, 1)
+
+    def _pause(self, e: ev.PauseRequested) -> None:
+        check_transition(self.name, self.status, JobStatus.PAUSED)
+        if self.words[Word.PAUSE] <= self.words[Word.RESUME]:
+            self.paused.clear()
+            self._ask(Word.PAUSE, self.words[Word.RESUME] + 1)
+
+    def _pause_withdrawn(self, e: ev.PauseWithdrawn) -> None:
+        if self.status is JobStatus.RUNNING:
+            self._ask(Word.RESUME, self.words[Word.PAUSE])
+
+    def _resume(self, e: ev.ResumeRequested) -> None:
+        if self.status is JobStatus.PAUSED:
+            if e.world_size not in (None, self.world_size):
+                raise SpecError(
+                    f"job {self.name!r} is PAUSED and keeps its process group of "
+                    f"{self.world_size} ranks; to resume at world_size={e.world_size}, suspend "
+                    "it first")
+            self._transition(JobStatus.RUNNING, reason="")
+            self._ask(Word.RESUME, self.words[Word.PAUSE])
+        elif self.status is JobStatus.SUSPENDED:
+            ws = self.world_size if e.world_size is None else e.world_size
+            if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
+                raise SpecError(f"world_size must be a positive int, got {ws!r}")
+            Layout.resolve(self.spec.strategy, self.spec.mesh, ws)  # a mesh that fits ws
+            self._reset_ranks()
+            self.spec = self.spec.replace(world_size=ws, resume=self.checkpoint,
+                                          attempt=self.attempt + 1)
+            self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
+            self._transition(JobStatus.QUEUED, reason="")
+            self._out.append(ev.Enqueue())
+        else:
+            raise InvalidTransitionError(
+                f"job {self.name!r} is {self.status.name}; only a PAUSED or SUSPENDED job can be "
+                "resumed")
+
+    def _checkpoint(self, e: ev.CheckpointRequested) -> None:
+        self._need_checkpoint_dir("checkpoint")
+        if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+            raise InvalidTransitionError(
+                f"job {self.name!r} is {self.status.name}; a checkpoint needs a RUNNING or "
+                "PAUSED job")
+        self._ask(Word.CHECKPOINT, self.words[Word.CHECKPOINT] + 1)
+
+    def _suspend(self, e: ev.SuspendRequested) -> None:
+        self._need_checkpoint_dir("suspend")
+        check_transition(self.name, self.status, JobStatus.SUSPENDING)
+        self._transition(JobStatus.SUSPENDING, reason="suspend requested")
+        self._ask(Word.SUSPEND, 1)
+
+    def _closing(self, e: ev.SchedulerClosing) -> None:
+        # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it)
+        if JobStatus.FAILED in TRANSITIONS[self.status]:
+            self._finish(JobStatus.FAILED, error=error(
+                None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
+
+    def _need_checkpoint_dir(self, action: str) -> None:
+        if not self.spec.checkpoint_dir:
+            raise SpecError(f"job {self.name!r} has no checkpoint_dir, so it cannot {action}; "
+                            "launch it with checkpoint_dir=...")
+
+    # --- the rules behind them ---------------------------------------------------------------
+    def _lost(self, rank: int, exc_type: str, message: str) -> None:
+        """Rank ``rank``'s worker is gone (or could not start it): restart the gang
+        while the restart budget lasts, else fail the job."""
+        budget = self.spec.max_restarts
+        self.held_failure = None  # the peers of the lost rank failed for want of it
+        if self.status is JobStatus.RESTARTING:
+            return  # another worker of the gang (a whole host went): part of the same restart
+        if self.status in RESTARTABLE and self.restarts < budget:
+            self.restarts += 1
+            self.restart_paused = self.status is JobStatus.PAUSED
+            self._transition(JobStatus.RESTARTING, restarts=self.restarts, reason=(
+                f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"))
+            self._ask(Word.STOP, 1)
+        elif not self.status.terminal:
+            if budget and self.status in RESTARTABLE:
+                message += f" (all {budget} restart(s) of the job are used up)"
+            self._fail(error(rank, exc_type, message))
+
+    def _restart(self) -> None:
+        """Every rank of the lost gang is out: queue again, first in line, to continue
+        from the newest committed checkpoint (or from the start without one)."""
+        resume = self.checkpoint or self.spec.resume
+        # the history goes on from where the new run begins (its Restored event trims
+        # it again if an explicit resume= loads an older step)
+        self._out.append(ev.TruncateHistory(self.checkpoint_step if self.checkpoint else 0))
+        self._reset_ranks()
+        self.spec = self.spec.replace(resume=resume, attempt=self.attempt + 1)
+        if self.restart_paused:
+            self.words[Word.PAUSE] = 1
+        where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
+        self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
+        self._transition(JobStatus.QUEUED, reason=f"restart {self.restarts}: {where}")
+        self._out.append(ev.Enqueue(front=True))
+
+    def _maybe_done(self) -> None:
+        if len(self.exited) < self.world_size:
+            return
+        if self.status is JobStatus.RESTARTING:
+            self._restart()
+            return
+        if self.held_failure is not None and not self.status.terminal:
+            self._fail(self.held_failure)  # every rank is out and no worker was lost
+        if self.status is JobStatus.SUSPENDING and all(
+                s is ExitStatus.SUSPENDED for s in self.exited.values()):
+            self._transition(JobStatus.SUSPENDED, reason="suspended: resume() to continue")
+            self._out.append(ev.CloseBoard())
+            return  # stays, with its payload, for resume()
+        if not self.status.terminal:
+            final = JobStatus.STOPPED if self.status is JobStatus.STOPPING else JobStatus.FINISHED
+            self._finish(final, reason="")
+        self._release()
+
+    def _fail(self, err: dict[str, Any]) -> None:
+        """First error wins; the other ranks are told to stop and will exit."""
+        self._finish(JobStatus.FAILED, error=err, reason="")
+        self._ask(Word.STOP, 1)
+
+    def _finish(self, status: JobStatus, **fields: Any) -> None:
+        self._transition(status, ended=self._now, **fields)
+        self._release()
+
+    def _release(self) -> None:
+        """Once terminal and holding no slot (nobody will report an exit): over."""
+        if self.released or self.held or not self.status.terminal:
+            return
+        self.released = True
+        self._out.append(ev.CloseBoard())
+        self._out.append(ev.Release(self.result))
+
+    def _free(self, rank: int) -> None:
+        if rank in self.held:
+            self.held.discard(rank)
+            self._out.append(ev.FreeSlot(self.ranks[rank].worker))
+
+    def _ask(self, word: Word, value: int) -> None:
+        """Raise one control word and send the vector to every rank still running."""
+        self.words[word] = max(self.words[word], value)
+        workers = tuple(r.worker for i, r in enumerate(self.ranks) if i not in self.exited)
+        if workers:
+            self._out.append(ev.SendControl(tuple(self.words), self.attempt, workers))
+
+    def _transition(self, status: JobStatus, **fields: Any) -> None:
+        check_transition(self.name, self.status, status)
+        self.status = status
+        self._out.append(ev.Journal({"status": status.name, **fields}))
+        self._out.append(ev.Publish(ev.status_message(status.name, self.attempt)))
+
+
+_DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
+    ev.Allocated: Lifecycle._allocated,
+    ev.Started: Lifecycle._started,
+    ev.Paused: Lifecycle._paused,
+    ev.Resumed: Lifecycle._resumed,
+    ev.LoopStarted: Lifecycle._loop_started,
+    ev.Restored: Lifecycle._restored,
+    ev.CheckpointCommitted: Lifecycle._checkpoint_committed,
+    ev.CheckpointFailed: Lifecycle._checkpoint_failed,
+    ev.Failed: Lifecycle._failed,
+    ev.Exited: Lifecycle._exited,
+    ev.StartFailed: Lifecycle._start_failed,
+    ev.WorkerLost: Lifecycle._worker_lost,
+    ev.GraceExpired: Lifecycle._grace_expired,
+    ev.StopRequested: Lifecycle._stop,
+    ev.PauseRequested: Lifecycle._pause,
+    ev.PauseWithdrawn: Lifecycle._pause_withdrawn,
+    ev.ResumeRequested: Lifecycle._resume,
+    ev.CheckpointRequested: Lifecycle._checkpoint,
+    ev.SuspendRequested: Lifecycle._suspend,
+    ev.SchedulerClosing: Lifecycle._closing,
+}

@@ -1,0 +1,189 @@
+"""What kernels (and the server extension) ask the control plane: one handler per :class:`Op`.
+
+Each handler checks what only the plane knows (the cluster's size, a name
+clash), feeds the request to the job's lifecycle, and, for the requests that
+return once the ranks have acted (pause, checkpoint, suspend, wait), waits for
+the job to get there. Records go back as plain dicts (the journal's rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import (
+    CapacityError,
+    CheckpointError,
+    InvalidTransitionError,
+    JobNotFoundError,
+    JobTimeoutError,
+    SpecError,
+)
+from ..protocol import Op, WireSpec, Word
+from ..status import JobStatus
+from . import events as ev
+from . import policy
+
+if TYPE_CHECKING:
+    from .plugin import ControlPlane, Run
+
+
+class Requests:
+    """The client-facing handlers of one :class:`~.plugin.ControlPlane`."""
+
+    def __init__(self, plane: ControlPlane):
+        self.plane = plane
+
+    def handlers(self) -> dict[Op, Callable]:
+        return {
+            Op.INVENTORY: self.inventory, Op.SUBMIT: self.submit, Op.JOB: self.job,
+            Op.JOBS: self.jobs, Op.WAIT: self.wait, Op.STOP: self.stop, Op.PAUSE: self.pause,
+            Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
+            Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
+        }
+
+    @property
+    def journal(self) -> Any:
+        return self.plane.journal
+
+    # --- the cluster -----------------------------------------------------------------------
+    def inventory(self) -> list[dict]:
+        plane = self.plane
+        return [{**dataclasses.asdict(s), "job": plane.busy.get(s.worker)}
+                for s in policy.rank_order(plane.slots.values())]
+
+    def _check_capacity(self, world_size: int) -> None:
+        slots = self.plane.slots
+        total = max(len(slots), self.plane.capacity)  # an autoscaling cluster can grow
+        if world_size > total:
+            hosts = len({s.host for s in slots.values()})
+            raise CapacityError(
+                f"world_size={world_size} is more than this cluster can ever hold: it has "
+                f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks")
+
+    # --- jobs ----------------------------------------------------------------------------------
+    def submit(self, spec: dict, payload: bytes) -> dict:
+        wire = WireSpec.from_dict(spec)
+        self._check_capacity(wire.world_size)
+        clash = self.journal.find(self.plane.id, wire.name)
+        if clash and not JobStatus[clash["status"]].terminal:
+            raise SpecError(f"a job named {wire.name!r} is already {clash['status']}; stop it or "
+                            "pick another name")
+        self.journal.add_job({
+            "id": wire.id, "name": wire.name, "scheduler": self.plane.id,
+            "status": JobStatus.QUEUED.name, "spec": wire.as_dict(), "submitted": time.time(),
+        })
+        self.plane.add_run(wire, payload)
+        return self._record(wire.id)
+
+    def job(self, job: str | None = None, name: str | None = None) -> dict:
+        if job is None:
+            found = self.journal.find(self.plane.id, name)
+            if found is None:
+                known = sorted({r["name"] for r in self.journal.jobs(self.plane.id)})
+                raise JobNotFoundError(f"no job named {name!r} on this cluster; known jobs: "
+                                       f"{', '.join(known) or 'none'}")
+            job = found["id"]
+        return self._record(job)
+
+    def jobs(self) -> list[dict]:
+        return [_public(r) for r in self.journal.jobs(self.plane.id)]
+
+    async def wait(self, job: str, timeout: float | None = None) -> dict:
+        run = self.plane.runs.get(job)
+        if run is not None:
+            try:
+                await asyncio.wait_for(run.done.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return self._record(job, with_result=True)
+
+    def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
+        return self.journal.history(job, since, limit)
+
+    def system(self, job: str, since: int = 0) -> list[dict]:
+        return self.journal.system(job, since)
+
+    def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
+        return self.journal.logs(job, rank, since)
+
+    # --- control ---------------------------------------------------------------------------------
+    def stop(self, job: str) -> dict:
+        self.plane.feed(self._active(job, "stop", "there is nothing to stop"),
+                        ev.StopRequested())
+        return self._record(job)
+
+    async def pause(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "pause")
+        machine = run.machine
+        self.plane.feed(run, ev.PauseRequested())
+        if not await self.plane.until(run, lambda: machine.status is not JobStatus.RUNNING,
+                                      timeout):
+            self.plane.feed(run, ev.PauseWithdrawn())
+            raise JobTimeoutError(
+                f"job {machine.name!r} did not pause within {timeout} s: its ranks reach no step "
+                "boundary (does the training function iterate over ctx.loop?)")
+        if machine.status is not JobStatus.PAUSED:
+            raise InvalidTransitionError(
+                f"job {machine.name!r} became {machine.status.name} before it could pause")
+        return self._record(job)
+
+    def resume(self, job: str, world_size: int | None = None) -> dict:
+        run = self._active(job, "resume")
+        if run.machine.status is JobStatus.SUSPENDED:
+            ws = run.machine.world_size if world_size is None else world_size
+            if isinstance(ws, int) and not isinstance(ws, bool):
+                self._check_capacity(ws)
+        self.plane.feed(run, ev.ResumeRequested(world_size))
+        return self._record(job)
+
+    async def checkpoint(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "checkpoint")
+        machine = run.machine
+        self.plane.feed(run, ev.CheckpointRequested())
+        seq = machine.words[Word.CHECKPOINT]
+        done = await self.plane.until(run, lambda: machine.checkpoint_seq >= seq
+                                      or machine.checkpoint_failed_seq >= seq
+                                      or machine.status.terminal, timeout)
+        record = self._record(job)
+        if machine.checkpoint_seq >= seq:
+            return record
+        if machine.checkpoint_failed_seq >= seq:
+            raise CheckpointError(
+                f"checkpoint of job {machine.name!r} failed: {record['checkpoint_error']}; the "
+                f"previous one is kept ({record['checkpoint'] or 'none yet'})")
+        if not done:
+            raise JobTimeoutError(f"job {machine.name!r} did not checkpoint within {timeout} s")
+        raise InvalidTransitionError(f"job {machine.name!r} became {machine.status.name} before "
+                                     "it could checkpoint")
+
+    async def suspend(self, job: str, timeout: float | None = None) -> dict:
+        run = self._active(job, "suspend")
+        machine = run.machine
+        self.plane.feed(run, ev.SuspendRequested())
+        await self.plane.until(run, lambda: machine.status is not JobStatus.SUSPENDING, timeout)
+        if machine.status not in (JobStatus.SUSPENDED, JobStatus.SUSPENDING):
+            raise InvalidTransitionError(
+                f"job {machine.name!r} became {machine.status.name} instead of SUSPENDED")
+        return self._record(job)
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _active(self, job: str, action: str, why: str | None = None) -> Run:
+        run = self.plane.runs.get(job)
+        if run is None:
+            record = self._record(job)
+            raise InvalidTransitionError(
+                f"job {record['name']!r} is {record['status']}; {why or f'it cannot {action}'}")
+        return run
+
+    def _record(self, job: str, with_result: bool = False) -> dict:
+        record = self.journal.get(job)
+        if record is None:
+            raise JobNotFoundError(f"no job with id {job!r} on this cluster")
+        return record if with_result else _public(record)
+
+
+def _public(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "result"}

@@ -1,0 +1,182 @@
+"""What the doctor runs on each worker (through ``client.run``): facts and small tests.
+
+Every function here is cheap and leaves nothing behind: sockets are closed,
+marker files removed. The port probes are the ``nc -zv`` check of the guides,
+done in Python: one worker per host listens on every port of its rendezvous
+range, and one worker of each other host connects to each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+_listeners: dict[str, list[socket.socket]] = {}  # token -> sockets held open between calls
+MARKER = ".clustersdk-doctor-{token}-{host}"
+
+
+def _host(dask_worker: Any) -> str:
+    agent = dask_worker.plugins.get("clustersdk-agent")
+    slot = getattr(agent, "slot", None) or {}
+    if slot.get("host"):
+        return slot["host"]
+    return dask_worker.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+
+
+def worker_facts(dask_worker: Any) -> dict[str, Any]:
+    """Versions, GPUs (NVML), the rendezvous range and the time, of this worker."""
+    from .. import network
+
+    agent = dask_worker.plugins.get("clustersdk-agent")
+    slot = getattr(agent, "slot", None) or {}
+    return {"worker": dask_worker.address, "host": _host(dask_worker),
+            "slot_kind": slot.get("kind"), "versions": versions(), "gpus": gpus(),
+            "ports": network.format_ports(network.rendezvous_ports()), "time": time.time()}
+
+
+def versions() -> dict[str, str | None]:
+    """What must agree across hosts (and with the notebook)."""
+    import cloudpickle
+    import dask
+    import distributed
+    import torch
+
+    import clustersdk
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a torch built without NCCL
+            nccl = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "nccl": nccl,
+            "cuda_driver": _driver(), "clustersdk": clustersdk.__version__,
+            "dask": dask.__version__, "distributed": distributed.__version__,
+            "cloudpickle": cloudpickle.__version__}
+
+
+def _nvml() -> Any:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no nvidia-ml-py, or no driver (NVMLError_LibraryNotFound)
+        return None
+
+
+def _driver() -> str | None:
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    value = nvml.nvmlSystemGetDriverVersion()
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def gpus() -> list[dict[str, Any]] | None:
+    """Each GPU NVML sees on this host, with its health; None without NVML."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    out = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        entry: dict[str, Any] = {"index": index}
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = nvml.nvmlDeviceGetName(handle)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            entry.update(
+                name=name.decode() if isinstance(name, bytes) else name,
+                memory_total=int(memory.total), memory_used=int(memory.used),
+                temperature=int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)))
+            try:
+                entry["ecc_uncorrected"] = int(nvml.nvmlDeviceGetTotalEccErrors(
+                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC))
+            except Exception:  # ECC off or not supported (consumer GPUs)
+                entry["ecc_uncorrected"] = None
+        except Exception as e:  # a GPU that fell off the bus answers with errors
+            entry["error"] = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    return out
+
+
+# the checkpoint directory ---------------------------------------------------------------
+def write_marker(path: str, token: str, dask_worker: Any = None) -> dict[str, Any]:
+    """Write (1 MiB, fsynced) and stat a marker in ``path``: writable? how much room?"""
+    host = _host(dask_worker)
+    marker = os.path.join(path, MARKER.format(token=token, host=host))
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(marker, "wb") as f:
+            f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        stat = os.statvfs(path)
+    except OSError as e:
+        return {"path": path, "error": f"{type(e).__name__}: {e.strerror or e}"}
+    return {"path": path, "free": stat.f_bavail * stat.f_frsize, "marker": marker}
+
+
+def unseen_markers(path: str, token: str, hosts: list[str]) -> list[str]:
+    """The hosts whose marker this host can't see in ``path`` (not one shared filesystem)."""
+    return [h for h in hosts
+            if not os.path.exists(os.path.join(path, MARKER.format(token=token, host=h)))]
+
+
+def remove_marker(marker: str) -> None:
+    try:
+        os.remove(marker)
+    except OSError:
+        pass
+
+
+# ports ------------------------------------------------------------------------------------
+def listen(token: str, ports: tuple[int, int] | None) -> dict[str, Any]:
+    """Listen on every port of the range (or one free port); keep them open for ``connect``."""
+    candidates = range(ports[0], ports[1] + 1) if ports else [0]
+    held, listening, busy = [], [], []
+    for port in candidates:
+        sock = socket.socket()
+        try:
+            sock.bind(("0.0.0.0", port))  # where rank 0's store listens
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            busy.append(port)
+            continue
+        held.append(sock)
+        listening.append(sock.getsockname()[1])
+    _listeners[token] = held
+    return {"listening": listening, "busy": busy, "size": len(candidates)}
+
+
+async def connect(targets: dict[str, list[int]], timeout: float) -> dict[str, dict[int, str]]:
+    """Try a TCP connection to each (host, port); the failures, as host -> port -> why."""
+    limit = asyncio.Semaphore(64)
+
+    async def one(host: str, port: int) -> tuple[str, int, str | None]:
+        async with limit:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            except asyncio.TimeoutError:
+                return host, port, "timed out"
+            except OSError as e:
+                return host, port, e.strerror or type(e).__name__
+            writer.close()
+            return host, port, None
+
+    failures: dict[str, dict[int, str]] = {}
+    for host, port, why in await asyncio.gather(*(one(h, p) for h, ps in targets.items()
+                                                  for p in ps)):
+        if why is not None:
+            failures.setdefault(host, {})[port] = why
+    return failures
+
+
+def close_listeners(token: str) -> None:
+    for sock in _listeners.pop(token, []):
+        sock.close()

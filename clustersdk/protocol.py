@@ -1,0 +1,254 @@
+"""What crosses the wire: the one module the kernel, the control plane and the agents share.
+
+Pure (no Dask, no torch): importing it costs nothing, so every side can.
+
+::
+
+    kernel (Cluster, Job)  ──Op──>  scheduler: control plane  ──WorkerOp──>  worker: agent
+          ^                              │   ^                                   │
+          └──── topic(job): Message ─────┘   └──────── Op.RANK_EVENT: RankEvent ─┘
+
+- :class:`WireSpec`: the job spec as the scheduler and the ranks see it, a
+  frozen dataclass sent as a plain dict (:meth:`WireSpec.as_dict`), versioned.
+  Its field defaults are the defaults of every launch option (``keep=3``...).
+- :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control`).
+- :class:`Op` / :class:`WorkerOp`: the RPC operations, reached with :func:`op`.
+- :class:`RankEvent`, :class:`ExitStatus`: what a rank reports.
+- :func:`topic` and the message kinds published on it (``Message``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Literal, Mapping, TypedDict, Union
+
+from .errors import ProtocolError
+
+VERSION = 1  # of WireSpec and the messages; a newer peer's spec is refused, an older one read
+
+HANDLER_PREFIX = "clustersdk_"
+TOPIC_PREFIX = "clustersdk-job-"
+
+
+# --- the control vector ------------------------------------------------------------------
+class Word(enum.IntEnum):
+    """Positions in the control vector. Each entry only ever grows (element-wise max
+    merges copies in any order)."""
+
+    STOP = 0        # 1 once a stop is asked
+    SUSPEND = 1     # 1 once a suspend is asked
+    PAUSE = 2       # pause generation: incremented by every pause
+    RESUME = 3      # resume generation: equal to PAUSE after a resume
+    CHECKPOINT = 4  # sequence number of the newest checkpoint request
+
+
+def no_words() -> list[int]:
+    """A control vector that asks for nothing."""
+    return [0] * len(Word)
+
+
+# --- operations ----------------------------------------------------------------------------
+class Op(str, enum.Enum):
+    """Handlers of the control plane on the scheduler."""
+
+    WORKER_READY = "worker_ready"
+    INVENTORY = "inventory"
+    SUBMIT = "submit"
+    JOB = "job"
+    JOBS = "jobs"
+    WAIT = "wait"
+    STOP = "stop"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CHECKPOINT = "checkpoint"
+    SUSPEND = "suspend"
+    HISTORY = "history"
+    LOGS = "logs"
+    SYSTEM = "system"
+    RANK_EVENT = "rank_event"
+    SET_CAPACITY = "set_capacity"    # an autoscaling deployer: slots it can grow to, and why jobs wait
+
+    @property
+    def handler(self) -> str:
+        return HANDLER_PREFIX + self.value
+
+
+class WorkerOp(str, enum.Enum):
+    """Handlers of the agent on each worker."""
+
+    OPEN_STORE = "open_store"
+    START_RANK = "start_rank"
+    CONTROL = "control"
+
+    @property
+    def handler(self) -> str:
+        return HANDLER_PREFIX + self.value
+
+
+def op(rpc: Any, operation: Op | WorkerOp) -> Any:
+    """The coroutine function that calls ``operation`` through a Dask RPC object
+    (``client.scheduler``, ``worker.scheduler`` or ``scheduler.rpc(address)``)."""
+    return getattr(rpc, operation.handler)
+
+
+# --- what ranks report ---------------------------------------------------------------------
+class RankEvent(str, enum.Enum):
+    STARTED = "started"                  # inside the user's function
+    METRICS = "metrics"                  # rows, logs and samples only
+    LOOP = "loop"                        # total_steps of ctx.loop (rank 0)
+    RESTORED = "restored"                # step, path: a checkpoint was loaded (rank 0)
+    PAUSED = "paused"                    # step
+    RESUMED = "resumed"                  # step
+    CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
+    CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
+    FAILED = "failed"                    # error: the rank raised
+    EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
+
+
+class ExitStatus(str, enum.Enum):
+    OK = "ok"                    # returned
+    STOPPED = "stopped"          # left ctx.loop on a stop
+    SUSPENDED = "suspended"      # left ctx.loop after its suspend checkpoint
+    FAILED = "failed"            # raised
+    LOST = "lost"                # its worker left the cluster (set by the control plane)
+    NOT_STARTED = "not started"  # its worker could not start it (set by the control plane)
+
+
+# --- topics and messages ---------------------------------------------------------------------
+def topic(job: str) -> str:
+    """The Dask event topic of a job: status changes, metrics, checkpoints."""
+    return TOPIC_PREFIX + job
+
+
+class Row(TypedDict):
+    rank: int
+    step: int
+    time: float
+    scalars: dict[str, float]
+
+
+class MetricsMessage(TypedDict, total=False):
+    kind: Literal["metrics"]
+    rank: int
+    attempt: int
+    sent: float                  # when the rank sent it (time.time())
+    event: str                   # the RankEvent it came with, if any
+    rows: list[Row]
+    logs: list[tuple[int, float, str, str]]   # rank, time, stream, text
+    system: list[dict[str, Any]]              # rank, time, sample
+
+
+class StatusMessage(TypedDict):
+    kind: Literal["status"]
+    status: str                  # a JobStatus name
+    attempt: int
+
+
+class ProgressMessage(TypedDict):
+    kind: Literal["progress"]
+    total_steps: int
+
+
+class CheckpointMessage(TypedDict):
+    kind: Literal["checkpoint"]
+    path: str
+    step: int
+
+
+class CheckpointFailedMessage(TypedDict):
+    kind: Literal["checkpoint_failed"]
+    step: int
+    message: str
+
+
+class RollbackMessage(TypedDict):
+    """Rows of steps at or after ``step`` were rolled back (a restart or resume
+    replays them): forget them."""
+
+    kind: Literal["rollback"]
+    step: int
+
+
+Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
+                CheckpointFailedMessage, RollbackMessage]
+
+
+# --- the job spec ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class WireSpec:
+    """A job as the control plane and the ranks see it: every option, no Python objects.
+
+    Built by :meth:`clustersdk.JobSpec.to_wire` (which validates), kept in the
+    journal, sent to each rank. A restart or resume makes a new one with
+    :meth:`replace`. The defaults here are the launch defaults.
+
+    >>> spec = WireSpec(id="a1", name="a", world_size=2)
+    >>> spec.keep, spec.replace(attempt=1).attempt
+    (3, 1)
+    >>> WireSpec.from_dict(spec.as_dict()) == spec
+    True
+    """
+
+    id: str
+    name: str
+    world_size: int
+    fn: str = "job"                       # the training function's qualified name
+    owner: str | None = None              # who launched it (login name)
+    strategy: str = "ddp"
+    timeout: float = 60.0                 # process-group timeout, seconds
+    metrics_interval: float = 0.2         # how often ranks ship metrics and logs, seconds
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None   # steps between periodic checkpoints
+    keep: int = 3                         # committed checkpoints kept
+    async_checkpoint: bool = True
+    resume: str | None = None             # "auto" or a checkpoint path
+    tensorboard_dir: str | None = None
+    max_restarts: int = 0                 # gang restarts after a lost worker
+    attempt: int = 0                      # gang starts after the first (restarts, resumes)
+    mesh: dict[str, int] | None = None
+    precision: str = "fp32"
+    grad_accum: int = 1
+    clip_grad_norm: float | None = None
+    microbatches: int | None = None
+    schedule: str | None = None
+    split: list[str] | None = None
+    reshard_after_forward: bool | None = None
+    cpu_offload: bool | None = None
+    env: dict[str, str] | None = None     # each rank's environment (NCCL_*, GLOO_SOCKET_IFNAME...)
+    working_dir: str | None = None        # shipped code: the directory (the ranks' cwd)
+    py_modules: list[str] | None = None   # shipped code: the modules' names
+    version: int = VERSION
+
+    def as_dict(self) -> dict[str, Any]:
+        """The msgpack- and JSON-able form that crosses the wire and sits in the journal."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WireSpec:
+        """Read a spec sent or journaled by this or an older clustersdk.
+
+        Missing fields take their defaults (an older release did not have them);
+        a newer version, or fields this release does not know, are refused:
+        acting on half of a spec would run something else than was asked.
+        """
+        version = data.get("version", 1)
+        if not isinstance(version, int) or version > VERSION:
+            raise ProtocolError(
+                f"job spec version {version!r} is newer than this clustersdk's ({VERSION}); "
+                "install the same clustersdk release in the kernel, scheduler and workers"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ProtocolError(
+                f"job spec has fields this clustersdk does not know: {', '.join(unknown)}; "
+                "install the same clustersdk release in the kernel, scheduler and workers"
+            )
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> WireSpec:
+        return dataclasses.replace(self, **changes)
+
+
+DEFAULTS = WireSpec(id="", name="", world_size=1)  # read launch defaults from here

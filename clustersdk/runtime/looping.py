@@ -1,0 +1,188 @@
+"""The step loop of ``TrainContext``: epochs, evaluation passes and control words.
+
+:meth:`Looping.loop` walks the data (:mod:`.epochs`) and, at step
+boundaries, has the ranks agree on the control vector (:mod:`.control`) and
+act on it together: pause, checkpoint, suspend, stop. :meth:`Looping.evaluate`
+runs a pass inside a step under the same control, without counting steps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import torch
+
+from ..errors import SpecError
+from ..protocol import RankEvent, Word
+from . import epochs as _epochs
+from .control import ControlCheck, JobSuspended
+from .data import make_loader
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .rebind import Rebinder
+
+
+class Looping:
+    """``ctx.loop``, ``ctx.evaluate`` and what they do at step boundaries (a part of
+    :class:`~.context.TrainContext`, which provides the state they use)."""
+
+    _metrics: Metrics
+    _rebinder: Rebinder
+    _batches: _epochs.Batches | None
+
+    def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
+             epochs: int | None = None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(step, batch)`` until ``steps`` steps or ``epochs`` passes over
+        ``data`` are done (whichever comes first), or the job is stopped.
+
+        ``ctx.epoch`` is the epoch of the batch just yielded and
+        ``ctx.epoch_end`` says whether it was its epoch's last. With a length
+        (a loader of ``ctx.shard``), the loop's total is ``epochs *
+        len(data)`` from the start, and epoch boundaries stay at the same
+        steps across a resume at another world size; a stream without one
+        ends an epoch when it runs out. At step boundaries the ranks agree on
+        the control vector (see :mod:`.control`), so that they all pause,
+        checkpoint, suspend or stop at the same step. On the first call of a
+        resumed job, everything that was registered is restored from the
+        checkpoint before the first step.
+        """
+        _epochs.check_target(data, steps, epochs)
+        first = not self._begun
+        if first:
+            self._begin()
+        total = _epochs.total_steps(data, steps, epochs)
+        if first and self.rank == 0 and total is not None:  # for progress bars and ETAs
+            self._report(RankEvent.LOOP, total_steps=total)
+        limit = total if total is not None else steps  # None: until the stream's epochs end
+        batches = self._batches = _epochs.Batches(data, epochs, self.step) if data is not None else None
+        check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
+        start = self.step
+        try:
+            while limit is None or self.step < limit:
+                if self._every and self.step % self._every == 0 and self.step != start:
+                    self._save(self._checkpoints_done, blocking=not self._async)
+                if check.due(self.step) and not self._act(check, check.agree(self.step), self.step):
+                    self.stopped = True
+                    return
+                batch = None
+                if batches is not None:
+                    batch = batches.next()
+                    if batch is _epochs.END:
+                        break
+                    self.epoch = batches.epoch
+                yield self.step, batch
+                if self.step == start:
+                    self._first_step_done()
+                self._metrics.end_step()
+                self.step += 1
+                if self.stopped:  # an evaluation in that step was told to stop
+                    return
+            if self._every and self.step % self._every == 0 and self.step != start:
+                self._save(self._checkpoints_done, blocking=not self._async)
+        finally:
+            self._metrics.end_step()
+            if batches is not None:
+                batches.close()
+            self._batches = None
+            if self._saver is not None:
+                self._saver.close()
+
+    @property
+    def epoch_end(self) -> bool:
+        """Whether the batch ``ctx.loop`` yielded last is its epoch's last (evaluate now)."""
+        return self._batches is not None and self._batches.end_of_epoch()
+
+    def evaluate(self, data: Any, batch_size: int | None = None, **options: Any) -> Iterator[Any]:
+        """One pass over ``data``, under the job's control but not counted as steps.
+
+        ``data`` is an iterable of batches (a loader of ``ctx.shard``), or a
+        dataset with ``batch_size``: sharded as ``ctx.shard`` does, not
+        shuffled, not saved in checkpoints. Every rank must get as many
+        batches. ``ctx.log(..., reduce="mean")`` inside the pass accumulates;
+        when the pass ends, the figures of every call on every rank are
+        reduced and logged once, in the row of the current training step.
+        Between batches the ranks agree on control words: a stop ends the
+        evaluation (and ``ctx.loop`` before its next step), a pause holds
+        it; a checkpoint or suspend asked meanwhile is taken at the next
+        step boundary, after the evaluation.
+        """
+        if batch_size is not None:
+            options.setdefault("shuffle", False)
+            data = make_loader(data, batch_size, self.dp_rank, self.dp_size, self.device, **options)
+        elif options:
+            raise SpecError(f"ctx.evaluate({', '.join(options)}=...) needs batch_size= too")
+        with self._metrics.evaluating() as evaluation:
+            check = ControlCheck(self._control, 0, self.world_size, self._control_group)
+            batches, index = iter(data), 0
+            try:
+                while True:
+                    if check.due(index) and not self._act(check, check.agree(index), index,
+                                                          evaluating=True):
+                        self.stopped = True
+                        return
+                    batch = next(batches, _epochs.END)
+                    if batch is _epochs.END:
+                        break
+                    yield batch
+                    index += 1
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+            self._metrics.finish(self.step, evaluation)
+
+    def _first_step_done(self) -> None:
+        """Misuse that only the first step shows: options left unused, a stale scheduler."""
+        self._steps.check_used()
+        optimizers = [o for o in self.stateful.values() if isinstance(o, torch.optim.Optimizer)]
+        self._rebinder.check_schedulers(self.stateful, optimizers)
+        if self.rank == 0:
+            for note in self._rebinder.notes:
+                print(note)
+        self._rebinder.notes.clear()
+
+
+    def _act(self, check: ControlCheck, words: list[int], at: int, evaluating: bool = False
+             ) -> bool:
+        """Carry out the agreed control vector; False means: leave the loop.
+
+        ``at`` is the check's position (the step; in an evaluation, the batch).
+        An evaluation runs inside a step, whose state is not a checkpoint's:
+        a checkpoint or suspend waits for the next step boundary.
+        """
+        with self._metrics.holding():  # the step's row is not complete yet
+            return self._act_on(check, words, at, evaluating)
+
+    def _act_on(self, check: ControlCheck, words: list[int], at: int, evaluating: bool) -> bool:
+        while True:
+            if words[Word.STOP]:
+                return False
+            if words[Word.SUSPEND] and evaluating:
+                return True  # finish the evaluation; suspend at the next step boundary
+            if words[Word.SUSPEND]:
+                self._need_saver("suspend")
+                self._save(words[Word.CHECKPOINT], blocking=True)
+                raise JobSuspended(f"suspended at step {self.step}")
+            if words[Word.CHECKPOINT] > self._checkpoints_done and not evaluating:
+                self._checkpoints_done = words[Word.CHECKPOINT]
+                self._need_saver("checkpoint")
+                self._save(words[Word.CHECKPOINT], blocking=not self._async)
+            if words[Word.PAUSE] <= words[Word.RESUME]:
+                if self._paused:
+                    self._paused = False
+                    self._report(RankEvent.RESUMED, step=self.step)
+                return True
+            if not self._paused:
+                self._paused = True
+                if self._saver is not None:
+                    self._saver.wait()  # a paused job's last checkpoint is committed
+                self._report(RankEvent.PAUSED, step=self.step)
+            self._control.wait_beyond(words)
+            words = check.agree(at)
+
+    def _need_saver(self, action: str) -> None:
+        if self._saver is None:
+            raise SpecError(f"cannot {action}: this job has no checkpoint_dir")
+
+    # metrics -------------------------------------------------------------------

@@ -1,0 +1,36 @@
+"""A job's committed checkpoints, read from its ``checkpoint_dir`` on this server's disk.
+
+The SDK writes each checkpoint as ``<checkpoint_dir>/step-XXXXXXXX/`` with a
+``manifest.json`` written last (see :mod:`clustersdk.runtime.checkpoint`);
+this reads that layout through the SDK's own functions, so that what the panel
+lists is what ``resume="auto"`` would consider. It works where the server sees
+the directory the ranks write to (a local cluster, a shared filesystem); elsewhere
+the caller reports why not.
+
+>>> scan("/no/such/dir")
+[]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from clustersdk.runtime.checkpoint import MANIFEST, committed, read_manifest
+
+
+def scan(directory: str) -> list[dict[str, Any]]:
+    """Committed, intact checkpoints under ``directory``, oldest first:
+    step, path, bytes (the sum of the manifest's files), time (when it was committed)
+    and the world size it was saved at. A missing directory has none."""
+    found = []
+    for step, path in committed(directory):
+        try:
+            manifest = read_manifest(path)
+            committed_at = os.stat(os.path.join(path, MANIFEST)).st_mtime
+        except (OSError, ValueError):  # removed by retention since it was listed
+            continue
+        found.append({"step": step, "path": path, "time": committed_at,
+                      "bytes": sum(int(size) for size in manifest.get("files", {}).values()),
+                      "world_size": manifest.get("world_size")})
+    return found

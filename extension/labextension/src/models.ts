@@ -1,0 +1,252 @@
+/**
+ * What the panel shows of a job, computed from the REST API's JSON: which actions its
+ * state allows (and why not), its progress, its events, the attach code. Pure
+ * functions, no DOM, no JupyterLab import, so that they are unit-tested in Node
+ * (test/models.test.ts). The JSON types, the cluster views and the formatting
+ * helpers are re-exported from here.
+ */
+
+import { formatDuration, formatNumber, plural } from './format';
+import { Action, ACTIONS, IJobJSON } from './types';
+
+export * from './clusters';
+export * from './format';
+export * from './types';
+
+// status and actions ---------------------------------------------------------------------
+
+export const STATUS_COLORS: Record<string, string> = {
+  QUEUED: '#6b7280',
+  STARTING: '#2563eb',
+  RUNNING: '#16a34a',
+  PAUSED: '#d97706',
+  RESTARTING: '#db2777',
+  SUSPENDING: '#7c3aed',
+  SUSPENDED: '#7c3aed',
+  STOPPING: '#ea580c',
+  FINISHED: '#0f766e',
+  FAILED: '#dc2626',
+  STOPPED: '#4b5563'
+};
+
+const TERMINAL = new Set(['FINISHED', 'FAILED', 'STOPPED']);
+
+export function isTerminal(status: string): boolean {
+  return TERMINAL.has(status);
+}
+
+/** From which states each action is allowed (as the control plane decides). */
+const ALLOWED: Record<Action, string[]> = {
+  pause: ['RUNNING'],
+  resume: ['PAUSED', 'SUSPENDED'],
+  checkpoint: ['RUNNING', 'PAUSED'],
+  suspend: ['RUNNING', 'PAUSED'],
+  stop: [
+    'QUEUED',
+    'STARTING',
+    'RUNNING',
+    'PAUSED',
+    'RESTARTING',
+    'SUSPENDING',
+    'SUSPENDED'
+  ]
+};
+
+export interface IActionState {
+  enabled: boolean;
+  /** Why it is disabled (empty when enabled): the button's tooltip. */
+  reason: string;
+}
+
+/**
+ * Which buttons a job's state allows, and why the others are greyed out.
+ */
+export function actionStates(job: IJobJSON): Record<Action, IActionState> {
+  const out = {} as Record<Action, IActionState>;
+  const status = String(job.status);
+  const hasDir = Boolean(job.spec && job.spec['checkpoint_dir']);
+  for (const action of ACTIONS) {
+    let reason = '';
+    if (!ALLOWED[action].includes(status)) {
+      reason = isTerminal(status)
+        ? `Job ${job.name} is ${status}: nothing more to ${action}`
+        : `Job ${job.name} is ${status}; only a ${joinOr(ALLOWED[action])} job can ${action}`;
+    } else if ((action === 'checkpoint' || action === 'suspend') && !hasDir) {
+      reason = `Job ${job.name} was launched without checkpoint_dir, so it cannot ${action}`;
+    }
+    out[action] = { enabled: reason === '', reason };
+  }
+  return out;
+}
+
+function joinOr(words: string[]): string {
+  return words.length <= 2
+    ? words.join(' or ')
+    : `${words.slice(0, -1).join(', ')} or ${words[words.length - 1]}`;
+}
+
+/** What a successful action did, for its notification. */
+export function actionDone(action: Action, job: IJobJSON): string {
+  switch (action) {
+    case 'pause':
+      return `Paused job ${job.name} before step ${job.paused_at ?? '?'}`;
+    case 'resume':
+      return `Job ${job.name} is ${job.status}`;
+    case 'checkpoint':
+      return `Checkpointed job ${job.name}: ${job.checkpoint ?? ''}`;
+    case 'suspend':
+      return `Suspended job ${job.name}: its slots are free`;
+    case 'stop':
+      return `Job ${job.name} is ${job.status}`;
+  }
+}
+
+/** The notification for a refused or failed action: names the job, the status and why. */
+export function actionFailed(
+  action: Action,
+  job: string,
+  status: number,
+  message: string
+): string {
+  const what = status ? ` (HTTP ${status})` : '';
+  return `Could not ${action} job ${job}${what}: ${message}`;
+}
+
+// progress -----------------------------------------------------------------------------------
+
+export interface IProgressView {
+  done: number;
+  total: number | null;
+  /** 0..1, or null when the total is unknown. */
+  fraction: number | null;
+  /** "step 41 / 1000" */
+  stepText: string;
+  /** "12.3 steps/s", empty when not moving. */
+  rateText: string;
+  /** "ETA 1m 20s", empty when unknown. */
+  etaText: string;
+}
+
+/** Progress bar text: steps done (the furthest rank), the total, steps/s and ETA. */
+export function progressView(job: IJobJSON): IProgressView {
+  const step = job.progress?.step;
+  const done = step === null || step === undefined ? 0 : step + 1;
+  const total = positive(job.total_steps ?? job.spec?.['total_steps']);
+  const rate = job.status === 'RUNNING' ? job.progress?.steps_per_second ?? 0 : 0;
+  const fraction = total ? Math.min(done / total, 1) : null;
+  let etaText = '';
+  if (total && rate > 0 && done < total) {
+    etaText = `ETA ${formatDuration((total - done) / rate)}`;
+  }
+  return {
+    done,
+    total,
+    fraction: job.status === 'FINISHED' && total ? 1 : fraction,
+    stepText: total ? `step ${done} / ${total}` : `step ${done}`,
+    rateText: rate > 0 ? `${formatNumber(rate)} steps/s` : '',
+    etaText
+  };
+}
+
+function positive(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) && value > 0
+    ? value
+    : null;
+}
+
+// jobs ------------------------------------------------------------------------------------------
+
+/** Live jobs first (newest first), then the ended ones (newest first). */
+export function sortJobs(jobs: IJobJSON[]): { live: IJobJSON[]; ended: IJobJSON[] } {
+  const newest = (a: IJobJSON, b: IJobJSON) =>
+    (b.submitted ?? 0) - (a.submitted ?? 0);
+  return {
+    live: jobs.filter(j => !isTerminal(String(j.status))).sort(newest),
+    ended: jobs.filter(j => isTerminal(String(j.status))).sort(newest)
+  };
+}
+
+/** The job's one-line description: "alice · ddp · 4 ranks". */
+export function jobMeta(job: IJobJSON): string {
+  const ranks = job.world_size ?? '?';
+  return [
+    job.owner || 'unknown owner',
+    job.strategy ?? '?',
+    `${ranks} rank${ranks === 1 ? '' : 's'}`
+  ].join(' · ');
+}
+
+/** What the notebook button inserts: reach the same job from a kernel. */
+export function attachCode(address: string, name: string): string {
+  return (
+    'import clustersdk as cs\n\n' +
+    `job = cs.Job.attach(cs.Cluster.connect(${pyString(address)}), ${pyString(name)})`
+  );
+}
+
+function pyString(text: string): string {
+  return JSON.stringify(text); // a JSON string is a valid Python string literal
+}
+
+export interface IEventView {
+  time: number | null;
+  kind: string;
+  text: string;
+}
+
+/**
+ * The job's events, oldest first: from its `events` array when the API gives one,
+ * else what its record tells (submitted, started, paused, checkpoint, restarts, end).
+ */
+export function jobEvents(job: IJobJSON): IEventView[] {
+  if (Array.isArray(job.events)) {
+    return job.events.map(e => ({
+      time: typeof e.time === 'number' ? e.time : null,
+      kind: String(e.kind ?? 'event'),
+      text: String(e.message ?? e.kind ?? '')
+    }));
+  }
+  const events: IEventView[] = [
+    { time: job.submitted, kind: 'submitted', text: `submitted by ${job.owner || 'unknown'}` }
+  ];
+  if (job.started) {
+    events.push({
+      time: job.started,
+      kind: 'started',
+      text: `started on ${plural(job.ranks.length, 'rank')}`
+    });
+  }
+  if (job.restarts) {
+    const budget = job.spec?.['max_restarts'];
+    events.push({
+      time: null,
+      kind: 'restarted',
+      text: `restarted ${job.restarts} time(s)` + (budget ? ` of ${budget}` : '') +
+        ' after a lost worker'
+    });
+  }
+  if (job.checkpoint) {
+    const step = job.checkpoint_step ?? '?';
+    events.push({ time: null, kind: 'checkpoint', text: `checkpoint at step ${step}: ${job.checkpoint}` });
+  }
+  if (job.checkpoint_error) {
+    events.push({ time: null, kind: 'checkpoint failed', text: job.checkpoint_error });
+  }
+  if (job.status === 'PAUSED' && job.paused_at !== null && job.paused_at !== undefined) {
+    events.push({ time: null, kind: 'paused', text: `paused before step ${job.paused_at}` });
+  }
+  if (job.reason) {
+    events.push({ time: null, kind: String(job.status).toLowerCase(), text: job.reason });
+  }
+  if (job.error) {
+    const e = job.error;
+    events.push({
+      time: job.ended ?? null,
+      kind: 'failed',
+      text: `rank ${e.rank ?? '?'}: ${e.type ?? 'error'}: ${e.message ?? ''}`
+    });
+  } else if (job.ended) {
+    events.push({ time: job.ended, kind: String(job.status).toLowerCase(), text: `ended ${job.status}` });
+  }
+  return events;
+}

@@ -1,0 +1,147 @@
+/**
+ * The REST API's JSON, as the server extension's openapi.yaml describes it.
+ */
+
+export type Status =
+  | 'QUEUED'
+  | 'STARTING'
+  | 'RUNNING'
+  | 'PAUSED'
+  | 'RESTARTING'
+  | 'SUSPENDING'
+  | 'SUSPENDED'
+  | 'STOPPING'
+  | 'FINISHED'
+  | 'FAILED'
+  | 'STOPPED';
+
+export const ACTIONS = [
+  'pause',
+  'resume',
+  'checkpoint',
+  'suspend',
+  'stop'
+] as const;
+export type Action = (typeof ACTIONS)[number];
+
+export interface ITelemetry {
+  source?: 'nvml' | 'psutil';
+  time?: number;
+  gpu_util?: number;
+  gpu_mem_used?: number;
+  gpu_mem_total?: number;
+  cpu_percent?: number;
+  rss?: number;
+  mem_used?: number;
+  mem_total?: number;
+  [key: string]: unknown;
+}
+
+export interface ISlotJSON {
+  worker: string;
+  host: string;
+  kind: 'cuda' | 'cpu' | string;
+  index: number | null;
+  job: string | null;
+  telemetry: ITelemetry | null;
+}
+
+export interface IClusterJSON {
+  id: string;
+  address: string;
+  kind: string;
+  source: string;
+  reachable: boolean;
+  error: string | null;
+  workers?: number;
+  hosts?: number;
+  gpus?: number;
+  utilisation?: { slots: number; busy: number };
+  jobs?: Partial<Record<Status, number>>;
+  slots?: ISlotJSON[];
+}
+
+export interface IProgressJSON {
+  step: number | null;
+  steps_per_second: number;
+  scalars: Record<string, number>;
+}
+
+export interface IJobError {
+  rank?: number | null;
+  type?: string;
+  message?: string;
+  traceback?: string;
+}
+
+export interface IJobEventJSON {
+  time?: number | null;
+  kind?: string;
+  message?: string;
+  [key: string]: unknown;
+}
+
+export interface IJobJSON {
+  id: string;
+  name: string;
+  cluster: string;
+  status: Status | string;
+  terminal: boolean;
+  reason: string;
+  world_size: number | null;
+  strategy: string | null;
+  owner?: string | null;
+  submitted: number;
+  started?: number | null;
+  ended?: number | null;
+  ranks: { rank: number; worker: string; host: string; device: string }[];
+  error?: IJobError | null;
+  spec: Record<string, unknown>;
+  paused_at?: number | null;
+  checkpoint?: string | null;
+  checkpoint_step?: number | null;
+  checkpoint_error?: string | null;
+  restarts?: number | null;
+  total_steps?: number | null;
+  progress?: IProgressJSON | null;
+  events?: IJobEventJSON[];
+}
+
+export interface IOverviewJSON {
+  time: number;
+  clusters: IClusterJSON[];
+  jobs: IJobJSON[];
+  unreachable: string[];
+}
+
+export interface IHistoryRow {
+  seq: number;
+  rank: number;
+  step: number;
+  time: number;
+  [scalar: string]: number | null;
+}
+
+export interface ILogLine {
+  seq: number;
+  rank: number;
+  time: number;
+  stream: string;
+  text: string;
+}
+
+export interface ICheckpointsJSON {
+  job: string;
+  directory: string | null;
+  readable: boolean;
+  error: string | null;
+  newest: string | null;
+  checkpoints: {
+    step: number;
+    path: string;
+    bytes: number;
+    time: number;
+    world_size: number | null;
+    newest: boolean;
+  }[];
+}

@@ -1,0 +1,286 @@
+"""The job lifecycle's rules, with no cluster: events in, actions out."""
+
+from __future__ import annotations
+
+import pytest
+
+from clustersdk.control import events as ev
+from clustersdk.control.lifecycle import Lifecycle
+from clustersdk.errors import InvalidTransitionError, SpecError
+from clustersdk.protocol import ExitStatus, WireSpec, Word
+from clustersdk.status import JobStatus
+
+S = JobStatus
+
+
+def make(world_size: int = 2, **options) -> Lifecycle:
+    return Lifecycle(WireSpec(id="j1", name="j", world_size=world_size, **options),
+                     failure_grace=3.0)
+
+
+def gang(n: int) -> ev.Allocated:
+    return ev.Allocated(tuple(ev.RankSlot(f"w{i}", f"h{i}", "cpu") for i in range(n)))
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def of(actions, kind) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def statuses(actions) -> list[str]:
+    return [a.fields["status"] for a in of(actions, ev.Journal) if "status" in a.fields]
+
+
+def running(world_size: int = 2, **options) -> Lifecycle:
+    job = make(world_size, **options)
+    job.handle(gang(world_size), 0.0)
+    for rank in range(world_size):
+        job.handle(ev.Started(rank, job.attempt), 1.0)
+    assert job.status is S.RUNNING
+    return job
+
+
+def exit_all(job: Lifecycle, status: ExitStatus = ExitStatus.OK, ranks=None) -> list:
+    actions = []
+    for rank in ranks if ranks is not None else range(job.world_size):
+        actions += job.handle(ev.Exited(rank, job.attempt, status,
+                                        b"result" if rank == 0 else None), 5.0)
+    return actions
+
+
+# --- the happy path --------------------------------------------------------------------
+def test_a_gang_starts_runs_and_finishes_freeing_each_slot_once():
+    job = make(3)
+    actions = job.handle(gang(3), 0.0)
+    assert statuses(actions) == ["STARTING"] and of(actions, ev.StartGang) == [
+        ev.StartGang(0, (0, 0, 0, 0, 0))]
+    assert of(actions, ev.Journal)[0].fields["ranks"][2] == {
+        "rank": 2, "worker": "w2", "host": "h2", "device": "cpu"}
+    assert job.handle(ev.Started(0, 0), 1.0) == []  # not every rank yet
+    job.handle(ev.Started(1, 0), 1.0)
+    actions = job.handle(ev.Started(2, 0), 1.5)
+    assert statuses(actions) == ["RUNNING"] and of(actions, ev.Journal)[0].fields["started"] == 1.5
+    actions = exit_all(job)
+    assert statuses(actions) == ["FINISHED"]
+    assert [a.worker for a in of(actions, ev.FreeSlot)] == ["w0", "w1", "w2"]
+    assert of(actions, ev.Release) == [ev.Release(b"result")] and job.released
+
+
+def test_pause_waits_for_every_rank_and_resume_continues():
+    job = running(2)
+    actions = job.handle(ev.PauseRequested(), 2.0)
+    assert of(actions, ev.SendControl) == [ev.SendControl((0, 0, 1, 0, 0), 0, ("w0", "w1"))]
+    assert job.handle(ev.Paused(0, 0, step=7), 2.1) == []
+    actions = job.handle(ev.Paused(1, 0, step=7), 2.2)
+    assert statuses(actions) == ["PAUSED"] and of(actions, ev.Journal)[0].fields["paused_at"] == 7
+    with pytest.raises(SpecError, match="PAUSED and keeps its process group of 2 ranks"):
+        job.handle(ev.ResumeRequested(world_size=1), 3.0)
+    actions = job.handle(ev.ResumeRequested(), 3.0)
+    assert statuses(actions) == ["RUNNING"]
+    assert of(actions, ev.SendControl)[0].words == (0, 0, 1, 1, 0)
+
+
+def test_a_pause_that_does_not_happen_in_time_is_withdrawn():
+    job = running(2)
+    job.handle(ev.PauseRequested(), 2.0)
+    actions = job.handle(ev.PauseWithdrawn(), 9.0)
+    assert of(actions, ev.SendControl)[0].words[Word.RESUME] == 1 and job.status is S.RUNNING
+
+
+def test_checkpoint_requests_count_up_and_commits_are_journaled():
+    job = running(2, checkpoint_dir="/ck")
+    job.handle(ev.CheckpointRequested(), 2.0)
+    job.handle(ev.CheckpointRequested(), 2.0)
+    assert job.words[Word.CHECKPOINT] == 2
+    actions = job.handle(ev.CheckpointCommitted(0, 0, seq=2, step=9, path="/ck/step-9"), 2.5)
+    assert job.checkpoint_seq == 2 and (job.checkpoint, job.checkpoint_step) == ("/ck/step-9", 9)
+    assert of(actions, ev.Journal)[0].fields == {"checkpoint": "/ck/step-9", "checkpoint_step": 9,
+                                                 "checkpoint_error": None}
+
+
+def test_suspend_then_resume_at_another_world_size_queues_a_new_attempt():
+    job = running(2, checkpoint_dir="/ck")
+    actions = job.handle(ev.SuspendRequested(), 2.0)
+    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
+        Word.SUSPEND] == 1
+    job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=12, path="/ck/step-12"), 2.5)
+    actions = exit_all(job, ExitStatus.SUSPENDED)
+    assert statuses(actions) == ["SUSPENDED"] and not of(actions, ev.Release)
+    assert len(of(actions, ev.FreeSlot)) == 2
+    actions = job.handle(ev.ResumeRequested(world_size=1), 3.0)
+    assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue(front=False)]
+    assert (job.spec.world_size, job.spec.resume, job.attempt) == (1, "/ck/step-12", 1)
+    actions = job.handle(gang(1), 4.0)
+    assert of(actions, ev.StartGang)[0].attempt == 1
+
+
+def test_a_suspend_where_a_rank_finished_instead_ends_the_job():
+    job = running(2, checkpoint_dir="/ck")
+    job.handle(ev.SuspendRequested(), 2.0)
+    job.handle(ev.Exited(0, 0, ExitStatus.OK, b"r"), 3.0)
+    actions = job.handle(ev.Exited(1, 0, ExitStatus.SUSPENDED), 3.0)
+    assert statuses(actions) == ["FINISHED"] and job.released
+
+
+# --- stop ------------------------------------------------------------------------------
+def test_stop_while_queued_dequeues_and_releases_at_once():
+    job = make(2)
+    actions = job.handle(ev.StopRequested(), 1.0)
+    assert kinds(actions) == ["Dequeue", "Journal", "Publish", "CloseBoard", "Release"]
+    assert statuses(actions) == ["STOPPED"]
+    assert of(actions, ev.Journal)[0].fields["reason"] == "stopped while QUEUED"
+
+
+def test_stop_while_running_asks_the_ranks_and_ends_stopped():
+    job = running(2)
+    actions = job.handle(ev.StopRequested(), 2.0)
+    assert statuses(actions) == ["STOPPING"] and of(actions, ev.SendControl)[0].words[Word.STOP] == 1
+    assert job.handle(ev.StopRequested(), 2.1) == []  # asked already
+    assert statuses(exit_all(job, ExitStatus.STOPPED)) == ["STOPPED"] and job.released
+
+
+def test_stop_of_a_terminal_job_is_refused():
+    job = running(1)
+    job.handle(ev.Failed(0, 0, {"rank": 0, "type": "E", "message": "m", "traceback": ""}), 2.0)
+    with pytest.raises(InvalidTransitionError, match="is FAILED; there is nothing to stop"):
+        job.handle(ev.StopRequested(), 3.0)
+
+
+# --- failures and restarts ------------------------------------------------------------------
+ERROR = {"rank": 1, "type": "RuntimeError", "message": "Connection reset by peer", "traceback": ""}
+
+
+def test_a_failure_without_restarts_fails_the_job_and_stops_the_others():
+    job = running(3)
+    actions = job.handle(ev.Failed(1, 0, ERROR), 2.0)
+    assert statuses(actions) == ["FAILED"] and of(actions, ev.Journal)[0].fields["error"] == ERROR
+    assert of(actions, ev.SendControl)[0].words[Word.STOP] == 1
+    assert not job.released  # ranks still hold their slots
+    actions = exit_all(job, ExitStatus.FAILED)
+    assert statuses(actions) == [] and len(of(actions, ev.FreeSlot)) == 3 and job.released
+
+
+def test_with_restarts_a_failure_is_held_back_and_a_lost_worker_restarts_the_job():
+    job = running(2, max_restarts=2, checkpoint_dir="/ck")
+    job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=20, path="/ck/step-20"), 1.5)
+    actions = job.handle(ev.Failed(0, 0, ERROR), 2.0)  # the peer's symptom came first
+    assert of(actions, ev.StartTimer) == [ev.StartTimer(3.0, ev.GraceExpired(0))]
+    assert job.status is S.RUNNING
+    actions = job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 2.1)  # the cause
+    assert statuses(actions) == ["RESTARTING"]
+    assert "worker w1 (host h1) of rank 1 left the cluster; restart 1 of 2" in \
+        of(actions, ev.Journal)[0].fields["reason"]
+    assert of(actions, ev.FreeSlot) == [ev.FreeSlot("w1")]
+    assert of(actions, ev.SendControl)[0].workers == ("w0",)  # only the survivor
+    actions = job.handle(ev.Exited(0, 0, ExitStatus.FAILED), 2.5)
+    assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue(front=True)]
+    assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(20)]
+    assert (job.attempt, job.spec.resume, job.restarts) == (1, "/ck/step-20", 1)
+    assert job.handle(ev.GraceExpired(0), 5.0) == []  # for the earlier attempt: over
+    assert job.handle(ev.Started(0, 0), 5.0) == []    # a late event of the earlier gang
+
+
+def test_losing_a_whole_host_is_one_restart():
+    job = running(3, max_restarts=1)
+    job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 2.0)
+    actions = job.handle(ev.WorkerLost(2, 0, "w2", "h1"), 2.0)  # the same host's other slot
+    assert statuses(actions) == [] and job.status is S.RESTARTING and job.restarts == 1
+    assert statuses(exit_all(job, ExitStatus.FAILED, ranks=[0])) == ["QUEUED"]
+
+
+def test_a_held_failure_that_no_lost_worker_explains_fails_the_job():
+    job = running(2, max_restarts=1)
+    job.handle(ev.Failed(0, 0, ERROR), 2.0)
+    actions = job.handle(ev.GraceExpired(0), 5.0)
+    assert statuses(actions) == ["FAILED"] and of(actions, ev.Journal)[0].fields["error"] == ERROR
+
+
+def test_a_held_failure_fails_the_job_once_every_rank_is_out():
+    job = running(2, max_restarts=1)
+    job.handle(ev.Failed(0, 0, ERROR), 2.0)
+    actions = exit_all(job, ExitStatus.FAILED)
+    assert statuses(actions) == ["FAILED"] and job.released
+
+
+def test_when_the_budget_is_used_up_the_lost_worker_fails_the_job_naming_it():
+    job = running(2, max_restarts=1)
+    job.handle(ev.WorkerLost(0, 0, "w0", "h0"), 2.0)
+    exit_all(job, ExitStatus.FAILED, ranks=[1])
+    job.handle(gang(2), 3.0)
+    job.handle(ev.Started(0, 1), 3.1)
+    actions = job.handle(ev.WorkerLost(1, 1, "w1", "h1"), 4.0)
+    error = of(actions, ev.Journal)[0].fields["error"]
+    assert statuses(actions) == ["FAILED"] and error["type"] == "WorkerLost" and error["rank"] == 1
+    assert "w1 (host h1)" in error["message"] and "all 1 restart(s) of the job are used up" in \
+        error["message"]
+
+
+def test_a_paused_job_that_loses_a_worker_comes_back_paused_from_the_start():
+    job = running(2, max_restarts=1)
+    job.handle(ev.PauseRequested(), 1.0)
+    for rank in (0, 1):
+        job.handle(ev.Paused(rank, 0, step=3), 1.1)
+    job.handle(ev.WorkerLost(0, 0, "w0", "h0"), 2.0)
+    actions = exit_all(job, ExitStatus.FAILED, ranks=[1])
+    assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(0)]  # no checkpoint
+    assert "from the start (no checkpoint)" in of(actions, ev.Journal)[-1].fields["reason"]
+    actions = job.handle(gang(2), 3.0)
+    assert of(actions, ev.StartGang)[0].words[Word.PAUSE] == 1
+
+
+def test_a_rank_that_cannot_be_started_counts_as_a_lost_worker():
+    job = make(2, max_restarts=1)
+    job.handle(gang(2), 0.0)
+    actions = job.handle(ev.StartFailed(1, 0, "OSError", "refused"), 0.5)
+    assert statuses(actions) == ["RESTARTING"] and of(actions, ev.FreeSlot) == [ev.FreeSlot("w1")]
+    assert "could not start rank 1 on worker w1: refused" in of(actions, ev.Journal)[0].fields[
+        "reason"]
+    actions = job.handle(ev.Exited(0, 0, ExitStatus.FAILED), 1.0)
+    assert statuses(actions) == ["QUEUED"]
+
+
+def test_stop_while_restarting_stops_for_good():
+    job = running(2, max_restarts=1)
+    job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 2.0)
+    assert statuses(job.handle(ev.StopRequested(), 2.1)) == ["STOPPING"]
+    actions = exit_all(job, ExitStatus.STOPPED, ranks=[0])
+    assert statuses(actions) == ["STOPPED"] and job.released and not of(actions, ev.Enqueue)
+
+
+def test_closing_the_scheduler_fails_active_jobs_but_keeps_suspended_ones():
+    job = running(1)
+    actions = job.handle(ev.SchedulerClosing(), 9.0)
+    assert of(actions, ev.Journal)[0].fields["error"]["type"] == "SchedulerClosed"
+    suspended = running(1, checkpoint_dir="/ck")
+    suspended.handle(ev.SuspendRequested(), 1.0)
+    exit_all(suspended, ExitStatus.SUSPENDED)
+    assert suspended.handle(ev.SchedulerClosing(), 9.0) == []
+    assert suspended.status is S.SUSPENDED
+
+
+# --- requests that make no sense ---------------------------------------------------------------
+@pytest.mark.parametrize("request_, match", [
+    (ev.PauseRequested(), "is QUEUED; it cannot become PAUSED"),
+    (ev.ResumeRequested(), "only a PAUSED or SUSPENDED job can be resumed"),
+    (ev.CheckpointRequested(), "has no checkpoint_dir, so it cannot checkpoint"),
+    (ev.SuspendRequested(), "has no checkpoint_dir, so it cannot suspend"),
+])
+def test_a_refused_request_changes_nothing(request_, match):
+    job = make(2)
+    with pytest.raises((InvalidTransitionError, SpecError), match=match):
+        job.handle(request_, 1.0)
+    assert job.status is S.QUEUED and job.words == [0] * 5
+
+
+def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
+    job = running(4, checkpoint_dir="/ck", strategy="fsdp", mesh={"dp": -1, "tp": 2})
+    job.handle(ev.SuspendRequested(), 1.0)
+    exit_all(job, ExitStatus.SUSPENDED)
+    with pytest.raises(SpecError, match="world_size must be a positive int, got 0"):
+        job.handle(ev.ResumeRequested(world_size=0), 2.0)
+    with pytest.raises(SpecError):
+        job.handle(ev.ResumeRequested(world_size=3), 2.0)  # tp=2 does not divide 3
+    assert job.status is S.SUSPENDED

@@ -1,0 +1,100 @@
+"""What many test modules share: polling, the run comparisons of the exactness tests.
+
+Cluster fixtures live in ``conftest.py``; the workload functions the ranks run
+live in ``workloads.py`` / ``workloads_parallel.py`` (registered there to be
+pickled by value: the workers do not have ``tests/`` on their path).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def wait_idle(cluster: Any, timeout: float = 30.0) -> None:
+    """Until no slot of ``cluster`` runs a job."""
+    try:
+        wait_for(lambda: not any(s["job"] for s in cluster.slots()), timeout, interval=0.05)
+    except AssertionError:
+        busy = [s for s in cluster.slots() if s["job"]]
+        raise AssertionError(f"slots still busy after {timeout} s: {busy}") from None
+
+
+def losses(job: Any, rank: int = 0) -> dict[int, float]:
+    """Each step's loss of ``rank``, checking that no step was logged twice."""
+    rows = [r for r in job.history() if r["rank"] == rank]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def step_reached(job: Any, step: int) -> bool:
+    return any(r["step"] >= step for r in job.history())
+
+
+def assert_same_run(a: dict, b: dict, exact: bool) -> None:
+    """Two runs' results (step, params, optimizer state) are bitwise equal, or within 1e-6."""
+    assert a["step"] == b["step"]
+    for key in a["params"]:
+        if exact:
+            assert torch.equal(a["params"][key], b["params"][key]), key
+        else:
+            torch.testing.assert_close(a["params"][key], b["params"][key], rtol=0, atol=1e-6)
+    if exact:
+        for index, state in a["optim"]["state"].items():
+            for name, value in state.items():
+                assert torch.equal(value, b["optim"]["state"][index][name]), (index, name)
+        assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+
+
+def checkpointed_at(job, step: int) -> bool:
+    return (job.info().get("checkpoint_step") or 0) >= step
+
+
+def kill_worker_of(cluster, job, rank: int) -> str:
+    """SIGKILL the worker process that runs ``rank`` of ``job``; its address."""
+    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == rank)
+    pid = cluster.client.run(os.getpid, workers=[worker])[worker]
+    os.kill(pid, signal.SIGKILL)
+    # until the scheduler knows: a later test must not count the dead worker as a slot
+    wait_for(lambda: worker not in [s["worker"] for s in cluster.slots()], timeout=60)
+    return worker
+
+
+class Statuses:
+    """Every status a job's event stream announces, in order."""
+
+    def __init__(self, job: Any):
+        self.seen: list[str] = []
+        self._lock = threading.Lock()
+        job.on_event(self._on_event)
+
+    def _on_event(self, msg: dict) -> None:
+        if msg.get("kind") == "status":
+            with self._lock:
+                self.seen.append(msg["status"])
+
+    def __contains__(self, status: str) -> bool:
+        with self._lock:
+            return status in self.seen
+
+    def after(self, status: str) -> list[str]:
+        """The statuses from the first ``status`` on (none if it never came)."""
+        with self._lock:
+            return self.seen[self.seen.index(status):] if status in self.seen else []

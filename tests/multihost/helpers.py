@@ -1,0 +1,46 @@
+"""What the multi-host tests share (fixtures are in ``conftest.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from . import netbed
+
+
+def need_bed() -> None:
+    reason = netbed.missing()
+    if reason is None:
+        return
+    if os.environ.get("CI") and os.geteuid() == 0:
+        pytest.fail(reason + "; CI installs it from .ci/apt-packages")
+    pytest.skip(reason)
+
+
+def ssh_options(b: netbed.Bed, **more) -> dict:
+    """What Cluster.ssh needs to log into the bed's hosts."""
+    return {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": sys.executable,
+            "connect_timeout": 5, **more}
+
+
+def addresses(b: netbed.Bed) -> list[str]:
+    return [h.address for h in b.hosts]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def started_on(b: netbed.Bed, host: netbed.Host) -> list[int]:
+    """The host's processes other than its sshd (and sshd's per-connection children)."""
+    return [pid for pid in b.pids(host) if "sshd" not in cmdline(pid)]
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(os.path.exists(f"/proc/{pid}") for pid in pids)

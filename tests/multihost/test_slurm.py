@@ -1,0 +1,106 @@
+"""Cluster.slurm against a real slurmctld + slurmd + munged (slurmbed.py): workers are
+Slurm jobs with a GPU each (--gres=gpu:1 on the bed's two fake GPUs)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import clustersdk as cs
+
+from .. import workloads
+from ..helpers import wait_for
+from . import jobs, slurmbed
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = slurmbed.missing()
+    if reason:
+        if os.environ.get("CI") and os.geteuid() == 0:
+            pytest.fail(reason + "; CI installs it from .ci/apt-packages")
+        pytest.skip(reason)
+    with slurmbed.SlurmBed() as bed:
+        # sbatch and squeue (run by dask-jobqueue here) find the bed; its jobs carry the
+        # marker, so that no process of theirs can outlive the bed
+        saved = {k: os.environ.get(k) for k in ("SLURM_CONF", slurmbed.MARKER)}
+        os.environ.update({"SLURM_CONF": bed.conf, slurmbed.MARKER: bed.dir})
+        try:
+            yield bed
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm, tmp_path_factory):
+    c = cs.Cluster.slurm(gpus_per_worker=1, maximum=3, memory="2GiB", idle_timeout=2, poll=0.3,
+                         log_directory=str(tmp_path_factory.mktemp("slurm-logs")),
+                         state_dir=str(tmp_path_factory.mktemp("slurm-state")))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def running(slurm) -> list[str]:
+    return [line for line in slurm.jobs() if " RUNNING " in f" {line} "]
+
+
+def test_each_worker_job_asks_slurm_for_one_gpu(cluster):
+    script = cluster.dask_cluster.job_script()
+    assert "#SBATCH --gres=gpu:1" in script and "#SBATCH --cpus-per-task=1" in script
+    assert cluster.slots() == []  # nothing is allocated before a launch asks for it
+
+
+def test_a_two_rank_ddp_job_runs_on_two_slurm_allocations(cluster, slurm):
+    job = cluster.launch(workloads.train_mlp, kwargs={"steps": 20}, world_size=2)
+    wait_for(lambda: len(running(slurm)) == 2, timeout=120)  # squeue shows the allocation
+    out = job.wait(timeout=180)
+    reference = workloads.reference_mlp(2, steps=20)
+    for key, value in reference.items():
+        torch.testing.assert_close(out["params"][key], value, rtol=0, atol=1e-6)
+    # Slurm gave each worker its own GPU of the node
+    env = cluster.launch(jobs.slurm_env, world_size=2).wait(timeout=60)
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in env) == ["0", "1"]
+    assert len({e["SLURM_JOB_ID"] for e in env}) == 2
+
+
+def test_a_worker_slurm_cannot_place_keeps_the_job_queued_with_slurms_reason(cluster, slurm):
+    job = cluster.launch(workloads.spin, world_size=3)  # the node has 2 GPUs: one job pends
+    wait_for(lambda: "Resources" in job.reason, timeout=60)
+    assert job.status is cs.JobStatus.QUEUED
+    assert "Slurm has not started worker job(s)" in job.reason
+    assert any(" PENDING Resources" in line for line in slurm.jobs())
+    job.stop()
+    # idle now: after idle_timeout the worker jobs are released
+    wait_for(lambda: slurm.jobs() == [], timeout=60)
+    wait_for(lambda: cluster.slots() == [], timeout=60)
+
+
+def test_the_allocation_grows_again_and_close_leaves_nothing_in_squeue(cluster, slurm):
+    job = cluster.launch(workloads.spin, world_size=1)
+    wait_for(lambda: job.status is cs.JobStatus.RUNNING, timeout=120)
+    assert len(running(slurm)) == 1
+    job.stop()
+    cluster.close()
+    assert slurm.jobs() == []
+
+
+def test_magic_cluster_slurm(slurm):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "clustersdk")
+    cluster = ip.run_line_magic("cluster", "slurm --gpus-per-worker 1 --partition debug")
+    try:
+        assert cluster.kind == "slurm" and cluster.slots() == []
+        script = cluster.dask_cluster.job_script()
+        assert "#SBATCH --gres=gpu:1" in script and "#SBATCH -p debug" in script
+    finally:
+        ip.run_line_magic("cluster", "close")
+    assert "closed" in repr(cluster)

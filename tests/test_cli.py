@@ -1,0 +1,162 @@
+"""The ``clustersdk`` command line through its real entry point (a subprocess, the
+console script pip installed), against a real two-worker LocalCluster that the CLI
+finds through the registry, as a user's terminal would."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import clustersdk as cs
+
+from .helpers import wait_for
+from .workloads import count_to, ticker
+
+CLI = str(Path(sys.executable).with_name("clustersdk"))
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def state(cluster) -> Path:
+    """Where the module's cluster is registered: the CLI finds it there."""
+    return Path(cluster.state_dir)
+
+
+def run(state: Path, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def start_ticker(cluster: cs.Cluster, directory: Path) -> cs.Job:
+    job = cluster.launch(ticker, world_size=2, name="cli-tick", checkpoint_dir=str(directory))
+    wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) >= 4, 60)
+    return job
+
+
+@pytest.fixture
+def running(idle, tmp_path):
+    return start_ticker(idle, tmp_path / "ck")
+
+
+def test_jobs_lists_every_registered_cluster_and_hides_ended_jobs_without_all(
+        idle, state, tmp_path):
+    done = idle.launch(count_to, world_size=1, name="cli-short")
+    assert done.wait(timeout=60) == "done"
+    running = start_ticker(idle, tmp_path / "ck")
+
+    live = json.loads(ok(run(state, "jobs", "--json")))
+    assert [(j["name"], j["status"], j["cluster"]) for j in live] == [
+        ("cli-tick", "RUNNING", idle.scheduler_address)]
+    assert live[0]["id"] == running.id and live[0]["spec"]["world_size"] == 2
+
+    every = json.loads(ok(run(state, "jobs", "--all", "--json")))
+    assert {(j["name"], j["status"]) for j in every} >= {("cli-tick", "RUNNING"),
+                                                        ("cli-short", "FINISHED")}
+
+    table = ok(run(state, "jobs", idle.scheduler_address, "--all")).splitlines()
+    assert table[0].split() == ["NAME", "ID", "STATUS", "RANKS", "STRATEGY", "OWNER", "SUBMITTED",
+                                "CLUSTER"]
+    row = next(line.split() for line in table if line.startswith("cli-tick "))
+    assert row[:5] == ["cli-tick", running.id, "RUNNING", "2", "ddp"]
+
+
+def test_show_and_history_of_a_job(idle, state):
+    job = idle.launch(count_to, kwargs={"steps": 12}, world_size=2, name="cli-hist")
+    job.wait(timeout=60)
+
+    shown = json.loads(ok(run(state, "show", "cli-hist", "--json")))
+    assert (shown["id"], shown["status"], shown["cluster"]) == (job.id, "FINISHED",
+                                                                 idle.scheduler_address)
+    assert shown["progress"] == {"steps": 12, "total_steps": 12, "scalars": {"value": 5.5}}
+
+    text = ok(run(state, "show", job.id))
+    assert "status:" in text and "FINISHED" in text and "12 / 12" in text
+
+    rows = list(csv.DictReader(io.StringIO(ok(run(state, "history", "cli-hist", "--csv")))))
+    expected = job.history()
+    assert len(rows) == len(expected) == 24  # 12 steps on 2 ranks
+    assert [(int(r["rank"]), int(r["step"]), float(r["value"])) for r in rows] == [
+        (e["rank"], e["step"], e["value"]) for e in expected]
+
+
+def test_pause_checkpoint_suspend_resume_at_another_size_and_stop(running, state):
+    name = running.name
+    out = ok(run(state, "pause", name))
+    assert f"paused job {name!r} before step" in out
+    assert running.status is cs.JobStatus.PAUSED
+
+    refused = run(state, "pause", name)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert name in refused.stderr and "PAUSED" in refused.stderr
+
+    assert json.loads(ok(run(state, "resume", name, "--json")))["status"] == "RUNNING"
+    assert running.status is cs.JobStatus.RUNNING
+
+    out = ok(run(state, "checkpoint", name))
+    path = out.rsplit(": ", 1)[1].strip()
+    assert os.path.isdir(path) and path == running.info()["checkpoint"]
+
+    ok(run(state, "suspend", name))
+    assert running.status is cs.JobStatus.SUSPENDED
+    resumed = json.loads(ok(run(state, "resume", name, "--world-size", "1", "--json")))
+    assert resumed["spec"]["world_size"] == 1
+    wait_for(lambda: running.status is cs.JobStatus.RUNNING, 60)
+    assert len(running.info()["ranks"]) == 1
+
+    out = ok(run(state, "stop", running.id))
+    assert out.strip() == f"job {name!r} is STOPPED"
+    assert running.status is cs.JobStatus.STOPPED
+
+
+def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state):
+    first = ok(run(state, "logs", "cli-tick", "--rank", "1"))
+    assert first.startswith("tick 0 on rank 1\n")  # rank 1's own lines, without a prefix
+    assert "on rank 0" not in first
+
+    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
+    follow = subprocess.Popen([CLI, "logs", "cli-tick", "--rank", "0", "-f"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    watchdog = threading.Timer(TIMEOUT, follow.kill)  # reads below block: never for ever
+    watchdog.start()
+    try:
+        seen = [follow.stdout.readline() for _ in range(3)]  # blocks until the CLI prints
+        assert all(line.startswith("tick ") for line in seen), seen
+        newest = int(seen[-1].split()[1])
+        later = f"tick {newest + 25} on rank 0\n"
+        wait_for(lambda: later in running.logs(rank=0), 60)  # it goes on meanwhile
+        running.stop()
+        rest = follow.stdout.read()  # (not communicate(): it would skip what readline buffered)
+        err = follow.stderr.read()
+        follow.wait(timeout=TIMEOUT)
+    finally:
+        watchdog.cancel()
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == 0, err  # the job ended STOPPED
+    lines = "".join(seen) + rest
+    assert lines == running.logs(rank=0)  # every line once, in order, up to the last
+    assert later in rest
+
+
+def test_usage_errors_exit_2_and_a_missing_job_exits_1(cluster, state):
+    bad = run(state, "resume", "x", "--world-size", "0")
+    assert bad.returncode == 2 and "must be positive" in bad.stderr
+    missing = run(state, "show", "no-such-job")
+    assert missing.returncode == 1
+    assert "no job with id or name 'no-such-job'" in missing.stderr
