@@ -1,4 +1,4 @@
-"""Small builders for the scheduling tests: clusters, configs, requests."""
+"""Helpers for the control-plane tests: small clusters, scheduling configs, requests."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 from clustersdk.control.scheduling import ClusterState, Holding, Scheduler, decide
 from clustersdk.errors import SpecError
 
-from .scheduling_helpers import config, gpus, req, scheduler, started
+from .helpers import config, gpus, req, scheduler, started
 
 SHARED = {"a": {"guaranteed": 4, "cohort": "lab"}, "b": {"guaranteed": 4, "cohort": "lab"}}
 

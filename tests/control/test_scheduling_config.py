@@ -16,9 +16,9 @@ from clustersdk.control.scheduling import REST, PolicyConfig, admit
 from clustersdk.control.scheduling.config import DEFAULTS
 from clustersdk.errors import CapacityError, SpecError
 
-from .scheduling_helpers import config
+from .helpers import config
 
-YAML = Path(__file__).resolve().parent.parent / "clustersdk" / "clustersdk.yaml"
+YAML = Path(__file__).resolve().parents[2] / "clustersdk" / "clustersdk.yaml"
 SHARED = {"research": {"guaranteed": 4, "borrowing-limit": 2},
           "solo": {"guaranteed": 2, "borrowing-limit": 8, "cohort": "own"}}
 
