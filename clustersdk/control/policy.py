@@ -14,9 +14,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from .scheduling import *  # noqa: F401,F403 -- the public names
-from .scheduling import Slot, pick_gang
-from .scheduling import __all__ as _scheduling_all
+from .scheduling import (
+    REST,
+    Admission,
+    ClusterState,
+    Decision,
+    FreeSlots,
+    Holding,
+    PolicyConfig,
+    Preempt,
+    QueueConfig,
+    Request,
+    Reservation,
+    Scheduler,
+    Slot,
+    Start,
+    Wait,
+    admit,
+    decide,
+    pick_gang,
+    rank_order,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,4 +68,27 @@ def wait_reason(world_size: int, free: int, total: int, ahead: int) -> str:
     return f"waiting for {world_size} free slots ({free} of {total} free now)"
 
 
-__all__ = sorted([*_scheduling_all, "Pending", "schedule", "wait_reason"])
+__all__ = [
+    "REST",
+    "Admission",
+    "ClusterState",
+    "Decision",
+    "FreeSlots",
+    "Holding",
+    "Pending",
+    "PolicyConfig",
+    "Preempt",
+    "QueueConfig",
+    "Request",
+    "Reservation",
+    "Scheduler",
+    "Slot",
+    "Start",
+    "Wait",
+    "admit",
+    "decide",
+    "pick_gang",
+    "rank_order",
+    "schedule",
+    "wait_reason",
+]
