@@ -69,7 +69,6 @@ def wait_reason(world_size: int, free: int, total: int, ahead: int) -> str:
 
 
 __all__ = [
-    "REST",
     "Admission",
     "ClusterState",
     "Decision",
@@ -79,6 +78,7 @@ __all__ = [
     "PolicyConfig",
     "Preempt",
     "QueueConfig",
+    "REST",
     "Request",
     "Reservation",
     "Scheduler",

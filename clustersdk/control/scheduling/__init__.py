@@ -108,7 +108,6 @@ from .model import (
 from .scheduler import Scheduler, decide
 
 __all__ = [
-    "REST",
     "Admission",
     "ClusterState",
     "Decision",
@@ -117,6 +116,7 @@ __all__ = [
     "PolicyConfig",
     "Preempt",
     "QueueConfig",
+    "REST",
     "Request",
     "Reservation",
     "Scheduler",
