@@ -73,3 +73,18 @@ def test_data_benchmark_smoke():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "prefetch=2 / prefetch=0" in proc.stdout and "prefetch=2 / datasets" in proc.stdout
+
+
+@pytest.mark.slow
+def test_scheduler_benchmark_smoke(tmp_path):
+    out = tmp_path / "scheduler.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scheduler.py"), "--repeats", "1",
+         "--events", "5", "--queued", "300", "--nodes", "30", "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "one arrival" in proc.stdout and "one completion" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result["medians_s"]) == {"fill", "cold", "warm", "tick", "arrival", "completion"}
+    assert all(t > 0 for t in result["medians_s"].values())

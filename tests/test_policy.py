@@ -112,3 +112,12 @@ def test_schedule_with_an_empty_queue_starts_nothing():
 )
 def test_wait_reason(ahead, expected):
     assert wait_reason(world_size=4, free=1, total=8, ahead=ahead) == expected
+
+
+def test_policy_is_the_front_door_of_the_scheduling_package():
+    from clustersdk.control import policy, scheduling
+
+    assert policy.Slot is scheduling.Slot and policy.pick_gang is scheduling.pick_gang
+    assert policy.Scheduler is scheduling.Scheduler and policy.decide is scheduling.decide
+    assert policy.__all__ == sorted(policy.__all__)
+    assert set(scheduling.__all__) <= set(policy.__all__)

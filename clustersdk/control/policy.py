@@ -1,7 +1,12 @@
-"""Pure scheduling logic: gang allocation and rank order. No Dask, torch or I/O.
+"""Pure scheduling logic: gang allocation, priorities, quotas, preemption, backfill.
 
-The scheduler plugin feeds it the queue and the slot inventory and carries out
-what it returns, so every decision here is testable in microseconds.
+No Dask, torch or I/O: the scheduler plugin feeds it the state and carries out
+what it returns, so every decision is testable in microseconds. The rules, and
+the :class:`Scheduler` and :func:`decide` that keep them, live in
+:mod:`clustersdk.control.scheduling`; this module is their front door.
+
+``Pending``, ``schedule`` and ``wait_reason`` are the strict FIFO of before the
+scheduler, kept while the plugin still calls them.
 """
 
 from __future__ import annotations
@@ -9,54 +14,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """One GPU (or one CPU slot) owned by one Dask worker."""
-
-    worker: str          # the worker's address
-    host: str
-    kind: str            # "cuda" or "cpu"
-    index: int           # device index on the host (-1 for a CPU slot)
-    uuid: str = ""       # the physical GPU's UUID; two slots with one UUID share a GPU
+from .scheduling import (
+    REST,
+    Admission,
+    ClusterState,
+    Decision,
+    FreeSlots,
+    Holding,
+    PolicyConfig,
+    Preempt,
+    QueueConfig,
+    Request,
+    Reservation,
+    Scheduler,
+    Slot,
+    Start,
+    Wait,
+    admit,
+    decide,
+    pick_gang,
+    rank_order,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Pending:
     job: str
     world_size: int
-
-
-def rank_order(slots: Iterable[Slot]) -> list[Slot]:
-    """Ranks are assigned by host, then device, so neighbours share a host."""
-    return sorted(slots, key=lambda s: (s.host, s.index, s.worker))
-
-
-def pick_gang(free: Iterable[Slot], n: int) -> list[Slot] | None:
-    """``n`` free slots on distinct physical devices, in rank order, or None.
-
-    The gang goes on as few hosts as the free slots allow (intra-host links are
-    the fast ones): the fullest hosts first, and when one host can hold it
-    all, the one with the fewest free slots that does (best fit, so that big
-    holes stay open for big jobs).
-    """
-    by_host: dict[str, list[Slot]] = {}
-    devices: set[str] = set()
-    for slot in rank_order(free):
-        if slot.uuid and slot.uuid in devices:
-            continue  # NCCL refuses two ranks on one GPU ("Duplicate GPU detected")
-        if slot.uuid:
-            devices.add(slot.uuid)
-        by_host.setdefault(slot.host, []).append(slot)
-    fits = [slots for slots in by_host.values() if len(slots) >= n]
-    if fits:
-        return min(fits, key=len)[:n]
-    chosen: list[Slot] = []
-    for slots in sorted(by_host.values(), key=len, reverse=True):
-        chosen.extend(slots[: n - len(chosen)])
-        if len(chosen) == n:
-            return rank_order(chosen)
-    return None
 
 
 def schedule(queue: list[Pending], free: Iterable[Slot]) -> list[tuple[str, list[Slot]]]:
@@ -82,3 +66,29 @@ def wait_reason(world_size: int, free: int, total: int, ahead: int) -> str:
     if ahead:
         return f"waiting behind {ahead} earlier job(s) in the queue ({free} of {total} slots free)"
     return f"waiting for {world_size} free slots ({free} of {total} free now)"
+
+
+__all__ = [
+    "Admission",
+    "ClusterState",
+    "Decision",
+    "FreeSlots",
+    "Holding",
+    "Pending",
+    "PolicyConfig",
+    "Preempt",
+    "QueueConfig",
+    "REST",
+    "Request",
+    "Reservation",
+    "Scheduler",
+    "Slot",
+    "Start",
+    "Wait",
+    "admit",
+    "decide",
+    "pick_gang",
+    "rank_order",
+    "schedule",
+    "wait_reason",
+]
