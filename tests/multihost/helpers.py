@@ -39,8 +39,19 @@ def cmdline(pid: int) -> str:
 
 def started_on(b: netbed.Bed, host: netbed.Host) -> list[int]:
     """The host's processes other than its sshd (and sshd's per-connection children)."""
-    return [pid for pid in b.pids(host) if "sshd" not in cmdline(pid)]
+    return [pid for pid in b.pids(host) if alive(pid) and "sshd" not in cmdline(pid)]
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (killed, its parent gone, not yet reaped by
+    init) has stopped running and counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def gone(pids: list[int]) -> bool:
-    return not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    return not any(alive(pid) for pid in pids)
