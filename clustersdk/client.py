@@ -39,6 +39,14 @@ class ControlClient:
         are accepted) and what queued jobs wait for besides free slots."""
         await self.call(Op.SET_CAPACITY, slots=slots, note=note)
 
+    async def queue(self) -> dict[str, Any]:
+        """Per queue: guarantees and limits, the jobs holding slots, the jobs waiting and why."""
+        return await self.call(Op.QUEUE)
+
+    async def configure(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change the scheduling settings (queues, quotas, classes); returns them all."""
+        return await self.call(Op.CONFIGURE, changes=changes)
+
     # --- jobs ---------------------------------------------------------------------------
     async def submit(self, spec: WireSpec, payload: bytes) -> dict[str, Any]:
         return await self.call(Op.SUBMIT, spec=spec.as_dict(), payload=payload)

@@ -65,6 +65,21 @@ class Job:
     def strategy(self) -> str:
         return self.spec.strategy
 
+    @property
+    def queue(self) -> str | None:
+        """The queue it waits or runs in."""
+        return self.spec.queue
+
+    @property
+    def priority(self) -> int | str | None:
+        """Its priority (an int once the control plane admitted it)."""
+        return self.spec.priority
+
+    @property
+    def owner(self) -> str | None:
+        """Who launched it."""
+        return self.spec.owner
+
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error."""
         self._record = self.cluster.sync(self.cluster.control.job, job=self.id)

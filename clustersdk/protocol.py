@@ -67,7 +67,9 @@ class Op(str, enum.Enum):
     LOGS = "logs"
     SYSTEM = "system"
     RANK_EVENT = "rank_event"
-    SET_CAPACITY = "set_capacity"    # an autoscaling deployer: slots it can grow to, and why jobs wait
+    SET_CAPACITY = "set_capacity"    # an autoscaling deployer: how far it grows, why jobs wait
+    QUEUE = "queue"                  # the queues: who holds what, what waits and why
+    CONFIGURE = "configure"          # an admin's change of the scheduling settings
 
     @property
     def handler(self) -> str:
@@ -218,6 +220,12 @@ class WireSpec:
     env: dict[str, str] | None = None     # each rank's environment (NCCL_*, GLOO_SOCKET_IFNAME...)
     working_dir: str | None = None        # shipped code: the directory (the ranks' cwd)
     py_modules: list[str] | None = None   # shipped code: the modules' names
+    # sharing the cluster (control/scheduling): resolved by the control plane at submit
+    queue: str | None = None              # None: the default queue
+    priority: int | str | None = None     # a class name or an int; an int once admitted
+    preemptible: bool = True
+    time_limit: float | None = None       # the owner's estimate of the run time, seconds
+    min_world_size: int | None = None     # the fewest ranks it may start (or resume) on
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

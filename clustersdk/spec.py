@@ -75,6 +75,12 @@ class JobSpec:
     # the job's own code, shipped to the workers (see clustersdk.cluster.shipping)
     working_dir: str | None = None      # a directory: its modules and files; the ranks' cwd
     py_modules: list | None = None      # modules (or their names) to ship
+    # sharing the cluster: checked here for types, against the queues by the control plane
+    queue: str | None = None            # None: the default queue
+    priority: int | str | None = None   # a class ("low", "normal", "high") or an int
+    preemptible: bool = True            # may be suspended (or stopped) for another job
+    time_limit: float | None = None     # an estimate, seconds: lets backfill plan around it
+    min_world_size: int | None = None   # may start (or resume) on this many ranks or more
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -115,6 +121,27 @@ class JobSpec:
         self._check_parallel_options()
         self.env = check_env(self.env)
         self._check_code_options()
+        self._check_sharing_options()
+
+    def _check_sharing_options(self) -> None:
+        if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
+            raise SpecError(f"queue must be a queue's name, got {self.queue!r}")
+        prio = self.priority
+        if prio is not None and (isinstance(prio, bool) or not isinstance(prio, (int, str))):
+            raise SpecError(f"priority must be a class name ('low', 'normal', 'high'...) or an "
+                            f"int, got {prio!r}")
+        if not isinstance(self.preemptible, bool):
+            raise SpecError(f"preemptible must be True or False, got {self.preemptible!r}")
+        limit = self.time_limit
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not limit > 0:
+                raise SpecError(f"time_limit must be a positive number of seconds, got {limit!r}")
+            self.time_limit = float(limit)
+        low = self.min_world_size
+        if low is not None and (isinstance(low, bool) or not isinstance(low, int)
+                                or not 1 <= low <= self.world_size):
+            raise SpecError(f"min_world_size must be an int from 1 to world_size="
+                            f"{self.world_size}, got {low!r}")
 
     def _check_code_options(self) -> None:
         if self.working_dir is not None:
@@ -240,6 +267,8 @@ class JobSpec:
             reshard_after_forward=self.reshard_after_forward, cpu_offload=self.cpu_offload,
             env=dict(self.env) if self.env else None, working_dir=self.working_dir,
             py_modules=[getattr(m, "__name__", m) for m in self.py_modules or ()] or None,
+            queue=self.queue, priority=self.priority, preemptible=self.preemptible,
+            time_limit=self.time_limit, min_world_size=self.min_world_size,
         )
 
 

@@ -7,14 +7,17 @@
     RUNNING    ──> PAUSED | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
     PAUSED     ──> RUNNING | RESTARTING | SUSPENDING | STOPPING | FAILED
     RESTARTING ──> QUEUED (again, from the newest checkpoint) | STOPPING | FAILED
-    SUSPENDING ──> SUSPENDED | STOPPING | FINISHED | FAILED
+    SUSPENDING ──> SUSPENDED | QUEUED (preempted) | STOPPING | FINISHED | FAILED
     SUSPENDED  ──> QUEUED (resume) | STOPPED
-    STOPPING   ──> STOPPED | FINISHED | FAILED
+    STOPPING   ──> STOPPED | QUEUED (preempted) | FINISHED | FAILED
 
 PAUSED holds the job's slots and process group; SUSPENDED holds a checkpoint
 and no slots. RESTARTING follows the loss of a worker within the job's restart
-budget (``max_restarts``): the other ranks wind down, then the job queues again. A job is *terminal* once FINISHED, FAILED or STOPPED; nothing
-leaves a terminal state.
+budget (``max_restarts``): the other ranks wind down, then the job queues again.
+A job preempted for a higher-priority one (see :mod:`clustersdk.control.scheduling`)
+checkpoints and leaves (SUSPENDING), or without a checkpoint directory is
+stopped (STOPPING), and then queues again by itself. A job is *terminal* once
+FINISHED, FAILED or STOPPED; nothing leaves a terminal state.
 """
 
 from __future__ import annotations
@@ -55,9 +58,9 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
                            _S.FAILED}),
     _S.PAUSED: frozenset({_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FAILED}),
     _S.RESTARTING: frozenset({_S.QUEUED, _S.STOPPING, _S.FAILED}),
-    _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.QUEUED, _S.STOPPING, _S.FINISHED, _S.FAILED}),
     _S.SUSPENDED: frozenset({_S.QUEUED, _S.STOPPED}),
-    _S.STOPPING: frozenset({_S.STOPPED, _S.FINISHED, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.QUEUED, _S.FINISHED, _S.FAILED}),
     _S.FINISHED: frozenset(),
     _S.FAILED: frozenset(),
     _S.STOPPED: frozenset(),

@@ -96,7 +96,9 @@ def test_queued_job_says_what_it_waits_for_then_runs(idle):
     queued = idle.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2, name="patient")
     wait_for(lambda: running.status is cs.JobStatus.RUNNING)
     assert queued.status is cs.JobStatus.QUEUED
-    assert queued.reason == "waiting for 2 free slots (0 of 2 free now)"
+    assert queued.reason == ("waiting for 2 slots to be free; no estimate of when (the jobs "
+                             "holding them gave no time_limit); slots are held for it as they "
+                             "free up")
     running.stop()
     assert len(queued.wait(timeout=60)["losses"]) == 3
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from clustersdk.control.policy import Pending, Slot, pick_gang, rank_order, schedule, wait_reason
+from clustersdk.control.policy import Slot, pick_gang, rank_order
 
 
 def gpu(host: str, index: int, uuid: str | None = None, worker: str | None = None) -> Slot:
@@ -64,54 +64,6 @@ def test_pick_gang_returns_none_when_not_enough(free, n):
 def test_pick_gang_packs_onto_as_few_hosts_as_possible():
     free = [gpu("node0", 0), gpu("node1", 0), gpu("node1", 1)]
     assert {s.host for s in pick_gang(free, 2)} == {"node1"}
-
-
-def test_schedule_is_all_or_nothing():
-    assert schedule([Pending("big", 3)], cluster(hosts=1, per_host=2)) == []
-
-
-def test_schedule_starts_every_job_that_fits_in_one_pass_in_queue_order():
-    free = cluster()  # 4 slots
-    started = schedule([Pending("a", 2), Pending("b", 1), Pending("c", 1)], free)
-    assert [job for job, _ in started] == ["a", "b", "c"]
-    assert [len(gang) for _, gang in started] == [2, 1, 1]
-    given = [s for _, gang in started for s in gang]
-    assert len(given) == len(set(given)) == 4 and set(given) == set(free)
-
-
-@pytest.mark.parametrize(
-    "queue, expected",
-    [
-        ([Pending("big", 4), Pending("small", 1)], []),
-        ([Pending("a", 1), Pending("big", 4), Pending("small", 1)], ["a"]),
-    ],
-)
-def test_a_job_that_does_not_fit_blocks_the_ones_behind_it(queue, expected):
-    assert [job for job, _ in schedule(queue, cluster(hosts=1, per_host=3))] == expected
-
-
-def test_schedule_never_gives_a_slot_or_gpu_twice_within_a_gang():
-    shared = gpu("node0", 0, worker="tcp://node0:9100")
-    free = [*cluster(), shared]
-    started = schedule([Pending(f"j{i}", 2) for i in range(3)], free)
-    given = [s for _, gang in started for s in gang]
-    assert len(given) == len(set(given))
-    assert all(len({s.uuid for s in gang}) == len(gang) for _, gang in started)
-
-
-def test_schedule_with_an_empty_queue_starts_nothing():
-    assert schedule([], cluster()) == []
-
-
-@pytest.mark.parametrize(
-    "ahead, expected",
-    [
-        (0, "waiting for 4 free slots (1 of 8 free now)"),
-        (2, "waiting behind 2 earlier job(s) in the queue (1 of 8 slots free)"),
-    ],
-)
-def test_wait_reason(ahead, expected):
-    assert wait_reason(world_size=4, free=1, total=8, ahead=ahead) == expected
 
 
 def test_policy_is_the_front_door_of_the_scheduling_package():

@@ -125,7 +125,9 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "grad_accum": 1, "clip_grad_norm": None, "microbatches": None,
                     "schedule": None, "split": None, "reshard_after_forward": None,
                     "cpu_offload": None, "env": None, "working_dir": None,
-                    "py_modules": None, "version": 1}
+                    "py_modules": None, "queue": None, "priority": None,
+                    "preemptible": True, "time_limit": None, "min_world_size": None,
+                    "version": 1}
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():

@@ -23,9 +23,9 @@ ALLOWED = {
     (R, P), (R, U), (R, G), (R, F), (R, X), (R, T),
     (P, R), (P, U), (P, G), (P, X), (P, T),
     (T, Q), (T, G), (T, X),
-    (U, Z), (U, G), (U, F), (U, X),
+    (U, Z), (U, G), (U, F), (U, X), (U, Q),  # a preempted job queues again
     (Z, Q), (Z, D),
-    (G, D), (G, X), (G, F),
+    (G, D), (G, X), (G, F), (G, Q),
 }
 
 PAIRS = list(itertools.product(JobStatus, repeat=2))

@@ -151,6 +151,11 @@ class Cluster:
         env: dict[str, str] | None = None,
         working_dir: str | None = None,
         py_modules: list[Any] | None = None,
+        queue: str | None = None,
+        priority: int | str | None = None,
+        preemptible: bool = True,
+        time_limit: float | None = None,
+        min_world_size: int | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -189,6 +194,15 @@ class Cluster:
         undone before the next job on the same workers. Unset socket interfaces default
         to the one each rank reaches rank 0's address through.
 
+        Sharing the cluster (see README "Sharing a cluster"): ``queue`` (default: the
+        configured default queue), ``priority`` (a class name, ``"low"``,
+        ``"normal"`` (default) or ``"high"``, or an int; higher runs first and may
+        preempt lower), ``preemptible`` (a job with ``checkpoint_dir`` is then
+        suspended for a higher-priority one and resumes by itself afterwards; one
+        without is stopped and starts over), ``time_limit`` (an estimate in
+        seconds, for backfill) and ``min_world_size`` (it may start on fewer
+        ranks). A job that can never fit its queue's limits is refused here.
+
         Code: functions defined in ``__main__`` or a notebook travel by value;
         modules the workers can't import are an error here, naming them, unless
         shipped: ``working_dir`` (a directory whose modules and files go to
@@ -213,7 +227,8 @@ class Cluster:
             microbatches=microbatches, schedule=schedule, split=split,
             reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
             plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
-            py_modules=py_modules,
+            py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
+            time_limit=time_limit, min_world_size=min_world_size,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
@@ -275,6 +290,30 @@ class Cluster:
     def job_record(self, job: str | None = None, *, name: str | None = None) -> dict[str, Any]:
         """The record of job id ``job``, or of the newest job called ``name``."""
         return self.sync(self.control.job, job=job, name=name)
+
+    # sharing -----------------------------------------------------------------------
+    def queue(self) -> Any:
+        """The queues: who holds what, what waits and why, estimated starts (a
+        :class:`~clustersdk.widgets.queue.QueueView`: a table in a notebook, ``.data``
+        for code).
+
+        >>> cluster.queue().waiting()[0]["reason"]          # doctest: +SKIP
+        "waiting behind job 'big' (priority high, 8 slots), first in queue 'default'..."
+        """
+        from ..widgets.queue import QueueView
+
+        return QueueView(self.sync(self.control.queue))
+
+    def configure_scheduling(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Change the scheduling settings at run time (an admin's call): queues and
+        their quotas, priority classes, the per-user cap, grace and idle timeouts,
+        with the keys of ``clustersdk.scheduling`` (a queue set to None is removed).
+        Running jobs are never stopped by it: over a lowered quota they finish, or are
+        preempted by the rules. Returns every setting now in force.
+
+        >>> cluster.configure_scheduling({"queues": {"research": {"guaranteed": 8}}})  # doctest: +SKIP
+        """
+        return self.sync(self.control.configure, changes)
 
     # events ------------------------------------------------------------------------
     def subscribe(self, job: str, callback: Callable[[dict[str, Any]], None]) -> Subscription:

@@ -144,10 +144,30 @@ class SchedulerClosing:
     pass
 
 
+@dataclasses.dataclass(frozen=True)
+class Preempted:
+    """The scheduling policy needs the job's slots for another job: ``how`` is
+    ``"suspend"`` (checkpoint, then leave) or ``"stop"``; either way it queues again.
+    ``overdue``: a suspend that outlived the preemption grace: stop it now."""
+
+    how: str
+    reason: str
+    overdue: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Reclaimed:
+    """Idle too long (paused, or no finished step): suspend it (or stop it, without a
+    checkpoint_dir) to free its slots; it does not queue again by itself."""
+
+    how: str
+    reason: str
+
+
 Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
               CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
-              CheckpointRequested, SuspendRequested, SchedulerClosing]
+              CheckpointRequested, SuspendRequested, SchedulerClosing, Preempted, Reclaimed]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

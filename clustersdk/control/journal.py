@@ -31,7 +31,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     checkpoint_step INTEGER,
     checkpoint_error TEXT,
     total_steps INTEGER,
-    restarts INTEGER NOT NULL DEFAULT 0
+    restarts INTEGER NOT NULL DEFAULT 0,
+    address TEXT,
+    seq INTEGER,
+    payload BLOB,
+    estimated_start REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -60,10 +64,18 @@ CREATE TABLE IF NOT EXISTS system (
     sample TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS system_by_job ON system (job, seq);
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 _JSON_FIELDS = ("spec", "ranks", "error")
-_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0"}  # since the first release
+# columns added since the first release, with their declarations
+_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
+                  "payload": "BLOB", "estimated_start": "REAL"}
+# what a job record leaves out when it goes to a client (big, or only for the control plane)
+PRIVATE = ("result", "payload")
 
 
 class Journal:
@@ -122,6 +134,22 @@ class Journal:
             (scheduler, name),
         ).fetchone()
         return _decode(row) if row else None
+
+    def adoptable(self, address: str, scheduler: str) -> list[dict[str, Any]]:
+        """Jobs an earlier scheduler at ``address`` left queued or suspended (oldest first)."""
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status IN "
+            "('QUEUED', 'SUSPENDED') ORDER BY seq, submitted", (address, scheduler)).fetchall()
+        return [_decode(r) for r in rows]
+
+    # settings ---------------------------------------------------------------
+    def put_setting(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
+                         (key, json.dumps(value)))
+
+    def setting(self, key: str) -> Any:
+        row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else None
 
     def jobs(self, scheduler: str) -> list[dict[str, Any]]:
         rows = self._db.execute(

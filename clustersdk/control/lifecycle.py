@@ -41,6 +41,7 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
+from . import sharing
 
 RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
 
@@ -72,6 +73,9 @@ class Lifecycle:
         self.checkpoint_seq = 0          # newest CHECKPOINT request committed
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
         self.restart_paused = False      # it was PAUSED when it lost a worker
+        self.preempted = False           # leaving for another job: queues again when out
+        self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
+        self.leave_reason = ""           # why it was reclaimed (kept once it is out)
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -121,6 +125,9 @@ class Lifecycle:
 
     # --- the gang ----------------------------------------------------------------------
     def _allocated(self, e: ev.Allocated) -> None:
+        if len(e.ranks) != self.world_size:  # the policy started it on fewer (min_world_size)
+            self.spec = self.spec.replace(world_size=len(e.ranks))
+            self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
         self.ranks = e.ranks
         self.held = set(range(len(e.ranks)))
         ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
@@ -216,6 +223,7 @@ class Lifecycle:
                 self._out.append(ev.Dequeue())
             self._finish(JobStatus.STOPPED, reason=f"stopped while {self.status.name}")
         elif self.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
+            self.preempted = False  # the user's stop wins over a preemption
             self._transition(JobStatus.STOPPING, reason="stop requested")
             self._ask(Word.STOP, 1)
 
@@ -269,8 +277,13 @@ class Lifecycle:
         self._ask(Word.SUSPEND, 1)
 
     def _closing(self, e: ev.SchedulerClosing) -> None:
-        # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it)
-        if JobStatus.FAILED in TRANSITIONS[self.status]:
+        # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it), and
+        # so does a QUEUED one: a scheduler restarted at the same address takes both over
+        if self.status is JobStatus.QUEUED:
+            self._out.append(ev.Journal({"reason": (
+                "the scheduler shut down before the job started; a scheduler restarted at "
+                "the same address with the same state directory queues it again")}))
+        elif JobStatus.FAILED in TRANSITIONS[self.status]:
             self._finish(JobStatus.FAILED, error=error(
                 None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
 
@@ -320,16 +333,21 @@ class Lifecycle:
         if self.status is JobStatus.RESTARTING:
             self._restart()
             return
+        if self.preempted and self.exited and all(
+                s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in self.exited.values()):
+            sharing.requeue(self)
+            return
         if self.held_failure is not None and not self.status.terminal:
             self._fail(self.held_failure)  # every rank is out and no worker was lost
         if self.status is JobStatus.SUSPENDING and all(
                 s is ExitStatus.SUSPENDED for s in self.exited.values()):
-            self._transition(JobStatus.SUSPENDED, reason="suspended: resume() to continue")
+            self._transition(JobStatus.SUSPENDED,
+                             reason=self.leave_reason or "suspended: resume() to continue")
             self._out.append(ev.CloseBoard())
             return  # stays, with its payload, for resume()
         if not self.status.terminal:
             final = JobStatus.STOPPED if self.status is JobStatus.STOPPING else JobStatus.FINISHED
-            self._finish(final, reason="")
+            self._finish(final, reason=self.leave_reason if final is JobStatus.STOPPED else "")
         self._release()
 
     def _fail(self, err: dict[str, Any]) -> None:
@@ -389,4 +407,6 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.CheckpointRequested: Lifecycle._checkpoint,
     ev.SuspendRequested: Lifecycle._suspend,
     ev.SchedulerClosing: Lifecycle._closing,
+    ev.Preempted: sharing.preempted,
+    ev.Reclaimed: sharing.reclaimed,
 }

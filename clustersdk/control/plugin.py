@@ -20,19 +20,24 @@ import time
 from typing import Any, Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from ..errors import ClusterSDKError
 from ..protocol import ExitStatus, MetricsMessage, Op, RankEvent, WireSpec, WorkerOp, op, topic
+from ..status import JobStatus
 from . import events as ev
 from . import policy
 from .journal import Journal
 from .lifecycle import Lifecycle
+from .placement import Placement
 from .requests import Requests
+from .restore import adopt, scheduling_config
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
+TICK_MS = 1000  # how often the policy looks again without an event (grace, idle timeouts)
 
 
 @dataclasses.dataclass
@@ -72,11 +77,12 @@ class ControlPlane(SchedulerPlugin):
         self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
         self.slots: dict[str, policy.Slot] = {}
         self.busy: dict[str, str] = {}       # worker address -> job id
-        self.queue: list[str] = []           # queued job ids, in order
         self.runs: dict[str, Run] = {}       # jobs not released yet
         # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
         # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
         self.capacity, self.note = 0, ""
+        self.placement = Placement(self, scheduling_config(self.journal))
+        self._scheduling = self._again = False
         self.requests = Requests(self)
         handlers: dict[Op, Callable] = {
             **self.requests.handlers(),
@@ -86,14 +92,20 @@ class ControlPlane(SchedulerPlugin):
         }
         for operation, handler in handlers.items():
             scheduler.handlers[operation.handler] = handler
+        adopt(self)
+        # grace periods and idle timeouts run out between events
+        self._ticker = PeriodicCallback(self.schedule, TICK_MS)
+        self._ticker.start()
 
     async def close(self) -> None:
+        self._ticker.stop()
         for run in list(self.runs.values()):
             self.feed(run, ev.SchedulerClosing())
         self.journal.close()
 
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
         slot = self.slots.pop(worker, None)
+        self.placement.scheduler.remove_slot(worker)
         job = self.busy.get(worker)
         run = self.runs.get(job) if job else None
         if run is None:
@@ -104,39 +116,53 @@ class ControlPlane(SchedulerPlugin):
         self.feed(run, ev.WorkerLost(rank, machine.attempt, worker, host))
 
     # --- feeding the lifecycles ---------------------------------------------------------
-    def add_run(self, spec: WireSpec, payload: bytes) -> Run:
-        run = Run(Lifecycle(spec, failure_grace=float(config.get("failure-grace"))), payload)
+    def add_run(self, run: Run, seq: int | None = None) -> Run:
+        """A job the plane follows from now on; queued if its lifecycle says so."""
         self.runs[run.id] = run
-        self.queue.append(run.id)
+        if run.machine.status is JobStatus.QUEUED:
+            self.placement.submit(run.machine.spec, time.time(), seq)
         self.schedule()
         return run
 
+    def new_run(self, spec: WireSpec, payload: bytes, **state: Any) -> Run:
+        return Run(Lifecycle(spec, failure_grace=float(config.get("failure-grace")), **state),
+                   payload)
+
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out what it asks for."""
+        before = run.machine.status
         actions = run.machine.handle(event, time.time())
         reschedule = False
         for action in actions:
             _EXECUTORS[type(action)](self, run, action)
             reschedule |= isinstance(action, (ev.FreeSlot, ev.Enqueue, ev.Dequeue, ev.Release))
-        if reschedule:
+        self.placement.status(run, before, time.time())
+        if reschedule or run.machine.status is not before:
             self.schedule()
         self._notify(run)
         return actions
 
     def schedule(self) -> None:
-        """Start every queued job the policy finds a gang for; say why the others wait."""
-        free = [s for w, s in self.slots.items() if w not in self.busy]
-        pending = [policy.Pending(j, self.runs[j].machine.world_size) for j in self.queue]
-        for job, gang in policy.schedule(pending, free):
-            self.queue.remove(job)
-            for slot in gang:
-                self.busy[slot.worker] = job
-            ranks = tuple(ev.RankSlot(s.worker, s.host, _device(s)) for s in gang)
-            self.feed(self.runs[job], ev.Allocated(ranks))
-        nfree, total = len(self.slots) - len(self.busy), len(self.slots)
-        for ahead, job in enumerate(self.queue):
-            reason = policy.wait_reason(self.runs[job].machine.world_size, nfree, total, ahead)
-            self.journal.update(job, reason=f"{reason}; {self.note}" if self.note else reason)
+        """One decision of the scheduling policy, carried out (once at a time: what the
+        decision's own events change is decided on right after)."""
+        if self._scheduling:
+            self._again = True
+            return
+        self._scheduling = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self.placement.decide(time.time())
+        finally:
+            self._scheduling = False
+
+    def allocate(self, run: Run, gang: tuple[policy.Slot, ...]) -> None:
+        """Start ``run`` on ``gang`` (rank i on ``gang[i]``), as the policy decided."""
+        for slot in gang:
+            self.busy[slot.worker] = run.id
+        self.feed(run, ev.Allocated(tuple(ev.RankSlot(s.worker, s.host, _device(s))
+                                          for s in gang)))
 
     # --- what agents and deployers send ------------------------------------------------------
     def _set_capacity(self, slots: int, note: str = "") -> None:
@@ -145,6 +171,7 @@ class ControlPlane(SchedulerPlugin):
 
     def _worker_ready(self, slot: dict) -> None:
         self.slots[slot["worker"]] = policy.Slot(**slot)
+        self.placement.scheduler.add_slot(self.slots[slot["worker"]])
         self.schedule()
 
     def _rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
@@ -157,7 +184,10 @@ class ControlPlane(SchedulerPlugin):
         self._intake(run, rank, attempt, kind, data)
         make = _RANK_EVENTS.get(kind)
         if make is not None:
-            self.feed(run, make(rank, attempt, data))
+            event = make(rank, attempt, data)
+            self.feed(run, event)
+            if isinstance(event, ev.CheckpointCommitted) and attempt == run.machine.attempt:
+                self.placement.checkpointed(run.id, event.step, time.time())
 
     def _intake(self, run: Run, rank: int, attempt: int, kind: RankEvent, data: dict) -> None:
         """Journal and publish the metrics a rank sent. Rows of an earlier gang start are
@@ -171,6 +201,7 @@ class ControlPlane(SchedulerPlugin):
             return
         if rows:
             self.journal.add_metrics(run.id, rows)
+            self.placement.progress(run.id, max(r["step"] for r in rows), time.time())
             board = self._board(run)
             if board is not None:
                 board.write(rows)
@@ -213,16 +244,15 @@ class ControlPlane(SchedulerPlugin):
     def _free_slot(self, run: Run, action: ev.FreeSlot) -> None:
         if self.busy.get(action.worker) == run.id:
             del self.busy[action.worker]
+        if not run.machine.held:  # the gang's last slot: the policy may give them out
+            self.placement.released(run.id, time.time())
 
     def _enqueue(self, run: Run, action: ev.Enqueue) -> None:
-        if action.front:
-            self.queue.insert(0, run.id)
-        else:
-            self.queue.append(run.id)
+        # a restart keeps its place: its submission order stays (first among equals)
+        self.placement.submit(run.machine.spec, time.time())
 
     def _dequeue(self, run: Run, action: ev.Dequeue) -> None:
-        if run.id in self.queue:
-            self.queue.remove(run.id)
+        self.placement.cancel(run.id)
 
     def _start_timer(self, run: Run, action: ev.StartTimer) -> None:
         self.scheduler.loop.call_later(action.delay, self.feed, run, action.event)
@@ -235,8 +265,9 @@ class ControlPlane(SchedulerPlugin):
         run.close_board()
 
     def _release(self, run: Run, action: ev.Release) -> None:
-        self.journal.update(run.id, result=action.result)
+        self.journal.update(run.id, result=action.result, payload=None)
         self.runs.pop(run.id, None)
+        self.placement.forget(run.id)
         run.done.set()
 
     # --- talking to agents ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from ..errors import (
 from ..protocol import Op, WireSpec, Word
 from ..status import JobStatus
 from . import events as ev
+from .journal import PRIVATE
 from . import policy
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class Requests:
             Op.JOBS: self.jobs, Op.WAIT: self.wait, Op.STOP: self.stop, Op.PAUSE: self.pause,
             Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
             Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
+            Op.QUEUE: self.queue, Op.CONFIGURE: self.configure,
         }
 
     @property
@@ -65,17 +67,23 @@ class Requests:
 
     # --- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: dict, payload: bytes) -> dict:
+        plane = self.plane
         wire = WireSpec.from_dict(spec)
         self._check_capacity(wire.world_size)
-        clash = self.journal.find(self.plane.id, wire.name)
+        # its queue and priority resolved; refused (naming the limit) if it can never fit
+        wire = plane.placement.admit(wire, max(len(plane.slots), plane.capacity))
+        clash = self.journal.find(plane.id, wire.name)
         if clash and not JobStatus[clash["status"]].terminal:
             raise SpecError(f"a job named {wire.name!r} is already {clash['status']}; stop it or "
                             "pick another name")
+        now = time.time()
+        seq = plane.placement.scheduler.next_seq()
         self.journal.add_job({
-            "id": wire.id, "name": wire.name, "scheduler": self.plane.id,
-            "status": JobStatus.QUEUED.name, "spec": wire.as_dict(), "submitted": time.time(),
+            "id": wire.id, "name": wire.name, "scheduler": plane.id,
+            "address": plane.scheduler.address, "status": JobStatus.QUEUED.name,
+            "spec": wire.as_dict(), "submitted": now, "seq": seq, "payload": payload,
         })
-        self.plane.add_run(wire, payload)
+        plane.add_run(plane.new_run(wire, payload), seq)
         return self._record(wire.id)
 
     def job(self, job: str | None = None, name: str | None = None) -> dict:
@@ -108,6 +116,20 @@ class Requests:
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
         return self.journal.logs(job, rank, since)
+
+    # --- sharing the cluster ------------------------------------------------------------
+    def queue(self) -> dict:
+        """Per queue: who holds what, what waits and why, estimated starts."""
+        plane = self.plane
+        names = {job: run.machine.name for job, run in plane.runs.items()}
+        return plane.placement.view(names, time.time())
+
+    def configure(self, changes: dict) -> dict:
+        """An admin's change of the scheduling settings; the settings now in force."""
+        config = self.plane.placement.configure(changes)
+        self.journal.put_setting("scheduling", config.to_dict())
+        self.plane.schedule()
+        return config.to_dict()
 
     # --- control ---------------------------------------------------------------------------------
     def stop(self, job: str) -> dict:
@@ -182,8 +204,10 @@ class Requests:
         record = self.journal.get(job)
         if record is None:
             raise JobNotFoundError(f"no job with id {job!r} on this cluster")
-        return record if with_result else _public(record)
+        if with_result:
+            return {k: v for k, v in record.items() if k != "payload"}
+        return _public(record)
 
 
 def _public(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "result"}
+    return {k: v for k, v in record.items() if k not in PRIVATE}

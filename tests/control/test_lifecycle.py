@@ -284,3 +284,94 @@ def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
     with pytest.raises(SpecError):
         job.handle(ev.ResumeRequested(world_size=3), 2.0)  # tp=2 does not divide 3
     assert job.status is S.SUSPENDED
+
+
+# --- sharing the cluster: preempted, reclaimed --------------------------------------------------
+def test_a_preempted_job_suspends_then_queues_again_from_its_checkpoint():
+    job = running(3, checkpoint_dir="/ck", max_restarts=1)
+    actions = job.handle(ev.Preempted("suspend", "preempted for big (priority 100)"), 2.0)
+    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
+        Word.SUSPEND] == 1
+    job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=12, path="/ck/step-12"), 2.5)
+    actions = exit_all(job, ExitStatus.SUSPENDED)
+    assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue()]
+    assert len(of(actions, ev.FreeSlot)) == 3 and not of(actions, ev.Release)
+    assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(12)]
+    assert (job.spec.resume, job.attempt, job.restarts) == ("/ck/step-12", 1, 0)
+    assert of(actions, ev.Journal)[-1].fields["reason"] == "preempted for big (priority 100)"
+    assert not job.preempted
+    assert of(job.handle(gang(3), 4.0), ev.StartGang)[0].attempt == 1
+
+
+def test_a_preempted_job_without_a_checkpoint_dir_stops_and_starts_over():
+    job = running(2)
+    assert statuses(job.handle(ev.Preempted("suspend", "preempted"), 2.0)) == ["STOPPING"]
+    actions = exit_all(job, ExitStatus.STOPPED)
+    assert statuses(actions) == ["QUEUED"] and job.spec.resume is None
+    assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(0)]
+
+
+def test_a_suspend_past_the_preemption_grace_becomes_a_stop_and_keeps_the_old_checkpoint():
+    job = running(2, checkpoint_dir="/ck")
+    job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=5, path="/ck/step-5"), 1.5)
+    job.handle(ev.Preempted("suspend", "preempted"), 2.0)
+    actions = job.handle(ev.Preempted("suspend", "preempted: suspend overdue", overdue=True), 9.0)
+    assert statuses(actions) == ["STOPPING"] and of(actions, ev.SendControl)[0].words[Word.STOP]
+    actions = exit_all(job, ExitStatus.STOPPED)
+    assert statuses(actions) == ["QUEUED"] and job.spec.resume == "/ck/step-5"
+
+
+def test_a_users_stop_during_a_preemption_wins():
+    job = running(2, checkpoint_dir="/ck")
+    job.handle(ev.Preempted("suspend", "preempted"), 2.0)
+    assert statuses(job.handle(ev.StopRequested(), 2.1)) == ["STOPPING"]
+    actions = exit_all(job, ExitStatus.STOPPED)
+    assert statuses(actions) == ["STOPPED"] and job.released and not of(actions, ev.Enqueue)
+
+
+@pytest.mark.parametrize("status", [S.QUEUED, S.STARTING, S.SUSPENDING])
+def test_preemption_and_reclaim_reach_only_a_running_or_paused_job(status):
+    job = make(2, checkpoint_dir="/ck")
+    if status is not S.QUEUED:
+        job.handle(gang(2), 0.0)
+    if status is S.SUSPENDING:
+        for rank in range(2):
+            job.handle(ev.Started(rank, 0), 1.0)
+        job.handle(ev.SuspendRequested(), 1.5)
+    assert job.status is status
+    assert job.handle(ev.Preempted("suspend", "p"), 2.0) == []
+    assert job.handle(ev.Reclaimed("suspend", "idle"), 2.0) == []
+    assert job.status is status
+
+
+def test_an_idle_paused_job_is_reclaimed_to_suspended_and_stays_there():
+    job = running(2, checkpoint_dir="/ck")
+    for rank in range(2):
+        job.handle(ev.Paused(rank, 0, step=4), 1.5)
+    reason = "reclaimed: paused for more than 600 s while others waited"
+    assert statuses(job.handle(ev.Reclaimed("suspend", reason), 700.0)) == ["SUSPENDING"]
+    actions = exit_all(job, ExitStatus.SUSPENDED)
+    assert statuses(actions) == ["SUSPENDED"] and not of(actions, ev.Enqueue)
+    assert [a.fields["reason"] for a in of(actions, ev.Journal) if "status" in a.fields] == [reason]
+
+
+def test_an_idle_job_without_a_checkpoint_dir_is_reclaimed_by_stopping_it():
+    job = running(2)
+    job.handle(ev.Reclaimed("suspend", "reclaimed: idle"), 700.0)
+    actions = exit_all(job, ExitStatus.STOPPED)
+    assert statuses(actions) == ["STOPPED"] and job.released
+    assert of(actions, ev.Journal)[0].fields["reason"] == "reclaimed: idle"
+
+
+def test_a_gang_smaller_than_asked_for_runs_at_that_world_size():
+    job = make(4, min_world_size=2)
+    actions = job.handle(gang(3), 0.0)
+    assert job.world_size == 3 and of(actions, ev.Journal)[0].fields["spec"]["world_size"] == 3
+    assert len(of(actions, ev.StartGang)[0].words) == 5 and job.held == {0, 1, 2}
+
+
+def test_closing_the_scheduler_keeps_a_queued_job_for_the_next_one():
+    job = make(2)
+    actions = job.handle(ev.SchedulerClosing(), 9.0)
+    assert job.status is S.QUEUED and not of(actions, ev.Release)
+    assert "restarted at the same address" in of(actions, ev.Journal)[0].fields["reason"]

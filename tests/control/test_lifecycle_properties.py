@@ -42,6 +42,7 @@ class World:
         self.now += 0.1
         before = (self.job.status, list(self.job.words), self.job.spec)
         released_before = self.job.released
+        restarts_before = self.job.restarts
         try:
             actions = self.job.handle(event, self.now)
         except ClusterSDKError:  # a refused request changes nothing
@@ -49,6 +50,8 @@ class World:
             return
         if released_before:
             assert actions == [], "a released job acts no more"
+        if isinstance(event, (ev.Preempted, ev.Reclaimed)):
+            assert self.job.restarts == restarts_before, "a preemption used the restart budget"
         for action in actions:
             if isinstance(action, ev.FreeSlot):
                 assert action.worker in self.allocated, f"{action.worker} was never given"
@@ -111,7 +114,11 @@ class World:
         self.feed([ev.StopRequested(), ev.PauseRequested(), ev.PauseWithdrawn(),
                    ev.ResumeRequested(world_size=[None, 1, 2][pick % 3]),
                    ev.CheckpointRequested(), ev.SuspendRequested(),
-                   ev.GraceExpired(self.job.attempt)][kind % 7])
+                   ev.GraceExpired(self.job.attempt),
+                   # the scheduling policy's: preemption (and its overdue stop), idle reclaim
+                   ev.Preempted(["suspend", "stop"][pick % 2], "for a higher job"),
+                   ev.Preempted("suspend", "for a higher job", overdue=True),
+                   ev.Reclaimed(["suspend", "stop"][pick % 2], "idle")][kind % 10])
 
     def drain(self) -> None:
         """Every rank still out there exits; nothing may be left holding a slot."""
@@ -121,7 +128,7 @@ class World:
         self.feed(ev.GraceExpired(self.job.attempt))
 
 
-moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 8), st.integers(0, 7)),
+moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(0, 7)),
                  max_size=60)
 
 

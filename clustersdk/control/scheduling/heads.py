@@ -56,7 +56,7 @@ def shadow(p: Pass, req: Request, n: int) -> tuple[float, list[Slot], list[str]]
             continue
         slots = [s for s in h.slots if s.worker in p.inventory and s.worker not in blocked]
         pool.extend(slots)
-        owner.update((s.worker, h.id) for s in slots)
+        owner.update((s.worker, h.request.label) for s in slots)
         if p.free.usable + len(pool) >= n:
             with p.free.including(pool):
                 gang = p.free.pick(n)

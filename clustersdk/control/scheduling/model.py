@@ -46,6 +46,11 @@ class Request:
     preemptible: bool = True
     time_limit: float | None = None
     has_checkpoint_dir: bool = False
+    name: str = ""  # what reasons call it (the id when empty)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
 
     def __post_init__(self) -> None:
         if self.world_size < 1:

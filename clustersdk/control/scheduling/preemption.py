@@ -96,7 +96,7 @@ def _hold_for(p: Pass, req: Request, n: int, leaving: list[Holding], gang: list[
     p.promised.update(h.id for h in leaving)
     p.hold(req, n, [s for s in gang if s.worker not in busy],
            frozenset(s.worker for s in gang if s.worker in busy), False, start_by, "preempting")
-    p.wait(req, "preempting", reasons.preempting([h.id for h in leaving], n, p.grace),
+    p.wait(req, "preempting", reasons.preempting([h.request.label for h in leaving], n, p.grace),
            start_by)
 
 

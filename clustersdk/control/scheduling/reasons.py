@@ -43,7 +43,7 @@ def head(n: int, start_by: float | None, ending: Sequence[str]) -> str:
 
 
 def behind(first: Request, start_by: float | None, config: PolicyConfig) -> str:
-    text = (f"waiting behind job {first.id!r} (priority {config.priority_name(first.priority)}, "
+    text = (f"waiting behind job {first.label!r} (priority {config.priority_name(first.priority)}, "
             f"{_slots(first.world_size)}), first in queue {first.queue!r}")
     if start_by is None:
         return text + "; it may only start on slots that job cannot use"
@@ -61,7 +61,7 @@ def victim(h: Holding, by: Request, how: str, config: PolicyConfig) -> str:
     size = _slots(req.world_size)
     if req.min_world_size and req.min_world_size < req.world_size:
         size = f"{req.min_world_size} to {req.world_size} slots"
-    who = f"job {by.id!r} (priority {config.priority_name(by.priority)})"
+    who = f"job {by.label!r} (priority {config.priority_name(by.priority)})"
     if how == "suspend":
         return f"preempted by {who} at step {h.step}, will resume when {size} are free"
     return (f"stopped for {who} at step {h.step} (no checkpoint_dir, so it starts over), "
