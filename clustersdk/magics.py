@@ -189,6 +189,13 @@ class ClusterMagics(Magics):
     @argument("--strategy", default="ddp", help="ddp (default), none, or another of cs.STRATEGIES")
     @argument("--name", default=None, help="the job's name (default: cell-<id>)")
     @argument("--timeout", type=float, default=None, help="collective timeout in seconds")
+    @argument("--queue", default=None, help="the queue it runs in (default: the cluster's)")
+    @argument("--priority", default=None,
+              help="a priority class (low, normal, high) or an int; higher may preempt lower")
+    @argument("--not-preemptible", action="store_true",
+              help="never preempt it (needs priority normal or higher)")
+    @argument("--time-limit", type=float, default=None,
+              help="seconds it needs at most: lets the scheduler backfill around it")
     @argument("--no-wait", action="store_true",
               help="return the job at once and show its dashboard instead of streaming output")
     @argument("--cluster", default=None, help="the Cluster variable to run on")
@@ -206,8 +213,13 @@ class ClusterMagics(Magics):
         fn = cell_function(cell or "", self.shell.user_ns)
         world_size = args.world_size if args.world_size is not None else len(cluster.slots())
         with one_line():
+            priority = args.priority
+            if priority is not None and priority.lstrip("-").isdigit():
+                priority = int(priority)
             job = cluster.launch(fn, world_size=world_size, strategy=args.strategy, name=args.name,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, queue=args.queue, priority=priority,
+                                 preemptible=not args.not_preemptible,
+                                 time_limit=args.time_limit)
         if args.no_wait:
             return job
         return stream(job)
@@ -223,6 +235,17 @@ class ClusterMagics(Magics):
         if _help(self.jobs, args):
             return None
         return render.JobsTable(source.job_records(self._current(args.cluster)))
+
+    @line_magic("queue")
+    @magic_arguments()
+    @argument("--cluster", default=None, help="the Cluster variable whose queues to show")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    def queue(self, line: str = "") -> Any:
+        """The queues: who holds what, what waits and why, estimated starts."""
+        args = parse_argstring(self.queue, line)
+        if _help(self.queue, args):
+            return None
+        return self._current(args.cluster).queue()
 
     @line_magic("job")
     @magic_arguments()

@@ -44,7 +44,7 @@ def one_line_error(capsys) -> str:
 
 
 @pytest.mark.parametrize("magic", ["%cluster --help", "%%distributed --help\npass", "%jobs --help",
-                                   "%job --help"])
+                                   "%job --help", "%queue --help"])
 def test_every_magic_has_help(shell, capsys, magic):
     result = run(shell, magic)
     assert result.success
@@ -64,6 +64,9 @@ def test_every_magic_has_help(shell, capsys, magic):
     ("%%distributed --strategy zero\npass", "unknown strategy 'zero'"),
     ("%%distributed\nfor x in:\n    pass", "the cell has a syntax error"),
     ("%%distributed --cluster nope\npass", "--cluster nope: no Cluster called 'nope'"),
+    ("%%distributed -n 1 --queue nowhere\npass", "unknown queue 'nowhere'"),
+    ("%%distributed -n 1 --priority low --not-preemptible\npass",
+     "preemptible=False needs priority normal (50) or higher"),
 ])
 def test_mistakes_are_one_line(ip, capsys, line, message):
     result = run(ip, line)
@@ -122,7 +125,7 @@ def test_distributed_failure_shows_the_remote_traceback_only(ip, capsys):
 
 
 def test_no_wait_then_job_magics_and_jobs_table(ip, capsys):
-    result = run(ip, "%%distributed -n 2 --no-wait --name magic-spin\n"
+    result = run(ip, "%%distributed -n 2 --no-wait --name magic-spin --priority high\n"
                      "import time\n"
                      "for step, _ in ctx.loop(None, steps=1_000_000):\n"
                      "    time.sleep(0.01)\n"
@@ -132,6 +135,9 @@ def test_no_wait_then_job_magics_and_jobs_table(ip, capsys):
     deadline = time.monotonic() + 30
     while job.status is not cs.JobStatus.RUNNING and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert job.priority == 100 and job.queue == "default"
+    queues = run(ip, "%queue").result
+    assert [h["name"] for h in queues.data["queues"][0]["holding"]] == ["magic-spin"]
     assert run(ip, "%job pause magic-spin").success
     assert job.status is cs.JobStatus.PAUSED
     assert run(ip, "%job resume magic-spin").success

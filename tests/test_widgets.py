@@ -130,6 +130,19 @@ def test_static_html_escapes_and_shows_the_failed_ranks_traceback():
     assert "FAILED" in html
 
 
+def test_who_launched_a_job_its_queue_and_priority_are_shown():
+    record = {"id": "j", "name": "big<run>", "status": "QUEUED", "reason": "preempted by job 'x'",
+              "spec": {"world_size": 4, "strategy": "ddp", "owner": "alice", "queue": "research",
+                       "priority": 100, "preemptible": False}}
+    html = render.job_html(JobView.from_record(record))
+    assert "alice · queue research · priority 100 · not preemptible" in html
+    assert "big&lt;run&gt;" in html and "preempted by job" in html
+    text = render.jobs_text([record], now=0)
+    assert text.splitlines()[0].split()[4:7] == ["owner", "queue", "prio"]
+    assert text.splitlines()[1].split()[4:7] == ["alice", "research", "100"]
+    assert ">research<" in render.jobs_html([record], now=0)
+
+
 def test_a_restarting_job_says_why():
     reason = "worker tcp://a:1 (host a) of rank 1 left the cluster; restart 1 of 3: the other ranks stop first"
     view = JobView(name="a", world_size=2, strategy="ddp", status="RESTARTING", reason=reason)

@@ -220,6 +220,7 @@ class JobDashboard:
         v = self.view
         ranks = f"{v.world_size} rank{'s' if v.world_size != 1 else ''}"
         device = f" · {html.escape(v.device)}" if v.device else ""
+        device += f" · {html.escape(v.sharing)}" if v.sharing else ""
         waiting = v.reason and v.status in ("QUEUED", "RESTARTING")
         reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:

@@ -73,6 +73,7 @@ class JobView:
         self.device = ""  # "CPU (no GPU) on 1 host", from the record's ranks
         self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
         self.checkpoint: str | None = None      # the newest committed checkpoint
+        self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -101,6 +102,7 @@ class JobView:
         view.device = device_text(record)
         view.checkpoint_dir = spec.get("checkpoint_dir")
         view.checkpoint = record.get("checkpoint")
+        view.sharing = sharing_text(spec)
         return view
 
     # feeding -------------------------------------------------------------------
@@ -303,3 +305,15 @@ def device_text(record: dict[str, Any]) -> str:
     hosts = len({r.get("host") for r in ranks})
     kind = "GPU" if any(d.startswith("cuda") for d in devices) else "CPU (no GPU)"
     return f"{kind} on {hosts} host{'s' if hosts != 1 else ''}"
+
+
+def sharing_text(spec: dict[str, Any]) -> str:
+    """Who launched the job, its queue and priority, in one line (empty parts left out)."""
+    parts = [str(spec["owner"])] if spec.get("owner") else []
+    if spec.get("queue"):
+        parts.append(f"queue {spec['queue']}")
+    if spec.get("priority") is not None:
+        parts.append(f"priority {spec['priority']}")
+    if spec.get("preemptible") is False:
+        parts.append("not preemptible")
+    return " · ".join(parts)

@@ -63,7 +63,8 @@ def job_html(view: JobView) -> str:
     progress = view.progress()
     return _env.get_template("job.html.j2").render(
         name=view.name, badge=badge(view.status), color=STATUS_COLORS.get(view.status, "#6b7280"),
-        strategy=view.strategy, world_size=view.world_size, device=view.device,
+        strategy=view.strategy, world_size=view.world_size,
+        device=" · ".join(p for p in (view.device, view.sharing) if p),
         progress=progress_text(progress), fraction=progress["fraction"],
         reason=view.reason if view.status in ("QUEUED", "RESTARTING") else "",
         metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
@@ -135,10 +136,12 @@ def jobs_text(records: Iterable[dict[str, Any]], now: float | None = None) -> st
     rows = [_job_row(r, now) for r in records]
     if not rows:
         return "No jobs yet."
-    head = f"{'job':<28} {'status':<10} {'ranks':>5}  {'strategy':<9} {'submitted':<10} {'ran':>9}  note"
+    head = (f"{'job':<28} {'status':<10} {'ranks':>5}  {'strategy':<9} {'owner':<10} "
+            f"{'queue':<10} {'prio':>4}  {'submitted':<10} {'ran':>9}  note")
     lines = [head]
     for j in rows:
         lines.append(f"{j['name']:<28} {j['status']:<10} {j['world_size']:>5}  {j['strategy']:<9} "
+                     f"{j['owner']:<10} {j['queue']:<10} {j['priority']:>4}  "
                      f"{j['submitted']:<10} {j['ran']:>9}  {j['note']}".rstrip())
     return "\n".join(lines)
 
@@ -156,6 +159,8 @@ def _job_row(record: dict[str, Any], now: float | None) -> dict[str, Any]:
     submitted = record.get("submitted")
     return {"name": record.get("name", "?"), "status": status, "badge": badge(status),
             "world_size": spec.get("world_size", "?"), "strategy": spec.get("strategy", "?"),
+            "owner": spec.get("owner") or "—", "queue": spec.get("queue") or "—",
+            "priority": "—" if spec.get("priority") is None else spec["priority"],
             "submitted": time.strftime("%H:%M:%S", time.localtime(submitted)) if submitted else "—",
             "ran": ran, "note": note[:120]}
 

@@ -149,6 +149,18 @@ class JobsHandler(ClusterSDKHandler):
         return await self.manager.jobs(self.get_query_argument("cluster", None) or None)
 
 
+class QueueHandler(ClusterSDKHandler):
+    """Per cluster and queue: the jobs holding slots, those waiting, why, and when."""
+
+    auth_resource = CLUSTERS
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self) -> Any:
+        return await self.manager.queue(self.get_query_argument("cluster", None) or None)
+
+
 class JobHandler(ClusterSDKHandler):
     @web.authenticated
     @authorized
@@ -285,6 +297,7 @@ ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
     (r"/clustersdk/api/clusters/(?P<cluster>[^/]+)/doctor", DoctorHandler),
     (r"/clustersdk/api/overview", OverviewHandler),
     (r"/clustersdk/api/jobs", JobsHandler),
+    (r"/clustersdk/api/queue", QueueHandler),
     (rf"/clustersdk/api/jobs/{_JOB}", JobHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/history", HistoryHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/logs", LogsHandler),

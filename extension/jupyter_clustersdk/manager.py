@@ -221,6 +221,22 @@ class ClusterManager(Following, PanelQueries):
                 jobs.append(models.job_model(record, target.id))
         return models.jobs_model(jobs, unreachable)
 
+    async def queue(self, cluster: str | None = None) -> dict[str, Any]:
+        """The queues of every reachable cluster (or of one): who holds what, what waits
+        and why, estimated starts."""
+        targets = [self.target(cluster)] if cluster else self.targets()
+        results = await asyncio.gather(*(self.call(t, "queue") for t in targets),
+                                       return_exceptions=True)
+        views, unreachable = [], []
+        for target, result in zip(targets, results):
+            if isinstance(result, UpstreamError):
+                unreachable.append(target.id)
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            views.append({"cluster": target.id, **result})
+        return {"clusters": views, "unreachable": unreachable}
+
     async def locate(self, ref: str) -> tuple[Target, dict[str, Any]]:
         """The cluster and record of the job with id (or, failing that, name) ``ref``."""
         known = self._located.get(ref)

@@ -10,6 +10,7 @@ Every family carries a ``cluster`` label (the cluster id); job families add
 ``clustersdk_queue_length``                 jobs waiting for a gang of free slots
 ``clustersdk_jobs``                         jobs per ``state`` on the scheduler (all time)
 ``clustersdk_job_state``                    1 for the job's current ``state``, 0 for the others
+``clustersdk_job_info``                     1, labelled with the job's ``owner``, ``queue``, ``priority``
 ``clustersdk_job_step``                     furthest step of any rank
 ``clustersdk_job_loss``                     mean of each rank's newest ``loss`` (if logged)
 ``clustersdk_job_scalar``                   mean of each rank's newest value per ``scalar``
@@ -125,6 +126,11 @@ def _job_families(f: dict, gauge: Callable, cid: str, job: Mapping[str, Any]) ->
     for status in JobStatus:
         gauge("clustersdk_job_state", "1 for the job's current state", [*JOB, "state"])(
             [*labels, status.name], 1.0 if record["status"] == status.name else 0.0)
+    spec = record.get("spec") or {}
+    gauge("clustersdk_job_info", "1, labelled with who launched the job and where it queues",
+          [*JOB, "owner", "queue", "priority"])(
+        [*labels, str(spec.get("owner") or ""), str(spec.get("queue") or ""),
+         str(spec.get("priority") if spec.get("priority") is not None else "")], 1.0)
     gauge("clustersdk_job_world_size", "Ranks of the job", JOB)(
         labels, float((record.get("spec") or {}).get("world_size") or 0))
     if progress.get("step") is not None:

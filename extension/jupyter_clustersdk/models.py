@@ -70,6 +70,9 @@ def job_model(record: Mapping[str, Any], cluster: str,
         "world_size": spec.get("world_size"),
         "strategy": spec.get("strategy"),
         "owner": spec.get("owner"),
+        "queue": spec.get("queue"),
+        "priority": spec.get("priority"),
+        "preemptible": spec.get("preemptible", True),
     })
     for key, value in record.items():
         if key not in out and key not in _DERIVED_FIELDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -65,6 +66,7 @@ async def test_jobs_lists_the_running_job_and_one_job_shows_its_progress(jp_fetc
     mine = [j for j in listed["jobs"] if j["id"] == spin_job.id]
     assert len(mine) == 1 and mine[0]["status"] == "RUNNING" and mine[0]["terminal"] is False
     assert mine[0]["world_size"] == 1 and mine[0]["name"] == "ext-spin"
+    assert (mine[0]["queue"], mine[0]["priority"], mine[0]["preemptible"]) == ("default", 50, True)
 
     by_id = await get(jp_fetch, "api", "jobs", spin_job.id)
     by_name = await get(jp_fetch, "api", "jobs", "ext-spin")
@@ -209,6 +211,34 @@ async def test_metrics_expose_the_running_job(jp_fetch, spin_job):
                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert om.headers["Content-Type"].startswith("application/openmetrics-text")
     assert om.body.decode().rstrip().endswith("# EOF")
+
+
+async def test_the_queue_says_who_holds_what_and_why_a_job_waits(jp_fetch, free_slot, spin_job):
+    holder = free_slot.launch(workloads.spin, world_size=1, name="ext-holder", priority="high")
+    wait_for(lambda: holder.status is cs.JobStatus.RUNNING)
+    waiter = free_slot.launch(workloads.count_to, world_size=2, name="ext-waiter", priority="low")
+    deadline = asyncio.get_event_loop().time() + 30
+    while True:
+        view = await get(jp_fetch, "api", "queue", cluster=_cid(spin_job))
+        (queue,) = view["clusters"][0]["queues"]
+        if queue["waiting"] and queue["waiting"][0]["reason"]:
+            break
+        assert asyncio.get_event_loop().time() < deadline, view
+        await asyncio.sleep(0.1)
+    assert view["unreachable"] == [] and view["clusters"][0]["cluster"] == _cid(spin_job)
+    assert sorted((h["name"], h["priority_name"]) for h in queue["holding"]) == [
+        ("ext-holder", "high"), ("ext-spin", "normal")]
+    (waiting,) = queue["waiting"]
+    assert waiting["name"] == "ext-waiter" and waiting["reason"].startswith(
+        "waiting for 2 slots to be free")
+    text = (await jp_fetch("clustersdk", "metrics")).body.decode()
+    (labels,) = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in text.splitlines()
+                 if line.startswith("clustersdk_job_info{") and f'job="{holder.id}"' in line
+                 and line.endswith(" 1.0")]
+    assert labels == {"cluster": _cid(spin_job), "job": holder.id, "name": "ext-holder",
+                      "owner": spin_job.owner, "queue": "default", "priority": "100"}
+    waiter.stop()
+    holder.stop()
 
 
 async def test_openapi_is_served_with_the_base_url(jp_fetch, jp_base_url):
