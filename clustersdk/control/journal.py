@@ -142,6 +142,14 @@ class Journal:
             "('QUEUED', 'SUSPENDED') ORDER BY seq, submitted", (address, scheduler)).fetchall()
         return [_decode(r) for r in rows]
 
+    def orphaned(self, address: str, scheduler: str) -> list[dict[str, Any]]:
+        """Jobs an earlier scheduler at ``address`` left running (it died with them)."""
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status NOT IN "
+            "('QUEUED', 'SUSPENDED', 'FINISHED', 'FAILED', 'STOPPED')",
+            (address, scheduler)).fetchall()
+        return [_decode(r) for r in rows]
+
     # settings ---------------------------------------------------------------
     def put_setting(self, key: str, value: Any) -> None:
         self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",

@@ -10,6 +10,7 @@ resumed from its checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from .. import config
@@ -34,8 +35,14 @@ def scheduling_config(journal: Journal) -> PolicyConfig:
 def adopt(plane: ControlPlane) -> list[str]:
     """Follow the jobs an earlier scheduler at this address left queued or suspended;
     their ids. A record that can't be taken over (no payload, another release's spec)
-    is marked FAILED, saying why."""
+    is marked FAILED, saying why; so is a job the earlier scheduler died running."""
     address, adopted = plane.scheduler.address, []
+    for record in plane.journal.orphaned(address, plane.id):  # it died without closing them
+        plane.journal.update(record["id"], scheduler=plane.id, status=JobStatus.FAILED.name,
+                             payload=None, reason="", ended=time.time(), error={
+                                 "rank": None, "type": "SchedulerClosed", "traceback": "",
+                                 "message": f"the Dask scheduler stopped while the job was "
+                                            f"{record['status']}"})
     for record in plane.journal.adoptable(address, plane.id):
         status = JobStatus[record["status"]]
         try:
