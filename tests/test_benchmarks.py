@@ -80,11 +80,14 @@ def test_scheduler_benchmark_smoke(tmp_path):
     out = tmp_path / "scheduler.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "scheduler.py"), "--repeats", "1",
-         "--events", "5", "--queued", "300", "--nodes", "30", "--json", str(out)],
-        capture_output=True, text=True, timeout=120,
+         "--events", "5", "--queued", "300", "--nodes", "30", "--preemption", "1",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "one arrival" in proc.stdout and "one completion" in proc.stdout
     result = json.loads(out.read_text())
     assert set(result["medians_s"]) == {"fill", "cold", "warm", "tick", "arrival", "completion"}
     assert all(t > 0 for t in result["medians_s"].values())
+    assert "preemption, live on 4 local CPU slots" in proc.stdout
+    assert all(t > 0 for t in result["preemption_s"].values())
