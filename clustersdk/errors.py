@@ -89,17 +89,27 @@ class JobFailedError(ClusterSDKError):
     (``exc_type``), its ``message`` and the remote ``traceback`` text.
     """
 
-    def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str):
+    def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str,
+                 consequences: list[dict] | None = None):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.traceback = traceback
-        super().__init__(
-            f"job {job!r} failed: rank {rank} raised {exc_type}: {message}\n\n"
-            f"Remote traceback (rank {rank}):\n{traceback}"
-        )
+        self.consequences = consequences or []  # the peers' errors the cause brought about
+        if exc_type == "WorkerLost":  # no rank raised: its worker went away
+            text = f"job {job!r} failed: {message}"
+        else:
+            text = f"job {job!r} failed: rank {rank} raised {exc_type}: {message}"
+        if self.consequences:
+            text += "\n\nThen, as a consequence:" + "".join(
+                f"\n  rank {c.get('rank')} raised {c.get('type')}: {c.get('message')}"
+                for c in self.consequences)
+        if traceback:
+            text += f"\n\nRemote traceback (rank {rank}):\n{traceback}"
+        super().__init__(text)
 
     @classmethod
     def from_record(cls, job: str, error: dict) -> JobFailedError:
-        return cls(job, error["rank"], error["type"], error["message"], error["traceback"])
+        return cls(job, error["rank"], error["type"], error["message"], error["traceback"],
+                   error.get("consequences"))

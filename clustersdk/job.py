@@ -80,6 +80,14 @@ class Job:
         """Who launched it."""
         return self.spec.owner
 
+    def events(self) -> list[dict[str, Any]]:
+        """What happened to the job that a user must be able to find later, oldest first:
+        each restart, failure, change of world size, preemption or reclaim, with its
+        ``kind``, ``message`` (the cause: e.g. which worker was lost), ``time`` and
+        ``step`` (the furthest step logged then), and the errors it caused
+        (``consequences``)."""
+        return self.info().get("events", [])
+
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error."""
         self._record = self.cluster.sync(self.cluster.control.job, job=self.id)

@@ -248,10 +248,17 @@ def test_job_fails_when_a_worker_dies(tmp_path):
         victim = next(s["worker"] for s in cluster.slots() if s["job"])
         pid = cluster.client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(cs.JobFailedError, match="left the cluster|Connection closed") as info:
+        victim_rank = next(r["rank"] for r in job.info()["ranks"] if r["worker"] == victim)
+        # the cause, however the survivor's broken connection and Dask's notice race
+        with pytest.raises(cs.JobFailedError, match=rf"failed: worker {victim} \(host [^)]+\) "
+                                                    rf"of rank {victim_rank} left the cluster"
+                           ) as info:
             job.wait(timeout=60)
-        assert info.value.rank in (0, 1)
+        assert (info.value.rank, info.value.exc_type) == (victim_rank, "WorkerLost")
         assert job.status is cs.JobStatus.FAILED
+        (event,) = job.events()  # findable later, with the survivor's error as a consequence
+        assert event["kind"] == "failed" and victim in event["message"]
+        assert [c["rank"] for c in event["consequences"]] in ([], [1 - victim_rank])
         # the nanny brings the worker back; its slot rejoins and takes new work
         wait_for(lambda: len(cluster.slots()) == 2, timeout=60)
         out = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2).wait(timeout=60)

@@ -116,6 +116,13 @@ def test_the_restart_budget_runs_out_and_then_the_job_fails(healed):
         job.wait(timeout=60)
     assert info.value.rank == 1 and info.value.exc_type == "WorkerLost"
     assert job.restarts == 1
+    # both causes stay findable after the job moved on: a restart, then the failure
+    events = job.events()
+    assert [e["kind"] for e in events] == ["restarted", "failed"]
+    assert events[0]["message"].endswith("left the cluster; restart 1 of 1")
+    assert "of rank 0 left the cluster" in events[0]["message"] and events[0]["step"] >= 5
+    assert "of rank 1 left the cluster (all 1 restart(s)" in events[1]["message"]
+    assert events[0]["time"] < events[1]["time"]
 
 
 def test_stop_during_a_restart_stops_the_job(healed):

@@ -143,6 +143,20 @@ def test_who_launched_a_job_its_queue_and_priority_are_shown():
     assert ">research<" in render.jobs_html([record], now=0)
 
 
+def test_the_newest_durable_events_are_shown():
+    events = [{"time": float(i), "step": 10 * i, "kind": "restarted",
+               "message": f"worker tcp://w{i} (host h) of rank 1 left the cluster"} for i in range(5)]
+    record = {"id": "j", "name": "a", "status": "RUNNING", "reason": "", "events": events,
+              "spec": {"world_size": 2, "strategy": "ddp"}}
+    view = JobView.from_record(record)
+    html = render.job_html(view)
+    assert "step 40 · restarted: worker tcp://w4" in html and "tcp://w1 " not in html  # last 3
+    view.take_dirty()
+    view.set_status("RUNNING", {**record, "events": [*events, {
+        "time": 9.0, "step": None, "kind": "failed", "message": "rank 0: E: boom"}]})
+    assert "status" in view.take_dirty() and "failed: rank 0: E: boom" in render.job_html(view)
+
+
 def test_a_restarting_job_says_why():
     reason = "worker tcp://a:1 (host a) of rank 1 left the cluster; restart 1 of 3: the other ranks stop first"
     view = JobView(name="a", world_size=2, strategy="ddp", status="RESTARTING", reason=reason)

@@ -242,6 +242,16 @@ class CloseBoard:
 
 
 @dataclasses.dataclass(frozen=True)
+class Record:
+    """Keep a durable event of the job (``job.events()``): ``kind`` (restarted, failed,
+    resized, preempted, reclaimed), a line for people, and structured ``data``."""
+
+    kind: str
+    message: str
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class Release:
     """The job is over and nothing of it runs: store ``result``, wake waiters, forget it."""
 
@@ -249,7 +259,7 @@ class Release:
 
 
 Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequeue, StartTimer,
-               TruncateHistory, CloseBoard, Release]
+               TruncateHistory, CloseBoard, Record, Release]
 
 
 def status_message(status: str, attempt: int) -> StatusMessage:

@@ -64,6 +64,16 @@ CREATE TABLE IF NOT EXISTS system (
     sample TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS system_by_job ON system (job, seq);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    time REAL NOT NULL,
+    step INTEGER,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_by_job ON events (job, seq);
 CREATE TABLE IF NOT EXISTS settings (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -149,6 +159,20 @@ class Journal:
             "('QUEUED', 'SUSPENDED', 'FINISHED', 'FAILED', 'STOPPED')",
             (address, scheduler)).fetchall()
         return [_decode(r) for r in rows]
+
+    # events: restarts, failures, world-size changes, preemptions ------------
+    def add_event(self, job: str, time: float, step: int | None, kind: str, message: str,
+                  data: dict[str, Any] | None = None) -> None:
+        self._db.execute("INSERT INTO events (job, time, step, kind, message, data) VALUES "
+                         "(?, ?, ?, ?, ?, ?)", (job, time, step, kind, message,
+                                                json.dumps(data or {}, default=str)))
+
+    def events(self, job: str) -> list[dict[str, Any]]:
+        """The job's durable events, oldest first."""
+        rows = self._db.execute("SELECT time, step, kind, message, data FROM events WHERE "
+                                "job = ? ORDER BY seq", (job,)).fetchall()
+        return [{"time": r["time"], "step": r["step"], "kind": r["kind"],
+                 "message": r["message"], **json.loads(r["data"])} for r in rows]
 
     # settings ---------------------------------------------------------------
     def put_setting(self, key: str, value: Any) -> None:

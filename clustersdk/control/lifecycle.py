@@ -12,11 +12,12 @@ The rules, by event:
 - **Exited**: the rank's slot is free; once every rank is out the job ends
   FINISHED (STOPPED after a stop, SUSPENDED after a suspend whose every rank
   checkpointed, QUEUED again first in line when RESTARTING).
-- **Failed** (a rank raised): the job FAILS and the other ranks are stopped;
-  but with restarts left the failure is *held back* for ``failure_grace``
+- **Failed** (a rank raised): the failure is *held back* for ``failure_grace``
   seconds (or until every rank is out), because a rank usually sees a dead
   peer (connection reset) before Dask says the peer's worker left: if a worker
-  is lost meanwhile, the job restarts instead.
+  is lost meanwhile, that is the cause (the job restarts, or fails naming it,
+  with the peers' errors as consequences); else the job FAILS with the first
+  error that is not a peer's communication error (see :mod:`.faults`).
 - **WorkerLost / StartFailed**: within the restart budget (``max_restarts``)
   a STARTING, RUNNING or PAUSED job goes RESTARTING: the other ranks stop,
   then it queues first in line to continue from its newest committed
@@ -41,7 +42,7 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import sharing
+from . import faults, sharing
 
 RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
 
@@ -88,7 +89,8 @@ class Lifecycle:
         self.exited: dict[int, ExitStatus] = {}
         self.paused: dict[int, int] = {}     # rank -> step it waits before
         self.words = no_words()
-        self.held_failure: dict[str, Any] | None = None
+        self.held_failure: dict[str, Any] | None = None  # the cause so far (see faults.py)
+        self.consequences: list[dict[str, Any]] = []     # the errors held back beside it
         self.result: bytes | None = None
 
     # --- properties ------------------------------------------------------------------
@@ -126,6 +128,9 @@ class Lifecycle:
     # --- the gang ----------------------------------------------------------------------
     def _allocated(self, e: ev.Allocated) -> None:
         if len(e.ranks) != self.world_size:  # the policy started it on fewer (min_world_size)
+            faults.record(self, "resized", f"started on {len(e.ranks)} of the "
+                          f"{self.world_size} ranks asked for (min_world_size allows it)",
+                          world_size=len(e.ranks), was=self.world_size)
             self.spec = self.spec.replace(world_size=len(e.ranks))
             self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
         self.ranks = e.ranks
@@ -170,17 +175,6 @@ class Lifecycle:
         self._out.append(ev.Publish({"kind": "checkpoint_failed", "step": e.step,
                                      "message": e.message}))
 
-    def _failed(self, e: ev.Failed) -> None:
-        # while RESTARTING, the other ranks fail for want of the lost one: not news
-        if self.status.terminal or self.status is JobStatus.RESTARTING:
-            return
-        if self.spec.max_restarts and self.status in RESTARTABLE:
-            if self.held_failure is None:  # was it a peer's lost worker? wait and see
-                self.held_failure = e.error
-                self._out.append(ev.StartTimer(self.failure_grace, ev.GraceExpired(self.attempt)))
-            return
-        self._fail(e.error)
-
     def _exited(self, e: ev.Exited) -> None:
         self.exited[e.rank] = e.status
         if e.rank == 0 and e.result is not None:
@@ -210,7 +204,7 @@ class Lifecycle:
         """No worker of the job was lost after all: the held-back failure is the job's."""
         if (self.held_failure is not None and e.attempt == self.attempt
                 and not self.status.terminal and self.status is not JobStatus.RESTARTING):
-            self._fail(self.held_failure)
+            faults.fail_held(self)
             self._maybe_done()
 
     # --- requests -------------------------------------------------------------------------
@@ -297,19 +291,26 @@ class Lifecycle:
         """Rank ``rank``'s worker is gone (or could not start it): restart the gang
         while the restart budget lasts, else fail the job."""
         budget = self.spec.max_restarts
-        self.held_failure = None  # the peers of the lost rank failed for want of it
         if self.status is JobStatus.RESTARTING:
             return  # another worker of the gang (a whole host went): part of the same restart
         if self.status in RESTARTABLE and self.restarts < budget:
+            # the peers of the lost rank failed for want of it: consequences, not causes
+            cause = faults.caused(error(rank, exc_type, message), self)
+            self.held_failure, self.consequences = None, []
             self.restarts += 1
             self.restart_paused = self.status is JobStatus.PAUSED
             self._transition(JobStatus.RESTARTING, restarts=self.restarts, reason=(
                 f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"))
+            faults.record(self, "restarted", f"{message}; restart {self.restarts} of {budget}",
+                          rank=rank, attempt=self.attempt,
+                          consequences=cause.get("consequences", []))
             self._ask(Word.STOP, 1)
         elif not self.status.terminal:
             if budget and self.status in RESTARTABLE:
                 message += f" (all {budget} restart(s) of the job are used up)"
-            self._fail(error(rank, exc_type, message))
+            cause = faults.caused(error(rank, exc_type, message), self)
+            self.held_failure, self.consequences = None, []
+            self._fail(cause)
 
     def _restart(self) -> None:
         """Every rank of the lost gang is out: queue again, first in line, to continue
@@ -338,7 +339,7 @@ class Lifecycle:
             sharing.requeue(self)
             return
         if self.held_failure is not None and not self.status.terminal:
-            self._fail(self.held_failure)  # every rank is out and no worker was lost
+            faults.fail_held(self)  # every rank is out and no worker was lost
         if self.status is JobStatus.SUSPENDING and all(
                 s is ExitStatus.SUSPENDED for s in self.exited.values()):
             self._transition(JobStatus.SUSPENDED,
@@ -351,7 +352,10 @@ class Lifecycle:
         self._release()
 
     def _fail(self, err: dict[str, Any]) -> None:
-        """First error wins; the other ranks are told to stop and will exit."""
+        """The job fails with ``err``; the other ranks are told to stop and will exit."""
+        rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
+        faults.record(self, "failed", f"{rank}{err.get('type')}: {err.get('message')}",
+                      rank=err.get("rank"), consequences=err.get("consequences", []))
         self._finish(JobStatus.FAILED, error=err, reason="")
         self._ask(Word.STOP, 1)
 
@@ -395,7 +399,7 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.Restored: Lifecycle._restored,
     ev.CheckpointCommitted: Lifecycle._checkpoint_committed,
     ev.CheckpointFailed: Lifecycle._checkpoint_failed,
-    ev.Failed: Lifecycle._failed,
+    ev.Failed: faults.failed,
     ev.Exited: Lifecycle._exited,
     ev.StartFailed: Lifecycle._start_failed,
     ev.WorkerLost: Lifecycle._worker_lost,

@@ -49,6 +49,7 @@ class Run:
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     board: Any = None  # TensorBoard writers, with tensorboard_dir
+    step: int | None = None  # the furthest step a rank logged (what events are stamped with)
 
     @property
     def id(self) -> str:
@@ -201,7 +202,8 @@ class ControlPlane(SchedulerPlugin):
             return
         if rows:
             self.journal.add_metrics(run.id, rows)
-            self.placement.progress(run.id, max(r["step"] for r in rows), time.time())
+            run.step = max(run.step or 0, max(r["step"] for r in rows))
+            self.placement.progress(run.id, run.step, time.time())
             board = self._board(run)
             if board is not None:
                 board.write(rows)
@@ -259,10 +261,15 @@ class ControlPlane(SchedulerPlugin):
 
     def _truncate(self, run: Run, action: ev.TruncateHistory) -> None:
         self.journal.truncate_history(run.id, action.step)
+        run.step = None if run.step is None else min(run.step, action.step)
         self.scheduler.log_event(topic(run.id), {"kind": "rollback", "step": action.step})
 
     def _close_board(self, run: Run, action: ev.CloseBoard) -> None:
         run.close_board()
+
+    def _keep_event(self, run: Run, action: ev.Record) -> None:
+        self.journal.add_event(run.id, time.time(), run.step, action.kind, action.message,
+                               action.data)
 
     def _release(self, run: Run, action: ev.Release) -> None:
         self.journal.update(run.id, result=action.result, payload=None)
@@ -329,6 +336,7 @@ _EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
     ev.StartTimer: ControlPlane._start_timer,
     ev.TruncateHistory: ControlPlane._truncate,
     ev.CloseBoard: ControlPlane._close_board,
+    ev.Record: ControlPlane._keep_event,
     ev.Release: ControlPlane._release,
 }
 

@@ -94,7 +94,8 @@ class Requests:
                 raise JobNotFoundError(f"no job named {name!r} on this cluster; known jobs: "
                                        f"{', '.join(known) or 'none'}")
             job = found["id"]
-        return self._record(job)
+        # one job's record carries its durable events (restarts, failures, preemptions...)
+        return {**self._record(job), "events": self.journal.events(job)}
 
     def jobs(self) -> list[dict]:
         return [_public(r) for r in self.journal.jobs(self.plane.id)]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..protocol import Word
 from ..status import JobStatus
 from . import events as ev
+from . import faults
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
@@ -41,6 +42,7 @@ def preempted(job: Lifecycle, e: ev.Preempted) -> None:
     if job.status not in LEAVABLE:
         return  # already leaving, or gone: nothing to ask
     job.preempted, job.preempt_reason = True, e.reason
+    faults.record(job, "preempted", e.reason, how=e.how)
     if e.how == "suspend" and job.spec.checkpoint_dir:
         job._transition(JobStatus.SUSPENDING, reason=e.reason)
         job._ask(Word.SUSPEND, 1)
@@ -53,6 +55,7 @@ def reclaimed(job: Lifecycle, e: ev.Reclaimed) -> None:
     if job.status not in LEAVABLE:
         return
     job.leave_reason = e.reason
+    faults.record(job, "reclaimed", e.reason, how=e.how)
     if e.how == "suspend" and job.spec.checkpoint_dir:
         job._transition(JobStatus.SUSPENDING, reason=e.reason)
         job._ask(Word.SUSPEND, 1)

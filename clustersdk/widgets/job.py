@@ -22,7 +22,7 @@ import ipywidgets as w
 from . import source
 from .charts import LineChart
 from .format import progress_text
-from .model import ACTIONS, SYSTEM_CHARTS, JobView
+from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
 from .render import badge, job_html, job_text
 from .tree import close_tree
@@ -225,11 +225,13 @@ class JobDashboard:
         reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:
             reason += f" · last checkpoint <code>{html.escape(_short_path(v.checkpoint))}</code>"
+        events = "".join(f'<div style="color:#6b7280;font-size:12px;">{html.escape(line)}</div>'
+                         for line in event_lines(v.events))
         self.header.value = (
             f'<div style="display:flex;align-items:center;gap:8px;font-size:13px;">'
             f'<strong style="font-size:14px;">Job {html.escape(v.name)}</strong> {badge(v.status)}'
             f'<span style="color:#6b7280;">{html.escape(v.strategy)} · {ranks}{device}{reason}</span>'
-            f"</div>"
+            f"</div>{events}"
         )
 
     def _render_progress(self) -> None:

@@ -74,6 +74,7 @@ class JobView:
         self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
         self.checkpoint: str | None = None      # the newest committed checkpoint
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
+        self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -103,6 +104,7 @@ class JobView:
         view.checkpoint_dir = spec.get("checkpoint_dir")
         view.checkpoint = record.get("checkpoint")
         view.sharing = sharing_text(spec)
+        view.events = list(record.get("events") or [])
         return view
 
     # feeding -------------------------------------------------------------------
@@ -168,6 +170,9 @@ class JobView:
             self._drop_gone_ranks()
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
+            self.dirty.add("status")
+        if "events" in record and record["events"] != self.events:
+            self.events = list(record["events"])
             self.dirty.add("status")
 
     def roll_back(self, step: int) -> None:
@@ -317,3 +322,12 @@ def sharing_text(spec: dict[str, Any]) -> str:
     if spec.get("preemptible") is False:
         parts.append("not preemptible")
     return " · ".join(parts)
+
+
+def event_lines(events: Iterable[dict[str, Any]], last: int = 3) -> list[str]:
+    """The newest ``last`` durable events, oldest first, one line each."""
+    out = []
+    for e in list(events)[-last:]:
+        at = f"step {e['step']} · " if e.get("step") is not None else ""
+        out.append(f"{at}{e.get('kind', 'event')}: {e.get('message', '')}")
+    return out

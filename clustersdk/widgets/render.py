@@ -15,7 +15,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text
-from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView
+from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, event_lines
 
 #: One colour per rank (cycled), shared by the live charts and the static HTML.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -72,6 +72,7 @@ def job_html(view: JobView) -> str:
         if source == "psutil" else "",
         spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
         error=view.error if view.status == "FAILED" else None,
+        events=event_lines(view.events),
     )
 
 

@@ -1,0 +1,98 @@
+"""Cause before symptom: which of a failing job's errors is the one to report.
+
+Pure, a part of :class:`~.lifecycle.Lifecycle` (its ``Failed`` and
+``GraceExpired`` events). When a worker dies, its peers fail in their next
+collective (``Connection reset by peer``, a gloo or NCCL error) and, on a
+loaded machine, their errors often reach the scheduler before Dask's notice
+that the worker left. So a rank's failure is **held back** until every rank
+of the gang is out, a worker of the job is lost, or ``failure_grace`` passes:
+
+- a lost worker (or a rank that could not be started) is then the cause; the
+  held errors are its *consequences*, kept in the error record;
+- otherwise the cause is the first error that is not a communication error
+  (a rank that raised ``ValueError`` made its peers' collectives fail, not
+  the reverse), else the first error;
+- without restarts left the job fails either way, so the other ranks are told
+  to stop at once; with restarts left they go on until the grace decides.
+
+Every cause, and every restart, is also kept as a durable event of the job
+(:class:`~.events.Record`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from ..protocol import Word
+from ..status import JobStatus
+from . import events as ev
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
+
+HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
+
+# what a rank raises when a peer (or the network) went away, rather than its own bug
+_COMMUNICATION_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError",
+                                  "ConnectionResetError", "BrokenPipeError",
+                                  "ConnectionAbortedError", "ConnectionRefusedError"})
+_COMMUNICATION = re.compile(
+    r"connection (reset|closed|refused|aborted)|broken pipe|\bgloo\b|\bnccl\b|"
+    r"socket timeout|timed out|by peer|ProcessGroup|TCPStore", re.IGNORECASE)
+
+MAX_CONSEQUENCES = 16  # errors kept beside the cause (a gang of 64 fails 63 times over)
+
+
+def is_communication_error(err: dict[str, Any]) -> bool:
+    """Whether ``err`` (a job error record) reads as a peer or the network failing."""
+    return (err.get("type") in _COMMUNICATION_TYPES
+            or bool(_COMMUNICATION.search(str(err.get("message", "")))))
+
+
+def brief(err: dict[str, Any]) -> dict[str, Any]:
+    """An error as a consequence: who, what, the first line of the message."""
+    message = str(err.get("message", "")).strip().splitlines()
+    return {"rank": err.get("rank"), "type": err.get("type"),
+            "message": message[0][:500] if message else ""}
+
+
+def failed(job: Lifecycle, e: ev.Failed) -> None:
+    # while RESTARTING, the other ranks fail for want of the lost one: not news
+    if job.status.terminal or job.status is JobStatus.RESTARTING:
+        return
+    if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
+        job._fail(e.error)
+        return
+    if job.held_failure is None:  # was it a peer's lost worker? wait and see
+        job.held_failure = e.error
+        job._out.append(ev.StartTimer(job.failure_grace, ev.GraceExpired(job.attempt)))
+        if job.restarts >= job.spec.max_restarts:
+            job._ask(Word.STOP, 1)  # it fails either way: the others stop now
+        return
+    if is_communication_error(job.held_failure) and not is_communication_error(e.error):
+        job.consequences.append(brief(job.held_failure))  # this one is the cause
+        job.held_failure = e.error
+    else:
+        job.consequences.append(brief(e.error))
+
+
+def caused(err: dict[str, Any], job: Lifecycle) -> dict[str, Any]:
+    """``err`` with the errors it caused (held back meanwhile) as its consequences."""
+    held = ([brief(job.held_failure)] if job.held_failure is not None
+            and job.held_failure is not err else [])
+    consequences = (held + job.consequences)[:MAX_CONSEQUENCES]
+    return {**err, "consequences": consequences} if consequences else err
+
+
+def fail_held(job: Lifecycle) -> None:
+    """No worker of the job was lost after all: the held-back failure is the job's."""
+    err = job.held_failure
+    assert err is not None
+    job._fail(caused(err, job))
+
+
+def record(job: Lifecycle, kind: str, message: str, **data: Any) -> None:
+    """A durable event of the job (``job.events()``): a restart, a failure, a change of
+    world size, a preemption; the control plane stamps it with the time and step."""
+    job._out.append(ev.Record(kind, message, data))
