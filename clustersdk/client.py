@@ -47,6 +47,10 @@ class ControlClient:
         """Change the scheduling settings (queues, quotas, classes); returns them all."""
         return await self.call(Op.CONFIGURE, changes=changes)
 
+    async def stacks(self, job: str, all_threads: bool = False) -> dict[str, Any]:
+        """Where each rank of ``job`` is: rank -> stack text, step, phase (see job.stacks)."""
+        return await self.call(Op.STACKS, job=job, all_threads=all_threads)
+
     # --- jobs ---------------------------------------------------------------------------
     async def submit(self, spec: WireSpec, payload: bytes) -> dict[str, Any]:
         return await self.call(Op.SUBMIT, spec=spec.as_dict(), payload=payload)

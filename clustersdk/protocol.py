@@ -70,6 +70,7 @@ class Op(str, enum.Enum):
     SET_CAPACITY = "set_capacity"    # an autoscaling deployer: how far it grows, why jobs wait
     QUEUE = "queue"                  # the queues: who holds what, what waits and why
     CONFIGURE = "configure"          # an admin's change of the scheduling settings
+    STACKS = "stacks"                # where each rank of a job is (its training thread's stack)
 
     @property
     def handler(self) -> str:
@@ -82,6 +83,7 @@ class WorkerOp(str, enum.Enum):
     OPEN_STORE = "open_store"
     START_RANK = "start_rank"
     CONTROL = "control"
+    STACKS = "stacks"                # the stack of a job's rank thread on this worker
 
     @property
     def handler(self) -> str:
@@ -226,6 +228,8 @@ class WireSpec:
     preemptible: bool = True
     time_limit: float | None = None       # the owner's estimate of the run time, seconds
     min_world_size: int | None = None     # the fewest ranks it may start (or resume) on
+    hang_timeout: float | None = None     # seconds without a finished step; None: derived
+    on_hang: str = "report"               # "report", "restart" or "fail"
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

@@ -81,6 +81,9 @@ class JobSpec:
     preemptible: bool = True            # may be suspended (or stopped) for another job
     time_limit: float | None = None     # an estimate, seconds: lets backfill plan around it
     min_world_size: int | None = None   # may start (or resume) on this many ranks or more
+    # a job whose ranks stop finishing steps (see clustersdk.control.hangs)
+    hang_timeout: float | None = None   # None: max(60 s, 20x the slowest recent step)
+    on_hang: str = "report"             # "report", "restart" or "fail"
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -122,6 +125,7 @@ class JobSpec:
         self.env = check_env(self.env)
         self._check_code_options()
         self._check_sharing_options()
+        self._check_hang_options()
 
     def _check_sharing_options(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -142,6 +146,20 @@ class JobSpec:
                                 or not 1 <= low <= self.world_size):
             raise SpecError(f"min_world_size must be an int from 1 to world_size="
                             f"{self.world_size}, got {low!r}")
+
+    def _check_hang_options(self) -> None:
+        limit = self.hang_timeout
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not limit > 0:
+                raise SpecError(f"hang_timeout must be a positive number of seconds, got "
+                                f"{limit!r}")
+            self.hang_timeout = float(limit)
+        if self.on_hang not in ON_HANG:
+            raise SpecError(f"on_hang must be one of {', '.join(map(repr, ON_HANG))}, got "
+                            f"{self.on_hang!r}")
+        if self.on_hang == "restart" and not self.max_restarts:
+            raise SpecError("on_hang='restart' needs max_restarts=1 or more (a restart after a "
+                            "hang counts against it)")
 
     def _check_code_options(self) -> None:
         if self.working_dir is not None:
@@ -269,10 +287,12 @@ class JobSpec:
             py_modules=[getattr(m, "__name__", m) for m in self.py_modules or ()] or None,
             queue=self.queue, priority=self.priority, preemptible=self.preemptible,
             time_limit=self.time_limit, min_world_size=self.min_world_size,
+            hang_timeout=self.hang_timeout, on_hang=self.on_hang,
         )
 
 
 # set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
+ON_HANG = ("report", "restart", "fail")  # what a HUNG job does (see launch)
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -4,7 +4,8 @@
 
     QUEUED     ──> STARTING | STOPPED | FAILED
     STARTING   ──> RUNNING | RESTARTING | STOPPING | FINISHED | FAILED
-    RUNNING    ──> PAUSED | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    RUNNING    ──> PAUSED | HUNG | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    HUNG       ──> RUNNING (a step finished after all) | RESTARTING | STOPPING | FINISHED | FAILED
     PAUSED     ──> RUNNING | RESTARTING | SUSPENDING | STOPPING | FAILED
     RESTARTING ──> QUEUED (again, from the newest checkpoint) | STOPPING | FAILED
     SUSPENDING ──> SUSPENDED | QUEUED (preempted) | STOPPING | FINISHED | FAILED
@@ -12,7 +13,8 @@
     STOPPING   ──> STOPPED | QUEUED (preempted) | FINISHED | FAILED
 
 PAUSED holds the job's slots and process group; SUSPENDED holds a checkpoint
-and no slots. RESTARTING follows the loss of a worker within the job's restart
+and no slots. HUNG: no rank has finished a step for the job's ``hang_timeout``
+(see :mod:`clustersdk.control.hangs`). RESTARTING follows the loss of a worker within the job's restart
 budget (``max_restarts``): the other ranks wind down, then the job queues again.
 A job preempted for a higher-priority one (see :mod:`clustersdk.control.scheduling`)
 checkpoints and leaves (SUSPENDING), or without a checkpoint directory is
@@ -32,6 +34,7 @@ class JobStatus(str, enum.Enum):
     STARTING = "starting"      # slots allocated, process group coming up
     RUNNING = "running"        # every rank is inside the user's function
     PAUSED = "paused"          # every rank waits at the same step boundary, slots held
+    HUNG = "hung"              # no rank has finished a step for hang_timeout
     RESTARTING = "restarting"  # a worker was lost: the other ranks wind down, then it queues again
     SUSPENDING = "suspending"  # checkpointing, then giving the slots back
     SUSPENDED = "suspended"    # checkpointed, no slots; resume() queues it again
@@ -54,8 +57,9 @@ _S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
-    _S.RUNNING: frozenset({_S.PAUSED, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED,
-                           _S.FAILED}),
+    _S.RUNNING: frozenset({_S.PAUSED, _S.HUNG, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING,
+                           _S.FINISHED, _S.FAILED}),
+    _S.HUNG: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
     _S.PAUSED: frozenset({_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FAILED}),
     _S.RESTARTING: frozenset({_S.QUEUED, _S.STOPPING, _S.FAILED}),
     _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.QUEUED, _S.STOPPING, _S.FINISHED, _S.FAILED}),

@@ -20,6 +20,8 @@ PURE = [
     "clustersdk.control.scheduling",
     "clustersdk.control.sharing",
     "clustersdk.control.placement",
+    "clustersdk.control.faults",
+    "clustersdk.control.hangs",
     "clustersdk.control.lifecycle",
     "clustersdk.control.events",
     "clustersdk.client",

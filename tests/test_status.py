@@ -16,11 +16,13 @@ Q, S, R, G, F, X, D = (
 )
 P, U, Z = JobStatus.PAUSED, JobStatus.SUSPENDING, JobStatus.SUSPENDED
 T = JobStatus.RESTARTING
+H = JobStatus.HUNG
 
 ALLOWED = {
     (Q, S), (Q, D), (Q, X),
     (S, R), (S, G), (S, X), (S, F), (S, T),
-    (R, P), (R, U), (R, G), (R, F), (R, X), (R, T),
+    (R, P), (R, U), (R, G), (R, F), (R, X), (R, T), (R, H),
+    (H, R), (H, T), (H, G), (H, F), (H, X),
     (P, R), (P, U), (P, G), (P, X), (P, T),
     (T, Q), (T, G), (T, X),
     (U, Z), (U, G), (U, F), (U, X), (U, Q),  # a preempted job queues again

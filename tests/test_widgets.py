@@ -143,6 +143,20 @@ def test_who_launched_a_job_its_queue_and_priority_are_shown():
     assert ">research<" in render.jobs_html([record], now=0)
 
 
+def test_a_hung_job_shows_where_each_rank_was():
+    stacks = {"0": {"rank": 0, "step": 5, "phase": "control", "answered": True,
+                    "text": "  File \"train.py\", line 3, in train <all_reduce>"},
+              "1": {"rank": 1, "answered": False, "text": "worker tcp://w1 did not answer"}}
+    record = {"id": "j", "name": "a", "status": "HUNG", "reason": "hung: no rank has finished",
+              "stacks": stacks, "spec": {"world_size": 2, "strategy": "ddp"}}
+    html = render.job_html(JobView.from_record(record))
+    assert "HUNG" in html and "hung: no rank has finished" in html
+    assert "rank 0 · step 5 · control" in html and "&lt;all_reduce&gt;" in html
+    assert "rank 1 · no answer" in html and "did not answer" in html
+    assert "Where each rank was" not in render.job_html(JobView.from_record(
+        {**record, "status": "RUNNING", "stacks": {}}))
+
+
 def test_the_newest_durable_events_are_shown():
     events = [{"time": float(i), "step": 10 * i, "kind": "restarted",
                "message": f"worker tcp://w{i} (host h) of rank 1 left the cluster"} for i in range(5)]

@@ -163,6 +163,34 @@ def ticker(ctx, steps: int = 1_000_000, sleep: float = 0.02) -> int:
     return ctx.step
 
 
+def hang_at(ctx, rank: int = 1, step: int = 5, steps: int = 1000, marker: str | None = None,
+            sleep: float = 0.02) -> int:
+    """A checkpointable DDP job whose ``rank`` gets stuck for good at ``step`` (as in a
+    stuck data loader): its peers then wait in their next collective. With ``marker``
+    (a path) it gets stuck only once: the restarted job goes on."""
+    model = ctx.prepare(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ctx.register(optimizer=opt)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for s, _ in ctx.loop(None, steps=steps):
+        if ctx.rank == rank and s == step and not (marker and os.path.exists(marker)):
+            if marker:
+                open(marker, "w").close()
+            stuck_for_good()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ctx.log(loss=loss.item())
+        time.sleep(sleep)
+    return ctx.step
+
+
+def stuck_for_good() -> None:
+    while True:
+        time.sleep(3600)
+
+
 def count_to(ctx, steps: int = 12) -> str:
     """Logs ``value`` = step / 2 for ``steps`` steps."""
     for step, _ in ctx.loop(None, steps=steps):

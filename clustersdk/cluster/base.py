@@ -156,6 +156,8 @@ class Cluster:
         preemptible: bool = True,
         time_limit: float | None = None,
         min_world_size: int | None = None,
+        hang_timeout: float | None = None,
+        on_hang: str = "report",
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -203,6 +205,13 @@ class Cluster:
         seconds, for backfill) and ``min_world_size`` (it may start on fewer
         ranks). A job that can never fit its queue's limits is refused here.
 
+        Hangs: when no rank has finished a step for ``hang_timeout`` seconds
+        (default: max(60 s, 20x the slowest recent step); time in a checkpoint or
+        a pause does not count) the job is HUNG and ``job.stacks()`` shows where
+        every rank is; ``on_hang`` then decides: ``"report"`` (keep waiting),
+        ``"restart"`` (from the newest checkpoint, within ``max_restarts``) or
+        ``"fail"``. A rank stuck for good is ended by restarting its worker.
+
         Code: functions defined in ``__main__`` or a notebook travel by value;
         modules the workers can't import are an error here, naming them, unless
         shipped: ``working_dir`` (a directory whose modules and files go to
@@ -229,6 +238,7 @@ class Cluster:
             plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
             py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
             time_limit=time_limit, min_world_size=min_world_size,
+            hang_timeout=hang_timeout, on_hang=on_hang,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)

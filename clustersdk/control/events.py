@@ -145,6 +145,31 @@ class SchedulerClosing:
 
 
 @dataclasses.dataclass(frozen=True)
+class HangDetected:
+    """No rank has finished a step for ``idle_for`` seconds (over ``timeout``): ``where``
+    says where each rank was; ``grace`` is how long a stop may take before the ranks
+    still out are ended by restarting their workers."""
+
+    idle_for: float
+    timeout: float
+    where: str
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Progressed:
+    """A step finished again on a HUNG job."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StopOverdue:
+    """The ranks of a hung gang had ``grace`` seconds to get out (``attempt``'s)."""
+
+    attempt: int
+    grace: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Preempted:
     """The scheduling policy needs the job's slots for another job: ``how`` is
     ``"suspend"`` (checkpoint, then leave) or ``"stop"``; either way it queues again.
@@ -167,7 +192,8 @@ class Reclaimed:
 Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
               CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
-              CheckpointRequested, SuspendRequested, SchedulerClosing, Preempted, Reclaimed]
+              CheckpointRequested, SuspendRequested, SchedulerClosing, Preempted, Reclaimed,
+              HangDetected, Progressed, StopOverdue]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------
@@ -226,7 +252,7 @@ class StartTimer:
     """Feed ``event`` back to the job after ``delay`` seconds."""
 
     delay: float
-    event: GraceExpired
+    event: GraceExpired | StopOverdue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +278,19 @@ class Record:
 
 
 @dataclasses.dataclass(frozen=True)
+class CollectStacks:
+    """Ask every rank's worker where its training thread is, and keep the answers."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartWorker:
+    """End a rank that will never stop by itself: restart ``worker`` (through its nanny)."""
+
+    worker: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Release:
     """The job is over and nothing of it runs: store ``result``, wake waiters, forget it."""
 
@@ -259,7 +298,7 @@ class Release:
 
 
 Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequeue, StartTimer,
-               TruncateHistory, CloseBoard, Record, Release]
+               TruncateHistory, CloseBoard, Record, CollectStacks, RestartWorker, Release]
 
 
 def status_message(status: str, attempt: int) -> StatusMessage:

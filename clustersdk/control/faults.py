@@ -31,7 +31,7 @@ from . import events as ev
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
 
-HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
+HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
 
 # what a rank raises when a peer (or the network) went away, rather than its own bug
 _COMMUNICATION_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError",

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     address TEXT,
     seq INTEGER,
     payload BLOB,
-    estimated_start REAL
+    estimated_start REAL,
+    stacks TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -80,10 +81,10 @@ CREATE TABLE IF NOT EXISTS settings (
 );
 """
 
-_JSON_FIELDS = ("spec", "ranks", "error")
+_JSON_FIELDS = ("spec", "ranks", "error", "stacks")
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
-                  "payload": "BLOB", "estimated_start": "REAL"}
+                  "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT"}
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 

@@ -42,9 +42,10 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import faults, sharing
+from . import faults, hangs, sharing
 
-RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
+RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED,
+                         JobStatus.HUNG})
 
 
 def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
@@ -74,6 +75,7 @@ class Lifecycle:
         self.checkpoint_seq = 0          # newest CHECKPOINT request committed
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
         self.restart_paused = False      # it was PAUSED when it lost a worker
+        self.hang_grace = 10.0           # how long a hung gang may take to stop
         self.preempted = False           # leaving for another job: queues again when out
         self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
         self.leave_reason = ""           # why it was reclaimed (kept once it is out)
@@ -218,8 +220,11 @@ class Lifecycle:
             self._finish(JobStatus.STOPPED, reason=f"stopped while {self.status.name}")
         elif self.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
             self.preempted = False  # the user's stop wins over a preemption
+            hung = self.status is JobStatus.HUNG
             self._transition(JobStatus.STOPPING, reason="stop requested")
             self._ask(Word.STOP, 1)
+            if hung:
+                hangs.stopping(self)
 
     def _pause(self, e: ev.PauseRequested) -> None:
         check_transition(self.name, self.status, JobStatus.PAUSED)
@@ -287,7 +292,7 @@ class Lifecycle:
                             "launch it with checkpoint_dir=...")
 
     # --- the rules behind them ---------------------------------------------------------------
-    def _lost(self, rank: int, exc_type: str, message: str) -> None:
+    def _lost(self, rank: int | None, exc_type: str, message: str) -> None:
         """Rank ``rank``'s worker is gone (or could not start it): restart the gang
         while the restart budget lasts, else fail the job."""
         budget = self.spec.max_restarts
@@ -411,6 +416,9 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.CheckpointRequested: Lifecycle._checkpoint,
     ev.SuspendRequested: Lifecycle._suspend,
     ev.SchedulerClosing: Lifecycle._closing,
+    ev.HangDetected: hangs.detected,
+    ev.Progressed: hangs.progressed,
+    ev.StopOverdue: hangs.overdue,
     ev.Preempted: sharing.preempted,
     ev.Reclaimed: sharing.reclaimed,
 }

@@ -27,7 +27,7 @@ from ..errors import ClusterSDKError
 from ..protocol import ExitStatus, MetricsMessage, Op, RankEvent, WireSpec, WorkerOp, op, topic
 from ..status import JobStatus
 from . import events as ev
-from . import policy
+from . import hangs, policy, watchdog
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .placement import Placement
@@ -50,6 +50,7 @@ class Run:
     changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
     board: Any = None  # TensorBoard writers, with tensorboard_dir
     step: int | None = None  # the furthest step a rank logged (what events are stamped with)
+    watch: hangs.Watch = dataclasses.field(default_factory=lambda: hangs.Watch(time.time()))
 
     @property
     def id(self) -> str:
@@ -95,7 +96,7 @@ class ControlPlane(SchedulerPlugin):
             scheduler.handlers[operation.handler] = handler
         adopt(self)
         # grace periods and idle timeouts run out between events
-        self._ticker = PeriodicCallback(self.schedule, TICK_MS)
+        self._ticker = PeriodicCallback(self._tick, TICK_MS)
         self._ticker.start()
 
     async def close(self) -> None:
@@ -137,11 +138,18 @@ class ControlPlane(SchedulerPlugin):
         for action in actions:
             _EXECUTORS[type(action)](self, run, action)
             reschedule |= isinstance(action, (ev.FreeSlot, ev.Enqueue, ev.Dequeue, ev.Release))
+        after = run.machine.status
+        if after is not before and after.name == "RUNNING" and before.name != "HUNG":
+            run.watch.reset(time.time())  # a new gang, or a resume: nothing to compare yet
         self.placement.status(run, before, time.time())
         if reschedule or run.machine.status is not before:
             self.schedule()
         self._notify(run)
         return actions
+
+    def _tick(self) -> None:
+        self.schedule()
+        watchdog.check(self)
 
     def schedule(self) -> None:
         """One decision of the scheduling policy, carried out (once at a time: what the
@@ -196,8 +204,10 @@ class ControlPlane(SchedulerPlugin):
         rows = data.pop("rows", None) or []
         logs = data.pop("logs", None) or []
         system = data.pop("system", None) or []
+        beacon = data.pop("beacon", None)
         if attempt != run.machine.attempt:
-            rows = []
+            rows, beacon = [], None
+        watchdog.heard(self, run, rank, beacon)
         if not (rows or logs or system):
             return
         if rows:
@@ -271,6 +281,16 @@ class ControlPlane(SchedulerPlugin):
         self.journal.add_event(run.id, time.time(), run.step, action.kind, action.message,
                                action.data)
 
+    def _collect_stacks(self, run: Run, action: ev.CollectStacks) -> None:
+        self.scheduler.loop.add_callback(watchdog.keep_stacks, self, run)
+
+    def _restart_worker(self, run: Run, action: ev.RestartWorker) -> None:
+        # no new gang may land on it meanwhile: it comes back as a new worker
+        self.slots.pop(action.worker, None)
+        self.placement.scheduler.remove_slot(action.worker)
+        self.scheduler.loop.add_callback(watchdog.restart_worker, self, action.worker,
+                                         action.reason)
+
     def _release(self, run: Run, action: ev.Release) -> None:
         self.journal.update(run.id, result=action.result, payload=None)
         self.runs.pop(run.id, None)
@@ -337,6 +357,8 @@ _EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
     ev.TruncateHistory: ControlPlane._truncate,
     ev.CloseBoard: ControlPlane._close_board,
     ev.Record: ControlPlane._keep_event,
+    ev.CollectStacks: ControlPlane._collect_stacks,
+    ev.RestartWorker: ControlPlane._restart_worker,
     ev.Release: ControlPlane._release,
 }
 

@@ -43,7 +43,7 @@ class Requests:
             Op.JOBS: self.jobs, Op.WAIT: self.wait, Op.STOP: self.stop, Op.PAUSE: self.pause,
             Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
             Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
-            Op.QUEUE: self.queue, Op.CONFIGURE: self.configure,
+            Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
         }
 
     @property
@@ -117,6 +117,17 @@ class Requests:
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
         return self.journal.logs(job, rank, since)
+
+    async def stacks(self, job: str, all_threads: bool = False) -> dict:
+        """Where each rank is now (a job with ranks out there), else the stacks kept
+        when it was found hung (empty when it never was)."""
+        record = self._record(job)
+        run = self.plane.runs.get(job)
+        if run is not None and run.machine.ranks and run.machine.held:
+            from . import watchdog
+
+            return await watchdog.stacks(self.plane, run, all_threads)
+        return record.get("stacks") or {}
 
     # --- sharing the cluster ------------------------------------------------------------
     def queue(self) -> dict:

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 AGENT_NAME = "clustersdk-agent"
 FLUSH_MS = 50  # how often the agent looks for metrics to ship; each job sets its own rate
+HEARTBEAT_S = 1.0  # a rank with nothing to ship still says where it is this often (hangs)
 
 
 class Agent(WorkerPlugin):
@@ -48,7 +49,7 @@ class Agent(WorkerPlugin):
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
-                    WorkerOp.CONTROL: self.control}
+                    WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks}
         for operation, handler in handlers.items():
             worker.handlers[operation.handler] = handler
         capture.install()
@@ -101,6 +102,27 @@ class Agent(WorkerPlugin):
             self.early.pop(next(iter(self.early)))  # words for long-gone jobs
         self.early.setdefault(key, Control()).merge(words)
 
+    def stacks(self, job: str, all_threads: bool = False) -> dict[str, Any] | None:
+        """Where the job's rank on this worker is: its training thread's Python stack
+        (every thread's with ``all_threads``), step and phase. Runs on the worker's
+        event loop: it answers while the rank is stuck."""
+        rank = self.ranks.get(job)
+        if rank is None:
+            return None
+        frames = sys._current_frames()
+        threads = threading.enumerate() if all_threads else [rank]
+        text = []
+        for thread in threads:
+            frame = frames.get(thread.ident) if thread.ident is not None else None
+            if frame is None:
+                continue
+            head = f'Thread "{thread.name}"' + (" (the rank's)" if thread is rank else "")
+            text.append(head + ":\n" + "".join(traceback.format_stack(frame)))
+        ctx = rank.ctx
+        return {"rank": rank.rank, "attempt": rank.attempt, "pid": os.getpid(),
+                "step": getattr(ctx, "step", None), "phase": getattr(ctx, "phase", "setup"),
+                "text": "\n".join(text)}
+
     # what ranks report -------------------------------------------------------------
     def flush(self) -> None:
         """Ship each rank's metrics at its job's rate (skipped while one is on its way)."""
@@ -115,8 +137,10 @@ class Agent(WorkerPlugin):
         they were logged, and before the event that follows them."""
         async with rank.outbox:
             msg = rank.drain(final)
-            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]):
+            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]) \
+                    and time.monotonic() - rank.last_sent < HEARTBEAT_S:
                 return
+            rank.last_sent = time.monotonic()
             await op(self.worker.scheduler, Op.RANK_EVENT)(
                 job=rank.job, rank=rank.rank, event=event.value, attempt=rank.attempt,
                 data={**msg, **data})
@@ -146,6 +170,7 @@ class RankThread(threading.Thread):
         self.ctx = None
         self.control = Control()  # may receive words before the context exists
         self._last_flush = 0.0
+        self.last_sent = 0.0  # monotonic time of the last message to the control plane
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -166,8 +191,9 @@ class RankThread(threading.Thread):
                 system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
+        beacon = {"step": ctx.step, "phase": ctx.phase} if ctx is not None else None
         return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
-                "system": system}
+                "system": system, "beacon": beacon}
 
     def run(self) -> None:
         from . import process_group as pg

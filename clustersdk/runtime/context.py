@@ -84,6 +84,9 @@ class TrainContext(Looping):
         self._steps = Steps(self)
         self.step = 0
         self.epoch = 0  # of the data ctx.loop walks, at the step it yielded last
+        # where the rank is, for the hang watchdog: setup, data, step (the user's code),
+        # control (agreeing at a boundary), checkpoint, evaluate, paused, done
+        self.phase = "setup"
         self.stopped = False
         self.stateful: dict[str, Any] = {}
         self._control = control or Control()

@@ -61,16 +61,21 @@ class Looping:
         try:
             while limit is None or self.step < limit:
                 if self._every and self.step % self._every == 0 and self.step != start:
+                    self.phase = "checkpoint"
                     self._save(self._checkpoints_done, blocking=not self._async)
-                if check.due(self.step) and not self._act(check, check.agree(self.step), self.step):
-                    self.stopped = True
-                    return
+                if check.due(self.step):
+                    self.phase = "control"
+                    if not self._act(check, check.agree(self.step), self.step):
+                        self.stopped = True
+                        return
                 batch = None
                 if batches is not None:
+                    self.phase = "data"
                     batch = batches.next()
                     if batch is _epochs.END:
                         break
                     self.epoch = batches.epoch
+                self.phase = "step"
                 yield self.step, batch
                 if self.step == start:
                     self._first_step_done()
@@ -79,8 +84,10 @@ class Looping:
                 if self.stopped:  # an evaluation in that step was told to stop
                     return
             if self._every and self.step % self._every == 0 and self.step != start:
+                self.phase = "checkpoint"
                 self._save(self._checkpoints_done, blocking=not self._async)
         finally:
+            self.phase = "done"
             self._metrics.end_step()
             if batches is not None:
                 batches.close()
@@ -121,6 +128,7 @@ class Looping:
                                                           evaluating=True):
                         self.stopped = True
                         return
+                    self.phase = "evaluate"
                     batch = next(batches, _epochs.END)
                     if batch is _epochs.END:
                         break
@@ -162,11 +170,13 @@ class Looping:
                 return True  # finish the evaluation; suspend at the next step boundary
             if words[Word.SUSPEND]:
                 self._need_saver("suspend")
+                self.phase = "checkpoint"
                 self._save(words[Word.CHECKPOINT], blocking=True)
                 raise JobSuspended(f"suspended at step {self.step}")
             if words[Word.CHECKPOINT] > self._checkpoints_done and not evaluating:
                 self._checkpoints_done = words[Word.CHECKPOINT]
                 self._need_saver("checkpoint")
+                self.phase = "checkpoint"
                 self._save(words[Word.CHECKPOINT], blocking=not self._async)
             if words[Word.PAUSE] <= words[Word.RESUME]:
                 if self._paused:
@@ -178,7 +188,9 @@ class Looping:
                 if self._saver is not None:
                     self._saver.wait()  # a paused job's last checkpoint is committed
                 self._report(RankEvent.PAUSED, step=self.step)
+            self.phase = "paused"
             self._control.wait_beyond(words)
+            self.phase = "control"
             words = check.agree(at)
 
     def _need_saver(self, action: str) -> None:

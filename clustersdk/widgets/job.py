@@ -24,7 +24,7 @@ from .charts import LineChart
 from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
-from .render import badge, job_html, job_text
+from .render import badge, job_html, job_text, stacks_html
 from .tree import close_tree
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class JobDashboard:
         ranks = f"{v.world_size} rank{'s' if v.world_size != 1 else ''}"
         device = f" · {html.escape(v.device)}" if v.device else ""
         device += f" · {html.escape(v.sharing)}" if v.sharing else ""
-        waiting = v.reason and v.status in ("QUEUED", "RESTARTING")
+        waiting = v.reason and v.status in ("QUEUED", "RESTARTING", "HUNG")
         reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:
             reason += f" · last checkpoint <code>{html.escape(_short_path(v.checkpoint))}</code>"
@@ -258,11 +258,15 @@ class JobDashboard:
 
     def _render_error(self) -> None:
         e = self.view.error if self.view.status == "FAILED" else None
-        if not e:
+        stacks = stacks_html(self.view.stacks) if self.view.status in ("HUNG", "FAILED") else ""
+        if not e and not stacks:
             self.error.layout.display = "none"
             return
         self.error.layout.display = ""
-        self.error.value = (
+        if not e:
+            self.error.value = stacks
+            return
+        self.error.value = stacks + (
             '<div style="border-left:4px solid #dc2626;background:#fef2f2;padding:6px 10px;">'
             f"<strong>rank {e.get('rank')} raised {html.escape(str(e.get('type')))}:</strong> "
             f"{html.escape(str(e.get('message')))}"

@@ -39,6 +39,7 @@ SYSTEM_CHARTS: dict[str, list[tuple[str, str, str, str, float]]] = {
 
 STATUS_COLORS = {
     "QUEUED": "#6b7280", "STARTING": "#2563eb", "RUNNING": "#16a34a", "PAUSED": "#d97706",
+    "HUNG": "#b91c1c",
     "RESTARTING": "#db2777", "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
     "FINISHED": "#0f766e", "FAILED": "#dc2626", "STOPPED": "#4b5563",
 }
@@ -50,8 +51,8 @@ ACTIONS: dict[str, frozenset[str]] = {
     "resume": frozenset({"PAUSED", "SUSPENDED"}),
     "checkpoint": frozenset({"RUNNING", "PAUSED"}),
     "suspend": frozenset({"RUNNING", "PAUSED"}),
-    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "RESTARTING", "SUSPENDING",
-                       "SUSPENDED"}),
+    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "HUNG", "RESTARTING",
+                       "SUSPENDING", "SUSPENDED"}),
 }
 
 
@@ -75,6 +76,7 @@ class JobView:
         self.checkpoint: str | None = None      # the newest committed checkpoint
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
+        self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -105,6 +107,7 @@ class JobView:
         view.checkpoint = record.get("checkpoint")
         view.sharing = sharing_text(spec)
         view.events = list(record.get("events") or [])
+        view.stacks = dict(record.get("stacks") or {})
         return view
 
     # feeding -------------------------------------------------------------------
@@ -174,6 +177,9 @@ class JobView:
         if "events" in record and record["events"] != self.events:
             self.events = list(record["events"])
             self.dirty.add("status")
+        if record.get("stacks") and record["stacks"] != self.stacks:
+            self.stacks = dict(record["stacks"])
+            self.dirty.add("error")
 
     def roll_back(self, step: int) -> None:
         """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""

@@ -7,6 +7,7 @@ a kernel without ipywidgets. Every function here is pure: it reads a
 
 from __future__ import annotations
 
+import html
 import os
 import time
 from typing import Any, Iterable
@@ -66,14 +67,34 @@ def job_html(view: JobView) -> str:
         strategy=view.strategy, world_size=view.world_size,
         device=" · ".join(p for p in (view.device, view.sharing) if p),
         progress=progress_text(progress), fraction=progress["fraction"],
-        reason=view.reason if view.status in ("QUEUED", "RESTARTING") else "",
+        reason=view.reason if view.status in ("QUEUED", "RESTARTING", "HUNG") else "",
         metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
         system_note="System figures are host CPU and memory (psutil): these ranks have no GPU."
         if source == "psutil" else "",
         spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
+        stacks=stacks_html(view.stacks) if view.status in ("HUNG", "FAILED", "STOPPED") else "",
     )
+
+
+def stacks_html(stacks: dict[str, Any]) -> str:
+    """Where each rank was when its job was found hung: one foldable stack per rank."""
+    if not stacks:
+        return ""
+    parts = ['<div style="border-left:4px solid #b91c1c;background:#fef2f2;padding:6px 10px;'
+             'margin-top:8px;"><strong>Where each rank was when the job was found hung</strong>']
+    for key in sorted(stacks, key=int):
+        entry = stacks[key]
+        where = f"rank {key}"
+        if entry.get("step") is not None:
+            where += f" · step {entry['step']} · {entry.get('phase')}"
+        if not entry.get("answered", True):
+            where += " · no answer"
+        parts.append(f'<details><summary>{html.escape(where)}</summary><pre style="white-space:'
+                     f'pre-wrap;font-size:12px;max-height:320px;overflow:auto;">'
+                     f'{html.escape(str(entry.get("text", "")))}</pre></details>')
+    return "".join(parts) + "</div>"
 
 
 def job_text(view: JobView, header: str) -> str:

@@ -25,9 +25,10 @@ ERROR = {"rank": 0, "type": "RuntimeError", "message": "boom", "traceback": ""}
 class World:
     """One job and what the control plane would see of it; checks invariants as it goes."""
 
-    def __init__(self, world_size: int, max_restarts: int, checkpoints: bool):
+    def __init__(self, world_size: int, max_restarts: int, checkpoints: bool,
+                 on_hang: str = "report"):
         self.job = Lifecycle(WireSpec(id="j", name="j", world_size=world_size,
-                                      max_restarts=max_restarts,
+                                      max_restarts=max_restarts, on_hang=on_hang,
                                       checkpoint_dir="/ck" if checkpoints else None),
                              failure_grace=1.0)
         self.now = 0.0
@@ -118,7 +119,10 @@ class World:
                    # the scheduling policy's: preemption (and its overdue stop), idle reclaim
                    ev.Preempted(["suspend", "stop"][pick % 2], "for a higher job"),
                    ev.Preempted("suspend", "for a higher job", overdue=True),
-                   ev.Reclaimed(["suspend", "stop"][pick % 2], "idle")][kind % 10])
+                   ev.Reclaimed(["suspend", "stop"][pick % 2], "idle"),
+                   # the hang watchdog's: found hung, a step after all, ranks that never stop
+                   ev.HangDetected(9.0, 6.0, "rank 0 in step", 1.0), ev.Progressed(),
+                   ev.StopOverdue(self.job.attempt, 1.0)][kind % 13])
 
     def drain(self) -> None:
         """Every rank still out there exits; nothing may be left holding a slot."""
@@ -128,16 +132,16 @@ class World:
         self.feed(ev.GraceExpired(self.job.attempt))
 
 
-moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(0, 7)),
+moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.integers(0, 7)),
                  max_size=60)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_size=st.integers(1, 4), max_restarts=st.integers(0, 2), checkpoints=st.booleans(),
-       moves=moves)
+       on_hang=st.sampled_from(["report", "restart", "fail"]), moves=moves)
 def test_no_sequence_of_events_leaks_a_slot_or_releases_twice(world_size, max_restarts,
-                                                              checkpoints, moves):
-    world = World(world_size, max_restarts, checkpoints)
+                                                              checkpoints, on_hang, moves):
+    world = World(world_size, max_restarts, checkpoints, on_hang)
     for group, kind, pick in moves:
         if group == 0:
             world.allocate()

@@ -20,6 +20,7 @@ export const STATUS_COLORS: Record<string, string> = {
   STARTING: '#2563eb',
   RUNNING: '#16a34a',
   PAUSED: '#d97706',
+  HUNG: '#b91c1c',
   RESTARTING: '#db2777',
   SUSPENDING: '#7c3aed',
   SUSPENDED: '#7c3aed',
@@ -46,6 +47,7 @@ const ALLOWED: Record<Action, string[]> = {
     'STARTING',
     'RUNNING',
     'PAUSED',
+    'HUNG',
     'RESTARTING',
     'SUSPENDING',
     'SUSPENDED'

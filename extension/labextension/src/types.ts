@@ -7,6 +7,7 @@ export type Status =
   | 'STARTING'
   | 'RUNNING'
   | 'PAUSED'
+  | 'HUNG'
   | 'RESTARTING'
   | 'SUSPENDING'
   | 'SUSPENDED'
