@@ -228,6 +228,7 @@ class WireSpec:
     preemptible: bool = True
     time_limit: float | None = None       # the owner's estimate of the run time, seconds
     min_world_size: int | None = None     # the fewest ranks it may start (or resume) on
+    asked_world_size: int | None = None   # running on fewer than asked: the size to grow back to
     hang_timeout: float | None = None     # seconds without a finished step; None: derived
     on_hang: str = "report"               # "report", "restart" or "fail"
     version: int = VERSION

@@ -127,7 +127,8 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "cpu_offload": None, "env": None, "working_dir": None,
                     "py_modules": None, "queue": None, "priority": None,
                     "preemptible": True, "time_limit": None, "min_world_size": None,
-                    "hang_timeout": None, "on_hang": "report", "version": 1}
+                    "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
+                    "version": 1}
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():

@@ -181,6 +181,14 @@ class Preempted:
 
 
 @dataclasses.dataclass(frozen=True)
+class Grow:
+    """Slots are free again for a job running on fewer ranks than it asked for:
+    checkpoint, then continue at ``world_size``."""
+
+    world_size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Reclaimed:
     """Idle too long (paused, or no finished step): suspend it (or stop it, without a
     checkpoint_dir) to free its slots; it does not queue again by itself."""
@@ -193,7 +201,7 @@ Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, Checkp
               CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
               CheckpointRequested, SuspendRequested, SchedulerClosing, Preempted, Reclaimed,
-              HangDetected, Progressed, StopOverdue]
+              HangDetected, Progressed, StopOverdue, Grow]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

@@ -76,6 +76,7 @@ class Lifecycle:
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
         self.restart_paused = False      # it was PAUSED when it lost a worker
         self.hang_grace = 10.0           # how long a hung gang may take to stop
+        self.grow_to: int | None = None  # leaving to come back at this world size
         self.preempted = False           # leaving for another job: queues again when out
         self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
         self.leave_reason = ""           # why it was reclaimed (kept once it is out)
@@ -129,11 +130,14 @@ class Lifecycle:
 
     # --- the gang ----------------------------------------------------------------------
     def _allocated(self, e: ev.Allocated) -> None:
-        if len(e.ranks) != self.world_size:  # the policy started it on fewer (min_world_size)
-            faults.record(self, "resized", f"started on {len(e.ranks)} of the "
-                          f"{self.world_size} ranks asked for (min_world_size allows it)",
-                          world_size=len(e.ranks), was=self.world_size)
-            self.spec = self.spec.replace(world_size=len(e.ranks))
+        asked = self.spec.asked_world_size or self.world_size
+        n = len(e.ranks)
+        if n != self.world_size:  # the policy started it on fewer (min_world_size), or all again
+            faults.record(self, "resized", f"started on {n} of the {asked} ranks asked for "
+                          "(min_world_size allows it)" if n < asked else
+                          f"back on all {asked} ranks asked for", world_size=n,
+                          was=self.world_size, asked=asked)
+            self.spec = self.spec.replace(world_size=n, asked_world_size=asked if n < asked else None)
             self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
         self.ranks = e.ranks
         self.held = set(range(len(e.ranks)))
@@ -252,7 +256,7 @@ class Lifecycle:
             Layout.resolve(self.spec.strategy, self.spec.mesh, ws)  # a mesh that fits ws
             self._reset_ranks()
             self.spec = self.spec.replace(world_size=ws, resume=self.checkpoint,
-                                          attempt=self.attempt + 1)
+                                          attempt=self.attempt + 1, asked_world_size=None)
             self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
             self._transition(JobStatus.QUEUED, reason="")
             self._out.append(ev.Enqueue())
@@ -421,4 +425,5 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.StopOverdue: hangs.overdue,
     ev.Preempted: sharing.preempted,
     ev.Reclaimed: sharing.reclaimed,
+    ev.Grow: sharing.grow,
 }

@@ -51,7 +51,9 @@ class Placement:
 
     def request(self, spec: WireSpec) -> Request:
         seq, submitted = self.seqs[spec.id]
-        return Request(id=spec.id, world_size=spec.world_size, owner=spec.owner or "",
+        # a job running on fewer ranks than asked (min_world_size) asks for all again
+        return Request(id=spec.id, world_size=spec.asked_world_size or spec.world_size,
+                       owner=spec.owner or "",
                        queue=spec.queue or self.config.default_queue,
                        priority=self.config.priority(spec.priority), seq=seq,
                        submitted_at=submitted, min_world_size=spec.min_world_size,
@@ -125,6 +127,7 @@ class Placement:
             run = plane.runs.get(reclaim.job)
             if run is not None:
                 plane.feed(run, ev.Reclaimed(reclaim.how, reclaim.reason))
+        self._grow(decision)
         note = f"; {plane.note}" if plane.note else ""
         for job in list(self.scheduler.queued):
             wait = decision.waiting.get(job)
@@ -137,6 +140,21 @@ class Placement:
                 self.reasons[job] = reason
                 plane.journal.update(job, reason=reason,
                                      estimated_start=wait.estimated_start)
+
+    def _grow(self, decision: Any) -> None:
+        """A job running on fewer ranks than it asked for grows back when the slots it
+        lacks are free and nobody waits for them."""
+        if self.scheduler.queued or decision.start:
+            return
+        free = len(self.scheduler.inventory) - sum(
+            len(h.slots) for h in self.scheduler.holdings.values())
+        for run in list(self.plane.runs.values()):
+            spec, machine = run.machine.spec, run.machine
+            if (spec.asked_world_size and machine.status is JobStatus.RUNNING
+                    and not machine.preempted and spec.checkpoint_dir
+                    and free >= spec.asked_world_size - spec.world_size):
+                free -= spec.asked_world_size - spec.world_size
+                self.plane.feed(run, ev.Grow(spec.asked_world_size))
 
     # --- admin and views ------------------------------------------------------------------------
     def configure(self, changes: Mapping[str, Any]) -> PolicyConfig:

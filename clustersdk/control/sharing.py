@@ -64,6 +64,21 @@ def reclaimed(job: Lifecycle, e: ev.Reclaimed) -> None:
         job._ask(Word.STOP, 1)
 
 
+def grow(job: Lifecycle, e: ev.Grow) -> None:
+    """Back to the asked world size: suspend (a checkpoint at the next step boundary),
+    then queue again at ``e.world_size``, resharding from that checkpoint."""
+    if job.status is not JobStatus.RUNNING or not job.spec.checkpoint_dir \
+            or e.world_size <= job.world_size:
+        return
+    job.preempted, job.grow_to = True, e.world_size
+    job.preempt_reason = f"growing from {job.world_size} back to {e.world_size} ranks"
+    faults.record(job, "resized", f"{job.preempt_reason}: slots are free again; it "
+                  "checkpoints and continues from there", world_size=e.world_size,
+                  was=job.world_size)
+    job._transition(JobStatus.SUSPENDING, reason=job.preempt_reason)
+    job._ask(Word.SUSPEND, 1)
+
+
 def requeue(job: Lifecycle) -> None:
     """Every rank of a preempted job is out: queue it again, to continue from its newest
     committed checkpoint (the one its suspend just wrote), or from the start."""
@@ -72,6 +87,9 @@ def requeue(job: Lifecycle) -> None:
     job._reset_ranks()
     job.preempted = False
     job.spec = job.spec.replace(resume=resume, attempt=job.attempt + 1)
+    if job.grow_to:
+        job.spec = job.spec.replace(world_size=job.grow_to, asked_world_size=None)
+        job.grow_to = None
     job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
     job._transition(JobStatus.QUEUED, reason=job.preempt_reason)
     job._out.append(ev.Enqueue())

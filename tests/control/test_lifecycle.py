@@ -412,7 +412,8 @@ def test_a_gang_smaller_than_asked_for_runs_at_that_world_size():
     job = make(4, min_world_size=2)
     actions = job.handle(gang(3), 0.0)
     assert [(r.kind, r.data) for r in of(actions, ev.Record)] == [
-        ("resized", {"world_size": 3, "was": 4})]
+        ("resized", {"world_size": 3, "was": 4, "asked": 4})]
+    assert job.spec.asked_world_size == 4
     assert job.world_size == 3 and of(actions, ev.Journal)[0].fields["spec"]["world_size"] == 3
     assert len(of(actions, ev.StartGang)[0].words) == 5 and job.held == {0, 1, 2}
 
@@ -422,3 +423,21 @@ def test_closing_the_scheduler_keeps_a_queued_job_for_the_next_one():
     actions = job.handle(ev.SchedulerClosing(), 9.0)
     assert job.status is S.QUEUED and not of(actions, ev.Release)
     assert "restarted at the same address" in of(actions, ev.Journal)[0].fields["reason"]
+
+
+def test_a_job_on_fewer_ranks_grows_back_through_a_checkpoint():
+    job = make(4, min_world_size=2, checkpoint_dir="/ck")
+    job.handle(gang(3), 0.0)
+    for rank in range(3):
+        job.handle(ev.Started(rank, 0), 1.0)
+    actions = job.handle(ev.Grow(4), 2.0)
+    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
+        Word.SUSPEND] == 1
+    assert [(r.kind, r.data) for r in of(actions, ev.Record)] == [
+        ("resized", {"world_size": 4, "was": 3})]
+    job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=8, path="/ck/step-8"), 2.5)
+    actions = exit_all(job, ExitStatus.SUSPENDED)
+    assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue)
+    assert (job.spec.world_size, job.spec.asked_world_size, job.spec.resume) == (4, None,
+                                                                                  "/ck/step-8")
+    assert job.handle(ev.Grow(4), 3.0) == []  # only a RUNNING job on fewer ranks grows
