@@ -47,7 +47,7 @@ def add_back(cluster: cs.Cluster, name: str, spec: dict) -> None:
 
 def test_a_lost_worker_without_a_spare_shrinks_the_job_which_grows_back(cluster4e, tmp_path):
     want = cluster4e.launch(workloads.train_exact, kwargs=KW, world_size=4).wait(timeout=120)
-    job = cluster4e.launch(workloads.train_exact, kwargs={**KW, "delay": 0.1}, world_size=4,
+    job = cluster4e.launch(workloads.train_exact, kwargs={**KW, "delay": 0.3}, world_size=4,
                            min_world_size=2, max_restarts=2, checkpoint_dir=str(tmp_path),
                            checkpoint_every=4, timeout=20, name="elastic")
     wait_for(lambda: checkpointed_at(job, 4), timeout=60)

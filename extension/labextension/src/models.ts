@@ -197,17 +197,18 @@ export interface IEventView {
 }
 
 /**
- * The job's events, oldest first: from its `events` array when the API gives one,
- * else what its record tells (submitted, started, paused, checkpoint, restarts, end).
+ * The job's events, oldest first: what its record tells (submitted, started, paused,
+ * checkpoint, end) and, where the API gives them, its durable `events` (restarts with
+ * the worker that was lost, failures, world-size changes, preemptions, hangs).
  */
 export function jobEvents(job: IJobJSON): IEventView[] {
-  if (Array.isArray(job.events)) {
-    return job.events.map(e => ({
-      time: typeof e.time === 'number' ? e.time : null,
-      kind: String(e.kind ?? 'event'),
-      text: String(e.message ?? e.kind ?? '')
-    }));
-  }
+  const durable: IEventView[] = Array.isArray(job.events)
+    ? job.events.map(e => ({
+        time: typeof e.time === 'number' ? e.time : null,
+        kind: String(e.kind ?? 'event'),
+        text: String(e.message ?? e.kind ?? '')
+      }))
+    : [];
   const events: IEventView[] = [
     { time: job.submitted, kind: 'submitted', text: `submitted by ${job.owner || 'unknown'}` }
   ];
@@ -218,7 +219,8 @@ export function jobEvents(job: IJobJSON): IEventView[] {
       text: `started on ${plural(job.ranks.length, 'rank')}`
     });
   }
-  if (job.restarts) {
+  events.push(...durable);
+  if (job.restarts && !durable.some(e => e.kind === 'restarted')) {
     const budget = job.spec?.['max_restarts'];
     events.push({
       time: null,
@@ -240,14 +242,14 @@ export function jobEvents(job: IJobJSON): IEventView[] {
   if (job.reason) {
     events.push({ time: null, kind: String(job.status).toLowerCase(), text: job.reason });
   }
-  if (job.error) {
+  if (job.error && !durable.some(e => e.kind === 'failed')) {
     const e = job.error;
     events.push({
       time: job.ended ?? null,
       kind: 'failed',
       text: `rank ${e.rank ?? '?'}: ${e.type ?? 'error'}: ${e.message ?? ''}`
     });
-  } else if (job.ended) {
+  } else if (job.ended && !job.error) {
     events.push({ time: job.ended, kind: String(job.status).toLowerCase(), text: `ended ${job.status}` });
   }
   return events;

@@ -222,9 +222,17 @@ describe('jobs', () => {
     assert.ok(paused.some(e => e.kind === 'paused' && e.text === 'paused before step 42'));
   });
 
-  test('an events array from the API is shown as it is', () => {
-    const events = jobEvents(job({ events: [{ time: 5, kind: 'paused', message: 'paused at step 9' }] }));
-    assert.deepEqual(events, [{ time: 5, kind: 'paused', text: 'paused at step 9' }]);
+  test('the durable events from the API join what the record tells', () => {
+    const events = jobEvents(job({
+      status: 'FAILED', restarts: 1, checkpoint: '/runs/a/step-00000200', checkpoint_step: 200,
+      ended: 300, error: { rank: 1, type: 'WorkerLost', message: 'worker w1 left' },
+      events: [
+        { time: 50, kind: 'restarted', message: 'worker w2 (host h) of rank 2 left the cluster' },
+        { time: 300, kind: 'failed', message: 'rank 1: WorkerLost: worker w1 left' }
+      ]
+    }));
+    assert.deepEqual(events.map(e => e.kind), ['submitted', 'started', 'restarted', 'failed', 'checkpoint']);
+    assert.equal(events[2].text, 'worker w2 (host h) of rank 2 left the cluster');
   });
 });
 
