@@ -3,17 +3,21 @@
 An object store has no rename, so the commit is the manifest, written last.
 Layout of a checkpoint root::
 
-    s3://bucket/run/step-00000040/   .metadata  __0_0.distcp ...  torch.distributed.checkpoint
-                                     manifest.json   written last, one PUT: the commit
+    s3://bucket/run/step-00000040/
+        manifest.json              written last, one PUT: the commit. Step, world size,
+                                   the save it commits ("data") and its files' sizes
+        3f2a91c0-0-2/              one save's DCP files: .metadata  __0_0.distcp ...
+        3f2a91c0-1-1/              another attempt's, killed midway: never referenced
 
-A save writes straight into its step's prefix (emptied first by rank 0: the
-leftover of a killed save at that step must not mix with the new files); rank
-0 commits it once every rank wrote, by writing ``manifest.json`` with every
-file's size. An object appears whole or not at all, so a prefix is a checkpoint
-only when its manifest parses and every file it lists has its recorded size;
-a save killed before that leaves a prefix that resolution ignores and the next
-start removes. Retention deletes a prefix's manifest first, then the rest, so a
-half-deleted checkpoint is never taken for a complete one.
+Each save writes into a prefix of its own under its step (so a rank of an
+earlier attempt, still stuck in a save, can only touch its own files), and rank
+0 commits it once every rank wrote, by writing ``manifest.json``. An object
+appears whole or not at all, so a step is a checkpoint only when its manifest
+parses and every file it lists has its recorded size; a save killed before
+that leaves files that resolution ignores and the next start removes. A new
+save of a step already committed replaces the manifest in one PUT: the step
+always has a complete checkpoint. Retention deletes a step's manifest first,
+then the rest, so a half-deleted checkpoint is never taken for a complete one.
 
 Credentials and endpoint come from where the protocol's library looks for them
 (for S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -62,15 +66,15 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 
 def _sizes(fs: Any, path: str) -> dict[str, int]:
-    """The objects directly under ``path`` and their sizes, listed afresh (other
-    processes wrote them: a cached listing would be stale)."""
+    """Every object under ``path`` (its path below it) and its size, listed afresh
+    (other processes wrote them: a cached listing would be stale)."""
     fs.invalidate_cache(path)
     try:
-        entries = fs.ls(path, detail=True)
+        found = fs.find(path, detail=True)
     except FileNotFoundError:
         return {}
-    return {posixpath.basename(e["name"].rstrip("/")): int(e["size"])
-            for e in entries if e.get("type") != "directory"}
+    return {name[len(path) + 1:]: int(info["size"]) for name, info in found.items()
+            if name.startswith(path + "/") and info.get("type") != "directory"}
 
 
 def _manifest_path(path: str) -> str:
@@ -118,6 +122,11 @@ def read_manifest(url: str) -> dict[str, Any]:
     return json.loads(fs.cat_file(_manifest_path(path)))
 
 
+def data_url(url: str) -> str:
+    """Where the DCP files of the checkpoint ``url`` (a step's) are."""
+    return f"{url}/{read_manifest(url)['data']}"
+
+
 def committed_at(url: str) -> float | None:
     """When the checkpoint at ``url`` was committed (its manifest's time), if the store says."""
     fs, path = filesystem(url)
@@ -128,17 +137,29 @@ def committed_at(url: str) -> float | None:
 
 
 # --- committing, removing ----------------------------------------------------------------
-def write_manifest(url: str, step: int, world_size: int) -> None:
-    """The manifest of what ``url`` holds (every object's size), written last: the commit."""
+def write_manifest(data: str, step: int, world_size: int) -> None:
+    """Commit the save whose DCP files are under ``data`` (a prefix of its step's): the
+    manifest of its files (every object's size), in its step's prefix, written last."""
+    fs, path = filesystem(data)
+    step_path, name = posixpath.split(path)
+    files = {f"{name}/{rel}": size for rel, size in sorted(_sizes(fs, path).items())}
+    manifest = {"step": step, "world_size": world_size, "data": name, "files": files}
+    fs.pipe_file(_manifest_path(step_path), json.dumps(manifest, indent=1).encode())
+
+
+def drop_stale(url: str) -> list[str]:
+    """Delete the saves under the checkpoint ``url`` that its manifest does not name
+    (killed or replaced attempts); their names."""
     fs, path = filesystem(url)
-    files = {name: size for name, size in sorted(_sizes(fs, path).items())
-             if name != layout.MANIFEST}
-    manifest = {"step": step, "world_size": world_size, "files": files}
-    fs.pipe_file(_manifest_path(path), json.dumps(manifest, indent=1).encode())
+    keep = json.loads(fs.cat_file(_manifest_path(path)))["data"]
+    stale = sorted({rel.split("/", 1)[0] for rel in _sizes(fs, path) if "/" in rel} - {keep})
+    for name in stale:
+        fs.rm(f"{path}/{name}", recursive=True)
+    return stale
 
 
 def remove(url: str) -> None:
-    """Delete the checkpoint (or leftover) at ``url``: its manifest first, then the rest."""
+    """Delete the checkpoint, save or leftover at ``url``: its manifest first, then the rest."""
     fs, path = filesystem(url)
     for target, recursive in ((_manifest_path(path), False), (path, True)):
         try:
@@ -158,9 +179,17 @@ def clean_leftovers(root: str) -> list[str]:
         return []
     removed = []
     for name in names:
-        if layout.COMMITTED.match(name) and layout.MANIFEST not in _sizes(fs, f"{base}/{name}"):
-            remove(f"{root.rstrip('/')}/{name}")
+        if not layout.COMMITTED.match(name):
+            continue
+        url = f"{root.rstrip('/')}/{name}"
+        if layout.MANIFEST not in _sizes(fs, f"{base}/{name}"):
+            remove(url)
             removed.append(name)
+        else:
+            try:
+                removed.extend(f"{name}/{stale}" for stale in drop_stale(url))
+            except (OSError, ValueError, KeyError):  # an unreadable manifest: left alone
+                pass
     return removed
 
 

@@ -39,10 +39,10 @@ class Saver:
 
     def __init__(self, root: str, *, keep: int, group: Any, report: Callable[..., None],
                  rank: int, world_size: int, job: str, device: torch.device,
-                 pipeline: bool = False):
+                 pipeline: bool = False, attempt: int = 0):
         self.root, self.keep, self.group, self.report = root, keep, group, report
         self.rank, self.world_size, self.job = rank, world_size, job
-        self.device, self.pipeline = device, pipeline
+        self.device, self.pipeline, self.attempt = device, pipeline, attempt
         self.last_step: int | None = None
         self._saves = 0
         self._nbytes = 1 << 16
@@ -72,12 +72,9 @@ class Saver:
         parts = Parts.of(stateful)
         self._nbytes = parts.nbytes()
         place = storage(self.root)
-        tmp = place.workdir(self.root, step, f"{self.job[:8]}{self._saves}")
-        if self.rank == 0:  # before the save's first collective: no rank writes before it
-            try:
-                place.prepare(tmp)
-            except Exception:  # noqa: BLE001 - the save itself then fails, on every rank alike
-                logger.warning("clustersdk: could not clear %s before a save", tmp, exc_info=True)
+        # the same on every rank, and another in each attempt (a rank of an earlier one
+        # may still be stuck in its save)
+        tmp = place.workdir(self.root, step, f"{self.job[:8]}-{self.attempt}-{self._saves}")
         state = parts.state()
         state["ranks"] = {str(self.rank): rng_state(step)}
         if blocking:

@@ -14,6 +14,7 @@ commit), so the production path carries no test hooks.
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 import threading
 from typing import Any, Callable
@@ -23,6 +24,8 @@ import torch.distributed.checkpoint as dcp
 from . import files, remote
 from .staging import background
 
+logger = logging.getLogger(__name__)
+
 
 class FileStorage:
     """Checkpoints in a directory of a filesystem every rank sees."""
@@ -30,9 +33,6 @@ class FileStorage:
     def workdir(self, root: str, step: int, token: str) -> str:
         """Where the save of ``step`` writes: a fresh hidden directory, renamed at the commit."""
         return files.tmp_dir(root, step, token)
-
-    def prepare(self, path: str) -> None:
-        """Rank 0, before any rank writes ``path``: nothing to do (it is new)."""
 
     def discard(self, path: str) -> None:
         """What a failed save wrote (rank 0)."""
@@ -62,12 +62,8 @@ class ObjectStorage(FileStorage):
     """Checkpoints under an fsspec URL: written in place, committed by the manifest."""
 
     def workdir(self, root: str, step: int, token: str) -> str:
-        return files.step_dir(root, step)
-
-    def prepare(self, path: str) -> None:
-        """Empty the step's prefix: what a killed save (or an earlier run) left there
-        must not mix with this save's files under a new manifest."""
-        remote.remove(path)
+        """A prefix of the step's own to this save (see :mod:`.remote`)."""
+        return f"{files.step_dir(root, step)}/{token}"
 
     def discard(self, path: str) -> None:
         remote.remove(path)
@@ -78,16 +74,21 @@ class ObjectStorage(FileStorage):
         return object_writer()(path, sync_files=False, thread_count=2)
 
     def reader(self, path: str) -> dcp.StorageReader:
-        remote.filesystem(path)
+        """The checkpoint ``path`` (a step's), read from the save its manifest names."""
+        data = remote.data_url(path)
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(path)
+        return FsspecReader(data)
 
     def write_manifest(self, tmp: str, step: int, world_size: int) -> None:
         remote.write_manifest(tmp, step, world_size)
 
     def publish(self, tmp: str, final: str) -> None:
-        """Nothing: the manifest was the commit (``tmp`` is ``final``)."""
+        """The manifest was the commit: delete the saves of the step it does not name."""
+        try:
+            remote.drop_stale(final)
+        except Exception:  # noqa: BLE001 - leftovers only: the next start removes them
+            logger.warning("clustersdk: could not clean up under %s", final, exc_info=True)
 
 
 class LowPriorityUploads:
