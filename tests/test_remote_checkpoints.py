@@ -8,9 +8,10 @@ resolved, so a save killed midway leaves the previous one the newest.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +22,7 @@ from . import workloads
 from .helpers import assert_same_run, wait_for
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 BUCKET = "ckpt"
 TRAIN = {"steps": 30, "delay": 0.01}
@@ -29,19 +30,21 @@ TRAIN = {"steps": 30, "delay": 0.01}
 
 @pytest.fixture(scope="module")
 def s3():
-    """A real S3 API server on a free port of 127.0.0.1, with one bucket; the workers
-    find it the standard way (AWS_ENDPOINT_URL and keys in their environment)."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    """A real S3 API server (moto's, its own process) on a free port of 127.0.0.1, with
+    one bucket; the workers find it the standard way (AWS_ENDPOINT_URL and keys in
+    their environment, inherited when the cluster spawns them)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # before the cluster's workers are spawned: they inherit it
+    os.environ.update(env)
     try:
+        wait_for(lambda: _listening(port), timeout=60, interval=0.1)
         import fsspec
 
         fs = fsspec.filesystem("s3")
@@ -56,7 +59,20 @@ def s3():
         import s3fs
 
         s3fs.S3FileSystem.clear_instance_cache()  # none of them may outlive the server
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +144,12 @@ def test_a_rank_killed_mid_save_resumes_auto_from_the_newest_complete_checkpoint
                           checkpoint_dir=root, checkpoint_every=5, resume="auto", keep=10)
     assert_same_run(again.wait(timeout=120), uninterrupted, exact=True)
     assert f"resumed from {ckpt.step_dir(root, newest)} at step {newest}" in again.logs(0)
+    # nothing is left of the killed save: every object belongs to the save a manifest names
+    names = objects(s3, root)
+    named = {p.split("/")[0]: ckpt.read_manifest(f"{root}/{p.split('/')[0]}")["data"]
+             for p in names if p.endswith("/manifest.json")}
+    assert [p for p in names if not p.endswith("/manifest.json")
+            and p.split("/")[1] != named.get(p.split("/")[0])] == []
     assert [step for step, _ in ckpt.committed(root)] == list(range(5, 31, 5)), (
         again.info().get("checkpoint_error"),
         [p for p in objects(s3, root) if p.startswith("step-00000010")], again.logs(0)[-3000:])
@@ -143,7 +165,10 @@ def test_async_saves_keep_exactly_keep_and_a_resume_from_one_is_bitwise(
     names = objects(s3, root)
     assert {p.split("/")[0] for p in names} == {"step-00000024", "step-00000028"}
     manifest = ckpt.read_manifest(ckpt.step_dir(root, 28))
-    assert manifest["world_size"] == 3 and ".metadata" in manifest["files"]
+    assert manifest["world_size"] == 3 and f"{manifest['data']}/.metadata" in manifest["files"]
+    assert sorted(manifest["files"]) == [p.removeprefix("step-00000028/") for p in names
+                                         if p.startswith("step-00000028/")
+                                         and not p.endswith("manifest.json")]
     # from an explicit URL, saving under another prefix
     resumed = healed.launch(workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]}, world_size=3,
                             resume=ckpt.step_dir(root, 24), checkpoint_dir=f"{root}/again")

@@ -38,7 +38,8 @@ from ...errors import CheckpointError
 from . import files as layout  # its names only, read at call time (it imports this module)
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
-INSTALL_HINT = "pip install 'clustersdk[s3]' (fsspec and s3fs; for another protocol, its fsspec package)"
+INSTALL_HINT = ("pip install 'clustersdk[s3]' (fsspec and s3fs; for another protocol, "
+                "its fsspec package)")
 
 
 def is_url(path: str) -> bool:
@@ -109,11 +110,13 @@ def is_intact(url: str) -> bool:
 
 
 def _intact(fs: Any, path: str) -> bool:
+    """Any other error than a missing or torn manifest is raised: a store that fails to
+    answer must not make ``resume="auto"`` quietly take an older checkpoint."""
     try:
         manifest = json.loads(fs.cat_file(_manifest_path(path)))
         sizes = _sizes(fs, path)
         return all(sizes.get(name) == size for name, size in manifest["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
