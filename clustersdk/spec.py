@@ -177,7 +177,7 @@ class JobSpec:
         if self.checkpoint_dir is not None:
             if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not str(self.checkpoint_dir):
                 raise SpecError(f"checkpoint_dir must be a path, got {self.checkpoint_dir!r}")
-            self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
+            self.checkpoint_dir = _checkpoint_root(os.fspath(self.checkpoint_dir))
         every = self.checkpoint_every
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every <= 0):
             raise SpecError(f"checkpoint_every must be a positive int (steps), got {every!r}")
@@ -329,3 +329,19 @@ def owner() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # a container uid with no passwd entry and no $USER
         return f"uid {os.getuid()}"
+
+
+def _checkpoint_root(value: str) -> str:
+    """A local directory, absolute (``file://`` is one too), or an fsspec URL as given
+    (``s3://bucket/run``: every worker reaches it with its own credentials)."""
+    from .runtime.checkpoint.remote import is_url
+
+    if value.startswith("file://"):
+        value = value[len("file://"):]
+    if not is_url(value):
+        return os.path.abspath(os.path.expanduser(value))
+    url = value.rstrip("/")
+    if url.endswith((":", ":/", "::")) or url.endswith("://"):
+        raise SpecError(f"checkpoint_dir {value!r} names no bucket or path: "
+                        "give one, e.g. 's3://bucket/runs/a'")
+    return url

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,23 @@ def test_checkpoint_benchmark_smoke(tmp_path):
     assert all(0 < t < 60 for t in medians["resume_s"].values())
     assert set(medians["resume_s"]) == {"2->2", "2->1"}
     assert set(result["targets_met"]) >= {"blocked", "throughput"}
+
+
+@pytest.mark.slow
+def test_object_storage_benchmark_smoke(tmp_path):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    out = tmp_path / "object.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # its own server
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "object_storage.py"), "--repeats", "1",
+         "--mb", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio save/upload" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["save_over_upload"] > 0 and result["medians_s"]["commit"] > 0
 
 
 @pytest.mark.slow

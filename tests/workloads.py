@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from clustersdk.runtime.checkpoint import storage
-from clustersdk.runtime.checkpoint.storage import FileStorage, Writer
+from clustersdk.runtime.checkpoint.storage import FileStorage, ObjectStorage, Writer
 
 N, D_IN, D_OUT = 512, 8, 2
 
@@ -205,14 +205,15 @@ _armed: dict = {}
 
 def inject_fault(point: str | None, nth: int = 1) -> None:
     """SIGKILL this worker the ``nth`` time a save reaches ``point`` (None: disarm), by
-    making its saves use :class:`FaultyStorage`. Points, in save order: ``FAULT_POINTS``."""
+    making its saves use :func:`faulty_storage`. Points, in save order: ``FAULT_POINTS``
+    (under a URL, "rename" comes after the manifest: an object store's commit)."""
     _armed.clear()
     if point is None:
         storage.override(None)
         return
     assert point in FAULT_POINTS, point
     _armed.update(point=point, left=nth)
-    storage.override(FaultyStorage)
+    storage.override(faulty_storage)
 
 
 def _reach(point: str) -> None:
@@ -222,7 +223,9 @@ def _reach(point: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class FaultyWriter(Writer):
+class FaultyWrites:
+    """Mixed into a DCP writer: dies after its data, or after DCP's metadata."""
+
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
         future.wait()  # the data is on disk when the process dies
@@ -234,10 +237,16 @@ class FaultyWriter(Writer):
         _reach("metadata")
 
 
-class FaultyStorage(FileStorage):
+class FaultyWriter(FaultyWrites, Writer):
+    pass
+
+
+class FaultyCommits:
+    """Mixed into a storage: dies at the points of a save and of its commit."""
+
     def writer(self, path):
         _reach("staged")  # the state is collected; nothing is written yet
-        return FaultyWriter(path, sync_files=True, thread_count=2)
+        return self.faulty_writer(path)
 
     def write_manifest(self, tmp, step, world_size):
         _reach("manifest")
@@ -247,6 +256,22 @@ class FaultyStorage(FileStorage):
         _reach("rename")
         super().publish(tmp, final)
         _reach("committed")
+
+
+class FaultyStorage(FaultyCommits, FileStorage):
+    def faulty_writer(self, path):
+        return FaultyWriter(path, sync_files=True, thread_count=2)
+
+
+class FaultyObjectStorage(FaultyCommits, ObjectStorage):
+    def faulty_writer(self, path):
+        writer = type("FaultyObjectWriter", (FaultyWrites, storage.object_writer()), {})
+        return writer(path, sync_files=False, thread_count=2)
+
+
+def faulty_storage(root: str):
+    """The storage of ``root`` (a directory or a URL), dying where ``inject_fault`` said."""
+    return FaultyObjectStorage() if storage.files.is_url(root) else FaultyStorage()
 
 
 def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,

@@ -15,6 +15,8 @@ import socket
 import time
 from typing import Any
 
+from ..runtime.checkpoint.remote import filesystem, is_url
+
 _listeners: dict[str, list[socket.socket]] = {}  # token -> sockets held open between calls
 MARKER = ".clustersdk-doctor-{token}-{host}"
 
@@ -106,9 +108,17 @@ def gpus() -> list[dict[str, Any]] | None:
 
 # the checkpoint directory ---------------------------------------------------------------
 def write_marker(path: str, token: str, dask_worker: Any = None) -> dict[str, Any]:
-    """Write (1 MiB, fsynced) and stat a marker in ``path``: writable? how much room?"""
+    """Write (1 MiB, fsynced) and stat a marker in ``path``: writable? how much room?
+    Under a URL (``s3://...``): an object, and no free space to tell."""
     host = _host(dask_worker)
     marker = os.path.join(path, MARKER.format(token=token, host=host))
+    if is_url(path):
+        try:
+            fs, where = filesystem(marker)
+            fs.pipe_file(where, os.urandom(1 << 20))
+        except Exception as e:  # noqa: BLE001 - the store's errors (and a missing package)
+            return {"path": path, "error": f"{type(e).__name__}: {e}"}
+        return {"path": path, "marker": marker}
     try:
         os.makedirs(path, exist_ok=True)
         with open(marker, "wb") as f:
@@ -123,13 +133,21 @@ def write_marker(path: str, token: str, dask_worker: Any = None) -> dict[str, An
 
 def unseen_markers(path: str, token: str, hosts: list[str]) -> list[str]:
     """The hosts whose marker this host can't see in ``path`` (not one shared filesystem)."""
-    return [h for h in hosts
-            if not os.path.exists(os.path.join(path, MARKER.format(token=token, host=h)))]
+    markers = {h: os.path.join(path, MARKER.format(token=token, host=h)) for h in hosts}
+    if is_url(path):
+        fs, _ = filesystem(path)
+        fs.invalidate_cache()
+        return [h for h, marker in markers.items() if not fs.exists(filesystem(marker)[1])]
+    return [h for h, marker in markers.items() if not os.path.exists(marker)]
 
 
 def remove_marker(marker: str) -> None:
     try:
-        os.remove(marker)
+        if is_url(marker):
+            fs, where = filesystem(marker)
+            fs.rm(where)
+        else:
+            os.remove(marker)
     except OSError:
         pass
 

@@ -297,7 +297,8 @@ def format_report(report: Report) -> str:
             parts.append(f"clock {mine[0]['clock_offset']:+.3f} s")
         disk = report.disks.get(host)
         if disk and not disk.get("error"):
-            parts.append(f"{disk['free'] / 2**30:.1f} GiB free at {disk['path']}")
+            parts.append(f"{disk['free'] / 2**30:.1f} GiB free at {disk['path']}"
+                         if "free" in disk else f"writes to {disk['path']}")
         ports = report.ports.get(host)
         if ports:
             parts.append(f"ports {ports.get('range')}: {len(ports.get('unreachable') or {})} "

@@ -264,7 +264,7 @@ def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
     if rank == 0:
         checkpoint.clean_leftovers(root)
     return {"dir": root, "every": spec.checkpoint_every, "keep": spec.keep,
-            "async": spec.async_checkpoint, "resume": spec.resume}
+            "async": spec.async_checkpoint, "resume": spec.resume, "attempt": spec.attempt}
 
 
 def _warm_up_and_probe() -> dict[str, Any]:

@@ -107,7 +107,8 @@ class TrainContext(Looping):
         if options.get("dir"):
             self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
                                 report=self._report, rank=rank, world_size=world_size, job=job,
-                                device=device, pipeline=strategy == "pp")
+                                device=device, pipeline=strategy == "pp",
+                                attempt=options.get("attempt", 0))
             self._async = options.get("async", True)
             # known from the start, so that ctx.shard restores its position at once
             self._resume_path = resume.resolve(self._resume, options["dir"], world_size,

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from . import checkpoint
+from .checkpoint.storage import storage
 
 
 def resolve(resume: str | None, root: str, world_size: int, group: Any) -> str | None:
@@ -33,7 +34,7 @@ def resolve(resume: str | None, root: str, world_size: int, group: Any) -> str |
 def saved_state(path: str, key: str, template: dict[str, Any]) -> dict[str, Any] | None:
     """What the checkpoint at ``path`` holds for the registered object ``key`` (its keys as
     in ``template``), read by this process alone; None if it holds nothing for ``key``."""
-    reader = dcp.FileSystemReader(path)
+    reader = storage(path).reader(path)
     prefix = f"extra.{key}."
     present = {name[len(prefix):] for name in reader.read_metadata().state_dict_metadata
                if name.startswith(prefix)}

@@ -4,8 +4,9 @@ The SDK writes each checkpoint as ``<checkpoint_dir>/step-XXXXXXXX/`` with a
 ``manifest.json`` written last (see :mod:`clustersdk.runtime.checkpoint`);
 this reads that layout through the SDK's own functions, so that what the panel
 lists is what ``resume="auto"`` would consider. It works where the server sees
-the directory the ranks write to (a local cluster, a shared filesystem); elsewhere
-the caller reports why not.
+the directory the ranks write to (a local cluster, a shared filesystem, an
+object store under a URL such as ``s3://bucket/run`` that this server has
+credentials for); elsewhere the caller reports why not.
 
 >>> scan("/no/such/dir")
 []
@@ -13,10 +14,9 @@ the caller reports why not.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from clustersdk.runtime.checkpoint import MANIFEST, committed, read_manifest
+from clustersdk.runtime.checkpoint import committed, committed_at, read_manifest
 
 
 def scan(directory: str) -> list[dict[str, Any]]:
@@ -27,10 +27,10 @@ def scan(directory: str) -> list[dict[str, Any]]:
     for step, path in committed(directory):
         try:
             manifest = read_manifest(path)
-            committed_at = os.stat(os.path.join(path, MANIFEST)).st_mtime
+            when = committed_at(path)
         except (OSError, ValueError):  # removed by retention since it was listed
             continue
-        found.append({"step": step, "path": path, "time": committed_at,
+        found.append({"step": step, "path": path, "time": when,
                       "bytes": sum(int(size) for size in manifest.get("files", {}).values()),
                       "world_size": manifest.get("world_size")})
     return found

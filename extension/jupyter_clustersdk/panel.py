@@ -16,6 +16,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from clustersdk.errors import CheckpointError
+
 from . import checkpoints, models
 from .errors import UpstreamError
 from .models import Target
@@ -74,9 +76,9 @@ class PanelQueries:
             try:
                 found = await asyncio.get_running_loop().run_in_executor(
                     None, checkpoints.scan, directory)
-            except OSError as e:
+            except (OSError, CheckpointError) as e:  # CheckpointError: fsspec's package missing
                 error = (f"checkpoint_dir {directory!r} can't be read from this server "
-                         f"({type(e).__name__}: {e.strerror or e})")
+                         f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})")
         return models.checkpoints_model(record["id"], directory, found, record.get("checkpoint"),
                                         error)
 

@@ -13,6 +13,10 @@ A save writes everything into a fresh ``.tmp-`` directory and renames it into
 place only after the data, DCP's metadata and the manifest are on disk and
 fsynced, so an interrupted save never touches the previous checkpoint, and
 :func:`latest` never returns a directory whose manifest does not match its files.
+
+A root that is a URL (``s3://bucket/run``) is an object store's, with no rename:
+every function here hands it to :mod:`.remote`, where the manifest written last
+is the commit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import uuid
 from typing import Any
 
 from ...errors import CheckpointError
+from . import remote
+from .remote import is_url as is_url  # re-exported
 
 COMMITTED = re.compile(r"^step-(\d{8})$")
 TMP_PREFIX = ".tmp-step-"
@@ -46,6 +52,8 @@ def new_token() -> str:
 
 def committed(root: str) -> list[tuple[int, str]]:
     """Committed and intact checkpoints, oldest first, as ``(step, path)``."""
+    if is_url(root):
+        return remote.committed(root)
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -66,6 +74,8 @@ def latest(root: str) -> str | None:
 
 def is_intact(path: str) -> bool:
     """The manifest exists, parses, and every file it lists has its recorded size."""
+    if is_url(path):
+        return remote.is_intact(path)
     try:
         with open(os.path.join(path, MANIFEST)) as f:
             manifest = json.load(f)
@@ -76,12 +86,16 @@ def is_intact(path: str) -> bool:
 
 
 def read_manifest(path: str) -> dict[str, Any]:
+    if is_url(path):
+        return remote.read_manifest(path)
     with open(os.path.join(path, MANIFEST)) as f:
         return json.load(f)
 
 
 def clean_leftovers(root: str) -> list[str]:
     """Remove what interrupted saves left behind; return what was removed."""
+    if is_url(root):
+        return remote.clean_leftovers(root)
     removed = []
     for name in os.listdir(root) if os.path.isdir(root) else ():
         if name.startswith(TMP_PREFIX):
@@ -92,6 +106,8 @@ def clean_leftovers(root: str) -> list[str]:
 
 def retain(root: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` committed checkpoints; return the deleted paths."""
+    if is_url(root):
+        return remote.retain(root, keep)
     found = committed(root)
     doomed = [path for _, path in found[:-keep]] if keep > 0 else []
     for path in doomed:
@@ -101,6 +117,8 @@ def retain(root: str, keep: int) -> list[str]:
 
 def check_writable(root: str) -> None:
     """Create ``root`` if needed and prove a file can be written and fsynced there."""
+    if is_url(root):
+        return remote.check_writable(root)
     probe = os.path.join(root, f".probe-{new_token()}")
     try:
         os.makedirs(root, exist_ok=True)
@@ -116,13 +134,25 @@ def check_writable(root: str) -> None:
         ) from e
 
 
+def free_bytes(root: str) -> int | None:
+    """Free space where ``root`` is (None for an object store: it has no such limit)."""
+    return None if is_url(root) else shutil.disk_usage(root).free
+
+
 def check_space(root: str, needed: int) -> None:
-    free = shutil.disk_usage(root).free
-    if free < needed:
+    free = free_bytes(root)
+    if free is not None and free < needed:
         raise CheckpointError(
             f"checkpoint_dir {root!r} has {free / 2**20:.1f} MiB free, but one checkpoint of this "
             f"job needs about {needed / 2**20:.1f} MiB"
         )
+
+
+def committed_at(path: str) -> float | None:
+    """When the checkpoint at ``path`` was committed (its manifest's time)."""
+    if is_url(path):
+        return remote.committed_at(path)
+    return os.stat(os.path.join(path, MANIFEST)).st_mtime
 
 
 # --- committing ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import errno
-import shutil
+import logging
 import threading
 from typing import Any, Callable, Collection, Mapping
 
@@ -26,6 +26,8 @@ from .staging import Gate, stager_for
 from .state import Parts, check_matches, restore_rng, rng_state, shapes
 from .storage import storage
 
+logger = logging.getLogger(__name__)
+
 
 class Saver:
     """Checkpoints of one job on one rank, under ``root``.
@@ -37,10 +39,10 @@ class Saver:
 
     def __init__(self, root: str, *, keep: int, group: Any, report: Callable[..., None],
                  rank: int, world_size: int, job: str, device: torch.device,
-                 pipeline: bool = False):
+                 pipeline: bool = False, attempt: int = 0):
         self.root, self.keep, self.group, self.report = root, keep, group, report
         self.rank, self.world_size, self.job = rank, world_size, job
-        self.device, self.pipeline = device, pipeline
+        self.device, self.pipeline, self.attempt = device, pipeline, attempt
         self.last_step: int | None = None
         self._saves = 0
         self._nbytes = 1 << 16
@@ -69,15 +71,17 @@ class Saver:
         self.report(RankEvent.METRICS)
         parts = Parts.of(stateful)
         self._nbytes = parts.nbytes()
-        tmp = files.tmp_dir(self.root, step, f"{self.job[:8]}{self._saves}")
-        place = storage()
+        place = storage(self.root)
+        # the same on every rank, and another in each attempt (a rank of an earlier one
+        # may still be stuck in its save)
+        tmp = place.workdir(self.root, step, f"{self.job[:8]}-{self.attempt}-{self._saves}")
         state = parts.state()
         state["ranks"] = {str(self.rank): rng_state(step)}
         if blocking:
             try:
                 dcp.save(state, storage_writer=place.writer(tmp), process_group=self.group)
             except BaseException as e:  # CheckpointException is a BaseException
-                self._failed(step, tmp, e, seq)
+                self._failed(place, step, tmp, e, seq)
                 raise CheckpointError(f"checkpoint at step {step} failed: {self._reason(e)}; "
                                       "the previous one is kept") from None
             self._done(place, step, tmp, seq)
@@ -101,7 +105,7 @@ class Saver:
             try:
                 f.result()
             except BaseException as e:  # noqa: BLE001 - report, keep training
-                self._failed(step, tmp, e, seq)
+                self._failed(place, step, tmp, e, seq)
             else:
                 self._done(place, step, tmp, seq)
             finally:
@@ -129,15 +133,21 @@ class Saver:
             return
         try:
             path = place.commit(tmp, files.step_dir(self.root, step), step, self.world_size)
-            files.retain(self.root, self.keep)
-        except OSError as e:
-            self._failed(step, tmp, e, seq)
+        except Exception as e:  # noqa: BLE001 - an object store's errors are not all OSErrors
+            self._failed(place, step, tmp, e, seq)
             return
+        try:  # committed: a retention that fails must not undo that
+            files.retain(self.root, self.keep)
+        except Exception:  # noqa: BLE001 - the next commit retries it
+            logger.warning("clustersdk: retention under %s failed", self.root, exc_info=True)
         self.report(RankEvent.CHECKPOINT, step=step, path=path, seq=seq)
 
-    def _failed(self, step: int, tmp: str, error: BaseException, seq: int) -> None:
+    def _failed(self, place: Any, step: int, tmp: str, error: BaseException, seq: int) -> None:
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                place.discard(tmp)
+            except Exception:  # noqa: BLE001 - a leftover: the next start removes it
+                logger.warning("clustersdk: could not remove %s", tmp, exc_info=True)
             self.report(RankEvent.CHECKPOINT_FAILED, step=step, message=self._reason(error),
                         seq=seq)
 
@@ -147,9 +157,10 @@ class Saver:
         failures = getattr(error, "failures", None)
         if isinstance(failures, dict):  # DCP: rank -> (exception, stack summary)
             causes = [pair[0] for pair in failures.values()]
-        free, needed = shutil.disk_usage(self.root).free, self._nbytes
+        free, needed = files.free_bytes(self.root), self._nbytes  # None: an object store
         # torch's own writers hide ENOSPC behind messages like "unexpected pos"
-        if any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes) or free < needed:
+        if free is not None and (free < needed or any(
+                isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes)):
             return (f"no space left on the device ({free / 1024:.0f} KiB free, a checkpoint "
                     f"needs about {needed / 1024:.0f} KiB)")
         cause = causes[0]
@@ -162,14 +173,15 @@ class Saver:
         already, by whoever made them); return the step it holds."""
         manifest = files.read_manifest(path)
         parts = Parts.of(stateful, skip=tuple(skip))
-        meta = storage().reader(path).read_metadata().state_dict_metadata
+        place = storage(path)
+        meta = place.reader(path).read_metadata().state_dict_metadata
         state = parts.state(with_optim=bool(parts.optimizers)
                             and any(k.startswith("optim.") for k in meta))
         check_matches(path, shapes(state, pipeline=self.pipeline, world_size=self.world_size,
                                    group=self.group), meta)
         source = str(self.rank % manifest["world_size"])  # another world size: borrow
         state["ranks"] = {source: b""}
-        dcp.load(state, checkpoint_id=path, process_group=self.group)
+        dcp.load(state, storage_reader=place.reader(path), process_group=self.group)
         parts.load(state)
         restore_rng(state["ranks"][source])
         self.last_step = manifest["step"]
