@@ -89,6 +89,14 @@ class Exited(RankEventBase):
 
 
 @dataclasses.dataclass(frozen=True)
+class Profiled(RankEventBase):
+    """The rank wrote its trace of profile request ``seq`` (``profile``: its summary)."""
+
+    seq: int
+    profile: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class StartFailed(RankEventBase):
     """The agent could not start the rank (its worker vanished, or refused)."""
 
@@ -140,14 +148,19 @@ class SuspendRequested:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileRequested:
+    steps: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SchedulerClosing:
     pass
 
 
 Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
-              CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
+              CheckpointFailed, Failed, Exited, Profiled, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
-              CheckpointRequested, SuspendRequested, SchedulerClosing]
+              CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

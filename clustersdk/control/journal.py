@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     checkpoint_step INTEGER,
     checkpoint_error TEXT,
     total_steps INTEGER,
-    restarts INTEGER NOT NULL DEFAULT 0
+    restarts INTEGER NOT NULL DEFAULT 0,
+    profiles TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -60,10 +61,19 @@ CREATE TABLE IF NOT EXISTS system (
     sample TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS system_by_job ON system (job, seq);
+CREATE TABLE IF NOT EXISTS phases (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    phases TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS phases_by_job ON phases (job, seq);
 """
 
-_JSON_FIELDS = ("spec", "ranks", "error")
-_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0"}  # since the first release
+_JSON_FIELDS = ("spec", "ranks", "error", "profiles")
+_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0",  # since the first release
+                  "profiles": "TEXT"}
 
 
 class Journal:
@@ -142,6 +152,7 @@ class Journal:
     def truncate_history(self, job: str, step: int) -> None:
         """Forget the rows of steps at or after ``step`` (a resume from there replays them)."""
         self._db.execute("DELETE FROM metrics WHERE job = ? AND step >= ?", (job, step))
+        self._db.execute("DELETE FROM phases WHERE job = ? AND step >= ?", (job, step))
 
     def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Rows after sequence number ``since``: seq, rank, step, time and each scalar."""
@@ -154,6 +165,27 @@ class Journal:
         for seq, rank, step, t, scalars in self._db.execute(sql, params):
             out.append({**json.loads(scalars), "seq": seq, "rank": rank, "step": step, "time": t})
         return out
+
+    # step phases ------------------------------------------------------------
+    def add_phases(self, job: str, rank: int, rows: Iterable[list[float]]) -> None:
+        """``[step, *PHASES]`` rows of one rank (see :mod:`clustersdk.runtime.phases`)."""
+        self._db.executemany(
+            "INSERT INTO phases (job, rank, step, phases) VALUES (?, ?, ?, ?)",
+            [(job, rank, int(r[0]), json.dumps(list(r[1:]))) for r in rows],
+        )
+
+    def phases(self, job: str, since: int = 0, limit: int | None = None
+               ) -> list[dict[str, Any]]:
+        """Phase rows after ``since``: seq, rank, step and each phase's seconds."""
+        from ..protocol import PHASES
+
+        sql = "SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? ORDER BY seq"
+        params: tuple = (job, since)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params += (limit,)
+        return [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
+                for seq, rank, step, values in self._db.execute(sql, params)]
 
     # system samples ---------------------------------------------------------
     def add_system(self, job: str, samples: Iterable[dict[str, Any]]) -> None:
