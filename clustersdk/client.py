@@ -66,9 +66,9 @@ class ControlClient:
     async def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
         return await self.call(Op.SYSTEM, job=job, since=since)
 
-    async def phases(self, job: str, since: int = 0,
-                     limit: int | None = None) -> list[dict[str, Any]]:
-        return await self.call(Op.PHASES, job=job, since=since, limit=limit)
+    async def phases(self, job: str, since: int = 0, limit: int | None = None,
+                     tail: int | None = None) -> list[dict[str, Any]]:
+        return await self.call(Op.PHASES, job=job, since=since, limit=limit, tail=tail)
 
     # --- control ----------------------------------------------------------------------
     async def stop(self, job: str) -> dict[str, Any]:

@@ -174,12 +174,14 @@ class Job:
         GPU, CPU, memory and network samples; ``source`` says which ("nvml"/"psutil")."""
         return list(self.cluster.sync(self.cluster.control.system, self.id, since=since))
 
-    def phases(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Where each step's time went, per rank: seq, rank, step and the seconds of
+    def phases(self, since: int = 0, limit: int | None = None, tail: int | None = None
+               ) -> list[dict[str, Any]]:
+        """Where each step's time went, per rank (the first ``limit`` rows after ``since``,
+        or only the newest ``tail``): seq, rank, step and the seconds of
         ``data``, ``compute``, ``optimizer``, ``checkpoint``, ``sync`` and the step's
         ``total`` (see :mod:`clustersdk.runtime.phases` for what each one counts)."""
         return list(self.cluster.sync(self.cluster.control.phases, self.id, since=since,
-                                      limit=limit))
+                                      limit=limit, tail=tail))
 
     def log_lines(self, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
         """Log lines after sequence number ``since`` (of one rank, or every rank):

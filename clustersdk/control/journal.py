@@ -174,18 +174,22 @@ class Journal:
             [(job, rank, int(r[0]), json.dumps(list(r[1:]))) for r in rows],
         )
 
-    def phases(self, job: str, since: int = 0, limit: int | None = None
-               ) -> list[dict[str, Any]]:
-        """Phase rows after ``since``: seq, rank, step and each phase's seconds."""
+    def phases(self, job: str, since: int = 0, limit: int | None = None,
+               tail: int | None = None) -> list[dict[str, Any]]:
+        """Phase rows after ``since`` (the first ``limit``, or only the newest ``tail``),
+        oldest first: seq, rank, step and each phase's seconds."""
         from ..protocol import PHASES
 
-        sql = "SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? ORDER BY seq"
+        order, count = ("DESC", tail) if tail is not None else ("ASC", limit)
+        sql = ("SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? "
+               f"ORDER BY seq {order}")
         params: tuple = (job, since)
-        if limit is not None:
+        if count is not None:
             sql += " LIMIT ?"
-            params += (limit,)
-        return [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
+            params += (count,)
+        rows = [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
                 for seq, rank, step, values in self._db.execute(sql, params)]
+        return rows[::-1] if tail is not None else rows
 
     # system samples ---------------------------------------------------------
     def add_system(self, job: str, samples: Iterable[dict[str, Any]]) -> None:

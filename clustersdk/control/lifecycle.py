@@ -276,7 +276,8 @@ class Lifecycle:
 
     def _profile(self, e: ev.ProfileRequested) -> None:
         steps = e.steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_PROFILE_STEPS:
+        if (isinstance(steps, bool) or not isinstance(steps, int)
+                or not 1 <= steps <= MAX_PROFILE_STEPS):
             raise SpecError(f"job.profile(steps={steps!r}): steps must be an int from 1 to "
                             f"{MAX_PROFILE_STEPS} (the steps to capture, from the next one)")
         if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):

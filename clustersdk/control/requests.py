@@ -109,8 +109,9 @@ class Requests:
     def system(self, job: str, since: int = 0) -> list[dict]:
         return self.journal.system(job, since)
 
-    def phases(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
-        return self.journal.phases(job, since, limit)
+    def phases(self, job: str, since: int = 0, limit: int | None = None,
+               tail: int | None = None) -> list[dict]:
+        return self.journal.phases(job, since, limit, tail)
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
         return self.journal.logs(job, rank, since)

@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView
+from .straggler import phases_html
 
 #: One colour per rank (cycled), shared by the live charts and the static HTML.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -71,6 +72,7 @@ def job_html(view: JobView) -> str:
         if source == "psutil" else "",
         spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
         error=view.error if view.status == "FAILED" else None,
+        phases=Markup(phases_html(view.phases)),
     )
 
 
