@@ -39,7 +39,6 @@ import threading
 import time
 from typing import Any
 
-from ..protocol import PHASES
 
 _local = threading.local()  # the PhaseClock of the rank whose thread this is
 _hooks_installed = False
@@ -61,6 +60,8 @@ class PhaseClock:
         self.optimizer = 0.0   # running totals, read at the phase marks
         self.checkpoint = 0.0
         self.paused = 0.0
+        self._opt_t0 = 0.0
+        self._opt_depth = 0    # an optimizer that steps others inside: only the outer counts
         self._rows: list[list[float]] = []
         self._lock = threading.Lock()
         self._start = self._data0 = self._data1 = 0.0
@@ -79,6 +80,7 @@ class PhaseClock:
     def begin_step(self) -> None:
         if not self.enabled:
             return  # no row: resumed() finds no open step
+        self._opt_depth = 0  # an optimizer step that raised last step never came back
         self._start = time.perf_counter()
         self._marks = (self.optimizer, self.checkpoint, self.paused)
         self._open = True
@@ -115,7 +117,7 @@ class PhaseClock:
 
     # what ships --------------------------------------------------------------------------
     def rows(self) -> list[list[float]]:
-        """``[step, *PHASES]`` of the steps finished since the last call."""
+        """``[step, *PHASES]`` (:data:`clustersdk.protocol.PHASES`) of the steps finished since the last call."""
         with self._lock:
             rows, self._rows = self._rows, []
         return rows
@@ -138,24 +140,21 @@ class Timed:
             setattr(clock, self.name, getattr(clock, self.name) + time.perf_counter() - self.t0)
 
 
-def as_dicts(rank: int, rows: list[list[float]]) -> list[dict[str, Any]]:
-    """Phase rows as ``{"rank", "step", <phase>: seconds}`` (what ``job.phases()`` returns)."""
-    return [{"rank": rank, "step": int(row[0]), **dict(zip(PHASES, row[1:]))} for row in rows]
-
-
 # optimizer.step(), wherever it is called ------------------------------------------------------
 def _pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     clock = getattr(_local, "clock", None)
     if clock is not None:
-        _local.t0 = time.perf_counter()
+        if not clock._opt_depth:
+            clock._opt_t0 = time.perf_counter()
+        clock._opt_depth += 1
 
 
 def _post(optimizer: Any, args: Any, kwargs: Any) -> None:
     clock = getattr(_local, "clock", None)
-    t0 = getattr(_local, "t0", None)
-    if clock is not None and t0 is not None:
-        clock.optimizer += time.perf_counter() - t0
-        _local.t0 = None
+    if clock is not None and clock._opt_depth:
+        clock._opt_depth -= 1
+        if not clock._opt_depth:
+            clock.optimizer += time.perf_counter() - clock._opt_t0
 
 
 def _install_hooks() -> None:
