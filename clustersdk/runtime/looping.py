@@ -214,8 +214,13 @@ class Looping:
         from .profiling import Capture, trace_dir
 
         self._profiles_done = seq
-        self._capture = Capture(seq, steps, self.step, self.rank, trace_dir(self.spec, seq),
-                                self.device.type)
+        try:
+            self._capture = Capture(seq, steps, self.step, self.rank, trace_dir(self.spec, seq),
+                                    self.device.type)
+        except Exception as e:  # e.g. the training function runs a profiler of its own
+            self._report(RankEvent.PROFILED, seq=seq, profile={
+                "rank": self.rank, "seq": seq, "first_step": self.step, "steps": 0,
+                "asked": steps, "error": f"{type(e).__name__}: {e}"})
 
     def _finish_profile(self) -> None:
         """Write this rank's trace and report it; a profile that fails never fails the job."""

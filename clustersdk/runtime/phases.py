@@ -35,6 +35,7 @@ synchronising copy), not necessarily in the phase that queued it.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Any
@@ -62,8 +63,7 @@ class PhaseClock:
         self.paused = 0.0
         self._opt_t0 = 0.0
         self._opt_depth = 0    # an optimizer that steps others inside: only the outer counts
-        self._rows: list[list[float]] = []
-        self._lock = threading.Lock()
+        self._rows: collections.deque = collections.deque()  # appends and pops are atomic
         self._start = self._data0 = self._data1 = 0.0
         self._marks = (0.0, 0.0, 0.0)  # optimizer, checkpoint, paused at the step's start
         self._ckpt_boundary = 0.0
@@ -108,8 +108,7 @@ class PhaseClock:
         sync = self._data0 - self._start - self._paused_boundary - self._ckpt_boundary
         row = [float(step), data, max(body - optimizer - ckpt_body, 0.0), optimizer,
                self._ckpt_boundary + ckpt_body, max(sync, 0.0), end - self._start - paused]
-        with self._lock:
-            self._rows.append(row)
+        self._rows.append(row)
 
     def abandon(self) -> None:
         """The loop left in the middle of a step: it has no row."""
@@ -118,9 +117,8 @@ class PhaseClock:
     # what ships --------------------------------------------------------------------------
     def rows(self) -> list[list[float]]:
         """``[step, *PHASES]`` (:data:`clustersdk.protocol.PHASES`) of the steps finished since the last call."""
-        with self._lock:
-            rows, self._rows = self._rows, []
-        return rows
+        rows = self._rows
+        return [rows.popleft() for _ in range(len(rows))]
 
 
 class Timed:
