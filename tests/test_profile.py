@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import time
 
 import pytest
 
@@ -14,6 +14,7 @@ from . import workloads
 from .helpers import losses, step_reached, wait_for, wait_idle
 
 WS = 3
+PAUSE = 2.0  # seconds a job is held paused
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,13 @@ def test_bad_profile_requests_say_what_is_wrong(idle3, tmp_path):
 
 
 def test_phases_cover_every_step_and_rank_and_add_up(idle3, tmp_path):
-    job = _launch(idle3, tmp_path, "phases", steps=12, delay=0.01)
+    job = idle3.launch(workloads.train_ckpt, kwargs={"steps": 12, "delay": 0.01}, world_size=WS,
+                       name="phases", checkpoint_dir=str(tmp_path / "phases"), checkpoint_every=4,
+                       async_checkpoint=False)
+    wait_for(lambda: step_reached(job, 2), timeout=60)
+    job.pause()
+    time.sleep(PAUSE)
+    job.resume()
     job.wait(timeout=120)
     rows = job.phases()
     assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in range(WS)
@@ -110,4 +117,7 @@ def test_phases_cover_every_step_and_rank_and_add_up(idle3, tmp_path):
         assert all(row[p] >= 0 for p in PHASES)
         assert parts <= row["total"] * (1 + 1e-9) + 1e-9, row
         assert row["compute"] >= 0.01  # the sleep in the body
-    assert os.path.isdir(tmp_path / "phases")
+        assert row["total"] < PAUSE / 2, row  # the time paused is no step's
+    saved = {(r["rank"], r["step"]) for r in rows if r["checkpoint"] > 0}
+    assert saved == {(r, s) for r in range(WS) for s in (4, 8)}  # the periodic saves' steps
+    assert job.phases(tail=WS) == rows[-WS:]
