@@ -42,9 +42,10 @@ from typing import Any, Callable
 
 from ..errors import InvalidTransitionError, SpecError
 from ..layout import Layout
-from ..protocol import MAX_PROFILE_STEPS, ExitStatus, WireSpec, Word, no_words, profile_word
+from ..protocol import ExitStatus, WireSpec, Word, no_words, profile_word
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
+from .profiles import ProfileBook
 
 RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED})
 
@@ -76,8 +77,7 @@ class Lifecycle:
         self.checkpoint_seq = 0          # newest CHECKPOINT request committed
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
         self.restart_paused = False      # it was PAUSED when it lost a worker
-        self.profile_seq = 0             # the newest profile request
-        self.profiles: list[dict[str, Any]] = []  # every request, with the ranks' reports
+        self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -275,35 +275,23 @@ class Lifecycle:
         self._ask(Word.SUSPEND, 1)
 
     def _profile(self, e: ev.ProfileRequested) -> None:
-        steps = e.steps
-        if (isinstance(steps, bool) or not isinstance(steps, int)
-                or not 1 <= steps <= MAX_PROFILE_STEPS):
-            raise SpecError(f"job.profile(steps={steps!r}): steps must be an int from 1 to "
-                            f"{MAX_PROFILE_STEPS} (the steps to capture, from the next one)")
+        self.profiles.check(e.steps)
         if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
                 f"job {self.name!r} is {self.status.name}; only a RUNNING or PAUSED job can be "
                 "profiled")
-        self.profile_seq += 1
-        self.profiles.append({"seq": self.profile_seq, "steps": steps, "requested": self._now,
-                              "attempt": self.attempt, "world_size": self.world_size,
-                              "complete": False, "ranks": []})
-        self._out.append(ev.Journal({"profiles": self.profiles}))
-        self._ask(Word.PROFILE, profile_word(self.profile_seq, steps))
+        seq = self.profiles.request(e.steps, now=self._now, attempt=self.attempt,
+                                    world_size=self.world_size)
+        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
+        self._ask(Word.PROFILE, profile_word(seq, e.steps))
 
     def _profiled(self, e: ev.Profiled) -> None:
-        entry = self.profile_entry(e.seq)
-        if entry is None:
+        if self.profiles.entry(e.seq) is None:
             return
-        entry["ranks"] = sorted([r for r in entry["ranks"] if r.get("rank") != e.rank]
-                                + [dict(e.profile, rank=e.rank)], key=lambda r: r["rank"])
-        entry["complete"] = len(entry["ranks"]) >= entry["world_size"]
-        self._out.append(ev.Journal({"profiles": self.profiles}))
-        if entry["complete"]:
+        complete = self.profiles.report(e.seq, e.rank, e.profile)
+        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
+        if complete:
             self._out.append(ev.Publish({"kind": "profile", "seq": e.seq}))
-
-    def profile_entry(self, seq: int) -> dict[str, Any] | None:
-        return next((p for p in self.profiles if p["seq"] == seq), None)
 
     def _closing(self, e: ev.SchedulerClosing) -> None:
         # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it)

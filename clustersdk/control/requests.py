@@ -183,7 +183,7 @@ class Requests:
         run = self._active(job, "profile", "only a RUNNING or PAUSED job can be profiled")
         machine = run.machine
         self.plane.feed(run, ev.ProfileRequested(steps))
-        seq = machine.profile_seq
+        seq = machine.profiles.seq
         if wait and machine.status is JobStatus.RUNNING:
             return await self.profile_wait(job, seq, timeout)
         return self._profile(job, seq)
@@ -194,7 +194,7 @@ class Requests:
         run = self.plane.runs.get(job)
         if run is not None:
             machine = run.machine
-            entry = machine.profile_entry(seq)
+            entry = machine.profiles.entry(seq)
             attempt = entry["attempt"] if entry else machine.attempt
             await self.plane.until(run, lambda: entry is None or entry["complete"]
                                    or machine.status.terminal or machine.attempt != attempt,

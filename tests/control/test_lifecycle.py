@@ -298,10 +298,10 @@ def test_profile_requests_reach_every_rank_as_one_word_and_complete_when_all_rep
     assert later.words[Word.PROFILE] > sent[0].words[Word.PROFILE]
     assert profile_request(later.words[Word.PROFILE]) == (2, 2)
     first = job.handle(ev.Profiled(0, job.attempt, 1, {"path": "/t/rank0.json"}), 3.0)
-    assert not of(first, ev.Publish) and not job.profile_entry(1)["complete"]
+    assert not of(first, ev.Publish) and not job.profiles.entry(1)["complete"]
     done = job.handle(ev.Profiled(1, job.attempt, 1, {"path": "/t/rank1.json"}), 3.0)
     assert [a.message for a in of(done, ev.Publish)] == [{"kind": "profile", "seq": 1}]
-    entry = job.profile_entry(1)
+    entry = job.profiles.entry(1)
     assert entry["complete"] and [r["rank"] for r in entry["ranks"]] == [0, 1]
     assert of(done, ev.Journal)[0].fields["profiles"][0]["complete"]
 
@@ -311,7 +311,7 @@ def test_profile_steps_must_be_a_sensible_int(steps):
     job = running(2)
     with pytest.raises(SpecError, match="steps must be an int from 1 to 1000"):
         job.handle(ev.ProfileRequested(steps), 2.0)
-    assert job.profile_seq == 0 and not job.profiles
+    assert job.profiles.seq == 0 and not job.profiles.entries
 
 
 def test_only_a_running_or_paused_job_can_be_profiled():
