@@ -247,8 +247,9 @@ class Job:
         """Every profile taken of this job, oldest first."""
         from .profile import Profile
 
-        return [Profile(self, {**p, "status": self.info()["status"]})
-                for p in self.info().get("profiles") or ()]
+        record = self.info()
+        return [Profile(self, {**p, "status": record["status"]})
+                for p in record.get("profiles") or ()]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has."""

@@ -121,3 +121,20 @@ def test_phases_cover_every_step_and_rank_and_add_up(idle3, tmp_path):
     saved = {(r["rank"], r["step"]) for r in rows if r["checkpoint"] > 0}
     assert saved == {(r, s) for r in range(WS) for s in (4, 8)}  # the periodic saves' steps
     assert job.phases(tail=WS) == rows[-WS:]
+
+
+def test_the_dashboard_shows_the_phases_of_every_rank(idle3, tmp_path):
+    pytest.importorskip("ipywidgets")
+    from clustersdk.widgets.job import JobDashboard
+
+    job = _launch(idle3, tmp_path, "dash", steps=8, delay=0.05)
+    live = []
+    job.on_event(lambda msg: live.extend((msg["rank"], int(row[0])) for row in msg.get("phases", ())))
+    job.wait(timeout=120)
+    wait_for(lambda: len(live) >= WS)  # the phases travel with the live metrics too
+    dash = JobDashboard(job)  # opened on a finished job: read back from the journal
+    try:
+        assert dash.view.phases.band("total")["steps"] == list(range(8))
+        assert "Step phases, 3 ranks" in dash.phases.value and "slowest: <b>rank" in dash.phases.value
+    finally:
+        dash.close()

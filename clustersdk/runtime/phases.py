@@ -9,7 +9,8 @@ No device synchronisation, no collective. The phases of one step, in seconds:
     blocked in the loader's ``next()`` (a prefetching loader: only the wait).
 ``compute``
     the training function's body between two ``ctx.loop`` steps (forward,
-    backward, and what else it does), less ``optimizer`` and ``checkpoint``.
+    backward, and what else it does: logging, an evaluation pass), less
+    ``optimizer`` and ``checkpoint``.
     Under DDP the gradient all-reduce overlaps backward inside autograd and
     is part of this phase: splitting it out would need a Python
     communication hook in place of DDP's C++ one, which costs time on every
