@@ -20,9 +20,9 @@ Then, on the same cluster, with sampling off and no dashboard:
   alone, free of the scheduler's and the other rank's noise);
 * **profiling**: one run that profiles ``--profile-steps`` steps in its
   middle; rank 0 timestamps every step, and the median step time while
-  capturing is compared with the median of the steps before it, plus the
-  time the capture's end (stopping the profiler, writing the trace) adds to
-  the step after it.
+  capturing is compared with the median of as many steps just before and
+  just after it, plus the time the capture's end (stopping the profiler,
+  writing the trace) adds to the step after it.
 
     python benchmarks/telemetry.py                      # 3 rounds of 1500 steps
     python benchmarks/telemetry.py --repeats 1 --steps 200 --json out.json   # smoke run
@@ -168,9 +168,12 @@ def profile_run(cluster: Any, steps: int, capture: int) -> dict[str, Any]:
     during = durations[first - 1:first - 1 + capture]
     # the step after the capture pays for stopping the profiler and writing the trace
     after = durations[first - 1 + capture] if first + capture < len(ends) else float("nan")
-    before = durations[_workload.WARMUP_STEPS:first - 1]
-    base = statistics.median(before)
-    return {"first_step": first, "steps": capture, "step_ms_before": 1e3 * base,
+    # the baseline: as many steps just before the capture and just after that step (the
+    # machine's load drifts; neighbours share it)
+    lo = max(first - 1 - capture, _workload.WARMUP_STEPS)
+    around = durations[lo:first - 1] + durations[first + capture:first + 2 * capture]
+    base = statistics.median(around)
+    return {"first_step": first, "steps": capture, "step_ms_around": 1e3 * base,
             "step_ms_while_capturing": 1e3 * statistics.median(during),
             "ratio": base / statistics.median(during),
             "end_of_capture_ms": 1e3 * (after - base),
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 local[on] += durations
         if "profile" in args.only:
             capture = min(args.profile_steps, max(args.steps // 4, 1))
-            summary["profile"] = profile_run(cluster, max(args.steps, 3 * capture + 40), capture)
+            summary["profile"] = profile_run(cluster, max(args.steps, 4 * capture + 40), capture)
     if "dashboard" in args.only:
         summary.update(_dashboard_summary(args, results, cs.config.get("metrics-interval")))
     if "phases" in args.only:
@@ -251,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     if "profile" in args.only:
         p = summary["profile"]
         print(f"\njob.profile(steps={p['steps']}) from step {p['first_step']}, rank 0")
-        print(f"  step time before the capture            {p['step_ms_before']:9.3f} ms")
+        print(f"  step time around the capture            {p['step_ms_around']:9.3f} ms"
+              "   (as many steps before and after it)")
         print(f"  step time while capturing               {p['step_ms_while_capturing']:9.3f} ms")
-        print(f"  steps/s while capturing / before        {p['ratio']:9.3f}")
+        print(f"  steps/s while capturing / around        {p['ratio']:9.3f}")
         print(f"  end of capture (stop, write trace)      {p['end_of_capture_ms']:9.1f} ms once"
               f"   (trace {p['trace_mb']:.1f} MB; communication {100 * p['comm_share']:.0f}% "
               "of the captured time)")

@@ -117,7 +117,8 @@ class PhaseClock:
 
     # what ships --------------------------------------------------------------------------
     def rows(self) -> list[list[float]]:
-        """``[step, *PHASES]`` (:data:`clustersdk.protocol.PHASES`) of the steps finished since the last call."""
+        """``[step, *PHASES]`` (:data:`clustersdk.protocol.PHASES`) of the steps finished
+        since the last call."""
         rows = self._rows
         return [rows.popleft() for _ in range(len(rows))]
 
