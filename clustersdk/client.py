@@ -78,6 +78,10 @@ class ControlClient:
     async def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
         return await self.call(Op.SYSTEM, job=job, since=since)
 
+    async def phases(self, job: str, since: int = 0, limit: int | None = None,
+                     tail: int | None = None) -> list[dict[str, Any]]:
+        return await self.call(Op.PHASES, job=job, since=since, limit=limit, tail=tail)
+
     # --- control ----------------------------------------------------------------------
     async def stop(self, job: str) -> dict[str, Any]:
         return await self.call(Op.STOP, job=job)
@@ -93,3 +97,11 @@ class ControlClient:
 
     async def suspend(self, job: str, timeout: float | None = None) -> dict[str, Any]:
         return await self.call(Op.SUSPEND, job=job, timeout=timeout)
+
+    async def profile(self, job: str, steps: int, timeout: float | None = None,
+                      wait: bool = True) -> dict[str, Any]:
+        return await self.call(Op.PROFILE, job=job, steps=steps, timeout=timeout, wait=wait)
+
+    async def profile_wait(self, job: str, seq: int,
+                           timeout: float | None = None) -> dict[str, Any]:
+        return await self.call(Op.PROFILE_WAIT, job=job, seq=seq, timeout=timeout)

@@ -41,11 +41,36 @@ class Word(enum.IntEnum):
     PAUSE = 2       # pause generation: incremented by every pause
     RESUME = 3      # resume generation: equal to PAUSE after a resume
     CHECKPOINT = 4  # sequence number of the newest checkpoint request
+    PROFILE = 5     # the newest profile request: profile_word(seq, steps)
 
 
 def no_words() -> list[int]:
     """A control vector that asks for nothing."""
     return [0] * len(Word)
+
+
+PROFILE_STEPS_BITS = 16  # a profile covers at most 2**16 - 1 steps
+MAX_PROFILE_STEPS = 1000  # more makes traces of gigabytes
+
+
+def profile_word(seq: int, steps: int) -> int:
+    """The PROFILE word of request ``seq`` for ``steps`` steps: one int, so that the
+    element-wise max keeps the newest request together with its step count.
+
+    >>> profile_request(profile_word(3, 5))
+    (3, 5)
+    """
+    return (seq << PROFILE_STEPS_BITS) | steps
+
+
+def profile_request(word: int) -> tuple[int, int]:
+    """``(seq, steps)`` of a PROFILE word (``(0, 0)``: none asked)."""
+    return word >> PROFILE_STEPS_BITS, word & ((1 << PROFILE_STEPS_BITS) - 1)
+
+
+#: The phases of a step each rank times (:mod:`clustersdk.runtime.phases`), in the order
+#: of a phase row's values after its step: ``[step, *PHASES]``, in seconds.
+PHASES = ("data", "compute", "optimizer", "checkpoint", "sync", "total")
 
 
 # --- operations ----------------------------------------------------------------------------
@@ -71,6 +96,9 @@ class Op(str, enum.Enum):
     QUEUE = "queue"                  # the queues: who holds what, what waits and why
     CONFIGURE = "configure"          # an admin's change of the scheduling settings
     STACKS = "stacks"                # where each rank of a job is (its training thread's stack)
+    PROFILE = "profile"              # capture torch.profiler traces for N steps
+    PROFILE_WAIT = "profile_wait"    # the profile of request seq, once every rank reported
+    PHASES = "phases"                # the per-step phase timings of a job
 
     @property
     def handler(self) -> str:
@@ -106,6 +134,7 @@ class RankEvent(str, enum.Enum):
     RESUMED = "resumed"                  # step
     CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
+    PROFILED = "profiled"                # seq, profile: this rank's trace and summary
     FAILED = "failed"                    # error: the rank raised
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
@@ -141,6 +170,7 @@ class MetricsMessage(TypedDict, total=False):
     rows: list[Row]
     logs: list[tuple[int, float, str, str]]   # rank, time, stream, text
     system: list[dict[str, Any]]              # rank, time, sample
+    phases: list[list[float]]                 # [step, *PHASES] of this rank's steps
 
 
 class StatusMessage(TypedDict):
@@ -166,6 +196,13 @@ class CheckpointFailedMessage(TypedDict):
     message: str
 
 
+class ProfileMessage(TypedDict):
+    """A profile request's traces are complete (or the job ended before they were)."""
+
+    kind: Literal["profile"]
+    seq: int
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -175,7 +212,7 @@ class RollbackMessage(TypedDict):
 
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, RollbackMessage]
+                CheckpointFailedMessage, ProfileMessage, RollbackMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -231,6 +268,7 @@ class WireSpec:
     asked_world_size: int | None = None   # running on fewer than asked: the size to grow back to
     hang_timeout: float | None = None     # seconds without a finished step; None: derived
     on_hang: str = "report"               # "report", "restart" or "fail"
+    profile_dir: str | None = None        # the control plane's state dir (job.profile's traces)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

@@ -153,12 +153,12 @@ def test_late_control_words_of_an_earlier_attempt_are_dropped():
     agent = Agent()
     agent.early = {}
     agent.ranks = {"j": SimpleNamespace(attempt=1, control=Control())}
-    agent.control("j", [1, 0, 0, 0, 0], attempt=0)  # the STOP that ended attempt 0
-    assert agent.ranks["j"].control.words() == [0, 0, 0, 0, 0] and not agent.early
-    agent.control("j", [0, 0, 1, 0, 0], attempt=1)
-    assert agent.ranks["j"].control.words() == [0, 0, 1, 0, 0]
-    agent.control("j", [0, 0, 0, 0, 3], attempt=2)  # for a rank not started yet: kept
-    assert agent.early[("j", 2)].words() == [0, 0, 0, 0, 3]
+    agent.control("j", [1, 0, 0, 0, 0, 0], attempt=0)  # the STOP that ended attempt 0
+    assert agent.ranks["j"].control.words() == [0, 0, 0, 0, 0, 0] and not agent.early
+    agent.control("j", [0, 0, 1, 0, 0, 0], attempt=1)
+    assert agent.ranks["j"].control.words() == [0, 0, 1, 0, 0, 0]
+    agent.control("j", [0, 0, 0, 0, 3, 0], attempt=2)  # for a rank not started yet: kept
+    assert agent.early[("j", 2)].words() == [0, 0, 0, 0, 3, 0]
 
 
 def test_a_state_dir_of_an_older_release_gains_the_restart_count(tmp_path):

@@ -128,6 +128,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "py_modules": None, "queue": None, "priority": None,
                     "preemptible": True, "time_limit": None, "min_world_size": None,
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
+                    "profile_dir": None,
                     "version": 1}
 
 

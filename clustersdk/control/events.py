@@ -89,6 +89,14 @@ class Exited(RankEventBase):
 
 
 @dataclasses.dataclass(frozen=True)
+class Profiled(RankEventBase):
+    """The rank wrote its trace of profile request ``seq`` (``profile``: its summary)."""
+
+    seq: int
+    profile: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class StartFailed(RankEventBase):
     """The agent could not start the rank (its worker vanished, or refused)."""
 
@@ -137,6 +145,11 @@ class CheckpointRequested:
 @dataclasses.dataclass(frozen=True)
 class SuspendRequested:
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileRequested:
+    steps: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,10 +211,10 @@ class Reclaimed:
 
 
 Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
-              CheckpointFailed, Failed, Exited, StartFailed, WorkerLost, GraceExpired,
+              CheckpointFailed, Failed, Exited, Profiled, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
-              CheckpointRequested, SuspendRequested, SchedulerClosing, Preempted, Reclaimed,
-              HangDetected, Progressed, StopOverdue, Grow]
+              CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
+              Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER,
     payload BLOB,
     estimated_start REAL,
-    stacks TEXT
+    stacks TEXT,
+    profiles TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -79,12 +80,21 @@ CREATE TABLE IF NOT EXISTS settings (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS phases (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    phases TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS phases_by_job ON phases (job, seq);
 """
 
-_JSON_FIELDS = ("spec", "ranks", "error", "stacks")
+_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles")
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
-                  "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT"}
+                  "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT",
+                  "profiles": "TEXT"}
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 
@@ -203,6 +213,7 @@ class Journal:
     def truncate_history(self, job: str, step: int) -> None:
         """Forget the rows of steps at or after ``step`` (a resume from there replays them)."""
         self._db.execute("DELETE FROM metrics WHERE job = ? AND step >= ?", (job, step))
+        self._db.execute("DELETE FROM phases WHERE job = ? AND step >= ?", (job, step))
 
     def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Rows after sequence number ``since``: seq, rank, step, time and each scalar."""
@@ -215,6 +226,31 @@ class Journal:
         for seq, rank, step, t, scalars in self._db.execute(sql, params):
             out.append({**json.loads(scalars), "seq": seq, "rank": rank, "step": step, "time": t})
         return out
+
+    # step phases ------------------------------------------------------------
+    def add_phases(self, job: str, rank: int, rows: Iterable[list[float]]) -> None:
+        """``[step, *PHASES]`` rows of one rank (see :mod:`clustersdk.runtime.phases`)."""
+        self._db.executemany(
+            "INSERT INTO phases (job, rank, step, phases) VALUES (?, ?, ?, ?)",
+            [(job, rank, int(r[0]), json.dumps(list(r[1:]))) for r in rows],
+        )
+
+    def phases(self, job: str, since: int = 0, limit: int | None = None,
+               tail: int | None = None) -> list[dict[str, Any]]:
+        """Phase rows after ``since`` (the first ``limit``, or only the newest ``tail``),
+        oldest first: seq, rank, step and each phase's seconds."""
+        from ..protocol import PHASES
+
+        order, count = ("DESC", tail) if tail is not None else ("ASC", limit)
+        sql = ("SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? "
+               f"ORDER BY seq {order}")
+        params: tuple = (job, since)
+        if count is not None:
+            sql += " LIMIT ?"
+            params += (count,)
+        rows = [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
+                for seq, rank, step, values in self._db.execute(sql, params)]
+        return rows[::-1] if tail is not None else rows
 
     # system samples ---------------------------------------------------------
     def add_system(self, job: str, samples: Iterable[dict[str, Any]]) -> None:

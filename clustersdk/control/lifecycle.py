@@ -23,7 +23,11 @@ The rules, by event:
   then it queues first in line to continue from its newest committed
   checkpoint (from the start without one; a PAUSED job comes back paused).
   Otherwise, or in any other state, the job fails naming the worker.
-- Requests (stop, pause, resume, checkpoint, suspend) check the state first
+- **ProfileRequested**: a RUNNING or PAUSED job's ranks profile the next
+  ``steps`` steps from one agreed step boundary (a PAUSED job's: from its
+  resume); **Profiled**: a rank's trace and summary, journaled with the
+  request under ``profiles``; once every rank reported, a ``profile`` message.
+- Requests (stop, pause, resume, checkpoint, suspend, profile) check the state first
   and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
   ``SpecError``) before changing anything.
 
@@ -39,10 +43,11 @@ from typing import Any, Callable
 
 from ..errors import InvalidTransitionError, SpecError
 from ..layout import Layout
-from ..protocol import ExitStatus, WireSpec, Word, no_words
+from ..protocol import ExitStatus, WireSpec, Word, no_words, profile_word
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
 from . import faults, hangs, sharing
+from .profiles import ProfileBook
 
 RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED,
                          JobStatus.HUNG})
@@ -80,6 +85,7 @@ class Lifecycle:
         self.preempted = False           # leaving for another job: queues again when out
         self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
         self.leave_reason = ""           # why it was reclaimed (kept once it is out)
+        self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -279,6 +285,25 @@ class Lifecycle:
         self._transition(JobStatus.SUSPENDING, reason="suspend requested")
         self._ask(Word.SUSPEND, 1)
 
+    def _profile(self, e: ev.ProfileRequested) -> None:
+        self.profiles.check(e.steps)
+        if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+            raise InvalidTransitionError(
+                f"job {self.name!r} is {self.status.name}; only a RUNNING or PAUSED job can be "
+                "profiled")
+        seq = self.profiles.request(e.steps, now=self._now, attempt=self.attempt,
+                                    world_size=self.world_size)
+        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
+        self._ask(Word.PROFILE, profile_word(seq, e.steps))
+
+    def _profiled(self, e: ev.Profiled) -> None:
+        if self.profiles.entry(e.seq) is None:
+            return
+        complete = self.profiles.report(e.seq, e.rank, e.profile)
+        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
+        if complete:
+            self._out.append(ev.Publish({"kind": "profile", "seq": e.seq}))
+
     def _closing(self, e: ev.SchedulerClosing) -> None:
         # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it), and
         # so does a QUEUED one: a scheduler restarted at the same address takes both over
@@ -411,6 +436,8 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.Failed: faults.failed,
     ev.Exited: Lifecycle._exited,
     ev.StartFailed: Lifecycle._start_failed,
+    ev.Profiled: Lifecycle._profiled,
+    ev.ProfileRequested: Lifecycle._profile,
     ev.WorkerLost: Lifecycle._worker_lost,
     ev.GraceExpired: Lifecycle._grace_expired,
     ev.StopRequested: Lifecycle._stop,

@@ -205,10 +205,11 @@ class ControlPlane(SchedulerPlugin):
         logs = data.pop("logs", None) or []
         system = data.pop("system", None) or []
         beacon = data.pop("beacon", None)
+        phases = data.pop("phases", None) or []
         if attempt != run.machine.attempt:
-            rows, beacon = [], None
+            rows, phases, beacon = [], [], None
         watchdog.heard(self, run, rank, beacon)
-        if not (rows or logs or system):
+        if not (rows or logs or system or phases):
             return
         if rows:
             self.journal.add_metrics(run.id, rows)
@@ -221,9 +222,12 @@ class ControlPlane(SchedulerPlugin):
             self.journal.add_logs(run.id, logs)
         if system:
             self.journal.add_system(run.id, system)
+        if phases:
+            self.journal.add_phases(run.id, rank, phases)
         message: MetricsMessage = {"kind": "metrics", "rank": rank, "attempt": attempt,
                                    "sent": data.pop("sent", time.time()), "event": kind.value,
-                                   "rows": rows, "logs": logs, "system": system}
+                                   "rows": rows, "logs": logs, "system": system,
+                                   "phases": phases}
         self.scheduler.log_event(topic(run.id), message)
 
     def _board(self, run: Run) -> Any:
@@ -375,6 +379,8 @@ _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
     RankEvent.CHECKPOINT_FAILED: lambda rank, attempt, d: ev.CheckpointFailed(
         rank, attempt, d["seq"], d["step"], d["message"]),
     RankEvent.FAILED: lambda rank, attempt, d: ev.Failed(rank, attempt, d["error"]),
+    RankEvent.PROFILED: lambda rank, attempt, d: ev.Profiled(rank, attempt, d["seq"],
+                                                             d["profile"]),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
         rank, attempt, ExitStatus(d["status"]), d.get("result")),
 }

@@ -44,6 +44,7 @@ class Requests:
             Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
             Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
             Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
+            Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
         }
 
     @property
@@ -72,6 +73,8 @@ class Requests:
         self._check_capacity(wire.world_size)
         # its queue and priority resolved; refused (naming the limit) if it can never fit
         wire = plane.placement.admit(wire, max(len(plane.slots), plane.capacity))
+        if wire.profile_dir is None:  # job.profile's traces go beside the journal
+            wire = wire.replace(profile_dir=plane.state_dir)
         clash = self.journal.find(plane.id, wire.name)
         if clash and not JobStatus[clash["status"]].terminal:
             raise SpecError(f"a job named {wire.name!r} is already {clash['status']}; stop it or "
@@ -114,6 +117,10 @@ class Requests:
 
     def system(self, job: str, since: int = 0) -> list[dict]:
         return self.journal.system(job, since)
+
+    def phases(self, job: str, since: int = 0, limit: int | None = None,
+               tail: int | None = None) -> list[dict]:
+        return self.journal.phases(job, since, limit, tail)
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
         return self.journal.logs(job, rank, since)
@@ -202,6 +209,38 @@ class Requests:
             raise InvalidTransitionError(
                 f"job {machine.name!r} became {machine.status.name} instead of SUSPENDED")
         return self._record(job)
+
+    async def profile(self, job: str, steps: int, timeout: float | None = None,
+                      wait: bool = True) -> dict:
+        """Ask for a profile of the next ``steps`` steps; with ``wait``, return once every
+        rank wrote its trace (a PAUSED job's profile starts at its resume: not waited for)."""
+        run = self._active(job, "profile", "only a RUNNING or PAUSED job can be profiled")
+        machine = run.machine
+        self.plane.feed(run, ev.ProfileRequested(steps))
+        seq = machine.profiles.seq
+        if wait and machine.status is JobStatus.RUNNING:
+            return await self.profile_wait(job, seq, timeout)
+        return self._profile(job, seq)
+
+    async def profile_wait(self, job: str, seq: int, timeout: float | None = None) -> dict:
+        """Profile request ``seq`` once every rank reported, the job ended or restarted,
+        or ``timeout`` passed (``complete`` says which)."""
+        run = self.plane.runs.get(job)
+        if run is not None:
+            machine = run.machine
+            entry = machine.profiles.entry(seq)
+            attempt = entry["attempt"] if entry else machine.attempt
+            await self.plane.until(run, lambda: entry is None or entry["complete"]
+                                   or machine.status.terminal or machine.attempt != attempt,
+                                   timeout)
+        return self._profile(job, seq)
+
+    def _profile(self, job: str, seq: int) -> dict:
+        record = self._record(job)
+        entry = next((p for p in record.get("profiles") or () if p["seq"] == seq), None)
+        if entry is None:
+            raise JobNotFoundError(f"job {record['name']!r} has no profile #{seq}")
+        return {**entry, "status": record["status"]}
 
     # --- helpers -----------------------------------------------------------------------------------
     def _active(self, job: str, action: str, why: str | None = None) -> Run:

@@ -137,7 +137,8 @@ class Agent(WorkerPlugin):
         they were logged, and before the event that follows them."""
         async with rank.outbox:
             msg = rank.drain(final)
-            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]) \
+            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]
+                                                   or msg["phases"]) \
                     and time.monotonic() - rank.last_sent < HEARTBEAT_S:
                 return
             rank.last_sent = time.monotonic()
@@ -163,6 +164,7 @@ class RankThread(threading.Thread):
         self.attempt = spec.attempt
         self.outbox = asyncio.Lock()  # what this rank sends goes out one message at a time
         self.leftover: collections.deque = collections.deque()  # rows of a context now gone
+        self.leftover_phases: collections.deque = collections.deque()
         self.sink = capture.Sink(rank)
         self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
         self.telemetry_interval = float(config.get("telemetry-interval"))
@@ -183,6 +185,8 @@ class RankThread(threading.Thread):
         ctx = self.ctx
         rows = [self.leftover.popleft() for _ in range(len(self.leftover))]
         rows += ctx.drain_rows() if ctx is not None else []
+        phases = [self.leftover_phases.popleft() for _ in range(len(self.leftover_phases))]
+        phases += ctx.drain_phases() if ctx is not None else []
         system = []
         now = time.monotonic()
         if not final and now - self._last_sample >= self.telemetry_interval:
@@ -193,7 +197,7 @@ class RankThread(threading.Thread):
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
         beacon = {"step": ctx.step, "phase": ctx.phase} if ctx is not None else None
         return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
-                "system": system, "beacon": beacon}
+                "system": system, "phases": phases, "beacon": beacon}
 
     def run(self) -> None:
         from . import process_group as pg
@@ -235,6 +239,7 @@ class RankThread(threading.Thread):
         finally:
             if self.ctx is not None:  # its last rows go with the exit report
                 self.leftover.extend(self.ctx.drain_rows())
+                self.leftover_phases.extend(self.ctx.drain_phases())
             self.ctx = None
             fn = args = kwargs = objects = result = None  # noqa: F841 - drop the job's objects
             try:

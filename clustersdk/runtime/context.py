@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .. import config
 from ..errors import CheckpointError, SpecError
 from ..layout import Layout
 from ..protocol import RankEvent, WireSpec
@@ -16,6 +17,7 @@ from .control import Control
 from .data import make_loader
 from .looping import Looping
 from .metrics import RESERVED, Metrics  # noqa: F401 - RESERVED: the names every row has
+from .phases import PhaseClock, Timed
 from .steps import Steps
 from .training import TrainingState
 
@@ -93,6 +95,9 @@ class TrainContext(Looping):
         self._control_group = control_group
         self._report = report or (lambda event, **data: None)
         self._metrics = Metrics(rank, world_size, control_group)
+        self._phases = PhaseClock(enabled=bool(config.get("phase-timing", True)))
+        self._capture = None  # the running profile (job.profile), if any
+        self._profiles_done = 0  # the newest profile request acted on
         self._rebinder = rebind.Rebinder(strategy)
         self._batches: _epochs.Batches | None = None
         self._shards: list[str] = []  # the keys of the loaders ctx.shard made, in order
@@ -291,7 +296,8 @@ class TrainContext(Looping):
 
     def _save(self, seq: int, blocking: bool) -> None:
         """What is registered, at this step (answering checkpoint request ``seq``)."""
-        self._saver.save(self.stateful, self.step, seq, blocking)
+        with Timed(self._phases, "checkpoint"):
+            self._saver.save(self.stateful, self.step, seq, blocking)
 
     def _begin(self) -> None:
         """Restore a resumed job and check there is room for a checkpoint, once."""
@@ -327,6 +333,10 @@ class TrainContext(Looping):
     def drain_rows(self) -> list[dict[str, Any]]:
         """Logged rows since the last drain, as plain numbers (called by the agent)."""
         return self._metrics.drain()
+
+    def drain_phases(self) -> list[list[float]]:
+        """Phase rows (``[step, *PHASES]``) of the steps finished since the last drain."""
+        return self._phases.rows()
 
 
 # the training options of a job's spec, and their values when the spec leaves them out

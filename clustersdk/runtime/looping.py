@@ -13,13 +13,16 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import torch
 
 from ..errors import SpecError
-from ..protocol import RankEvent, Word
+from ..protocol import RankEvent, Word, profile_request
 from . import epochs as _epochs
 from .control import ControlCheck, JobSuspended
 from .data import make_loader
+from .phases import Timed
 
 if TYPE_CHECKING:
     from .metrics import Metrics
+    from .phases import PhaseClock
+    from .profiling import Capture
     from .rebind import Rebinder
 
 
@@ -30,6 +33,9 @@ class Looping:
     _metrics: Metrics
     _rebinder: Rebinder
     _batches: _epochs.Batches | None
+    _phases: PhaseClock
+    _capture: Capture | None
+    _profiles_done: int
 
     def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
              epochs: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -58,8 +64,11 @@ class Looping:
         batches = self._batches = _epochs.Batches(data, epochs, self.step) if data is not None else None
         check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
         start = self.step
+        clock = self._phases
+        clock.bind()
         try:
             while limit is None or self.step < limit:
+                clock.begin_step()
                 if self._every and self.step % self._every == 0 and self.step != start:
                     self.phase = "checkpoint"
                     self._save(self._checkpoints_done, blocking=not self._async)
@@ -68,17 +77,26 @@ class Looping:
                     if not self._act(check, check.agree(self.step), self.step):
                         self.stopped = True
                         return
+                clock.before_data()
                 batch = None
                 if batches is not None:
                     self.phase = "data"
-                    batch = batches.next()
+                    if self._capture is not None:
+                        with self._capture.data():
+                            batch = batches.next()
+                    else:
+                        batch = batches.next()
                     if batch is _epochs.END:
                         break
                     self.epoch = batches.epoch
+                clock.after_data()
                 self.phase = "step"
                 yield self.step, batch
+                clock.resumed(self.step)
                 if self.step == start:
                     self._first_step_done()
+                if self._capture is not None and self._capture.step_done():
+                    self._finish_profile()
                 self._metrics.end_step()
                 self.step += 1
                 if self.stopped:  # an evaluation in that step was told to stop
@@ -88,6 +106,9 @@ class Looping:
                 self._save(self._checkpoints_done, blocking=not self._async)
         finally:
             self.phase = "done"
+            clock.abandon()
+            if self._capture is not None:  # stopped, suspended or out of data: what it has
+                self._finish_profile()
             self._metrics.end_step()
             if batches is not None:
                 batches.close()
@@ -182,16 +203,47 @@ class Looping:
                 if self._paused:
                     self._paused = False
                     self._report(RankEvent.RESUMED, step=self.step)
+                if not evaluating:
+                    self._maybe_profile(words[Word.PROFILE])
                 return True
-            if not self._paused:
-                self._paused = True
-                if self._saver is not None:
-                    self._saver.wait()  # a paused job's last checkpoint is committed
-                self._report(RankEvent.PAUSED, step=self.step)
-            self.phase = "paused"
-            self._control.wait_beyond(words)
-            self.phase = "control"
-            words = check.agree(at)
+            with Timed(self._phases, "paused"):
+                if not self._paused:
+                    self._paused = True
+                    if self._saver is not None:
+                        self._saver.wait()  # a paused job's last checkpoint is committed
+                    self._report(RankEvent.PAUSED, step=self.step)
+                self.phase = "paused"
+                self._control.wait_beyond(words)
+                self.phase = "control"
+                words = check.agree(at)
+
+    # profiling -----------------------------------------------------------------
+    def _maybe_profile(self, word: int) -> None:
+        """Start the capture a newer PROFILE word asks for (after the running one)."""
+        seq, steps = profile_request(word)
+        if seq <= self._profiles_done or self._capture is not None or steps < 1:
+            return
+        from .profiling import Capture, trace_dir
+
+        self._profiles_done = seq
+        try:
+            self._capture = Capture(seq, steps, self.step, self.rank, trace_dir(self.spec, seq),
+                                    self.device.type)
+        except Exception as e:  # e.g. the training function runs a profiler of its own
+            self._report(RankEvent.PROFILED, seq=seq, profile={
+                "rank": self.rank, "seq": seq, "first_step": self.step, "steps": 0,
+                "asked": steps, "error": f"{type(e).__name__}: {e}"})
+
+    def _finish_profile(self) -> None:
+        """Write this rank's trace and report it; a profile that fails never fails the job."""
+        capture, self._capture = self._capture, None
+        try:
+            profile = capture.finish()
+        except Exception as e:  # e.g. the disk is full
+            profile = {"rank": self.rank, "seq": capture.seq, "first_step": capture.first,
+                       "steps": capture.done, "asked": capture.steps,
+                       "error": f"{type(e).__name__}: {e}"}
+        self._report(RankEvent.PROFILED, seq=capture.seq, profile=profile)
 
     def _need_saver(self, action: str) -> None:
         if self._saver is None:

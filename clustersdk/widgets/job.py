@@ -25,6 +25,7 @@ from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
 from .render import badge, job_html, job_text, stacks_html
+from .straggler import phases_html
 from .tree import close_tree
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class JobDashboard:
                                layout=w.Layout(width="180px"))
         self.rank.observe(self._on_rank, names="value")
         self.log = w.HTML(layout=w.Layout(width="100%"))
+        self.phases = w.HTML(layout=w.Layout(width="100%"))  # the straggler view
         self.error = w.HTML(layout=w.Layout(display="none", width="100%"))
         self.widget = w.VBox([
             self.header,
@@ -112,6 +114,7 @@ class JobDashboard:
             self.error,
             self.metric,
             self.grid,
+            self.phases,
             self.rank,
             self.log,
         ], layout=w.Layout(width="100%", padding="4px"))
@@ -215,6 +218,8 @@ class JobDashboard:
             self._render_system()
         if "logs" in dirty or "ranks" in dirty:
             self._render_logs()
+        if "phases" in dirty:
+            self.phases.value = phases_html(view.phases)
 
     def _render_header(self) -> None:
         v = self.view

@@ -19,6 +19,7 @@ import collections
 import time
 from typing import Any, Iterable
 
+from .phases import PhaseView
 from .series import MAX_POINTS, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
 
 MAX_LOG_LINES = 300     # per rank
@@ -61,7 +62,7 @@ class JobView:
 
     ``dirty`` names what changed since :meth:`take_dirty` was last called:
     ``"status"``, ``"progress"``, ``"scalars"``, ``"rate"``, ``"system"``,
-    ``"logs"`` or ``"error"``.
+    ``"logs"``, ``"phases"`` or ``"error"``.
     """
 
     def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
@@ -88,6 +89,7 @@ class JobView:
         self.last_row: dict[int, dict[str, Any]] = {}
         self.first_time: float | None = None
         self.rows_seen = 0
+        self.phases = PhaseView(world_size)  # each step's phases, across ranks
         self.dirty: set[str] = set()
         self._meters: dict[int, RateMeter] = {}
         self._cut_rows, self._cut_system, self._cut_logs = Cutoff(), Cutoff(), Cutoff()
@@ -122,6 +124,9 @@ class JobView:
                             if self._cut_system.fresh(s["rank"], s["time"]))
             self.add_logs(line for line in msg.get("logs") or ()
                           if self._cut_logs.fresh(line[0], line[1]))
+            if msg.get("phases"):  # keyed by step and rank: a row read twice is one row
+                self.phases.add(int(msg["rank"]), msg["phases"])
+                self.dirty.add("phases")
         elif kind == "rollback":
             self.roll_back(int(msg["step"]))
         if "total_steps" in msg and msg["total_steps"]:
@@ -135,6 +140,13 @@ class JobView:
             self._cut_rows.load(row["rank"], row["time"])
             self.add_rows([{"rank": row["rank"], "step": row["step"], "time": row["time"],
                             "scalars": {k: v for k, v in row.items() if k not in reserved}}])
+
+    def load_phases(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Phase rows as :meth:`Job.phases` returns them."""
+        rows = list(rows)
+        if rows:
+            self.phases.load(rows)
+            self.dirty.add("phases")
 
     def load_system(self, samples: Iterable[dict[str, Any]]) -> None:
         """Samples as :meth:`Job.system` returns them (fields flattened)."""
@@ -169,8 +181,9 @@ class JobView:
         spec = record.get("spec") or {}
         if spec.get("world_size") and spec["world_size"] != self.world_size:  # resumed at another size
             self.world_size = int(spec["world_size"])
-            self.dirty.add("status")
+            self.dirty.update(("status", "phases"))
             self._drop_gone_ranks()
+            self.phases.drop_ranks(self.world_size)
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")
@@ -188,7 +201,8 @@ class JobView:
                 series.truncate(float(step))
         for rank in [r for r, row in self.last_row.items() if row["step"] >= step]:
             del self.last_row[rank]
-        self.dirty.update(("scalars", "progress"))
+        self.phases.roll_back(step)
+        self.dirty.update(("scalars", "progress", "phases"))
 
     def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:

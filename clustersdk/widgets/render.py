@@ -17,6 +17,7 @@ from markupsafe import Markup, escape
 
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, event_lines
+from .straggler import phases_html
 
 #: One colour per rank (cycled), shared by the live charts and the static HTML.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -74,7 +75,9 @@ def job_html(view: JobView) -> str:
         spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
-        stacks=stacks_html(view.stacks) if view.status in ("HUNG", "FAILED", "STOPPED") else "",
+        stacks=Markup(stacks_html(view.stacks)
+                      if view.status in ("HUNG", "FAILED", "STOPPED") else ""),
+        phases=Markup(phases_html(view.phases)),
     )
 
 

@@ -27,6 +27,7 @@ def load_into(view: JobView, job: Job) -> None:
     """Read the job's journal (metrics, samples, log lines) into ``view``."""
     view.load_history(job.history())
     view.load_system(job.system())
+    view.load_phases(job.phases(tail=view.phases.keep * max(view.world_size, 1)))
     view.load_logs(log_lines(job))
 
 

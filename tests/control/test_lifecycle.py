@@ -7,7 +7,7 @@ import pytest
 from clustersdk.control import events as ev
 from clustersdk.control.lifecycle import Lifecycle
 from clustersdk.errors import InvalidTransitionError, SpecError
-from clustersdk.protocol import ExitStatus, WireSpec, Word
+from clustersdk.protocol import ExitStatus, WireSpec, Word, no_words, profile_request
 from clustersdk.status import JobStatus
 
 S = JobStatus
@@ -56,7 +56,7 @@ def test_a_gang_starts_runs_and_finishes_freeing_each_slot_once():
     job = make(3)
     actions = job.handle(gang(3), 0.0)
     assert statuses(actions) == ["STARTING"] and of(actions, ev.StartGang) == [
-        ev.StartGang(0, (0, 0, 0, 0, 0))]
+        ev.StartGang(0, tuple(no_words()))]
     assert of(actions, ev.Journal)[0].fields["ranks"][2] == {
         "rank": 2, "worker": "w2", "host": "h2", "device": "cpu"}
     assert job.handle(ev.Started(0, 0), 1.0) == []  # not every rank yet
@@ -72,7 +72,7 @@ def test_a_gang_starts_runs_and_finishes_freeing_each_slot_once():
 def test_pause_waits_for_every_rank_and_resume_continues():
     job = running(2)
     actions = job.handle(ev.PauseRequested(), 2.0)
-    assert of(actions, ev.SendControl) == [ev.SendControl((0, 0, 1, 0, 0), 0, ("w0", "w1"))]
+    assert of(actions, ev.SendControl) == [ev.SendControl((0, 0, 1, 0, 0, 0), 0, ("w0", "w1"))]
     assert job.handle(ev.Paused(0, 0, step=7), 2.1) == []
     actions = job.handle(ev.Paused(1, 0, step=7), 2.2)
     assert statuses(actions) == ["PAUSED"] and of(actions, ev.Journal)[0].fields["paused_at"] == 7
@@ -80,7 +80,7 @@ def test_pause_waits_for_every_rank_and_resume_continues():
         job.handle(ev.ResumeRequested(world_size=1), 3.0)
     actions = job.handle(ev.ResumeRequested(), 3.0)
     assert statuses(actions) == ["RUNNING"]
-    assert of(actions, ev.SendControl)[0].words == (0, 0, 1, 1, 0)
+    assert of(actions, ev.SendControl)[0].words == (0, 0, 1, 1, 0, 0)
 
 
 def test_a_pause_that_does_not_happen_in_time_is_withdrawn():
@@ -312,12 +312,14 @@ def test_closing_the_scheduler_fails_active_jobs_but_keeps_suspended_ones():
     (ev.ResumeRequested(), "only a PAUSED or SUSPENDED job can be resumed"),
     (ev.CheckpointRequested(), "has no checkpoint_dir, so it cannot checkpoint"),
     (ev.SuspendRequested(), "has no checkpoint_dir, so it cannot suspend"),
+    (ev.ProfileRequested(3), "is QUEUED; only a RUNNING or PAUSED job can be profiled"),
+    (ev.ProfileRequested(0), "steps must be an int from 1"),
 ])
 def test_a_refused_request_changes_nothing(request_, match):
     job = make(2)
     with pytest.raises((InvalidTransitionError, SpecError), match=match):
         job.handle(request_, 1.0)
-    assert job.status is S.QUEUED and job.words == [0] * 5
+    assert job.status is S.QUEUED and job.words == no_words()
 
 
 def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
@@ -415,7 +417,7 @@ def test_a_gang_smaller_than_asked_for_runs_at_that_world_size():
         ("resized", {"world_size": 3, "was": 4, "asked": 4})]
     assert job.spec.asked_world_size == 4
     assert job.world_size == 3 and of(actions, ev.Journal)[0].fields["spec"]["world_size"] == 3
-    assert len(of(actions, ev.StartGang)[0].words) == 5 and job.held == {0, 1, 2}
+    assert len(of(actions, ev.StartGang)[0].words) == len(Word) and job.held == {0, 1, 2}
 
 
 def test_closing_the_scheduler_keeps_a_queued_job_for_the_next_one():
@@ -441,3 +443,41 @@ def test_a_job_on_fewer_ranks_grows_back_through_a_checkpoint():
     assert (job.spec.world_size, job.spec.asked_world_size, job.spec.resume) == (4, None,
                                                                                   "/ck/step-8")
     assert job.handle(ev.Grow(4), 3.0) == []  # only a RUNNING job on fewer ranks grows
+
+
+def test_profile_requests_reach_every_rank_as_one_word_and_complete_when_all_report():
+    job = running(2)
+    sent = of(job.handle(ev.ProfileRequested(5), 2.0), ev.SendControl)
+    assert len(sent) == 1 and sent[0].workers == ("w0", "w1")
+    assert profile_request(sent[0].words[Word.PROFILE]) == (1, 5)
+    # a second, shorter request still wins the element-wise max: its seq is newer
+    later = of(job.handle(ev.ProfileRequested(2), 2.5), ev.SendControl)[0]
+    assert later.words[Word.PROFILE] > sent[0].words[Word.PROFILE]
+    assert profile_request(later.words[Word.PROFILE]) == (2, 2)
+    first = job.handle(ev.Profiled(0, job.attempt, 1, {"path": "/t/rank0.json"}), 3.0)
+    assert not of(first, ev.Publish) and not job.profiles.entry(1)["complete"]
+    done = job.handle(ev.Profiled(1, job.attempt, 1, {"path": "/t/rank1.json"}), 3.0)
+    assert [a.message for a in of(done, ev.Publish)] == [{"kind": "profile", "seq": 1}]
+    entry = job.profiles.entry(1)
+    assert entry["complete"] and [r["rank"] for r in entry["ranks"]] == [0, 1]
+    assert of(done, ev.Journal)[0].fields["profiles"][0]["complete"]
+
+
+@pytest.mark.parametrize("steps", [0, -1, 1001, 2.5, True, "5"])
+def test_profile_steps_must_be_a_sensible_int(steps):
+    job = running(2)
+    with pytest.raises(SpecError, match="steps must be an int from 1 to 1000"):
+        job.handle(ev.ProfileRequested(steps), 2.0)
+    assert job.profiles.seq == 0 and not job.profiles.entries
+
+
+def test_only_a_running_or_paused_job_can_be_profiled():
+    job = make(2)
+    with pytest.raises(InvalidTransitionError, match="is QUEUED; only a RUNNING or PAUSED"):
+        job.handle(ev.ProfileRequested(3), 0.0)
+    job = running(2)
+    job.handle(ev.PauseRequested(), 1.0)
+    for rank in range(2):
+        job.handle(ev.Paused(rank, job.attempt, 7), 1.5)
+    assert job.status is S.PAUSED
+    assert of(job.handle(ev.ProfileRequested(3), 2.0), ev.SendControl)
