@@ -1,4 +1,5 @@
-"""Cause before symptom: which of a failing job's errors is the one to report.
+"""Faults: which of a failing job's errors is the one to report, and what a lost worker
+does (restart within the budget, else fail).
 
 Pure, a part of :class:`~.lifecycle.Lifecycle` (its ``Failed`` and
 ``GraceExpired`` events). When a worker dies, its peers fail in their next
@@ -31,6 +32,7 @@ from . import events as ev
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle
 
+# a job whose failure is held back, and that restarts (not fails) after a lost worker
 HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
 
 # what a rank raises when a peer (or the network) went away, rather than its own bug
@@ -90,6 +92,54 @@ def fail_held(job: Lifecycle) -> None:
     err = job.held_failure
     assert err is not None
     job._fail(caused(err, job))
+
+
+# --- a lost worker: restart within the budget, else fail -------------------------------------
+def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
+    """A job's error record (``JobFailedError.from_record`` reads it)."""
+    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+
+
+def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
+    """Rank ``rank``'s worker is gone (or could not start it): restart the gang
+    while the restart budget lasts, else fail the job."""
+    budget = job.spec.max_restarts
+    if job.status is JobStatus.RESTARTING:
+        return  # another worker of the gang (a whole host went): part of the same restart
+    if job.status in HOLDABLE and job.restarts < budget:
+        # the peers of the lost rank failed for want of it: consequences, not causes
+        cause = caused(error(rank, exc_type, message), job)
+        job.held_failure, job.consequences = None, []
+        job.restarts += 1
+        job.restart_paused = job.status is JobStatus.PAUSED
+        job._transition(JobStatus.RESTARTING, restarts=job.restarts, reason=(
+            f"{message}; restart {job.restarts} of {budget}: the other ranks stop first"))
+        record(job, "restarted", f"{message}; restart {job.restarts} of {budget}",
+               rank=rank, attempt=job.attempt, consequences=cause.get("consequences", []))
+        job._ask(Word.STOP, 1)
+    elif not job.status.terminal:
+        if budget and job.status in HOLDABLE:
+            message += f" (all {budget} restart(s) of the job are used up)"
+        cause = caused(error(rank, exc_type, message), job)
+        job.held_failure, job.consequences = None, []
+        job._fail(cause)
+
+
+def restart(job: Lifecycle) -> None:
+    """Every rank of the lost gang is out: queue again, first in line, to continue
+    from the newest committed checkpoint (or from the start without one)."""
+    resume = job.checkpoint or job.spec.resume
+    # the history goes on from where the new run begins (its Restored event trims
+    # it again if an explicit resume= loads an older step)
+    job._out.append(ev.TruncateHistory(job.checkpoint_step if job.checkpoint else 0))
+    job._reset_ranks()
+    job.spec = job.spec.replace(resume=resume, attempt=job.attempt + 1)
+    if job.restart_paused:
+        job.words[Word.PAUSE] = 1
+    where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
+    job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
+    job._transition(JobStatus.QUEUED, reason=f"restart {job.restarts}: {where}")
+    job._out.append(ev.Enqueue(front=True))
 
 
 def record(job: Lifecycle, kind: str, message: str, **data: Any) -> None:

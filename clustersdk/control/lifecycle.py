@@ -31,6 +31,11 @@ The rules, by event:
   and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
   ``SpecError``) before changing anything.
 
+Rules of their own live beside this module, as functions of a ``Lifecycle``:
+:mod:`.faults` (held failures, lost workers, restarts, durable events),
+:mod:`.hangs` (HUNG), :mod:`.sharing` (preemption, idle reclaim, growing back)
+and :mod:`.profiles` (``job.profile``).
+
 Slots: every rank of an allocated gang is freed exactly once (:class:`FreeSlot`,
 on its exit, its worker's loss or its failed start), and a job is released
 (:class:`Release`) exactly once, when it is terminal and holds no slot.
@@ -43,19 +48,12 @@ from typing import Any, Callable
 
 from ..errors import InvalidTransitionError, SpecError
 from ..layout import Layout
-from ..protocol import ExitStatus, WireSpec, Word, no_words, profile_word
+from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import faults, hangs, sharing
+from . import faults, hangs, profiles, sharing
+from .faults import error
 from .profiles import ProfileBook
-
-RESTARTABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED,
-                         JobStatus.HUNG})
-
-
-def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
-    """A job's error record (``JobFailedError.from_record`` reads it)."""
-    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
 
 
 class Lifecycle:
@@ -285,25 +283,6 @@ class Lifecycle:
         self._transition(JobStatus.SUSPENDING, reason="suspend requested")
         self._ask(Word.SUSPEND, 1)
 
-    def _profile(self, e: ev.ProfileRequested) -> None:
-        self.profiles.check(e.steps)
-        if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
-            raise InvalidTransitionError(
-                f"job {self.name!r} is {self.status.name}; only a RUNNING or PAUSED job can be "
-                "profiled")
-        seq = self.profiles.request(e.steps, now=self._now, attempt=self.attempt,
-                                    world_size=self.world_size)
-        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
-        self._ask(Word.PROFILE, profile_word(seq, e.steps))
-
-    def _profiled(self, e: ev.Profiled) -> None:
-        if self.profiles.entry(e.seq) is None:
-            return
-        complete = self.profiles.report(e.seq, e.rank, e.profile)
-        self._out.append(ev.Journal({"profiles": self.profiles.entries}))
-        if complete:
-            self._out.append(ev.Publish({"kind": "profile", "seq": e.seq}))
-
     def _closing(self, e: ev.SchedulerClosing) -> None:
         # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it), and
         # so does a QUEUED one: a scheduler restarted at the same address takes both over
@@ -322,51 +301,13 @@ class Lifecycle:
 
     # --- the rules behind them ---------------------------------------------------------------
     def _lost(self, rank: int | None, exc_type: str, message: str) -> None:
-        """Rank ``rank``'s worker is gone (or could not start it): restart the gang
-        while the restart budget lasts, else fail the job."""
-        budget = self.spec.max_restarts
-        if self.status is JobStatus.RESTARTING:
-            return  # another worker of the gang (a whole host went): part of the same restart
-        if self.status in RESTARTABLE and self.restarts < budget:
-            # the peers of the lost rank failed for want of it: consequences, not causes
-            cause = faults.caused(error(rank, exc_type, message), self)
-            self.held_failure, self.consequences = None, []
-            self.restarts += 1
-            self.restart_paused = self.status is JobStatus.PAUSED
-            self._transition(JobStatus.RESTARTING, restarts=self.restarts, reason=(
-                f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"))
-            faults.record(self, "restarted", f"{message}; restart {self.restarts} of {budget}",
-                          rank=rank, attempt=self.attempt,
-                          consequences=cause.get("consequences", []))
-            self._ask(Word.STOP, 1)
-        elif not self.status.terminal:
-            if budget and self.status in RESTARTABLE:
-                message += f" (all {budget} restart(s) of the job are used up)"
-            cause = faults.caused(error(rank, exc_type, message), self)
-            self.held_failure, self.consequences = None, []
-            self._fail(cause)
-
-    def _restart(self) -> None:
-        """Every rank of the lost gang is out: queue again, first in line, to continue
-        from the newest committed checkpoint (or from the start without one)."""
-        resume = self.checkpoint or self.spec.resume
-        # the history goes on from where the new run begins (its Restored event trims
-        # it again if an explicit resume= loads an older step)
-        self._out.append(ev.TruncateHistory(self.checkpoint_step if self.checkpoint else 0))
-        self._reset_ranks()
-        self.spec = self.spec.replace(resume=resume, attempt=self.attempt + 1)
-        if self.restart_paused:
-            self.words[Word.PAUSE] = 1
-        where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
-        self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
-        self._transition(JobStatus.QUEUED, reason=f"restart {self.restarts}: {where}")
-        self._out.append(ev.Enqueue(front=True))
+        faults.lost(self, rank, exc_type, message)
 
     def _maybe_done(self) -> None:
         if len(self.exited) < self.world_size:
             return
         if self.status is JobStatus.RESTARTING:
-            self._restart()
+            faults.restart(self)
             return
         if self.preempted and self.exited and all(
                 s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in self.exited.values()):
@@ -436,8 +377,8 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.Failed: faults.failed,
     ev.Exited: Lifecycle._exited,
     ev.StartFailed: Lifecycle._start_failed,
-    ev.Profiled: Lifecycle._profiled,
-    ev.ProfileRequested: Lifecycle._profile,
+    ev.Profiled: profiles.profiled,
+    ev.ProfileRequested: profiles.requested,
     ev.WorkerLost: Lifecycle._worker_lost,
     ev.GraceExpired: Lifecycle._grace_expired,
     ev.StopRequested: Lifecycle._stop,

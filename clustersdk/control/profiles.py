@@ -15,10 +15,15 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import SpecError
-from ..protocol import MAX_PROFILE_STEPS
+from ..errors import InvalidTransitionError, SpecError
+from ..protocol import MAX_PROFILE_STEPS, Word, profile_word
+from ..status import JobStatus
+from . import events as ev
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
 
 
 class ProfileBook:
@@ -54,3 +59,27 @@ class ProfileBook:
 
     def entry(self, seq: int) -> dict[str, Any] | None:
         return next((p for p in self.entries if p["seq"] == seq), None)
+
+
+# --- the lifecycle's rules (events ProfileRequested and Profiled) ---------------------------
+def requested(job: Lifecycle, e: ev.ProfileRequested) -> None:
+    """A profile of the next ``e.steps`` steps, asked of every rank with one control word."""
+    job.profiles.check(e.steps)
+    if job.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+        raise InvalidTransitionError(
+            f"job {job.name!r} is {job.status.name}; only a RUNNING or PAUSED job can be "
+            "profiled")
+    seq = job.profiles.request(e.steps, now=job._now, attempt=job.attempt,
+                               world_size=job.world_size)
+    job._out.append(ev.Journal({"profiles": job.profiles.entries}))
+    job._ask(Word.PROFILE, profile_word(seq, e.steps))
+
+
+def profiled(job: Lifecycle, e: ev.Profiled) -> None:
+    """A rank wrote its trace; once every rank has, the profile is complete."""
+    if job.profiles.entry(e.seq) is None:
+        return
+    complete = job.profiles.report(e.seq, e.rank, e.profile)
+    job._out.append(ev.Journal({"profiles": job.profiles.entries}))
+    if complete:
+        job._out.append(ev.Publish({"kind": "profile", "seq": e.seq}))
