@@ -43,12 +43,7 @@ def preempted(job: Lifecycle, e: ev.Preempted) -> None:
         return  # already leaving, or gone: nothing to ask
     job.preempted, job.preempt_reason = True, e.reason
     faults.record(job, "preempted", e.reason, how=e.how)
-    if e.how == "suspend" and job.spec.checkpoint_dir:
-        job._transition(JobStatus.SUSPENDING, reason=e.reason)
-        job._ask(Word.SUSPEND, 1)
-    else:
-        job._transition(JobStatus.STOPPING, reason=e.reason)
-        job._ask(Word.STOP, 1)
+    _leave(job, e.how, e.reason)
 
 
 def reclaimed(job: Lifecycle, e: ev.Reclaimed) -> None:
@@ -56,11 +51,16 @@ def reclaimed(job: Lifecycle, e: ev.Reclaimed) -> None:
         return
     job.leave_reason = e.reason
     faults.record(job, "reclaimed", e.reason, how=e.how)
-    if e.how == "suspend" and job.spec.checkpoint_dir:
-        job._transition(JobStatus.SUSPENDING, reason=e.reason)
+    _leave(job, e.how, e.reason)
+
+
+def _leave(job: Lifecycle, how: str, reason: str) -> None:
+    """Suspend (a checkpoint at the next step boundary) or, without a checkpoint_dir, stop."""
+    if how == "suspend" and job.spec.checkpoint_dir:
+        job._transition(JobStatus.SUSPENDING, reason=reason)
         job._ask(Word.SUSPEND, 1)
     else:
-        job._transition(JobStatus.STOPPING, reason=e.reason)
+        job._transition(JobStatus.STOPPING, reason=reason)
         job._ask(Word.STOP, 1)
 
 

@@ -206,17 +206,10 @@ class ClusterManager(Following, PanelQueries):
     # jobs ------------------------------------------------------------------------------
     async def jobs(self, cluster: str | None = None) -> dict[str, Any]:
         """Jobs of every reachable cluster (or of one), oldest first."""
-        targets = [self.target(cluster)] if cluster else self.targets()
-        results = await asyncio.gather(*(self.call(t, "jobs") for t in targets),
-                                       return_exceptions=True)
-        jobs, unreachable = [], []
-        for target, result in zip(targets, results):
-            if isinstance(result, UpstreamError):
-                unreachable.append(target.id)
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            for record in result:
+        answers, unreachable = await self._ask_all(cluster, "jobs")
+        jobs = []
+        for target, records in answers:
+            for record in records:
                 self._located[record["id"]] = target.id
                 jobs.append(models.job_model(record, target.id))
         return models.jobs_model(jobs, unreachable)
@@ -224,18 +217,26 @@ class ClusterManager(Following, PanelQueries):
     async def queue(self, cluster: str | None = None) -> dict[str, Any]:
         """The queues of every reachable cluster (or of one): who holds what, what waits
         and why, estimated starts."""
+        answers, unreachable = await self._ask_all(cluster, "queue")
+        return {"clusters": [{"cluster": target.id, **view} for target, view in answers],
+                "unreachable": unreachable}
+
+    async def _ask_all(self, cluster: str | None, op: str) -> tuple[list[tuple[Target, Any]],
+                                                                     list[str]]:
+        """``op`` on every known cluster's scheduler (or on one): the answers, and the
+        ids of the clusters that could not be asked."""
         targets = [self.target(cluster)] if cluster else self.targets()
-        results = await asyncio.gather(*(self.call(t, "queue") for t in targets),
+        results = await asyncio.gather(*(self.call(t, op) for t in targets),
                                        return_exceptions=True)
-        views, unreachable = [], []
+        answers, unreachable = [], []
         for target, result in zip(targets, results):
             if isinstance(result, UpstreamError):
                 unreachable.append(target.id)
                 continue
             if isinstance(result, BaseException):
                 raise result
-            views.append({"cluster": target.id, **result})
-        return {"clusters": views, "unreachable": unreachable}
+            answers.append((target, result))
+        return answers, unreachable
 
     async def locate(self, ref: str) -> tuple[Target, dict[str, Any]]:
         """The cluster and record of the job with id (or, failing that, name) ``ref``."""
