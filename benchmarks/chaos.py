@@ -192,7 +192,7 @@ def soak(cluster: Any, args: argparse.Namespace, root: str) -> dict[str, Any]:
         if job.status.terminal or top_step(job) > steps - 8:
             print(f"  the job ended before the {kind} at step {trigger}: skipped")
             continue
-        rank = rng.randrange(args.world_size)
+        rank, at = rng.randrange(args.world_size), top_step(job)
         if kind == "kill":
             event = kill(cluster, job, rank)
         elif kind == "stop":
@@ -200,7 +200,7 @@ def soak(cluster: Any, args: argparse.Namespace, root: str) -> dict[str, Any]:
         else:
             event = make_raise(job, rank, root)
             jobs.append(launch(cluster, args, steps, root, resume="auto"))
-        event.update(job=len(jobs) - 1 if kind != "raise" else len(jobs) - 2, step=top_step(job))
+        event.update(job=len(jobs) - 1 if kind != "raise" else len(jobs) - 2, step=at)
         print(f"  {kind:5} rank {rank} at step {event['step']}"
               + (f" ({event['worker']})" if "worker" in event else f": {event.get('error')}"))
         done.append(event)
@@ -255,10 +255,14 @@ def sigkill_runs(cluster: Any, args: argparse.Namespace, base: str) -> dict[str,
         bad = (checks.bitwise_problems(got, want) + checks.reason_problems(job.events(),
                [event["worker"]]) + checks.history_problems(job.history(), args.world_size, steps)
                + checks.leftover_dirs(root))
+        restart = next((e["time"] for e in job.events() if e["kind"] == "restarted"), None)
         results.append({"ok": not bad, "problems": bad,
-                        "recovery_s": None if first is None else first - event["time"]})
+                        "recovery_s": None if first is None else first - event["time"],
+                        "restart_event_s": None if restart is None else restart - event["time"]})
         print(f"  run {i + 1:2}: kill of rank {event['rank']} at step {trigger}: "
-              f"{'ok' if not bad else bad}, first step after {results[-1]['recovery_s']:.2f} s")
+              f"{'ok' if not bad else bad}; restart event after "
+              f"{results[-1]['restart_event_s'] or float('nan'):.2f} s, first step after "
+              f"{results[-1]['recovery_s'] or float('nan'):.2f} s")
     healed(cluster, args.workers)
     workers, nannies = cluster.client.run(os.getpid), cluster.client.run(os.getppid)
     return {"runs": results, "processes": checks.leftover_processes(workers.values(),
@@ -281,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failure -> first step after: {checks.summary(times)} "
                   f"(target median <= {TARGET_RECOVERY_S} s: "
                   f"{'MET' if times and statistics.median(times) <= TARGET_RECOVERY_S else 'NOT MET'})")
+            detect = [r["restart_event_s"] for r in runs if r["restart_event_s"] is not None]
+            print(f"failure -> restart event (the lost worker named): {checks.summary(detect)}")
             print("torchrun --max-restarts: not measured by this script (not built yet)")
             result = {"sigkill_runs": runs, "ok": ok, "processes": out["processes"],
                       "median_recovery_s": statistics.median(times) if times else None}
