@@ -71,8 +71,9 @@ def test_three_sigkills_and_a_raise_end_bitwise_equal_to_the_uninterrupted_run(c
         at_step(cluster4, first, step)
         killed.append(kill_worker_of(cluster4, first, rank))
     at_step(cluster4, first, 36)
-    with open(f"{root}-raise.json", "w") as f:
+    with open(f"{root}-raise.part", "w") as f:
         json.dump({"rank": 2, "step": top_step(first) + 2}, f)
+    os.replace(f"{root}-raise.part", f"{root}-raise.json")  # the ranks read it every step
     with pytest.raises(cs.JobFailedError, match="rank 2 raises") as failure:
         first.wait(timeout=120)
     assert failure.value.rank == 2

@@ -280,8 +280,11 @@ def raise_once(marker: str | None, rank: int, step: int) -> None:
     step ``s`` or later; the file is removed first, so it happens once."""
     if not marker or not os.path.exists(marker):
         return
-    with open(marker) as f:
-        order = json.load(f)
+    try:
+        with open(marker) as f:
+            order = json.load(f)
+    except (OSError, ValueError):  # removed by its rank just now, or half written
+        return
     if order["rank"] == rank and step >= order["step"]:
         os.remove(marker)
         raise RuntimeError(f"injected: rank {rank} raises at step {step}")
