@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-seconds", type=float, default=3.0)
     p.add_argument("--hang-timeout", type=float, default=30.0)
     p.add_argument("--sigkill-runs", type=int, default=0, help="N runs with one kill each")
+    p.add_argument("--torchrun-runs", type=int, default=3,
+                   help="with --sigkill-runs: torchrun --max-restarts runs killed alike (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the results here")
     a = p.parse_args(argv)
@@ -269,6 +271,23 @@ def sigkill_runs(cluster: Any, args: argparse.Namespace, base: str) -> dict[str,
                                                                     nannies.values())}
 
 
+def torchrun_runs(args: argparse.Namespace, base: str) -> list[dict[str, Any]]:
+    """The same workload, checkpoint interval and kill under ``torchrun --max-restarts 3``."""
+    import _torchrun_chaos as tr
+
+    rng = random.Random(args.seed + 1)
+    out = []
+    for i in range(args.torchrun_runs):
+        trigger = rng.randrange(args.checkpoint_every + 2, args.steps - 10)
+        r = tr.time_kill(base, args.world_size, args.steps, args.delay, args.checkpoint_every,
+                         trigger, victim=rng.randrange(args.world_size))
+        out.append(r)
+        state = "finished" if r["finished"] else "HUNG" if r["hung"] else f"exit {r['rc']}"
+        print(f"  torchrun run {i + 1}: kill at step {trigger}: {state}, first step after "
+              f"{r['recovery_s'] or float('nan'):.2f} s")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import clustersdk as cs
@@ -287,8 +306,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'MET' if times and statistics.median(times) <= TARGET_RECOVERY_S else 'NOT MET'})")
             detect = [r["restart_event_s"] for r in runs if r["restart_event_s"] is not None]
             print(f"failure -> restart event (the lost worker named): {checks.summary(detect)}")
-            print("torchrun --max-restarts: not measured by this script (not built yet)")
+            theirs = torchrun_runs(args, base)
+            t_times = [r["recovery_s"] for r in theirs if r["recovery_s"] is not None]
+            print(f"torchrun --max-restarts 3: {sum(r['finished'] for r in theirs)}/{len(theirs)} "
+                  f"finished, {sum(r['hung'] for r in theirs)} hung; failure -> first step after: "
+                  f"{checks.summary(t_times)}")
+            if times and t_times:
+                print(f"ratio clustersdk/torchrun (median recovery): "
+                      f"{statistics.median(times) / statistics.median(t_times):.3f}")
             result = {"sigkill_runs": runs, "ok": ok, "processes": out["processes"],
+                      "torchrun_runs": theirs,
                       "median_recovery_s": statistics.median(times) if times else None}
             passed = ok == len(runs) and not out["processes"]
         else:
