@@ -4,7 +4,7 @@ The soak (default) runs ``_chaos_workload.train`` on ``--world-size`` ranks of a
 ``--workers``-worker ``Cluster.local`` (one spare by default, so a lost worker is
 replaced at once while the nanny brings it back) and, at steps a seeded RNG
 picks, injects, one at a time and each after the cluster has healed from the
-last:
+last (the job is paused while it heals, so that it still has steps to run):
 
 * **kill**: SIGKILL of a rank's worker process: the job restarts (``max_restarts``)
   from its newest checkpoint;
@@ -187,13 +187,15 @@ def soak(cluster: Any, args: argparse.Namespace, root: str) -> dict[str, Any]:
     jobs = [launch(cluster, args, steps, root)]
     done: list[dict[str, Any]] = []
     for trigger, kind in zip(triggers, kinds):
-        healed(cluster, args.workers)
         job = jobs[-1]
         wait_for(lambda: job.status.terminal or (
             job.status.name == "RUNNING" and top_step(job) >= trigger), f"step {trigger}", 600)
         if job.status.terminal or top_step(job) > steps - 8:
             print(f"  the job ended before the {kind} at step {trigger}: skipped")
             continue
+        job.pause()  # while the nanny brings the last killed worker back: steps left to run
+        healed(cluster, args.workers)
+        job.resume()
         rank, at = rng.randrange(args.world_size), top_step(job)
         if kind == "kill":
             event = kill(cluster, job, rank)
