@@ -109,3 +109,20 @@ def test_scheduler_benchmark_smoke(tmp_path):
     assert all(t > 0 for t in result["medians_s"].values())
     assert "preemption, live on 4 local CPU slots" in proc.stdout
     assert all(t > 0 for t in result["preemption_s"].values())
+
+
+@pytest.mark.slow
+def test_chaos_benchmark_smoke(tmp_path):
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--steps", "40", "--kills", "1",
+         "--stops", "1", "--raises", "1", "--stop-seconds", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=240,  # ~30 s; slack for a loaded machine
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "bitwise    ok" in proc.stdout and "recovery after kill" in proc.stdout
+    assert "disk-full injection: not covered" in proc.stdout
+    result = json.loads(out.read_text())
+    assert not any(result["problems"].values())
+    assert sorted(e["kind"] for e in result["events"]) == ["kill", "raise", "stop"]
+    assert all(0 < t < 120 for t in result["recovery_s"]["kill"])

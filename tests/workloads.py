@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -274,9 +275,25 @@ def faulty_storage(root: str):
     return FaultyObjectStorage() if storage.files.is_url(root) else FaultyStorage()
 
 
+def raise_once(marker: str | None, rank: int, step: int) -> None:
+    """Raise if the file ``marker`` (``{"rank": r, "step": s}``) asks this rank to, at
+    step ``s`` or later; the file is removed first, so it happens once."""
+    if not marker or not os.path.exists(marker):
+        return
+    try:
+        with open(marker) as f:
+            order = json.load(f)
+    except (OSError, ValueError):  # removed by its rank just now, or half written
+        return
+    if order["rank"] == rank and step >= order["step"]:
+        os.remove(marker)
+        raise RuntimeError(f"injected: rank {rank} raises at step {step}")
+
+
 def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
                 stop_at: int | None = None, delay: float = 0.0, dropout: float = 0.1,
-                n_experts: int = 0, n_layers: int = 2) -> dict | None:
+                n_experts: int = 0, n_layers: int = 2, raise_marker: str | None = None
+                ) -> dict | None:
     """The exactness tests' job, under any strategy; rank 0 returns the whole state.
 
     ``kind="mlp"``: the small MLP of :func:`ckpt_model` (dropout), AdamW and a step
@@ -284,7 +301,7 @@ def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
     reference transformer (``n_experts`` > 0: mixture-of-experts blocks), AdamW and
     warm-up + cosine over ``steps``, through ``ctx.train_step``. Every layout sees
     the same ``global_batch`` samples per step. ``stop_at`` ends the loop early
-    (the schedule still spans ``steps``).
+    (the schedule still spans ``steps``). ``raise_marker``: see :func:`raise_once`.
     """
     from clustersdk import models
 
@@ -304,6 +321,7 @@ def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
         sched = warmup_cosine(opt, warmup=3, total=steps)
     ctx.register(optimizer=opt, scheduler=sched)
     for _step, (x, y) in ctx.loop(ctx.shard(data, batch_size=batch_size), steps=stop_at or steps):
+        raise_once(raise_marker, ctx.rank, _step)
         if kind == "mlp":
             loss = nn.functional.mse_loss(net(x), y)
             loss.backward()

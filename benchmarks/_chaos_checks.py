@@ -1,0 +1,100 @@
+"""What ``chaos.py`` checks after a soak: pure functions over the jobs' records and the machine.
+
+Each returns a list of problems (empty: the check passed), so the script can
+print every failed check, not only the first.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Iterable
+
+import torch
+
+
+def committed_rows(segments: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The history that counts over jobs that each resumed where the previous one's
+    newest checkpoint was: a later job's first step cuts off the earlier job's rows."""
+    out: list[dict[str, Any]] = []
+    for index, rows in enumerate(segments):
+        later = [min((r["step"] for r in seg), default=None) for seg in segments[index + 1:]]
+        cut = next((s for s in later if s is not None), None)
+        out += [r for r in rows if cut is None or r["step"] < cut]
+    return out
+
+
+def history_problems(rows: list[dict[str, Any]], world_size: int, steps: int) -> list[str]:
+    """Every step 0..steps-1 exactly once per rank: no gap, no duplicate."""
+    problems = []
+    for rank in range(world_size):
+        got = sorted(r["step"] for r in rows if r["rank"] == rank)
+        if got != list(range(steps)):
+            dup = sorted({s for s in got if got.count(s) > 1})
+            gap = sorted(set(range(steps)) - set(got))
+            problems.append(f"rank {rank}: {len(got)} rows for {steps} steps; duplicated "
+                            f"{dup[:10]}, missing {gap[:10]}")
+    return problems
+
+
+def bitwise_problems(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """Model, optimizer moments, hyperparameters and step: the same bits."""
+    problems = []
+    if got["step"] != want["step"]:
+        problems.append(f"ended at step {got['step']}, the uninterrupted run at {want['step']}")
+    a, b = got["state"], want["state"]
+    for key, value in b["model"].items():
+        if not torch.equal(a["model"][key], value):
+            problems.append(f"parameter {key} differs by {(a['model'][key] - value).abs().max()}")
+    for key, moments in b["optim"]["state"].items():
+        for name, value in moments.items():
+            if not torch.equal(a["optim"]["state"][key][name], value):
+                problems.append(f"optimizer state {key}.{name} differs")
+    if a["optim"]["param_groups"] != b["optim"]["param_groups"]:
+        problems.append("optimizer hyperparameters differ")
+    return problems
+
+
+def reason_problems(events: list[dict[str, Any]], killed: list[str]) -> list[str]:
+    """One 'restarted' event per killed worker, each naming it."""
+    restarts = [e["message"] for e in events if e["kind"] == "restarted"]
+    problems = [f"no restart event names the killed worker {w}" for w in killed
+                if not any(w in m for m in restarts)]
+    if len(restarts) != len(killed):
+        problems.append(f"{len(restarts)} restart event(s) for {len(killed)} kill(s): {restarts}")
+    return problems
+
+
+def leftover_dirs(checkpoint_dir: str) -> list[str]:
+    """What the checkpoint package leaves besides committed ``step-*`` directories:
+    a ``.tmp-step-*`` staging directory is an interrupted save nobody cleaned up."""
+    from clustersdk.runtime.checkpoint import files
+
+    committed = {os.path.basename(p) for _, p in files.committed(checkpoint_dir)}
+    return sorted(name for name in os.listdir(checkpoint_dir)
+                  if name not in committed)
+
+
+def leftover_processes(worker_pids: Iterable[int], nanny_pids: Iterable[int]) -> list[str]:
+    """Processes under this one that are neither a worker nor its nanny (a rank's
+    stray child, an orphaned worker of a killed nanny), or are zombies."""
+    import psutil
+
+    known = set(worker_pids) | set(nanny_pids)
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            name, status, cmd = child.name(), child.status(), " ".join(child.cmdline())[:120]
+        except psutil.NoSuchProcess:
+            continue
+        if status == psutil.STATUS_ZOMBIE:
+            out.append(f"zombie {child.pid} ({name})")
+        elif child.pid not in known and "resource_tracker" not in cmd:
+            out.append(f"process {child.pid}: {cmd}")
+    return out
+
+
+def summary(seconds: list[float]) -> str:
+    if not seconds:
+        return "n/a"
+    return f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s (n={len(seconds)})"
