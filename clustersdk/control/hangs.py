@@ -5,7 +5,7 @@ Pure. Every rank reports where it is (its step and phase: ``data``, ``step``
 agreeing at a step boundary), ``checkpoint``, ``evaluate``, ``paused``) with
 each message it sends and at least once a second (:mod:`clustersdk.runtime.agent`).
 :class:`Watch` keeps that per job; :meth:`Watch.verdict` says whether the job
-is hung: no rank has finished a step for ``hang_timeout`` seconds (default:
+is hung: no rank has finished a step (or an evaluation batch) for ``hang_timeout`` seconds (default:
 max(60 s, 20x the slowest of the recent steps)), not counting time in a
 checkpoint or a pause, nor while every rank is outside ``ctx.loop`` (before
 it or after it: a function that never calls it is not watched). A deadlocked collective, a stuck data loader and a
@@ -49,6 +49,7 @@ class Beacon:
     step: int
     phase: str
     time: float  # when it was heard
+    ticks: int = 0  # steps and evaluation batches the rank has done
 
 
 class Watch:
@@ -65,12 +66,16 @@ class Watch:
         """A new gang start (or a resume): nothing to compare with yet."""
         self.__init__(now)  # type: ignore[misc]
 
-    def heard(self, rank: int, step: int, phase: str, now: float) -> None:
-        self.beacons[rank] = Beacon(step, phase, now)
-        if step > self.best:
+    def heard(self, rank: int, step: int, phase: str, now: float,
+              ticks: int | None = None) -> None:
+        """A rank's beacon; progress is a step (or an evaluation batch, in ``ticks``)
+        finished by any rank."""
+        done = step if ticks is None else ticks
+        self.beacons[rank] = Beacon(step, phase, now, done)
+        if done > self.best:
             if self.best >= 0:
-                self.durations.append((now - self.advanced_at) / (step - self.best))
-            self.best, self.advanced_at = step, now
+                self.durations.append((now - self.advanced_at) / (done - self.best))
+            self.best, self.advanced_at = done, now
         # a save or a pause is not waiting; nor is the user's own code around ctx.loop
         # (a job that never calls ctx.loop has no steps to watch)
         exempt = (any(b.phase in EXEMPT for b in self.beacons.values())

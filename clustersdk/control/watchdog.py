@@ -50,7 +50,9 @@ def heard(plane: ControlPlane, run: Run, rank: int, beacon: dict[str, Any] | Non
     if not beacon or beacon.get("step") is None:
         return
     now = time.time()
-    run.watch.heard(rank, int(beacon["step"]), str(beacon.get("phase", "step")), now)
+    ticks = beacon.get("ticks")
+    run.watch.heard(rank, int(beacon["step"]), str(beacon.get("phase", "step")), now,
+                    None if ticks is None else int(ticks))
     if run.machine.status.name == "HUNG" and run.watch.verdict(
             now, run.machine.spec.hang_timeout) is None:
         plane.feed(run, ev.Progressed())

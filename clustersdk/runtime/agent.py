@@ -195,7 +195,8 @@ class RankThread(threading.Thread):
                 system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
-        beacon = {"step": ctx.step, "phase": ctx.phase} if ctx is not None else None
+        beacon = ({"step": ctx.step, "phase": ctx.phase, "ticks": ctx.ticks}
+                  if ctx is not None else None)
         return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
                 "system": system, "phases": phases, "beacon": beacon}
 

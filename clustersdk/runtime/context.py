@@ -89,6 +89,7 @@ class TrainContext(Looping):
         # where the rank is, for the hang watchdog: setup, data, step (the user's code),
         # control (agreeing at a boundary), checkpoint, evaluate, paused, done
         self.phase = "setup"
+        self.ticks = 0  # steps and evaluation batches done: what the watchdog counts
         self.stopped = False
         self.stateful: dict[str, Any] = {}
         self._control = control or Control()

@@ -99,6 +99,7 @@ class Looping:
                     self._finish_profile()
                 self._metrics.end_step()
                 self.step += 1
+                self.ticks += 1
                 if self.stopped:  # an evaluation in that step was told to stop
                     return
             if self._every and self.step % self._every == 0 and self.step != start:
@@ -155,6 +156,7 @@ class Looping:
                         break
                     yield batch
                     index += 1
+                    self.ticks += 1  # an evaluation batch done is progress too
             finally:
                 close = getattr(batches, "close", None)
                 if close is not None:

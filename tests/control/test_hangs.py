@@ -109,3 +109,12 @@ def test_a_late_overdue_timer_or_a_verdict_on_a_paused_job_changes_nothing():
     for rank in (0, 1):
         paused.handle(ev.Paused(rank, 0, step=3), 1.1)
     assert paused.handle(ev.HangDetected(70.0, 60.0, "", 10.0), 80.0) == []
+
+
+def test_evaluation_batches_are_progress_too():
+    w = Watch(0.0)
+    beat(w, 1.0, (0, 4, "step"), (1, 4, "step"))
+    for t in range(2, 100):  # a long evaluation inside step 4: its batches come in
+        w.heard(0, 4, "evaluate", float(t), ticks=4 + t)
+    assert w.verdict(100.0, hang_timeout=6) is None
+    assert w.verdict(107.5, hang_timeout=6)  # and then they stop coming
