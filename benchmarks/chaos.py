@@ -39,6 +39,7 @@ import json
 import os
 import random
 import signal
+import shutil
 import statistics
 import sys
 import tempfile
@@ -295,6 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     import clustersdk as cs
 
     base = tempfile.mkdtemp(prefix="chaos-")
+    try:
+        return _run(cs, args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # checkpoints and state of every run
+
+
+def _run(cs, args: argparse.Namespace, base: str) -> int:
     with cs.Cluster.local(workers=args.workers, state_dir=os.path.join(base, "state")) as cluster:
         if args.sigkill_runs:
             out = sigkill_runs(cluster, args, base)
