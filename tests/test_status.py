@@ -24,6 +24,7 @@ ALLOWED = {
     (R, P), (R, U), (R, G), (R, F), (R, X), (R, T), (R, H),
     (H, R), (H, T), (H, G), (H, F), (H, X),
     (P, R), (P, U), (P, G), (P, X), (P, T),
+    (P, F),  # its ranks ended while it was paused (e.g. their worker closed)
     (T, Q), (T, G), (T, X),
     (U, Z), (U, G), (U, F), (U, X), (U, Q),  # a preempted job queues again
     (Z, Q), (Z, D),

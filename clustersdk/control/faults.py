@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..protocol import Word
+from ..protocol import ExitStatus, Word
 from ..status import JobStatus
 from . import events as ev
 
@@ -62,6 +62,10 @@ def brief(err: dict[str, Any]) -> dict[str, Any]:
 def failed(job: Lifecycle, e: ev.Failed) -> None:
     # while RESTARTING, the other ranks fail for want of the lost one: not news
     if job.status.terminal or job.status is JobStatus.RESTARTING:
+        return
+    if job.status is JobStatus.STOPPING and (is_communication_error(e.error) or any(
+            status is ExitStatus.LOST for status in job.exited.values())):
+        job.consequences.append(brief(e.error))  # a peer's broken link on the way out
         return
     if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
         job._fail(e.error)

@@ -481,3 +481,16 @@ def test_only_a_running_or_paused_job_can_be_profiled():
         job.handle(ev.Paused(rank, job.attempt, 7), 1.5)
     assert job.status is S.PAUSED
     assert of(job.handle(ev.ProfileRequested(3), 2.0), ev.SendControl)
+
+
+def test_a_peers_broken_link_on_the_way_out_does_not_fail_a_stopped_job():
+    job = running(3, max_restarts=1)
+    job.handle(ev.WorkerLost(2, 0, "w2", "h2"), 2.0)  # RESTARTING: the others stop
+    job.handle(ev.StopRequested(), 2.1)               # and the user stops it for good
+    job.handle(ev.Failed(0, 0, {**ERROR, "rank": 0}), 2.2)  # a survivor's collective broke
+    actions = exit_all(job, ExitStatus.FAILED, ranks=[0, 1])
+    assert statuses(actions) == ["STOPPED"] and job.released
+    own = running(2)
+    own.handle(ev.StopRequested(), 1.0)
+    actions = own.handle(ev.Failed(1, 0, {**OWN, "rank": 1}), 1.1)  # its own error still counts
+    assert statuses(actions) == ["FAILED"]
