@@ -193,6 +193,8 @@ class Lifecycle:
         self._maybe_done()
 
     def _start_failed(self, e: ev.StartFailed) -> None:
+        if e.rank >= len(self.ranks):
+            return  # not a rank of this gang
         self._free(e.rank)  # it never reports an exit; the ranks that did start will
         self.exited.setdefault(e.rank, ExitStatus.NOT_STARTED)
         if self.status is not JobStatus.RESTARTING:
