@@ -51,6 +51,7 @@ os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 import cloudpickle  # noqa: E402
 
 import _chaos_checks as checks  # noqa: E402
+import _polling as polling  # noqa: E402
 import _chaos_workload as work  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
@@ -90,12 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 180.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s")
-        time.sleep(0.05)
-    return value
+    return polling.wait_for(predicate, what, timeout)  # a soak's events take longer
 
 
 def healed(cluster: Any, workers: int) -> None:

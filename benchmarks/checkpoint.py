@@ -34,13 +34,14 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
 import cloudpickle  # noqa: E402
 
 import _ckpt_workload as work  # noqa: E402
+from _polling import wait_for  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
 
@@ -76,15 +77,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # --- helpers -----------------------------------------------------------------------------
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s")
-        time.sleep(0.05)
-    return value
-
-
 @contextlib.contextmanager
 def stopped_after(job: Any) -> Iterator[Any]:
     """The job, stopped on the way out however the measurement ended."""
