@@ -42,6 +42,10 @@ class Word(enum.IntEnum):
     RESUME = 3      # resume generation: equal to PAUSE after a resume
     CHECKPOINT = 4  # sequence number of the newest checkpoint request
     PROFILE = 5     # the newest profile request: profile_word(seq, steps)
+    RUN = 6         # sequence number of the newest job.run request (code run on the ranks)
+    UPDATE = 7      # sequence number of the newest job.update (hyperparameters changed)
+    RELEASE = 8     # breakpoints released: a rank at its k-th ctx.breakpoint waits for >= k
+    NONFINITE = 9   # raised by the ranks themselves: 1 + the step of a non-finite loss
 
 
 def no_words() -> list[int]:
