@@ -6,7 +6,9 @@ print every failed check, not only the first.
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import statistics
 from typing import Any, Iterable
 
@@ -92,6 +94,45 @@ def leftover_processes(worker_pids: Iterable[int], nanny_pids: Iterable[int]) ->
         elif child.pid not in known and "resource_tracker" not in cmd:
             out.append(f"process {child.pid}: {cmd}")
     return out
+
+
+def worker_footprint() -> dict[str, Any]:
+    """Run on a worker (``client.run``): its threads, by name with the numbers taken out
+    (``ThreadPoolExecutor-3_0`` and ``-7_1`` are one kind), and its listening TCP ports."""
+    import threading
+
+    import psutil
+
+    names = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
+    ports = sorted(c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
+                   if c.status == psutil.CONN_LISTEN)
+    return {"threads": dict(names), "ports": ports}
+
+
+def footprint_problems(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+                       ) -> list[str]:
+    """What the workers hold after the soak beyond what a worker held after one ordinary
+    checkpointed job: a rank thread still alive, more threads of a kind than any worker
+    had then, more listening ports (a TCPStore left open). ``before``/``after``: worker
+    address -> :func:`worker_footprint`. Workers the nanny restarted start from scratch,
+    so each is compared with the most any worker had before."""
+    most: collections.Counter = collections.Counter()
+    ports = 0
+    for foot in before.values():
+        for name, n in foot["threads"].items():
+            most[name] = max(most[name], n)
+        ports = max(ports, len(foot["ports"]))
+    problems = []
+    for worker, foot in after.items():
+        for name, n in foot["threads"].items():
+            if name.startswith("clustersdk-") and name not in ("clustersdk-agent",):
+                problems.append(f"{worker}: {n} thread(s) {name} still alive")
+            elif n > most[name]:
+                problems.append(f"{worker}: {n} thread(s) {name}, at most {most[name]} before")
+        if len(foot["ports"]) > ports:
+            problems.append(f"{worker}: listens on {foot['ports']}, at most {ports} port(s) "
+                            "before")
+    return problems
 
 
 def summary(seconds: list[float]) -> str:

@@ -15,21 +15,26 @@ last (the job is paused while it heals, so that it still has steps to run):
   FAILS with that rank's error (a rank's exception is a bug, never restarted),
   and the soak launches it again with ``resume="auto"``, as a user would.
 
-Disk-full injection is not covered: it needs a size-limited mount (root).
+* **fill**: the checkpoint disk (a ``--disk-mb`` tmpfs mounted for the soak, which
+  needs root; without it, fills are left out and the output says so) is filled up
+  until a checkpoint fails with "no space left", then freed: the job trains on
+  meanwhile, keeps its previous checkpoint and commits the next one.
 
 Then it checks that the job finished; that every step 0..end is in the history
 exactly once per rank; that the final parameters and optimizer state are
 bitwise equal to an uninterrupted run of the same job (computed first, in the
 same run); that every restart event names the worker that was killed; that no
-process beyond the workers and their nannies and no staging checkpoint
-directory is left; and prints recovery times (failure -> first step logged after).
+process beyond the workers and their nannies, no staging checkpoint directory,
+no rank or extra thread and no extra listening port (compared with the workers
+after one ordinary checkpointed job) is left; and prints recovery times
+(failure -> first step logged after; for a fill: disk freed -> next checkpoint).
 
 ``--sigkill-runs N`` instead runs the job N times in a row, SIGKILLing one
 rank's worker once per run (one kill per run, not N kills in one job).
 
-    python benchmarks/chaos.py --minutes 10 --kills 12 --stops 4 --raises 2
+    python benchmarks/chaos.py --minutes 10 --kills 12 --stops 4 --raises 2 --fills 3
     python benchmarks/chaos.py --sigkill-runs 20
-    python benchmarks/chaos.py --steps 60 --kills 1 --stops 1 --raises 1 --json out.json  # smoke
+    python benchmarks/chaos.py --steps 60 --kills 1 --stops 1 --raises 1 --fills 0 --json out.json
 """
 
 from __future__ import annotations
@@ -37,10 +42,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import errno
 import random
 import signal
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +62,7 @@ import _polling as polling  # noqa: E402
 import _chaos_workload as work  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
+cloudpickle.register_pickle_by_value(checks)
 
 GLOBAL_BATCH = 24
 TARGET_RECOVERY_S = 3.0
@@ -71,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--stops", type=int, default=2)
     p.add_argument("--raises", type=int, default=1)
+    p.add_argument("--fills", type=int, default=1, help="checkpoint disk full, then freed")
+    p.add_argument("--disk-mb", type=int, default=32, help="size of the checkpoint tmpfs")
     p.add_argument("--stop-seconds", type=float, default=3.0)
     p.add_argument("--hang-timeout", type=float, default=30.0)
     p.add_argument("--sigkill-runs", type=int, default=0, help="N runs with one kill each")
@@ -83,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--world-size must be between 1 and --workers ({a.workers}), got {a.world_size}")
     if GLOBAL_BATCH % a.world_size:
         p.error(f"--world-size must divide {GLOBAL_BATCH}, got {a.world_size}")
-    if min(a.kills, a.stops, a.raises, a.sigkill_runs) < 0:
+    if min(a.kills, a.stops, a.raises, a.fills, a.sigkill_runs) < 0:
         p.error("event counts must be 0 or more")
     if a.stop_seconds >= a.hang_timeout:
         p.error("--stop-seconds must be shorter than --hang-timeout (the job must not be HUNG)")
@@ -118,9 +128,14 @@ def launch(cluster: Any, args: argparse.Namespace, steps: int, root: str, **opti
                           max_restarts=10**6, hang_timeout=args.hang_timeout, **options)
 
 
-def reference(cluster: Any, args: argparse.Namespace, steps: int) -> dict[str, Any]:
-    kwargs = {"steps": steps, "global_batch": GLOBAL_BATCH}  # delay 0: the same numbers
-    return cluster.launch(work.train, kwargs=kwargs, world_size=args.world_size).wait(timeout=900)
+def reference(cluster: Any, args: argparse.Namespace, steps: int, root: str | None = None
+              ) -> dict[str, Any]:
+    """The uninterrupted run (delay 0: the same numbers); with ``root``, checkpointed
+    like the soak's job, so that the workers then hold what an ordinary job leaves."""
+    kwargs = {"steps": steps, "global_batch": GLOBAL_BATCH}
+    options = {"checkpoint_dir": root, "checkpoint_every": args.checkpoint_every} if root else {}
+    return cluster.launch(work.train, kwargs=kwargs, world_size=args.world_size,
+                          **options).wait(timeout=900)
 
 
 def size_steps(cluster: Any, args: argparse.Namespace) -> int:
@@ -171,12 +186,56 @@ def make_raise(job: Any, rank: int, root: str) -> dict[str, Any]:
                 "error": str(exc).splitlines()[0][:200]}
 
 
+def fill(job: Any, root: str) -> dict[str, Any]:
+    """Fill the checkpoint disk until a checkpoint fails for want of space, then free
+    it and wait for the next one to commit."""
+    t = time.time()
+    filler = os.path.join(os.path.dirname(root), "filler")
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    failed = wait_for(lambda: job.status.terminal or job.info()["checkpoint_error"],
+                      "a checkpoint failing for want of space")
+    before = job.info()["checkpoint_step"]
+    freed = time.time()
+    os.remove(filler)
+    wait_for(lambda: job.status.terminal or (job.info()["checkpoint_step"] != before
+                                             and not job.info()["checkpoint_error"]),
+             "the next checkpoint after the disk was freed")
+    committed = time.time()
+    return {"kind": "fill", "time": t, "freed": freed, "committed": committed,
+            "error": str(failed)[:200]}
+
+
+def mount_disk(path: str, megabytes: int) -> str | None:
+    """A size-limited tmpfs at ``path`` (None and a note when it can't be: not root)."""
+    os.makedirs(path, exist_ok=True)
+    run = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
+                         capture_output=True, text=True)
+    if run.returncode:
+        print(f"disk-full injection: not covered ({run.stderr.strip() or 'mount failed'}; "
+              "it needs root)")
+        return None
+    return path
+
+
+def footprint(cluster: Any) -> dict[str, Any]:
+    return cluster.client.run(checks.worker_footprint)
+
+
 # --- the soak ----------------------------------------------------------------------------------
-def soak(cluster: Any, args: argparse.Namespace, root: str) -> dict[str, Any]:
+def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dict[str, Any]:
     rng = random.Random(args.seed)
     steps = size_steps(cluster, args)
-    want = reference(cluster, args, steps)
-    kinds = ["kill"] * args.kills + ["stop"] * args.stops + ["raise"] * args.raises
+    want = reference(cluster, args, steps, os.path.join(scratch, "reference"))
+    baseline = footprint(cluster)
+    kinds = (["kill"] * args.kills + ["stop"] * args.stops + ["raise"] * args.raises
+             + ["fill"] * args.fills)
     rng.shuffle(kinds)
     lo, hi = args.checkpoint_every + 2, max(args.checkpoint_every + 3, steps - 15)
     triggers = sorted(rng.randrange(lo, hi) for _ in kinds)
@@ -198,17 +257,20 @@ def soak(cluster: Any, args: argparse.Namespace, root: str) -> dict[str, Any]:
             event = kill(cluster, job, rank)
         elif kind == "stop":
             event = stop(cluster, job, rank, args.stop_seconds)
+        elif kind == "fill":
+            event = fill(job, root)
         else:
             event = make_raise(job, rank, root)
             jobs.append(launch(cluster, args, steps, root, resume="auto"))
         event.update(job=len(jobs) - 1 if kind != "raise" else len(jobs) - 2, step=at)
-        print(f"  {kind:5} rank {rank} at step {event['step']}"
+        what = "" if kind == "fill" else f" rank {rank}"
+        print(f"  {kind:5}{what} at step {event['step']}"
               + (f" ({event['worker']})" if "worker" in event else f": {event.get('error')}"))
         done.append(event)
     got = jobs[-1].wait(timeout=1800)
     healed(cluster, args.workers)
     return {"steps": steps, "got": got, "want": want, "jobs": jobs, "events": done,
-            "pids_before": pids, "root": root}
+            "pids_before": pids, "root": root, "footprint": baseline}
 
 
 def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
@@ -229,8 +291,12 @@ def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict
     nannies = cluster.client.run(os.getppid)
     problems["processes"] = checks.leftover_processes(workers.values(), nannies.values())
     problems["dirs"] = checks.leftover_dirs(run["root"])
-    recovery: dict[str, list[float]] = {"kill": [], "stop": [], "raise": []}
+    problems["threads/ports"] = checks.footprint_problems(run["footprint"], footprint(cluster))
+    recovery: dict[str, list[float]] = {"kill": [], "stop": [], "raise": [], "fill": []}
     for e in events:
+        if e["kind"] == "fill":  # the disk freed -> the next checkpoint committed
+            recovery["fill"].append(e["committed"] - e["freed"])
+            continue
         after = jobs[e["job"] + 1] if e["kind"] == "raise" else jobs[e["job"]]
         start = e.get("cont") or e["time"]
         first = first_row_after(after, start) if start else None
@@ -326,13 +392,19 @@ def _run(cs, args: argparse.Namespace, base: str) -> int:
             passed = ok == len(runs) and not out["processes"]
         else:
             print(f"soak: {args.world_size} ranks on {args.workers} workers, seed {args.seed}")
-            run = soak(cluster, args, os.path.join(base, "ckpt"))
-            v = verdict(cluster, args, run)
+            disk = mount_disk(os.path.join(base, "disk"), args.disk_mb) if args.fills else None
+            if disk is None:
+                args.fills = 0
+            try:
+                run = soak(cluster, args, os.path.join(disk or base, "ckpt"), base)
+                v = verdict(cluster, args, run)
+            finally:
+                if disk is not None:
+                    subprocess.run(["umount", "-l", disk], check=False)
             for name, problems in v["problems"].items():
                 print(f"{name:10} {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
             for kind, seconds in v["recovery_s"].items():
                 print(f"recovery after {kind:5}: {checks.summary(seconds)}")
-            print("disk-full injection: not covered (it needs a size-limited mount, i.e. root)")
             result = {"steps": run["steps"], "events": run["events"], **v}
             passed = not any(v["problems"].values())
     print("PASSED" if passed else "FAILED")
