@@ -287,10 +287,11 @@ class Requests:
             if rank is None and book.open:
                 rank = min(book.open)
             if rank not in book.open:
+                where = "" if rank is None else f" on rank {rank} (open: " + (
+                    ", ".join(map(str, sorted(book.open))) or "none") + ")"
                 raise InvalidTransitionError(
-                    f"job {machine.name!r} has no debugger session open on rank {rank} (open: "
-                    f"{', '.join(map(str, sorted(book.open))) or 'none'}); ctx.breakpoint() "
-                    "opens one in a job launched with debug=True")
+                    f"job {machine.name!r} has no debugger session open{where}; "
+                    "ctx.breakpoint() opens one in a job launched with debug=True")
             await op(self.plane.scheduler.rpc(machine.ranks[rank].worker), WorkerOp.CONSOLE)(
                 job=job, text=text, attempt=machine.attempt)
         return {**book.state(), "status": machine.status.name}
