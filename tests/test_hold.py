@@ -19,9 +19,12 @@ import torch
 from IPython.core.interactiveshell import InteractiveShell
 
 import clustersdk as cs
+from clustersdk import widgets
 from clustersdk.protocol import RankEvent, Word, no_words
 from clustersdk.runtime import debugging
 from clustersdk.runtime.context import TrainContext
+from clustersdk.widgets import render
+from clustersdk.widgets.model import JobView
 
 from . import workloads, workloads_debug
 from .helpers import Statuses, assert_same_run, checkpointed_at, losses, wait_for
@@ -62,6 +65,7 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     job = healed.launch(workloads_debug.raise_at, kwargs={"rank": 1, "step": 5}, world_size=2,
                         timeout=3, on_error="hold", name="held")
     seen = Statuses(job)
+    dash = widgets.dashboard(job)
     wait_for(lambda: job.status is cs.JobStatus.HELD, timeout=90)
     assert job.reason.startswith("held: rank 1 raised ValueError at step 5: bad batch at step 5 "
                                  "on rank 1; job.debug(1) shows its stack, job.run(fn, "
@@ -82,6 +86,9 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     assert all(not f["locals"] for f in post.frames if f["ours"])  # clustersdk's own: no locals
     assert post.text.splitlines()[-1] == "ValueError: bad batch at step 5 on rank 1"
     assert "      bad = Tensor(shape=[4, 4]" in post.text and "<details open>" in post._repr_html_()
+    wait_for(lambda: "Held: rank 1's failing frames" in dash.error.value, timeout=30)
+    assert ">HELD<" in dash.header.value and "held: rank 1 raised ValueError" in dash.header.value
+    assert not dash.buttons["stop"].disabled and dash.buttons["pause"].disabled
 
     # bad input changes nothing: the job stays HELD, its cause and step kept
     with pytest.raises(cs.SpecError, match="has no committed checkpoint to restart from"):
@@ -274,3 +281,17 @@ def test_the_locals_of_every_frame_share_one_budget_the_failing_frame_first(monk
     assert list(failing["locals"]) == ["a", "b", "c"] and failing["omitted"] == 5
     assert caller["function"] == "outer" and caller["locals"] == {}
     assert caller["omitted"] == 2  # kept, and fail (a free variable of outer)
+
+
+def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
+    frames = [{"file": "train.py", "line": 9, "function": "train", "code": "raise ValueError(s)",
+               "ours": False, "locals": {"s": "'<b>'"}, "omitted": 0}]
+    record = {"id": "j", "name": "a", "status": "HELD", "reason": "held: rank 1 raised ValueError",
+              "spec": {"world_size": 2, "strategy": "ddp"},
+              "held": {"cause": 1, "since": 1.0, "ended": "", "ranks": {"1": {
+                  "rank": 1, "step": 4, "time": 1.0, "frames": frames,
+                  "error": {"type": "ValueError", "message": "m", "traceback": ""}}}}}
+    html = render.job_html(JobView.from_record(record))
+    assert ">HELD<" in html and "held: rank 1 raised ValueError" in html
+    assert "Held: rank 1's failing frames" in html and "raise ValueError(s)" in html
+    assert "&#x27;&lt;b&gt;&#x27;" in html  # the locals are escaped
