@@ -292,7 +292,9 @@ class Job:
                 for p in record.get("profiles") or ()]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
-        """Stop at the next step boundary (or dequeue); by default wait until it has."""
+        """Stop at the next step boundary (or dequeue); by default wait until it has.
+
+        A HELD job (``on_error="hold"``) then ends FAILED with the error it was held for."""
         self.cluster.sync(self.cluster.control.stop, self.id)
         if wait:
             try:
