@@ -295,3 +295,13 @@ def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
     assert ">HELD<" in html and "held: rank 1 raised ValueError" in html
     assert "Held: rank 1's failing frames" in html and "raise ValueError(s)" in html
     assert "&#x27;&lt;b&gt;&#x27;" in html  # the locals are escaped
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_are_summarized_on_their_device():
+    x = torch.ones(4, 4, device="cuda")
+    x[0, 0] = float("nan")
+    text = debugging.safe_repr(x)
+    assert text.startswith("Tensor(shape=[4, 4], dtype=float32, device=cuda:0, nan=True")
+    assert debugging.safe_repr(torch.ones(2, device="cuda")) == \
+        "Tensor(shape=[2], dtype=float32, device=cuda:0, values=[1.0, 1.0])"
