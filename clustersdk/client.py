@@ -105,3 +105,17 @@ class ControlClient:
     async def profile_wait(self, job: str, seq: int,
                            timeout: float | None = None) -> dict[str, Any]:
         return await self.call(Op.PROFILE_WAIT, job=job, seq=seq, timeout=timeout)
+
+    # --- debugging: on_error="hold" and ctx.breakpoint() -----------------------------------
+    async def debug(self, job: str, rank: int | None = None) -> dict[str, Any]:
+        """A held rank's error and failing frames with their locals (see job.debug)."""
+        return await self.call(Op.DEBUG, job=job, rank=rank)
+
+    async def restart_from_checkpoint(self, job: str) -> dict[str, Any]:
+        return await self.call(Op.RESTART, job=job)
+
+    async def console(self, job: str, rank: int | None = None,
+                      text: str | None = None) -> dict[str, Any]:
+        """Send ``text`` to the pdb session of ``rank`` (None: the open one); the open
+        sessions and the console's messages so far (``chunks``, numbered by ``seq``)."""
+        return await self.call(Op.CONSOLE, job=job, rank=rank, text=text)

@@ -22,7 +22,9 @@ from .status import JobStatus
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster, Subscription
+    from .postmortem import PostMortem
     from .profile import Profile
+    from .widgets.console import Console
 
 WAIT_SLICE = 5.0  # seconds per server-side wait, so that Ctrl-C stays responsive
 
@@ -290,7 +292,9 @@ class Job:
                 for p in record.get("profiles") or ()]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
-        """Stop at the next step boundary (or dequeue); by default wait until it has."""
+        """Stop at the next step boundary (or dequeue); by default wait until it has.
+
+        A HELD job (``on_error="hold"``) then ends FAILED with the error it was held for."""
         self.cluster.sync(self.cluster.control.stop, self.id)
         if wait:
             try:
@@ -298,6 +302,37 @@ class Job:
             except (JobStoppedError, JobFailedError):
                 pass
         return self.status
+
+    # debugging ---------------------------------------------------------------------
+    def debug(self, rank: int | None = None) -> PostMortem:
+        """The failing stack of a rank held under ``on_error="hold"`` (by default the one
+        whose error is the cause), each frame with its locals, rendered safely (reprs cut
+        to a length; tensors as shape, dtype, device and a few stats). Kept with the job's
+        record: it is there after the hold ended too.
+
+        >>> job = cluster.launch(train, world_size=2, on_error="hold")   # doctest: +SKIP
+        >>> job.status                                                     # doctest: +SKIP
+        <JobStatus.HELD: 'held'>
+        >>> job.debug(1)                                                   # doctest: +SKIP
+        rank 1 of job 'a' raised ValueError at step 12: bad batch (HELD) ...
+        """
+        from .postmortem import PostMortem
+
+        return PostMortem(self.cluster.sync(self.cluster.control.debug, self.id, rank=rank))
+
+    def restart_from_checkpoint(self) -> JobStatus:
+        """End the hold of a HELD job: its ranks stop, and it continues from its newest
+        committed checkpoint, first in the queue (not counted against ``max_restarts``)."""
+        self._record = self.cluster.sync(self.cluster.control.restart_from_checkpoint, self.id)
+        return JobStatus[self._record["status"]]
+
+    def console(self, rank: int | None = None) -> Console:
+        """The notebook console of the job's ``ctx.breakpoint()`` pdb sessions (jobs
+        launched with ``debug=True``): a transcript, an input line and a Send button. The
+        job's dashboard shows it by itself when a session opens. Needs ipywidgets."""
+        from .widgets.console import console
+
+        return console(self, rank)
 
     # events ------------------------------------------------------------------------
     def _on_event(self, msg: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@
     %%distributed -n 2 --strategy ddp   run the cell on 2 ranks, ``ctx`` bound
     %jobs                               the cluster's jobs
     %job pause NAME                     pause | resume | checkpoint | suspend | stop | show | logs
+    %job debug NAME RANK                a held rank's failing stack with its locals (%debug-like)
+    %job console NAME                   the console of a breakpoint's pdb session
 
 Each takes ``--help``. They parse, call the public API and display; a mistake
 is one line (``UsageError``), never a traceback from inside clustersdk.
@@ -196,6 +198,10 @@ class ClusterMagics(Magics):
               help="never preempt it (needs priority normal or higher)")
     @argument("--time-limit", type=float, default=None,
               help="seconds it needs at most: lets the scheduler backfill around it")
+    @argument("--on-error", default="fail", choices=["fail", "hold"],
+              help="hold: a rank that raises keeps the job HELD for %%job debug")
+    @argument("--debug", action="store_true",
+              help="ctx.breakpoint() in the cell opens a pdb console (else it does nothing)")
     @argument("--no-wait", action="store_true",
               help="return the job at once and show its dashboard instead of streaming output")
     @argument("--cluster", default=None, help="the Cluster variable to run on")
@@ -219,7 +225,8 @@ class ClusterMagics(Magics):
             job = cluster.launch(fn, world_size=world_size, strategy=args.strategy, name=args.name,
                                  timeout=args.timeout, queue=args.queue, priority=priority,
                                  preemptible=not args.not_preemptible,
-                                 time_limit=args.time_limit)
+                                 time_limit=args.time_limit, on_error=args.on_error,
+                                 debug=args.debug)
         if args.no_wait:
             return job
         return stream(job)
@@ -250,18 +257,24 @@ class ClusterMagics(Magics):
     @line_magic("job")
     @magic_arguments()
     @argument("action", nargs="?",
-              help="pause | resume | checkpoint | suspend | stop | show | logs")
+              help="pause | resume | checkpoint | suspend | stop | show | logs | debug | "
+                   "console | restart (a HELD job, from its checkpoint)")
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
+    @argument("rank_", nargs="?", type=int, metavar="RANK",
+              help="debug: the held rank (default: the one whose error is the cause)")
     @argument("--world-size", type=int, default=None, help="resume: continue on this many ranks")
     @argument("--rank", type=int, default=0, help="logs: whose output (default 0)")
     @argument("--cluster", default=None, help="the Cluster variable the job runs on")
     @argument("-h", "--help", action="store_true", help="show this help")
     def job(self, line: str = "") -> Any:
-        """Act on a job by name (show: display its dashboard; logs: print a rank's output)."""
+        """Act on a job by name (show: display its dashboard; logs: print a rank's output;
+        debug: print a held rank's failing frames with their locals; console: the pdb
+        console of a breakpoint)."""
         args = parse_argstring(self.job, line)
         if _help(self.job, args):
             return None
-        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs")
+        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs", "debug",
+                   "console", "restart")
         if args.action not in actions or not args.name:
             raise UsageError(f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; "
                              "%job --help)")
@@ -276,6 +289,14 @@ class ClusterMagics(Magics):
                 return job
             if args.action == "logs":
                 print(job.logs(args.rank), end="")
+                return None
+            if args.action == "debug":  # like %debug: the failing frames, to read
+                print(job.debug(args.rank_))
+                return None
+            if args.action == "console":
+                return job.console()
+            if args.action == "restart":
+                print(f"job {job.name!r}: now {job.restart_from_checkpoint()}")
                 return None
             if not callable(getattr(job, args.action, None)):
                 raise UsageError(f"this clustersdk has no Job.{args.action}() yet")

@@ -103,6 +103,9 @@ class Op(str, enum.Enum):
     PROFILE = "profile"              # capture torch.profiler traces for N steps
     PROFILE_WAIT = "profile_wait"    # the profile of request seq, once every rank reported
     PHASES = "phases"                # the per-step phase timings of a job
+    DEBUG = "debug"                  # a HELD rank's failing stack with its locals
+    RESTART = "restart"              # a HELD job: restart from its newest checkpoint
+    CONSOLE = "console"              # a breakpoint's pdb session: input in, transcript out
 
     @property
     def handler(self) -> str:
@@ -116,6 +119,7 @@ class WorkerOp(str, enum.Enum):
     START_RANK = "start_rank"
     CONTROL = "control"
     STACKS = "stacks"                # the stack of a job's rank thread on this worker
+    CONSOLE = "console"              # a line of input for the rank's pdb session
 
     @property
     def handler(self) -> str:
@@ -140,6 +144,9 @@ class RankEvent(str, enum.Enum):
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
     PROFILED = "profiled"                # seq, profile: this rank's trace and summary
     FAILED = "failed"                    # error: the rank raised
+    HELD = "held"                        # error, frames, step: raised under on_error="hold"
+    BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
+    CONSOLE = "console"                  # k, text, closed: what the rank's pdb session printed
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
 
@@ -207,6 +214,19 @@ class ProfileMessage(TypedDict):
     seq: int
 
 
+class ConsoleMessage(TypedDict):
+    """A breakpoint's pdb session on ``rank`` printed ``text`` (``open`` False: it ended).
+    ``seq`` numbers the job's console messages, so that a transcript read later and the
+    messages that follow it are joined without a gap or a repeat."""
+
+    kind: Literal["console"]
+    seq: int
+    rank: int
+    k: int                       # the rank's k-th ctx.breakpoint()
+    text: str
+    open: bool
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -216,7 +236,7 @@ class RollbackMessage(TypedDict):
 
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, ProfileMessage, RollbackMessage]
+                CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -273,6 +293,9 @@ class WireSpec:
     hang_timeout: float | None = None     # seconds without a finished step; None: derived
     on_hang: str = "report"               # "report", "restart" or "fail"
     profile_dir: str | None = None        # the control plane's state dir (job.profile's traces)
+    on_error: str = "fail"                # "fail", or "hold": a rank that raises waits (HELD)
+    hold_timeout: float = 1800.0          # seconds a HELD job waits before it fails
+    debug: bool = False                   # ctx.breakpoint() opens a pdb console (else a no-op)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

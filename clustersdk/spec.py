@@ -84,6 +84,10 @@ class JobSpec:
     # a job whose ranks stop finishing steps (see clustersdk.control.hangs)
     hang_timeout: float | None = None   # None: max(60 s, 20x the slowest recent step)
     on_hang: str = "report"             # "report", "restart" or "fail"
+    # debugging (see clustersdk.control.holds, TrainContext.breakpoint)
+    on_error: str = DEFAULTS.on_error   # "fail", or "hold": a rank that raises waits, HELD
+    hold_timeout: float = DEFAULTS.hold_timeout  # seconds a HELD job waits before it fails
+    debug: bool = DEFAULTS.debug        # ctx.breakpoint() opens a pdb console (else a no-op)
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -126,6 +130,7 @@ class JobSpec:
         self._check_code_options()
         self._check_sharing_options()
         self._check_hang_options()
+        self._check_debug_options()
 
     def _check_sharing_options(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -160,6 +165,18 @@ class JobSpec:
         if self.on_hang == "restart" and not self.max_restarts:
             raise SpecError("on_hang='restart' needs max_restarts=1 or more (a restart after a "
                             "hang counts against it)")
+
+    def _check_debug_options(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise SpecError(f"on_error must be one of {', '.join(map(repr, ON_ERROR))}, got "
+                            f"{self.on_error!r}")
+        limit = self.hold_timeout
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or not limit > 0:
+            raise SpecError(f"hold_timeout must be a positive number of seconds (how long a "
+                            f"HELD job waits for you before it fails), got {limit!r}")
+        self.hold_timeout = float(limit)
+        if not isinstance(self.debug, bool):
+            raise SpecError(f"debug must be True or False, got {self.debug!r}")
 
     def _check_code_options(self) -> None:
         if self.working_dir is not None:
@@ -288,11 +305,13 @@ class JobSpec:
             queue=self.queue, priority=self.priority, preemptible=self.preemptible,
             time_limit=self.time_limit, min_world_size=self.min_world_size,
             hang_timeout=self.hang_timeout, on_hang=self.on_hang,
+            on_error=self.on_error, hold_timeout=self.hold_timeout, debug=self.debug,
         )
 
 
 # set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
 ON_HANG = ("report", "restart", "fail")  # what a HUNG job does (see launch)
+ON_ERROR = ("fail", "hold")  # what a rank that raises does to its job (see launch)
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -3,10 +3,13 @@
 ::
 
     QUEUED     ──> STARTING | STOPPED | FAILED
-    STARTING   ──> RUNNING | RESTARTING | STOPPING | FINISHED | FAILED
-    RUNNING    ──> PAUSED | HUNG | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
-    HUNG       ──> RUNNING (a step finished after all) | RESTARTING | STOPPING | FINISHED | FAILED
-    PAUSED     ──> RUNNING | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    STARTING   ──> RUNNING | HELD | RESTARTING | STOPPING | FINISHED | FAILED
+    RUNNING    ──> PAUSED | HUNG | HELD | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    HUNG       ──> RUNNING (a step finished after all) | HELD | RESTARTING | STOPPING | FINISHED
+                   | FAILED
+    PAUSED     ──> RUNNING | HELD | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
+    HELD       ──> STOPPING (job.stop(); then FAILED) | RESTARTING (restart_from_checkpoint)
+                   | FAILED (the hold timed out)
     RESTARTING ──> QUEUED (again, from the newest checkpoint) | STOPPING | FAILED
     SUSPENDING ──> SUSPENDED | QUEUED (preempted) | STOPPING | FINISHED | FAILED
     SUSPENDED  ──> QUEUED (resume) | STOPPED
@@ -14,8 +17,11 @@
 
 PAUSED holds the job's slots and process group; SUSPENDED holds a checkpoint
 and no slots. HUNG: no rank has finished a step for the job's ``hang_timeout``
-(see :mod:`clustersdk.control.hangs`). RESTARTING follows the loss of a worker within the job's restart
-budget (``max_restarts``): the other ranks wind down, then the job queues again.
+(see :mod:`clustersdk.control.hangs`). HELD: a rank raised under ``on_error="hold"``
+and waits, alive, with its slots and the failing frames, until a stop, a restart from
+the checkpoint or ``hold_timeout`` (see :mod:`clustersdk.control.holds`). RESTARTING
+follows the loss of a worker within the job's restart budget (``max_restarts``): the
+other ranks wind down, then the job queues again.
 A job preempted for a higher-priority one (see :mod:`clustersdk.control.scheduling`)
 checkpoints and leaves (SUSPENDING), or without a checkpoint directory is
 stopped (STOPPING), and then queues again by itself. A job is *terminal* once
@@ -35,6 +41,7 @@ class JobStatus(str, enum.Enum):
     RUNNING = "running"        # every rank is inside the user's function
     PAUSED = "paused"          # every rank waits at the same step boundary, slots held
     HUNG = "hung"              # no rank has finished a step for hang_timeout
+    HELD = "held"              # a rank raised under on_error="hold": kept alive for a post-mortem
     RESTARTING = "restarting"  # a worker was lost: the other ranks wind down, then it queues again
     SUSPENDING = "suspending"  # checkpointing, then giving the slots back
     SUSPENDED = "suspended"    # checkpointed, no slots; resume() queues it again
@@ -56,12 +63,15 @@ TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED})
 _S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED,
+                            _S.HELD}),
     _S.RUNNING: frozenset({_S.PAUSED, _S.HUNG, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING,
-                           _S.FINISHED, _S.FAILED}),
-    _S.HUNG: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED}),
+                           _S.FINISHED, _S.FAILED, _S.HELD}),
+    _S.HUNG: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED,
+                        _S.HELD}),
     _S.PAUSED: frozenset({_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED,
-                          _S.FAILED}),
+                          _S.FAILED, _S.HELD}),
+    _S.HELD: frozenset({_S.STOPPING, _S.RESTARTING, _S.FAILED}),
     _S.RESTARTING: frozenset({_S.QUEUED, _S.STOPPING, _S.FAILED}),
     _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.QUEUED, _S.STOPPING, _S.FINISHED, _S.FAILED}),
     _S.SUSPENDED: frozenset({_S.QUEUED, _S.STOPPED}),

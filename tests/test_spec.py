@@ -128,7 +128,8 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "py_modules": None, "queue": None, "priority": None,
                     "preemptible": True, "time_limit": None, "min_world_size": None,
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
-                    "profile_dir": None,
+                    "profile_dir": None, "on_error": "fail", "hold_timeout": 1800.0,
+                    "debug": False,
                     "version": 1}
 
 
@@ -182,3 +183,23 @@ def test_parallel_options_are_checked(options, match):
 def test_checkpoint_options_are_checked(options, match):
     with pytest.raises(SpecError, match=match):
         JobSpec(fn=train, world_size=1, **options)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"on_error": "pause"}, "on_error must be one of 'fail', 'hold', got 'pause'"),
+        ({"hold_timeout": 0}, "hold_timeout must be a positive number of seconds"),
+        ({"hold_timeout": "1h"}, "got '1h'"),
+        ({"debug": "yes"}, "debug must be True or False, got 'yes'"),
+    ],
+)
+def test_debug_options_are_checked(options, match):
+    with pytest.raises(SpecError, match=re.escape(match)):
+        JobSpec(fn=train, world_size=1, **options)
+
+
+def test_debug_options_travel_on_the_wire():
+    wire = JobSpec(fn=train, world_size=1, on_error="hold", hold_timeout=60,
+                   debug=True).to_wire()
+    assert (wire.on_error, wire.hold_timeout, wire.debug) == ("hold", 60.0, True)

@@ -17,6 +17,7 @@ Q, S, R, G, F, X, D = (
 P, U, Z = JobStatus.PAUSED, JobStatus.SUSPENDING, JobStatus.SUSPENDED
 T = JobStatus.RESTARTING
 H = JobStatus.HUNG
+L = JobStatus.HELD
 
 ALLOWED = {
     (Q, S), (Q, D), (Q, X),
@@ -29,6 +30,8 @@ ALLOWED = {
     (U, Z), (U, G), (U, F), (U, X), (U, Q),  # a preempted job queues again
     (Z, Q), (Z, D),
     (G, D), (G, X), (G, F), (G, Q),
+    (S, L), (R, L), (P, L), (H, L),  # a rank raised under on_error="hold"
+    (L, G), (L, T), (L, X),  # stop (then FAILED), restart_from_checkpoint, hold_timeout
 }
 
 PAIRS = list(itertools.product(JobStatus, repeat=2))

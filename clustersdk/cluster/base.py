@@ -158,6 +158,9 @@ class Cluster:
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
         on_hang: str = "report",
+        on_error: str = DEFAULTS.on_error,
+        hold_timeout: float | None = None,
+        debug: bool = DEFAULTS.debug,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -212,6 +215,14 @@ class Cluster:
         ``"restart"`` (from the newest checkpoint, within ``max_restarts``) or
         ``"fail"``. A rank stuck for good is ended by restarting its worker.
 
+        Debugging: with ``on_error="hold"`` a rank that raises does not tear the job
+        down: the job is HELD (its slots kept, the other ranks paused), ``job.debug(rank)``
+        shows the failing frames with their locals, and ``job.stop()`` (the job then
+        ends FAILED) or ``job.restart_from_checkpoint()`` ends the hold, as does
+        ``hold_timeout`` (default: the ``clustersdk.hold-timeout`` setting, 1800 s).
+        ``debug=True`` makes ``ctx.breakpoint()`` pause the job and open a pdb console
+        in the notebook (``job.console()``); without it the call does nothing.
+
         Code: functions defined in ``__main__`` or a notebook travel by value;
         modules the workers can't import are an error here, naming them, unless
         shipped: ``working_dir`` (a directory whose modules and files go to
@@ -238,7 +249,9 @@ class Cluster:
             plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
             py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
             time_limit=time_limit, min_world_size=min_world_size,
-            hang_timeout=hang_timeout, on_hang=on_hang,
+            hang_timeout=hang_timeout, on_hang=on_hang, on_error=on_error,
+            hold_timeout=config.get("hold-timeout") if hold_timeout is None else hold_timeout,
+            debug=debug,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)

@@ -97,6 +97,33 @@ class Profiled(RankEventBase):
 
 
 @dataclasses.dataclass(frozen=True)
+class Held(RankEventBase):
+    """The rank raised under ``on_error="hold"`` and waits (see :mod:`.holds`): its
+    ``error`` record, its failing ``frames`` with their locals, the ``step``."""
+
+    error: dict[str, Any]
+    frames: list[dict[str, Any]]
+    step: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakpointHit(RankEventBase):
+    """The rank reached its ``k``-th ``ctx.breakpoint()`` and opened a pdb session."""
+
+    k: int
+    step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleOutput(RankEventBase):
+    """What the rank's pdb session of breakpoint ``k`` printed; ``closed``: it ended."""
+
+    k: int
+    text: str
+    closed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StartFailed(RankEventBase):
     """The agent could not start the rank (its worker vanished, or refused)."""
 
@@ -150,6 +177,18 @@ class SuspendRequested:
 @dataclasses.dataclass(frozen=True)
 class ProfileRequested:
     steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartRequested:
+    """``job.restart_from_checkpoint()`` of a HELD job."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldExpired:
+    """The hold of gang start ``attempt`` lasted ``hold_timeout``: the job fails."""
+
+    attempt: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +253,8 @@ Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, Checkp
               CheckpointFailed, Failed, Exited, Profiled, StartFailed, WorkerLost, GraceExpired,
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
               CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
-              Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow]
+              Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow,
+              Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------
@@ -273,7 +313,7 @@ class StartTimer:
     """Feed ``event`` back to the job after ``delay`` seconds."""
 
     delay: float
-    event: GraceExpired | StopOverdue
+    event: GraceExpired | StopOverdue | HoldExpired
 
 
 @dataclasses.dataclass(frozen=True)

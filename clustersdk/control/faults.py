@@ -63,8 +63,14 @@ def failed(job: Lifecycle, e: ev.Failed) -> None:
     # while RESTARTING, the other ranks fail for want of the lost one: not news
     if job.status.terminal or job.status is JobStatus.RESTARTING:
         return
+    if job.status is JobStatus.HELD:  # a peer of a held rank failed outright: weighed alike
+        from .holds import weigh
+
+        weigh(job, e.rank, e.error)
+        return
     if job.status is JobStatus.STOPPING and (is_communication_error(e.error) or any(
-            status is ExitStatus.LOST for status in job.exited.values())):
+            status is ExitStatus.LOST for status in job.exited.values())
+            or job.holds.ranks):  # a held job's stop: its cause is chosen already
         job.consequences.append(brief(e.error))  # a peer's broken link on the way out
         return
     if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
@@ -141,8 +147,9 @@ def restart(job: Lifecycle) -> None:
     if job.restart_paused:
         job.words[Word.PAUSE] = 1
     where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
+    note, job.restart_note = job.restart_note or f"restart {job.restarts}", None
     job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
-    job._transition(JobStatus.QUEUED, reason=f"restart {job.restarts}: {where}")
+    job._transition(JobStatus.QUEUED, reason=f"{note}: {where}")
     job._out.append(ev.Enqueue(front=True))
 
 

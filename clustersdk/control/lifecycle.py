@@ -33,8 +33,9 @@ The rules, by event:
 
 Rules of their own live beside this module, as functions of a ``Lifecycle``:
 :mod:`.faults` (held failures, lost workers, restarts, durable events),
-:mod:`.hangs` (HUNG), :mod:`.sharing` (preemption, idle reclaim, growing back)
-and :mod:`.profiles` (``job.profile``).
+:mod:`.hangs` (HUNG), :mod:`.sharing` (preemption, idle reclaim, growing back),
+:mod:`.profiles` (``job.profile``), :mod:`.holds` (HELD: ``on_error="hold"``) and
+:mod:`.breakpoints` (``ctx.breakpoint()`` and its console).
 
 Slots: every rank of an allocated gang is freed exactly once (:class:`FreeSlot`,
 on its exit, its worker's loss or its failed start), and a job is released
@@ -51,7 +52,8 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import faults, hangs, profiles, sharing
+from . import breakpoints, faults, hangs, holds, profiles, sharing
+from .breakpoints import Sessions
 from .faults import error
 from .profiles import ProfileBook
 
@@ -84,6 +86,8 @@ class Lifecycle:
         self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
         self.leave_reason = ""           # why it was reclaimed (kept once it is out)
         self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
+        self.breaks = Sessions(spec.attempt)  # ctx.breakpoint() sessions and their console
+        self.restart_note: str | None = None  # why the next restart happens, when not a loss
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -99,6 +103,7 @@ class Lifecycle:
         self.held_failure: dict[str, Any] | None = None  # the cause so far (see faults.py)
         self.consequences: list[dict[str, Any]] = []     # the errors held back beside it
         self.result: bytes | None = None
+        self.holds = holds.HoldBook()  # the ranks held under on_error="hold"
 
     # --- properties ------------------------------------------------------------------
     @property
@@ -215,7 +220,8 @@ class Lifecycle:
     def _grace_expired(self, e: ev.GraceExpired) -> None:
         """No worker of the job was lost after all: the held-back failure is the job's."""
         if (self.held_failure is not None and e.attempt == self.attempt
-                and not self.status.terminal and self.status is not JobStatus.RESTARTING):
+                and not self.status.terminal and self.status is not JobStatus.RESTARTING
+                and self.status is not JobStatus.HELD):  # a hold is ended by its owner
             faults.fail_held(self)
             self._maybe_done()
 
@@ -231,10 +237,13 @@ class Lifecycle:
         elif self.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
             self.preempted = False  # the user's stop wins over a preemption
             hung = self.status is JobStatus.HUNG
+            held = self.status is JobStatus.HELD
             self._transition(JobStatus.STOPPING, reason="stop requested")
             self._ask(Word.STOP, 1)
             if hung:
                 hangs.stopping(self)
+            if held:
+                holds.stopping(self)
 
     def _pause(self, e: ev.PauseRequested) -> None:
         check_transition(self.name, self.status, JobStatus.PAUSED)
@@ -255,6 +264,7 @@ class Lifecycle:
                     "it first")
             self._transition(JobStatus.RUNNING, reason="")
             self._ask(Word.RESUME, self.words[Word.PAUSE])
+            breakpoints.resumed(self)  # a breakpoint's sessions continue too
         elif self.status is JobStatus.SUSPENDED:
             ws = self.world_size if e.world_size is None else e.world_size
             if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
@@ -303,6 +313,9 @@ class Lifecycle:
 
     # --- the rules behind them ---------------------------------------------------------------
     def _lost(self, rank: int | None, exc_type: str, message: str) -> None:
+        if self.status is JobStatus.HELD:
+            holds.lost(self, rank, exc_type, message)
+            return
         faults.lost(self, rank, exc_type, message)
 
     def _maybe_done(self) -> None:
@@ -396,4 +409,9 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.Preempted: sharing.preempted,
     ev.Reclaimed: sharing.reclaimed,
     ev.Grow: sharing.grow,
+    ev.Held: holds.held,
+    ev.HoldExpired: holds.expired,
+    ev.RestartRequested: holds.restart,
+    ev.BreakpointHit: breakpoints.hit,
+    ev.ConsoleOutput: breakpoints.output,
 }

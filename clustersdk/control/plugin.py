@@ -381,6 +381,11 @@ _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
     RankEvent.FAILED: lambda rank, attempt, d: ev.Failed(rank, attempt, d["error"]),
     RankEvent.PROFILED: lambda rank, attempt, d: ev.Profiled(rank, attempt, d["seq"],
                                                              d["profile"]),
+    RankEvent.HELD: lambda rank, attempt, d: ev.Held(rank, attempt, d["error"],
+                                                     d.get("frames") or [], d.get("step")),
+    RankEvent.BREAK: lambda rank, attempt, d: ev.BreakpointHit(rank, attempt, d["k"], d["step"]),
+    RankEvent.CONSOLE: lambda rank, attempt, d: ev.ConsoleOutput(
+        rank, attempt, d["k"], d.get("text", ""), bool(d.get("closed"))),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
         rank, attempt, ExitStatus(d["status"]), d.get("result")),
 }

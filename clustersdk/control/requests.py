@@ -21,8 +21,9 @@ from ..errors import (
     JobTimeoutError,
     SpecError,
 )
-from ..protocol import Op, WireSpec, Word
+from ..protocol import Op, WireSpec, Word, WorkerOp, op
 from ..status import JobStatus
+from . import breakpoints
 from . import events as ev
 from .journal import PRIVATE
 from . import policy
@@ -45,6 +46,7 @@ class Requests:
             Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
             Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
             Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
+            Op.DEBUG: self.debug, Op.RESTART: self.restart, Op.CONSOLE: self.console,
         }
 
     @property
@@ -241,6 +243,58 @@ class Requests:
         if entry is None:
             raise JobNotFoundError(f"job {record['name']!r} has no profile #{seq}")
         return {**entry, "status": record["status"]}
+
+    # --- debugging: on_error="hold" and ctx.breakpoint() ------------------------------------------
+    def debug(self, job: str, rank: int | None = None) -> dict:
+        """A held rank's error and failing frames with their locals (the rank whose error
+        is the cause, by default); kept with the job's record after it ended."""
+        record = self._record(job)
+        held = record.get("held") or {}
+        ranks = held.get("ranks") or {}
+        if not ranks:
+            raise InvalidTransitionError(
+                f"job {record['name']!r} ({record['status']}) has no held rank: a rank that "
+                "raises is held only in a job launched with on_error='hold'")
+        key = str(held.get("cause") if rank is None else rank)
+        if key not in ranks:
+            raise SpecError(f"rank {rank!r} of job {record['name']!r} is not held; held "
+                            f"rank(s): {', '.join(sorted(ranks, key=int))}")
+        return {**ranks[key], "name": record["name"], "status": record["status"],
+                "cause": held.get("cause"), "ended": held.get("ended", "")}
+
+    def restart(self, job: str) -> dict:
+        """``job.restart_from_checkpoint()`` of a HELD job."""
+        run = self._active(job, "restart", "only a HELD job can be restarted from its "
+                                            "checkpoint")
+        self.plane.feed(run, ev.RestartRequested())
+        return self._record(job)
+
+    async def console(self, job: str, rank: int | None = None, text: str | None = None) -> dict:
+        """Send ``text`` (a line) to the pdb session of ``rank`` (the only one open, by
+        default); answer the open sessions and the console's transcript so far."""
+        run = self.plane.runs.get(job)
+        if run is None:
+            record = self._record(job)
+            if text is not None:
+                raise InvalidTransitionError(f"job {record['name']!r} is {record['status']}; "
+                                             "no debugger session is open")
+            return {"sessions": {}, "chunks": [], "status": record["status"]}
+        machine = run.machine
+        book = breakpoints.book(machine)
+        if text is not None:
+            if not isinstance(text, str):
+                raise SpecError(f"console input must be a str (a pdb command), got {text!r}")
+            if rank is None and book.open:
+                rank = min(book.open)
+            if rank not in book.open:
+                where = "" if rank is None else f" on rank {rank} (open: " + (
+                    ", ".join(map(str, sorted(book.open))) or "none") + ")"
+                raise InvalidTransitionError(
+                    f"job {machine.name!r} has no debugger session open{where}; "
+                    "ctx.breakpoint() opens one in a job launched with debug=True")
+            await op(self.plane.scheduler.rpc(machine.ranks[rank].worker), WorkerOp.CONSOLE)(
+                job=job, text=text, attempt=machine.attempt)
+        return {**book.state(), "status": machine.status.name}
 
     # --- helpers -----------------------------------------------------------------------------------
     def _active(self, job: str, action: str, why: str | None = None) -> Run:

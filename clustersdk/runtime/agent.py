@@ -49,7 +49,8 @@ class Agent(WorkerPlugin):
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
-                    WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks}
+                    WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks,
+                    WorkerOp.CONSOLE: self.console}
         for operation, handler in handlers.items():
             worker.handlers[operation.handler] = handler
         capture.install()
@@ -122,6 +123,15 @@ class Agent(WorkerPlugin):
         return {"rank": rank.rank, "attempt": rank.attempt, "pid": os.getpid(),
                 "step": getattr(ctx, "step", None), "phase": getattr(ctx, "phase", "setup"),
                 "text": "\n".join(text)}
+
+    def console(self, job: str, text: str, attempt: int = 0) -> bool:
+        """A line for the pdb session of the job's rank here (``ctx.breakpoint()``)."""
+        rank = self.ranks.get(job)
+        ctx = rank.ctx if rank is not None and rank.attempt == attempt else None
+        if ctx is None:
+            return False
+        ctx._console_feed(text)
+        return True
 
     # what ranks report -------------------------------------------------------------
     def flush(self) -> None:
@@ -234,7 +244,8 @@ class RankThread(threading.Thread):
             error = {"rank": rank, "type": type(e).__name__, "message": str(e),
                      "traceback": "".join(traceback.format_exception(e))}
             try:  # before teardown, so that the first failure is the one reported
-                self.agent.report(self, RankEvent.FAILED, final=True, error=error)
+                if not self._hold(e, error):
+                    self.agent.report(self, RankEvent.FAILED, final=True, error=error)
             except Exception:
                 logger.exception("clustersdk: could not report the failure of rank %d", rank)
         finally:
@@ -254,6 +265,16 @@ class RankThread(threading.Thread):
                 self.agent.report(self, RankEvent.EXIT, final=True, **outcome)
             except Exception:  # the worker is closing: the scheduler learns it by itself
                 logger.info("clustersdk: could not report the exit of rank %d", rank, exc_info=True)
+
+    def _hold(self, e: BaseException, error: dict[str, Any]) -> bool:
+        """Under ``on_error="hold"``: report HELD and wait, alive, until told to stop
+        (:func:`.debugging.hold`); False when the failure takes the usual path."""
+        if self.spec.on_error != "hold" or self.ctx is None or self.control.words()[Word.STOP]:
+            return False
+        from .debugging import hold
+
+        hold(self.ctx, e, error)
+        return True
 
     def _report(self, event: RankEvent, **data: Any) -> None:
         """From the rank's context: the event, with the metrics and logs so far (a

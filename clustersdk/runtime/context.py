@@ -11,6 +11,7 @@ from ..errors import CheckpointError, SpecError
 from ..layout import Layout
 from ..protocol import RankEvent, WireSpec
 from . import checkpoint, epochs as _epochs, rebind, resume, strategies
+from .breakpoints import Debugging
 from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
 from .control import Control
@@ -22,7 +23,7 @@ from .steps import Steps
 from .training import TrainingState
 
 
-class TrainContext(Looping):
+class TrainContext(Looping, Debugging):
     """The rank's view of its job.
 
     >>> def train(ctx):

@@ -24,7 +24,7 @@ from .charts import LineChart
 from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
-from .render import badge, job_html, job_text, stacks_html
+from .render import badge, held_html, job_html, job_text, stacks_html
 from .straggler import phases_html
 from .tree import close_tree
 
@@ -71,6 +71,8 @@ class JobDashboard:
         with self._lock:
             self._ready = True
             self._render(self.view.take_dirty() | {"status", "ranks"})
+            if self.view.status == "PAUSED" and "ctx.breakpoint()" in self.view.reason:
+                self._show_console()  # displayed while a session is open
         if self._pending:
             self._pump.request(self)
 
@@ -106,12 +108,14 @@ class JobDashboard:
         self.log = w.HTML(layout=w.Layout(width="100%"))
         self.phases = w.HTML(layout=w.Layout(width="100%"))  # the straggler view
         self.error = w.HTML(layout=w.Layout(display="none", width="100%"))
+        self.console_box = w.VBox(layout=w.Layout(width="100%"))  # job.console(), once one opens
         self.widget = w.VBox([
             self.header,
             w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
             w.HBox([*self.buttons.values(), self.message],
                    layout=w.Layout(align_items="center", flex_flow="row wrap")),
             self.error,
+            self.console_box,
             self.metric,
             self.grid,
             self.phases,
@@ -155,12 +159,13 @@ class JobDashboard:
             return
         with self._lock:
             rows: list[dict] = []
-            status_seen = False
+            status_seen = console_seen = False
             while self._pending:
                 received, msg = self._pending.popleft()
                 try:
                     self.view.apply(msg)
                     status_seen = status_seen or msg.get("kind") == "status"
+                    console_seen = console_seen or msg.get("kind") == "console"
                     new = msg.get("rows") or ()
                     self.received.extend(received - r["time"] for r in new)
                     rows.extend(new)
@@ -169,6 +174,8 @@ class JobDashboard:
                                    exc_info=True)
             if status_seen:
                 self._refresh_record()
+            if console_seen:
+                self._show_console()
             dirty = self.view.take_dirty()
             self._render(dirty)
             if "scalars" in dirty and rows:
@@ -226,7 +233,7 @@ class JobDashboard:
         ranks = f"{v.world_size} rank{'s' if v.world_size != 1 else ''}"
         device = f" · {html.escape(v.device)}" if v.device else ""
         device += f" · {html.escape(v.sharing)}" if v.sharing else ""
-        waiting = v.reason and v.status in ("QUEUED", "RESTARTING", "HUNG")
+        waiting = v.reason and v.status in ("QUEUED", "RESTARTING", "HUNG", "HELD", "PAUSED")
         reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:
             reason += f" · last checkpoint <code>{html.escape(_short_path(v.checkpoint))}</code>"
@@ -264,6 +271,8 @@ class JobDashboard:
     def _render_error(self) -> None:
         e = self.view.error if self.view.status == "FAILED" else None
         stacks = stacks_html(self.view.stacks) if self.view.status in ("HUNG", "FAILED") else ""
+        if self.view.status in ("HELD", "FAILED"):
+            stacks += held_html(self.view.held)
         if not e and not stacks:
             self.error.layout.display = "none"
             return
@@ -278,6 +287,16 @@ class JobDashboard:
             '<pre style="white-space:pre-wrap;font-size:12px;margin:6px 0 0 0;max-height:320px;'
             f'overflow:auto;">{html.escape(e.get("traceback") or "")}</pre></div>'
         )
+
+    def _show_console(self) -> None:
+        """A breakpoint's pdb session opened: show the job's console (once)."""
+        job = self._job()
+        if job is None or self.console_box.children:
+            return
+        try:
+            self.console_box.children = [job.console().widget]
+        except Exception:  # the console is a convenience: never break the dashboard
+            logger.warning("clustersdk: could not show the job's console", exc_info=True)
 
     def _render_metric_choice(self) -> None:
         names = self.view.metric_names()

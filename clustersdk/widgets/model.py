@@ -40,7 +40,7 @@ SYSTEM_CHARTS: dict[str, list[tuple[str, str, str, str, float]]] = {
 
 STATUS_COLORS = {
     "QUEUED": "#6b7280", "STARTING": "#2563eb", "RUNNING": "#16a34a", "PAUSED": "#d97706",
-    "HUNG": "#b91c1c",
+    "HUNG": "#b91c1c", "HELD": "#c2410c",
     "RESTARTING": "#db2777", "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
     "FINISHED": "#0f766e", "FAILED": "#dc2626", "STOPPED": "#4b5563",
 }
@@ -53,7 +53,7 @@ ACTIONS: dict[str, frozenset[str]] = {
     "checkpoint": frozenset({"RUNNING", "PAUSED"}),
     "suspend": frozenset({"RUNNING", "PAUSED"}),
     "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "HUNG", "RESTARTING",
-                       "SUSPENDING", "SUSPENDED"}),
+                       "SUSPENDING", "SUSPENDED", "HELD"}),
 }
 
 
@@ -78,6 +78,7 @@ class JobView:
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
+        self.held: dict[str, Any] = {}  # the held ranks' failing frames (on_error="hold")
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -110,6 +111,7 @@ class JobView:
         view.sharing = sharing_text(spec)
         view.events = list(record.get("events") or [])
         view.stacks = dict(record.get("stacks") or {})
+        view.held = dict(record.get("held") or {})
         return view
 
     # feeding -------------------------------------------------------------------
@@ -192,6 +194,9 @@ class JobView:
             self.dirty.add("status")
         if record.get("stacks") and record["stacks"] != self.stacks:
             self.stacks = dict(record["stacks"])
+            self.dirty.add("error")
+        if record.get("held") and record["held"] != self.held:
+            self.held = dict(record["held"])
             self.dirty.add("error")
 
     def roll_back(self, step: int) -> None:

@@ -68,15 +68,16 @@ def job_html(view: JobView) -> str:
         strategy=view.strategy, world_size=view.world_size,
         device=" · ".join(p for p in (view.device, view.sharing) if p),
         progress=progress_text(progress), fraction=progress["fraction"],
-        reason=view.reason if view.status in ("QUEUED", "RESTARTING", "HUNG") else "",
+        reason=view.reason if view.status in ("QUEUED", "RESTARTING", "HUNG", "HELD") else "",
         metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
         system_note="System figures are host CPU and memory (psutil): these ranks have no GPU."
         if source == "psutil" else "",
         spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
-        stacks=Markup(stacks_html(view.stacks)
-                      if view.status in ("HUNG", "FAILED", "STOPPED") else ""),
+        stacks=Markup((stacks_html(view.stacks)
+                       if view.status in ("HUNG", "FAILED", "STOPPED") else "")
+                      + (held_html(view.held) if view.status in ("HELD", "FAILED") else "")),
         phases=Markup(phases_html(view.phases)),
     )
 
@@ -98,6 +99,21 @@ def stacks_html(stacks: dict[str, Any]) -> str:
                      f'pre-wrap;font-size:12px;max-height:320px;overflow:auto;">'
                      f'{html.escape(str(entry.get("text", "")))}</pre></details>')
     return "".join(parts) + "</div>"
+
+
+def held_html(held: dict[str, Any]) -> str:
+    """The failing frames, with their locals, of the rank a held job was held for."""
+    from ..postmortem import PostMortem
+
+    entry = (held.get("ranks") or {}).get(str(held.get("cause")))
+    if not entry:
+        return ""
+    post = PostMortem({**entry, "name": "", "status": "held", "cause": held.get("cause"),
+                       "ended": held.get("ended", "")})
+    return ('<div class="clustersdk-held" style="border-left:4px solid #c2410c;'
+            'background:#fff7ed;padding:6px 10px;margin-top:8px;font-size:12px;">'
+            f"<strong>Held: rank {post.rank}'s failing frames, with their locals "
+            f"(job.debug({post.rank}))</strong>{post._repr_html_()}</div>")
 
 
 def job_text(view: JobView, header: str) -> str:

@@ -26,9 +26,10 @@ class World:
     """One job and what the control plane would see of it; checks invariants as it goes."""
 
     def __init__(self, world_size: int, max_restarts: int, checkpoints: bool,
-                 on_hang: str = "report"):
+                 on_hang: str = "report", on_error: str = "fail"):
         self.job = Lifecycle(WireSpec(id="j", name="j", world_size=world_size,
                                       max_restarts=max_restarts, on_hang=on_hang,
+                                      on_error=on_error, debug=True,
                                       checkpoint_dir="/ck" if checkpoints else None),
                              failure_grace=1.0)
         self.now = 0.0
@@ -110,6 +111,13 @@ class World:
             self.feed(ev.CheckpointCommitted(rank, attempt, seq=pick, step=pick, path=f"/ck/{pick}"))
         elif kind == 8:  # a late event of an earlier gang start
             self.feed(ev.Exited(rank, attempt - 1, ExitStatus.FAILED))
+        elif kind == 9:  # raised under on_error="hold": it waits
+            self.feed(ev.Held(rank, attempt, ERROR, [], step=pick))
+        elif kind == 10:  # at a ctx.breakpoint(), its pdb session opens
+            self.feed(ev.BreakpointHit(rank, attempt, k=1 + pick % 3, step=pick))
+        elif kind == 11:  # the session printed, or ended (continue)
+            self.feed(ev.ConsoleOutput(rank, attempt, k=1 + pick % 3, text="(Pdb) ",
+                                       closed=pick % 2 == 0))
 
     def request(self, kind: int, pick: int) -> None:
         self.feed([ev.StopRequested(), ev.PauseRequested(), ev.PauseWithdrawn(),
@@ -122,7 +130,9 @@ class World:
                    ev.Reclaimed(["suspend", "stop"][pick % 2], "idle"),
                    # the hang watchdog's: found hung, a step after all, ranks that never stop
                    ev.HangDetected(9.0, 6.0, "rank 0 in step", 1.0), ev.Progressed(),
-                   ev.StopOverdue(self.job.attempt, 1.0)][kind % 13])
+                   ev.StopOverdue(self.job.attempt, 1.0),
+                   # holds: the owner's restart, the hold timeout
+                   ev.RestartRequested(), ev.HoldExpired(self.job.attempt)][kind % 15])
 
     def drain(self) -> None:
         """Every rank still out there exits; nothing may be left holding a slot."""
@@ -132,16 +142,18 @@ class World:
         self.feed(ev.GraceExpired(self.job.attempt))
 
 
-moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.integers(0, 7)),
+moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 14), st.integers(0, 7)),
                  max_size=60)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_size=st.integers(1, 4), max_restarts=st.integers(0, 2), checkpoints=st.booleans(),
-       on_hang=st.sampled_from(["report", "restart", "fail"]), moves=moves)
+       on_hang=st.sampled_from(["report", "restart", "fail"]),
+       on_error=st.sampled_from(["fail", "hold"]), moves=moves)
 def test_no_sequence_of_events_leaks_a_slot_or_releases_twice(world_size, max_restarts,
-                                                              checkpoints, on_hang, moves):
-    world = World(world_size, max_restarts, checkpoints, on_hang)
+                                                              checkpoints, on_hang, on_error,
+                                                              moves):
+    world = World(world_size, max_restarts, checkpoints, on_hang, on_error)
     for group, kind, pick in moves:
         if group == 0:
             world.allocate()

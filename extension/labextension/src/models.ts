@@ -21,6 +21,7 @@ export const STATUS_COLORS: Record<string, string> = {
   RUNNING: '#16a34a',
   PAUSED: '#d97706',
   HUNG: '#b91c1c',
+  HELD: '#c2410c',
   RESTARTING: '#db2777',
   SUSPENDING: '#7c3aed',
   SUSPENDED: '#7c3aed',
@@ -48,6 +49,7 @@ const ALLOWED: Record<Action, string[]> = {
     'RUNNING',
     'PAUSED',
     'HUNG',
+    'HELD',
     'RESTARTING',
     'SUSPENDING',
     'SUSPENDED'

@@ -8,6 +8,7 @@ export type Status =
   | 'RUNNING'
   | 'PAUSED'
   | 'HUNG'
+  | 'HELD'
   | 'RESTARTING'
   | 'SUSPENDING'
   | 'SUSPENDED'

@@ -86,6 +86,14 @@ describe('actionStates', () => {
     );
   });
 
+  test('a held job can only be stopped (its post-mortem waits for job.debug)', () => {
+    const s = actionStates(job({ status: 'HELD' }));
+    assert.deepEqual(
+      Object.entries(s).filter(([, v]) => v.enabled).map(([k]) => k),
+      ['stop']
+    );
+  });
+
   test('a refused action names the job, the HTTP status and the reason', () => {
     assert.equal(
       actionFailed('pause', 'train', 409, "job 'train' is FINISHED; it cannot pause"),

@@ -1,0 +1,202 @@
+"""Holds: a job whose rank raised under ``on_error="hold"`` waits, failed but alive, for
+its owner to look inside (pure; a part of :class:`~.lifecycle.Lifecycle`).
+
+A rank that raises under hold does not tear down: it reports ``Held`` (its error
+record and its failing frames with their locals, rendered safely by
+:mod:`clustersdk.runtime.debugging`) and waits, keeping the exception, its frames,
+its process group and its slot, until it is told to stop. The rules:
+
+- **Held** (the first one): RUNNING, PAUSED, HUNG or STARTING become HELD; the other
+  ranks are asked to pause (those that reach a step boundary wait there; a peer
+  stuck in a collective with the held rank stays there until the job's ``timeout``,
+  then raises a communication error, which holds too, as a consequence); a durable
+  event; a timer of ``hold_timeout``. The cause is chosen as :mod:`.faults` does:
+  the first error that is not a communication error (``held_failure``), the others
+  are its ``consequences``. Every held rank's frames are journaled (``held``), so
+  ``job.debug(rank)`` shows them after the job ended too.
+- **StopRequested** on a HELD job (``job.stop()``): the ranks are told to stop; once
+  out, the job ends **FAILED** with the original error (it did fail; the stop only
+  ends the wait) and a durable event says the hold was ended by the stop.
+- **RestartRequested** (``job.restart_from_checkpoint()``): HELD -> RESTARTING, then
+  QUEUED first in line to continue from the newest committed checkpoint (as a
+  restart after a lost worker, :func:`.faults.restart`). It does not count against
+  ``max_restarts`` (the owner asked for it, as for a resume); a job without a
+  committed checkpoint is refused, nothing changed.
+- **HoldExpired** (``hold_timeout`` passed): the job FAILS with the original error.
+- **WorkerLost** while HELD: a worker of a held rank whose error is the cause takes
+  the post-mortem with it: the job fails with that error; otherwise the hold goes on,
+  the loss kept as a consequence. When the cause is only a communication error the
+  lost worker explains it: the job fails naming the worker.
+- Ranks that never get out (stuck in a collective) are ended as a hung gang's are
+  (:func:`.hangs.stopping`: their workers are restarted after ``hang-stop-grace``),
+  so a stop frees every slot within a bounded time.
+- A ``Held`` that comes while the job is leaving (stopping, suspending, restarting,
+  or told to stop already) is an ordinary failure (:func:`.faults.failed`), and the
+  rank, which waits, is told to stop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidTransitionError, SpecError
+from ..protocol import Word
+from ..status import JobStatus
+from . import events as ev
+from . import faults, hangs
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
+
+# the states a rank's failure can hold a job from
+HOLD_FROM = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG,
+                       JobStatus.HELD})
+
+
+class HoldBook:
+    """The held ranks of one gang start: each one's error, frames and step.
+
+    >>> book = HoldBook()
+    >>> book.keep(1, {"type": "ValueError"}, [], step=12, now=5.0)
+    >>> book.record()["ranks"]["1"]["step"]
+    12
+    """
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self.cause: int | None = None   # the rank whose error is the job's
+        self.since: float | None = None  # when the job became HELD
+        self.ended: str = ""             # how the hold ended, once it did
+
+    def keep(self, rank: int, error: dict[str, Any], frames: list[dict[str, Any]],
+             step: int | None, now: float) -> None:
+        self.ranks[rank] = {"rank": rank, "error": error, "frames": frames, "step": step,
+                            "time": now}
+
+    def record(self) -> dict[str, Any]:
+        """What the journal keeps (the job record's ``held``)."""
+        return {"cause": self.cause, "since": self.since, "ended": self.ended,
+                "ranks": {str(rank): entry for rank, entry in sorted(self.ranks.items())}}
+
+
+def reason(job: Lifecycle) -> str:
+    """``held: rank 1 raised ValueError at step 12: boom; job.debug(1) shows ...``."""
+    book = job.holds
+    rank = book.cause
+    err = job.held_failure or {}
+    step = book.ranks.get(rank, {}).get("step") if rank is not None else None
+    at = f" at step {step}" if step is not None else ""
+    message = faults.brief(err)["message"][:200]
+    return (f"held: rank {rank} raised {err.get('type')}{at}: {message}; job.debug({rank}) "
+            f"shows its stack, job.run(fn, ranks=[{rank}]) inspects it; job.stop() or "
+            "job.restart_from_checkpoint() ends the hold (it fails by itself after "
+            f"hold_timeout={job.spec.hold_timeout:g} s)")
+
+
+# --- the lifecycle's rules ----------------------------------------------------------------
+def held(job: Lifecycle, e: ev.Held) -> None:
+    """A rank raised under hold and waits."""
+    if job.status not in HOLD_FROM or job.words[Word.STOP]:
+        # leaving already: an ordinary failure; the rank waits, so tell it to go
+        faults.failed(job, ev.Failed(e.rank, e.attempt, e.error))
+        job._ask(Word.STOP, 1)
+        return
+    job.holds.keep(e.rank, e.error, e.frames, e.step, job._now)
+    if job.held_failure is not None and job.holds.cause is None:  # a plain failure came first
+        job.holds.cause = job.held_failure.get("rank")
+    weigh(job, e.rank, e.error)
+    job._out.append(ev.Journal({"held": job.holds.record()}))
+    if job.status is JobStatus.HELD:
+        return
+    book = job.holds
+    book.since = job._now
+    job._transition(JobStatus.HELD, reason=reason(job))
+    err = job.held_failure or e.error
+    faults.record(job, "held", f"rank {book.cause} raised {err.get('type')}: "
+                  f"{faults.brief(err)['message']}; the job is HELD for job.debug / job.run",
+                  rank=book.cause)
+    if job.words[Word.PAUSE] <= job.words[Word.RESUME]:  # the others wait at their boundary
+        job.paused.clear()
+        job._ask(Word.PAUSE, job.words[Word.RESUME] + 1)
+    job._out.append(ev.StartTimer(job.spec.hold_timeout, ev.HoldExpired(job.attempt)))
+
+
+def weigh(job: Lifecycle, rank: int, err: dict[str, Any]) -> None:
+    """The cause so far and its consequences, as :mod:`.faults` weighs them: the first
+    error that is not a communication error is the cause."""
+    book = job.holds
+    if job.held_failure is None:
+        job.held_failure, book.cause = err, rank
+    elif faults.is_communication_error(job.held_failure) and \
+            not faults.is_communication_error(err):
+        job.consequences.append(faults.brief(job.held_failure))
+        job.held_failure, book.cause = err, rank
+        if job.status is JobStatus.HELD:  # the reason names the real cause now
+            job._out.append(ev.Journal({"reason": reason(job), "held": book.record()}))
+    else:
+        job.consequences.append(faults.brief(err))
+
+
+def stopping(job: Lifecycle) -> None:
+    """``job.stop()`` of a HELD job (the lifecycle has asked the ranks to stop)."""
+    end(job, "job.stop(): the job ends FAILED with the error it was held for")
+    hangs.stopping(job)  # a peer stuck in a collective is ended after the grace
+
+
+def restart(job: Lifecycle, e: ev.RestartRequested) -> None:
+    """``job.restart_from_checkpoint()``: leave the hold for the newest checkpoint."""
+    if job.status is not JobStatus.HELD:
+        raise InvalidTransitionError(
+            f"job {job.name!r} is {job.status.name}; only a HELD job can be restarted from its "
+            "checkpoint (launch with on_error='hold')")
+    resume = job.checkpoint or job.spec.resume
+    if not resume:
+        raise SpecError(
+            f"job {job.name!r} has no committed checkpoint to restart from (it needs "
+            "checkpoint_dir= and a checkpoint taken before it failed); job.stop() ends the "
+            "hold")
+    end(job, f"job.restart_from_checkpoint(): it continues from {resume}")
+    job.held_failure, job.consequences = None, []
+    job.restart_note = "restarted from its checkpoint (job.restart_from_checkpoint())"
+    job._transition(JobStatus.RESTARTING, reason=(
+        f"restart from checkpoint {resume}, asked while HELD: the ranks stop first"))
+    job._ask(Word.STOP, 1)
+    hangs.stopping(job)
+
+
+def expired(job: Lifecycle, e: ev.HoldExpired) -> None:
+    """The hold lasted ``hold_timeout``: the job fails with the error it was held for."""
+    if e.attempt != job.attempt or job.status is not JobStatus.HELD:
+        return
+    end(job, f"hold_timeout: nobody ended it within {job.spec.hold_timeout:g} s")
+    faults.fail_held(job)
+    hangs.stopping(job)
+
+
+def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
+    """A worker of a HELD job left the cluster (its rank's slot is freed already)."""
+    book = job.holds
+    cause = job.held_failure
+    if cause is None or faults.is_communication_error(cause):
+        # the lost worker explains the broken links: it is the cause
+        job.held_failure, job.consequences = None, [faults.brief(cause)] if cause else []
+        end(job, f"{message}: the job fails naming it")
+        job._fail(faults.caused(faults.error(rank, exc_type, message), job))
+    elif rank == book.cause:
+        end(job, f"{message}: the held rank's frames are gone with it")
+        job.consequences.append(faults.brief(faults.error(rank, exc_type, message)))
+        faults.fail_held(job)
+    else:
+        job.consequences.append(faults.brief(faults.error(rank, exc_type, message)))
+        return
+    hangs.stopping(job)
+
+
+def end(job: Lifecycle, how: str) -> None:
+    """The hold is over: say how, durably and in the journaled record."""
+    book = job.holds
+    book.ended = how
+    held_for = job._now - book.since if book.since is not None else 0.0
+    faults.record(job, "released", f"the hold ended after {held_for:.0f} s: {how}",
+                  rank=book.cause)
+    job._out.append(ev.Journal({"held": book.record()}))
