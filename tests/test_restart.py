@@ -150,15 +150,23 @@ def test_a_rank_that_cannot_be_started_restarts_the_gang(healed):
 
 # pieces, without a cluster ----------------------------------------------------------------
 def test_late_control_words_of_an_earlier_attempt_are_dropped():
+    from clustersdk.protocol import Word, no_words
+
+    def vector(**words: int) -> list[int]:
+        out = no_words()
+        for name, value in words.items():
+            out[Word[name.upper()]] = value
+        return out
+
     agent = Agent()
     agent.early = {}
     agent.ranks = {"j": SimpleNamespace(attempt=1, control=Control())}
-    agent.control("j", [1, 0, 0, 0, 0, 0], attempt=0)  # the STOP that ended attempt 0
-    assert agent.ranks["j"].control.words() == [0, 0, 0, 0, 0, 0] and not agent.early
-    agent.control("j", [0, 0, 1, 0, 0, 0], attempt=1)
-    assert agent.ranks["j"].control.words() == [0, 0, 1, 0, 0, 0]
-    agent.control("j", [0, 0, 0, 0, 3, 0], attempt=2)  # for a rank not started yet: kept
-    assert agent.early[("j", 2)].words() == [0, 0, 0, 0, 3, 0]
+    agent.control("j", vector(stop=1), attempt=0)  # the STOP that ended attempt 0
+    assert agent.ranks["j"].control.words() == no_words() and not agent.early
+    agent.control("j", vector(pause=1), attempt=1)
+    assert agent.ranks["j"].control.words() == vector(pause=1)
+    agent.control("j", vector(checkpoint=3), attempt=2)  # for a rank not started yet: kept
+    assert agent.early[("j", 2)].words() == vector(checkpoint=3)
 
 
 def test_a_state_dir_of_an_older_release_gains_the_restart_count(tmp_path):

@@ -34,6 +34,14 @@ def statuses(actions) -> list[str]:
     return [a.fields["status"] for a in of(actions, ev.Journal) if "status" in a.fields]
 
 
+def vector(**words: int) -> tuple[int, ...]:
+    """A control vector with these words raised (the others 0)."""
+    out = no_words()
+    for name, value in words.items():
+        out[Word[name.upper()]] = value
+    return tuple(out)
+
+
 def running(world_size: int = 2, **options) -> Lifecycle:
     job = make(world_size, **options)
     job.handle(gang(world_size), 0.0)
@@ -72,7 +80,7 @@ def test_a_gang_starts_runs_and_finishes_freeing_each_slot_once():
 def test_pause_waits_for_every_rank_and_resume_continues():
     job = running(2)
     actions = job.handle(ev.PauseRequested(), 2.0)
-    assert of(actions, ev.SendControl) == [ev.SendControl((0, 0, 1, 0, 0, 0), 0, ("w0", "w1"))]
+    assert of(actions, ev.SendControl) == [ev.SendControl(vector(pause=1), 0, ("w0", "w1"))]
     assert job.handle(ev.Paused(0, 0, step=7), 2.1) == []
     actions = job.handle(ev.Paused(1, 0, step=7), 2.2)
     assert statuses(actions) == ["PAUSED"] and of(actions, ev.Journal)[0].fields["paused_at"] == 7
@@ -80,7 +88,7 @@ def test_pause_waits_for_every_rank_and_resume_continues():
         job.handle(ev.ResumeRequested(world_size=1), 3.0)
     actions = job.handle(ev.ResumeRequested(), 3.0)
     assert statuses(actions) == ["RUNNING"]
-    assert of(actions, ev.SendControl)[0].words == (0, 0, 1, 1, 0, 0)
+    assert of(actions, ev.SendControl)[0].words == vector(pause=1, resume=1)
 
 
 def test_a_pause_that_does_not_happen_in_time_is_withdrawn():
