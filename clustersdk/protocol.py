@@ -103,6 +103,10 @@ class Op(str, enum.Enum):
     PROFILE = "profile"              # capture torch.profiler traces for N steps
     PROFILE_WAIT = "profile_wait"    # the profile of request seq, once every rank reported
     PHASES = "phases"                # the per-step phase timings of a job
+    RUN = "run"                      # job.run: a function for some ranks at their next boundary
+    RUN_WAIT = "run_wait"            # the results of job.run request seq, once every rank reported
+    UPDATE = "update"                # job.update: hyperparameters changed at one step boundary
+    LIVE_PENDING = "live_pending"    # from a rank: the job.run / job.update requests it must carry out
 
     @property
     def handler(self) -> str:
@@ -139,6 +143,9 @@ class RankEvent(str, enum.Enum):
     CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
     PROFILED = "profiled"                # seq, profile: this rank's trace and summary
+    TUNABLE = "tunable"                  # info: what job.update may change here (its optimizers...)
+    RAN = "ran"                          # seq, result (pickled) or error: a job.run on this rank
+    UPDATED = "updated"                  # seq, step, changes {key: [old, new]} or error
     FAILED = "failed"                    # error: the rank raised
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
@@ -207,6 +214,15 @@ class ProfileMessage(TypedDict):
     seq: int
 
 
+class UpdatedMessage(TypedDict):
+    """``job.update`` request ``seq`` took effect before ``step`` (the loss chart's marker)."""
+
+    kind: Literal["updated"]
+    seq: int
+    step: int
+    changes: dict[str, list[Any]]  # key -> [old, new]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -216,7 +232,7 @@ class RollbackMessage(TypedDict):
 
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, ProfileMessage, RollbackMessage]
+                CheckpointFailedMessage, ProfileMessage, RollbackMessage, UpdatedMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -273,6 +289,7 @@ class WireSpec:
     hang_timeout: float | None = None     # seconds without a finished step; None: derived
     on_hang: str = "report"               # "report", "restart" or "fail"
     profile_dir: str | None = None        # the control plane's state dir (job.profile's traces)
+    hparams: dict[str, Any] | None = None  # ctx.hparams at launch: JSON scalars job.update may change
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:
