@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from .control.hparams import check_hparams
 from .errors import SpecError
 from .protocol import DEFAULTS, WireSpec
 
@@ -84,6 +85,8 @@ class JobSpec:
     # a job whose ranks stop finishing steps (see clustersdk.control.hangs)
     hang_timeout: float | None = None   # None: max(60 s, 20x the slowest recent step)
     on_hang: str = "report"             # "report", "restart" or "fail"
+    # ctx.hparams: names -> numbers, strings or booleans that job.update may change
+    hparams: dict[str, Any] | None = None
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -126,6 +129,7 @@ class JobSpec:
         self._check_code_options()
         self._check_sharing_options()
         self._check_hang_options()
+        self.hparams = check_hparams(self.hparams)
 
     def _check_sharing_options(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -288,6 +292,7 @@ class JobSpec:
             queue=self.queue, priority=self.priority, preemptible=self.preemptible,
             time_limit=self.time_limit, min_world_size=self.min_world_size,
             hang_timeout=self.hang_timeout, on_hang=self.on_hang,
+            hparams=dict(self.hparams) if self.hparams else None,
         )
 
 

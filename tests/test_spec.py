@@ -128,7 +128,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "py_modules": None, "queue": None, "priority": None,
                     "preemptible": True, "time_limit": None, "min_world_size": None,
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
-                    "profile_dir": None,
+                    "profile_dir": None, "hparams": None,
                     "version": 1}
 
 
@@ -182,3 +182,19 @@ def test_parallel_options_are_checked(options, match):
 def test_checkpoint_options_are_checked(options, match):
     with pytest.raises(SpecError, match=match):
         JobSpec(fn=train, world_size=1, **options)
+
+
+def test_hparams_are_json_scalars_and_not_a_builtin_key_of_job_update():
+    spec = JobSpec(fn=train, world_size=1, hparams={"warmup": 10, "smoothing": 0.1,
+                                                     "schedule": "cosine", "ema": True})
+    assert spec.to_wire().hparams == {"warmup": 10, "smoothing": 0.1, "schedule": "cosine",
+                                      "ema": True}
+    with pytest.raises(SpecError, match=r"hparams: 'lr' is a built-in key of job.update"):
+        JobSpec(fn=train, world_size=1, hparams={"lr": 0.1})
+    with pytest.raises(SpecError, match=r"hparams: layers=\[1, 2\] must be a finite number, "
+                                        "a string or a boolean"):
+        JobSpec(fn=train, world_size=1, hparams={"layers": [1, 2]})
+    with pytest.raises(SpecError, match=r"hparams: 'a b' is not a valid name"):
+        JobSpec(fn=train, world_size=1, hparams={"a b": 1})
+    with pytest.raises(SpecError, match="hparams must be a dict"):
+        JobSpec(fn=train, world_size=1, hparams=[("warmup", 1)])

@@ -158,6 +158,7 @@ class Cluster:
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
         on_hang: str = "report",
+        hparams: dict[str, Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -221,6 +222,10 @@ class Cluster:
 
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
+        Live changes: ``hparams`` (names to numbers, strings or booleans) is the
+        training function's ``ctx.hparams``; ``job.update(name=value)`` changes one
+        while the job runs (so do ``lr=``, ``clip_grad_norm=``... see :meth:`Job.update`).
+
         >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
         """
         spec = JobSpec(
@@ -238,7 +243,7 @@ class Cluster:
             plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
             py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
             time_limit=time_limit, min_world_size=min_world_size,
-            hang_timeout=hang_timeout, on_hang=on_hang,
+            hang_timeout=hang_timeout, on_hang=on_hang, hparams=hparams,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
