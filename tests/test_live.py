@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import clustersdk as cs
+from clustersdk.control.plugin import PLUGIN_NAME
 from clustersdk.runtime import checkpoint as ckpt
 from clustersdk.runtime import live as rank_live
 from clustersdk.runtime import tuning
@@ -217,6 +218,30 @@ def test_an_update_survives_a_suspend_and_a_resume_at_another_world_size(idle, t
     assert (out["lr"], out["hparams"]) == (0.02, {"scale": 0.5})
     assert [u["step"] for u in job.updates()] == [step]  # the resume repeated nothing
 
+
+
+def test_an_update_that_a_suspend_overtakes_is_applied_once_by_the_resumed_gang(idle, tmp_path):
+    """Asked together, the suspend wins at the boundary (it is checked first): the update
+    is not in the checkpoint, so the resumed gang applies it before its first step."""
+    kwargs = {"steps": 24}
+    job = idle.launch(L.train_live, kwargs={**kwargs, "delay": 0.25}, world_size=2,
+                      checkpoint_dir=str(tmp_path))
+    wait_for(lambda: step_reached(job, 4), timeout=60)
+    answer: list = []
+    asking = threading.Thread(target=lambda: answer.append(job.update(lr=0.02)))
+    asking.start()
+    plane = idle.dask_cluster.scheduler.plugins[PLUGIN_NAME]  # in this process: Cluster.local
+    wait_for(lambda: plane.runs[job.id].machine.live.updates)  # asked: now overtake it
+    job.suspend()
+    asking.join(timeout=60)
+    job.resume()
+    out = job.wait(timeout=120)
+    [row] = job.updates()
+    assert answer in ([row["step"]], [None])  # None: it left RUNNING before the ranks applied it
+    want = idle.launch(L.train_live, kwargs={**kwargs, "switch_at": row["step"], "new_lr": 0.02},
+                       world_size=2).wait(timeout=120)
+    assert_same_run(out, want, exact=True)
+    assert out["lr"] == 0.02
 
 # --- the magic -------------------------------------------------------------------------------
 def test_job_run_cell_magic_and_update_line_magic(idle, capsys):
