@@ -63,7 +63,8 @@ class LiveBook:
                                "fetched": set(), "results": {}, "errors": {},
                                "complete": False}
         for old in sorted(self.runs)[:-KEEP_RESULTS]:  # results nobody came for
-            self.runs.pop(old)
+            if self.runs[old]["complete"]:  # (one a rank has still to run stays)
+                self.runs.pop(old)
         return self.seq
 
     def ran(self, seq: int, rank: int, result: bytes | None, error: dict | None) -> bool:

@@ -105,11 +105,14 @@ def test_a_new_gang_closes_the_runs_of_the_old_one_and_never_runs_them():
     assert job.live.pending(1, 1, runs=(0, 1), updates=(0, 0)) == []
 
 
-def test_old_run_results_are_let_go():
+def test_old_run_results_are_let_go_but_not_a_run_a_rank_has_still_to_carry_out():
     job = running(1)
-    for _ in range(20):
+    job.handle(ev.RunRequested(b"slow", None, 1000), 2.0)  # its rank is busy elsewhere
+    for seq in range(2, 22):
         job.handle(ev.RunRequested(b"fn", None, 1000), 2.0)
-    assert sorted(job.live.runs) == list(range(5, 21))
+        job.handle(ev.Ran(0, 0, seq, result=b"r"), 2.0)
+    assert sorted(job.live.runs) == [1, *range(6, 22)]  # the newest 16, and the slow one
+    assert [e["fn"] for e in job.live.pending(0, 0, runs=(0, 1), updates=(0, 0))] == [b"slow"]
 
 
 # --- job.update: the checks --------------------------------------------------------------------
