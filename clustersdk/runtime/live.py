@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import cloudpickle
 import torch
+from dask.utils import format_bytes
 
 from ..protocol import RankEvent, Word
 from . import tuning
@@ -167,9 +168,9 @@ def call(payload: bytes, ctx: Any, limit: int) -> dict[str, Any]:
                                      "data (numbers, lists, dicts, tensors)"}}
     if len(data) > limit:
         return {"error": {"rank": ctx.rank, "type": "ResultTooLarge", "traceback": "",
-                          "message": f"the result is {_mib(len(data))} pickled, over the limit "
-                                     f"of {_mib(limit)} (clustersdk.run-result-limit on the "
-                                     "scheduler); return a summary, or raise the limit"}}
+                          "message": f"the result is {format_bytes(len(data))} pickled, over the "
+                                     f"limit of {format_bytes(limit)} (clustersdk.run-result-limit "
+                                     "on the scheduler); return a summary, or raise the limit"}}
     return {"result": data}
 
 
@@ -189,10 +190,6 @@ def batch_size(batch: Any) -> int | None:
             if size is not None:
                 return size
     return None
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 class LiveContext:
