@@ -12,9 +12,10 @@ runs on one warm local cluster, in interleaved rounds:
   the feature taken out.
 
 Medians are printed with their ratio (the issue's target: within 0.5%), then the
-same comparison in this process (one rank, no cluster, hooks on and off in
-alternate blocks of 10 steps of one loop: the rank-side cost alone, free of the
-scheduler's and the other rank's noise). Then, once, the latency of a
+same comparison in this process (one rank, no cluster, hooks on and off at
+alternate steps of one loop, each step with them paired with the one before:
+the rank-side cost alone, free of the scheduler's and the other rank's noise),
+and the hook's own time per control check. Then, once, the latency of a
 ``job.run`` and a ``job.update`` on a running and on a paused job.
 
     python benchmarks/live_overhead.py                      # 5 rounds of 1500 steps
@@ -85,9 +86,10 @@ class _Inert:
         pass
 
 
-def in_process(steps: int, block: int = 10) -> dict[bool, list[float]]:
+def in_process(steps: int) -> dict[str, Any]:
     """Step durations of the workload's loop under a one-rank TrainContext in this process,
-    with the hooks swapped in and out every ``block`` steps of the same loop."""
+    the hooks swapped in and out at every step: each step with them is paired with the one
+    before it, without (the machine's load drifts slowly; neighbours share it)."""
     import torch
     from torch import nn
 
@@ -100,7 +102,8 @@ def in_process(steps: int, block: int = 10) -> dict[bool, list[float]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ctx.register(optimizer=opt)
     live, inert = ctx._live, _Inert()
-    out: dict[bool, list[float]] = {False: [], True: []}
+    ctx._live = inert
+    durations: list[tuple[bool, float]] = []
     last = time.perf_counter()
     for step, (x, y) in ctx.loop(_workload.make_batches(0), steps=steps):
         loss = nn.functional.cross_entropy(model(x), y)
@@ -109,14 +112,32 @@ def in_process(steps: int, block: int = 10) -> dict[bool, list[float]]:
         opt.step()
         ctx.log(loss=loss)
         now = time.perf_counter()
-        if step >= _workload.WARMUP_STEPS:
-            out[ctx._live is live].append(now - last)
-        last = now
-        if step % block == block - 1:
-            ctx._live = inert if ctx._live is live else live
+        durations.append((ctx._live is live, now - last))
+        ctx._live = inert if ctx._live is live else live
         if step % 100 == 0:
             ctx.drain_rows(), ctx.drain_phases()
-    return out
+        last = time.perf_counter()  # the drain is no step's
+    pairs = [(off, on) for (a, off), (b, on) in zip(durations[::2], durations[1::2])
+             if not a and b][_workload.WARMUP_STEPS:]
+    return {"off_s": statistics.median(p[0] for p in pairs),
+            "on_s": statistics.median(p[1] for p in pairs),
+            "cost_s": statistics.median(on - off for off, on in pairs)}
+
+
+def hook_cost(calls: int = 200_000) -> float:
+    """Seconds one look at the agreed words costs a rank (what each control check adds)."""
+    import torch
+
+    from clustersdk.protocol import no_words
+    from clustersdk.runtime.context import TrainContext
+
+    ctx = TrainContext(job="bench", name="bench", rank=0, world_size=1, local_rank=0,
+                       device=torch.device("cpu"), strategy="ddp")
+    words, due = no_words(), ctx._live.due
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        due(words)
+    return (time.perf_counter() - t0) / calls
 
 
 def latencies(cluster: Any) -> dict[str, float]:
@@ -156,20 +177,29 @@ def main(argv: list[str] | None = None) -> int:
                       f"{rates[on][-1]:8.1f} steps/s", flush=True)
         lat = latencies(cluster)
     local = in_process(10 * args.steps)
+    per_call = hook_cost()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
-    l_off, l_on = 1 / statistics.median(local[False]), 1 / statistics.median(local[True])
+    step_s = local["off_s"]
+    paired = statistics.median(b / a for a, b in zip(rates[False], rates[True]))
     summary = {"steps_per_s_without": off, "steps_per_s_with": on, "ratio": on / off,
-               "in_process_ratio": l_on / l_off,
-               "cost_us_per_step": 1e6 * (1 / l_on - 1 / l_off), **lat,
+               "paired_ratio": paired,
+               "in_process_ratio": step_s / (step_s + local["cost_s"]),
+               "cost_us_per_step": 1e6 * local["cost_s"], "hook_ns_per_check": 1e9 * per_call,
+               "hook_share_of_a_step": per_call / step_s, **lat,
                "rounds": {"without": rates[False], "with": rates[True]}}
     print(f"\n2 ranks, {args.steps} steps, {args.repeats} round(s), default launch options")
     print(f"  steps/s without the live hooks          {off:9.1f}")
     print(f"  steps/s with them (shipped)             {on:9.1f}")
     print(f"  ratio                                   {on / off:9.4f}   (target >= {TARGET_RATIO})")
-    print("  in process, 1 rank, on and off in alternate blocks of 10 steps of one loop:")
-    print(f"    steps/s off / on                      {l_off:9.1f} / {l_on:.1f}")
-    print(f"    ratio                                 {l_on / l_off:9.4f}   "
+    print(f"  median of each round's ratio            {paired:9.4f}   (rounds ran "
+          f"{min(rates[False] + rates[True]):.0f}-{max(rates[False] + rates[True]):.0f} steps/s)")
+    print("  in process, 1 rank, hooks on and off at alternate steps of one loop:")
+    print(f"    step time off / on                    {1e3 * local['off_s']:9.3f} / "
+          f"{1e3 * local['on_s']:.3f} ms")
+    print(f"    ratio (median paired difference)      {summary['in_process_ratio']:9.4f}   "
           f"({summary['cost_us_per_step']:+.2f} us per step)")
+    print(f"  the hook alone: {summary['hook_ns_per_check']:.0f} ns per control check (at most "
+          f"one a step): {100 * summary['hook_share_of_a_step']:.4f}% of a step")
     print("  one call, 2 ranks (to its answer):")
     for key in ("run_running_s", "run_paused_s", "update_running_s", "update_paused_s"):
         print(f"    {key.removesuffix('_s').replace('_', ' '):<36}{1e3 * lat[key]:9.1f} ms")
