@@ -177,6 +177,21 @@ def test_bad_updates_are_refused_before_any_rank_sees_them(idle):
         job.update(lr=0.1)
 
 
+def test_a_pipeline_takes_a_new_lr_on_every_stage_but_no_new_grad_accum(idle):
+    from . import workloads_parallel as WP
+
+    job = idle.launch(WP.train_lm, kwargs={"steps": 100_000}, world_size=2, strategy="pp")
+    wait_for(lambda: step_reached(job, 2), timeout=60)
+    paused_at = job.pause()
+    with pytest.raises(cs.SpecError, match="under strategy='pp' the pipeline schedule cuts each "
+                                           "batch into its micro-batches"):
+        job.update(grad_accum=2)
+    assert job.update(lr=5e-3) == paused_at
+    bases = job.run(lambda ctx: (ctx.stage_index, set(ctx.registered["scheduler"].base_lrs)))
+    assert bases == {0: (0, {5e-3}), 1: (1, {5e-3})}  # the schedule's base, on each stage
+    assert job.status is cs.JobStatus.PAUSED and job.info()["paused_at"] == paused_at
+    job.stop()
+
 def test_training_options_change_at_a_step_boundary_and_stay_in_the_spec(idle, tmp_path):
     job = idle.launch(L.train_live, kwargs={"steps": 40, "delay": 0.03, "train_step": True},
                       world_size=2, clip_grad_norm=10.0, checkpoint_dir=str(tmp_path), keep=20)
