@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import cloudpickle
 
+from .control.hparams import spec_changes
 from .errors import JobTimeoutError, RunError, SpecError
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ def update(job: Job, changes: dict[str, Any], timeout: float | None = 60.0) -> i
         raise JobTimeoutError(
             f"job {job.name!r} reached no step boundary within {timeout} s; the update is kept "
             "and its ranks apply it at their next one")
+    if spec_changes(record["changes"]):
+        job.info()  # job.spec shows the launch options' new values at once
     return record["step"]
 
 

@@ -202,6 +202,7 @@ def test_training_options_change_at_a_step_boundary_and_stay_in_the_spec(idle, t
         job.update(grad_accum=3)
     assert job.update(grad_accum=2, clip_grad_norm=0.5, checkpoint_every=7,
                       metrics_interval=0.1) == paused_at
+    assert (job.spec.grad_accum, job.spec.clip_grad_norm) == (2, 0.5)  # the handle knows
     job.resume()
     job.wait(timeout=120)
     for rank in (0, 1):
