@@ -34,6 +34,7 @@ _EXPORTS = {
     "JobTimeoutError": "errors",
     "PluginMissingError": "errors",
     "ProtocolError": "errors",
+    "RunError": "errors",
     "SpecError": "errors",
     "StartError": "errors",
     "TrainContext": "runtime.context",
@@ -57,6 +58,7 @@ __all__ = [
     "JobTimeoutError",
     "PluginMissingError",
     "ProtocolError",
+    "RunError",
     "SpecError",
     "StartError",
     "TrainContext",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
         JobTimeoutError,
         PluginMissingError,
         ProtocolError,
+        RunError,
         SpecError,
         StartError,
     )

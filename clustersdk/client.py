@@ -119,3 +119,18 @@ class ControlClient:
         """Send ``text`` to the pdb session of ``rank`` (None: the open one); the open
         sessions and the console's messages so far (``chunks``, numbered by ``seq``)."""
         return await self.call(Op.CONSOLE, job=job, rank=rank, text=text)
+
+    # --- job.run and job.update -----------------------------------------------------------
+    async def run(self, job: str, fn: bytes, ranks: list[int] | None = None) -> dict[str, Any]:
+        """Ask for the cloudpickled ``fn(ctx)`` on ``ranks`` (None: all) of a RUNNING or
+        PAUSED job, at their next boundary; the request (its ``seq``)."""
+        return await self.call(Op.RUN, job=job, fn=fn, ranks=ranks)
+
+    async def run_wait(self, job: str, seq: int, timeout: float | None = None) -> dict[str, Any]:
+        """Run request ``seq``: pickled ``results`` and ``errors`` by rank, once complete."""
+        return await self.call(Op.RUN_WAIT, job=job, seq=seq, timeout=timeout)
+
+    async def update(self, job: str, changes: dict[str, Any],
+                     timeout: float | None = None) -> dict[str, Any]:
+        """Change hyperparameters before one step on every rank; the request, with ``step``."""
+        return await self.call(Op.UPDATE, job=job, changes=changes, timeout=timeout)

@@ -82,6 +82,36 @@ class HostKeyError(StartError):
     than it has. Never accepted silently: the message says how to check and add it."""
 
 
+class RunError(ClusterSDKError):
+    """``job.run``'s function did not give a result on some ranks: it raised, did not
+    return within the timeout, or returned something that can't be pickled or is over
+    ``clustersdk.run-result-limit``. The job itself is not affected.
+
+    ``results`` holds the ranks that succeeded (rank -> result), ``errors`` the others
+    (rank -> ``{"type", "message", "traceback"}``, the traceback being the rank's own).
+
+    >>> err = RunError("a", {0: 1.5}, {1: {"type": "ValueError", "message": "no", "traceback": ""}})
+    >>> str(err).splitlines()[0]
+    "job.run on job 'a' failed on rank 1 (rank 0 returned):"
+    """
+
+    def __init__(self, job: str, results: dict, errors: dict[int, dict]):
+        self.job = job
+        self.results = dict(results)
+        self.errors = dict(errors)
+        failed = ", ".join(str(r) for r in sorted(errors))
+        good = f" (rank {', '.join(str(r) for r in sorted(results))} returned)" if results else ""
+        text = f"job.run on job {job!r} failed on rank {failed}{good}:"
+        for rank in sorted(errors):
+            err = errors[rank]
+            text += f"\n  rank {rank}: {err.get('type')}: {err.get('message')}"
+        for rank in sorted(errors):
+            tb = (errors[rank].get("traceback") or "").rstrip()
+            if tb:
+                text += f"\n\nRemote traceback (rank {rank}):\n{tb}"
+        super().__init__(text)
+
+
 class JobFailedError(ClusterSDKError):
     """A rank raised: the job is FAILED.
 

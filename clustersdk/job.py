@@ -291,6 +291,61 @@ class Job:
         return [Profile(self, {**p, "status": record["status"]})
                 for p in record.get("profiles") or ()]
 
+    def run(self, fn: Callable[[Any], Any], ranks: int | list[int] | None = None,
+            timeout: float | None = 60.0) -> dict[int, Any]:
+        """Run ``fn(ctx)`` on ``ranks`` (default: every rank) of a RUNNING or PAUSED job,
+        in each rank's own training thread, at its next step boundary (a PAUSED job's: at
+        once); return ``{rank: result}``.
+
+        ``fn`` sees the live job: ``ctx.model``, ``ctx.registered["optimizer"]``,
+        ``ctx.exposed`` (what the training function passed to ``ctx.expose``),
+        ``ctx.hparams``. Run on every rank, it may use collectives (every rank runs it
+        at the same boundary). It never fails or unpauses the job: if it raises, does
+        not return within ``timeout`` seconds, or returns something that can't be
+        pickled or is over ``clustersdk.run-result-limit``, :class:`RunError` says so
+        per rank (with the remote traceback) and carries the other ranks' ``results``.
+        A rank still inside ``fn`` at the timeout goes on with the job once it returns.
+
+        >>> job.pause()                                                  # doctest: +SKIP
+        >>> job.run(lambda ctx: float(ctx.exposed["loss"]))               # doctest: +SKIP
+        {0: 0.4113, 1: 0.4372}
+        """
+        from . import live
+
+        return live.run(self, fn, ranks, timeout)
+
+    def update(self, changes: dict[str, Any] | None = None, /, *, timeout: float | None = 60.0,
+               **hparams: Any) -> int | None:
+        """Change hyperparameters of a RUNNING or PAUSED job on every rank before the same
+        step; return that step.
+
+        Keys: ``lr``, ``weight_decay``, ``betas`` (every param group of every registered
+        optimizer, or per group: ``lr={0: 1e-3, 1: 1e-4}``; with a registered LR
+        scheduler, ``lr`` is the schedule's base), ``clip_grad_norm``, ``grad_accum``
+        (not under ``pp``), ``checkpoint_every``, ``metrics_interval``, and the keys of
+        the launch's ``hparams`` (``ctx.hparams``; give ``changes`` as a dict for a key
+        that is not a valid keyword). Checked before any rank sees it (a
+        :class:`SpecError` names the key and what it takes; the job keeps its state and
+        step). Each change is a durable event (``job.updates()``, ``job.events()``), a
+        marker on the dashboard's loss chart, and is kept by checkpoints and the job's
+        spec: a resume (also at another world size) or a restart keeps it. Returns None
+        if the job left RUNNING and PAUSED before its ranks applied it (its next gang
+        does, first thing).
+
+        >>> job.update(lr=1e-4, warmup=200)                             # doctest: +SKIP
+        1200
+        """
+        from . import live
+
+        return live.update(self, {**(changes or {}), **hparams}, timeout)
+
+    def updates(self) -> list[dict[str, Any]]:
+        """Every change ``job.update`` made, oldest first: ``seq``, ``step`` (applied before
+        it), ``time`` and ``changes`` (key -> ``[old, new]``)."""
+        from . import live
+
+        return live.updates(self.events())
+
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has.
 

@@ -12,6 +12,8 @@
     %job pause NAME                     pause | resume | checkpoint | suspend | stop | show | logs
     %job debug NAME RANK                a held rank's failing stack with its locals (%debug-like)
     %job console NAME                   the console of a breakpoint's pdb session
+    %%job run NAME [--ranks 0,1]        run the cell on the job's ranks, ``ctx`` bound (job.run)
+    %job update NAME lr=1e-4 warmup=50  change hyperparameters at one step (job.update)
 
 Each takes ``--help``. They parse, call the public API and display; a mistake
 is one line (``UsageError``), never a traceback from inside clustersdk.
@@ -26,7 +28,7 @@ import types
 from typing import Any, Iterator
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import (
     MagicHelpFormatter,
     argument,
@@ -54,12 +56,23 @@ class RemoteFailure(Exception):
                 f"job {e.job!r} failed: rank {e.rank} raised {e.exc_type}: {e.message}"]
 
 
+class RemoteRunFailure(Exception):
+    """``%%job run``'s cell raised (or timed out) on some ranks: their remote tracebacks."""
+
+    def __init__(self, error: cs.RunError):
+        super().__init__(str(error).splitlines()[0])
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:
+        return str(self.error).splitlines()
+
+
 @contextlib.contextmanager
 def one_line() -> Iterator[None]:
     """clustersdk's own errors (bad name, wrong state, bad argument) as one-line UsageErrors."""
     try:
         yield
-    except cs.JobFailedError:
+    except (cs.JobFailedError, cs.RunError):
         raise
     except cs.ClusterSDKError as e:
         raise UsageError(str(e)) from None
@@ -254,27 +267,36 @@ class ClusterMagics(Magics):
             return None
         return self._current(args.cluster).queue()
 
-    @line_magic("job")
+    @line_cell_magic("job")
     @magic_arguments()
     @argument("action", nargs="?",
-              help="pause | resume | checkpoint | suspend | stop | show | logs | debug | "
-                   "console | restart (a HELD job, from its checkpoint)")
+              help="pause | resume | checkpoint | suspend | stop | show | logs | run | update | "
+                   "debug | console | restart (a HELD job, from its checkpoint)")
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
-    @argument("rank_", nargs="?", type=int, metavar="RANK",
-              help="debug: the held rank (default: the one whose error is the cause)")
+    @argument("rest", nargs="*", metavar="RANK | KEY=VALUE",
+              help="debug: the held rank (default: the one whose error is the cause); "
+                   "update: KEY=VALUE ... (e.g. lr=1e-4 warmup=50)")
     @argument("--world-size", type=int, default=None, help="resume: continue on this many ranks")
     @argument("--rank", type=int, default=0, help="logs: whose output (default 0)")
+    @argument("--ranks", default=None, help="run: the ranks, e.g. 0,1 (default: every rank)")
+    @argument("--timeout", type=float, default=60.0,
+              help="run, update: seconds to wait for the ranks (default 60)")
     @argument("--cluster", default=None, help="the Cluster variable the job runs on")
     @argument("-h", "--help", action="store_true", help="show this help")
-    def job(self, line: str = "") -> Any:
+    def job(self, line: str = "", cell: str | None = None) -> Any:
         """Act on a job by name (show: display its dashboard; logs: print a rank's output;
         debug: print a held rank's failing frames with their locals; console: the pdb
-        console of a breakpoint)."""
+        console of a breakpoint).
+
+        ``%%job run NAME`` runs the cell on the job's ranks, in their training threads,
+        with ``ctx`` bound (the cell's last expression is each rank's result); ``%job
+        update NAME lr=1e-4`` changes hyperparameters at one step boundary.
+        """
         args = parse_argstring(self.job, line)
         if _help(self.job, args):
             return None
-        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs", "debug",
-                   "console", "restart")
+        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs", "run",
+                   "update", "debug", "console", "restart")
         if args.action not in actions or not args.name:
             raise UsageError(f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; "
                              "%job --help)")
@@ -283,15 +305,24 @@ class ClusterMagics(Magics):
         if args.name not in known:
             raise UsageError(f"no job named {args.name!r} on this cluster; known jobs: "
                              f"{', '.join(dict.fromkeys(reversed(known))) or 'none'}")
+        if (args.action == "run") != (cell is not None):
+            raise UsageError("%%job run NAME takes the code as a cell; the other actions are "
+                             "line magics (%job ACTION NAME)")
+        rank = _held_rank(args) if args.action == "debug" else None
+        if args.rest and args.action not in ("update", "debug"):
+            raise UsageError(f"%job {args.action} NAME takes nothing after the name (got "
+                             f"{' '.join(args.rest)})")
         with one_line():
             job = cs.Job.attach(cluster, args.name)
+            if args.action == "run":
+                return self._run_cell(job, cell or "", args)
             if args.action == "show":
                 return job
             if args.action == "logs":
                 print(job.logs(args.rank), end="")
                 return None
             if args.action == "debug":  # like %debug: the failing frames, to read
-                print(job.debug(args.rank_))
+                print(job.debug(rank))
                 return None
             if args.action == "console":
                 return job.console()
@@ -300,7 +331,9 @@ class ClusterMagics(Magics):
                 return None
             if not callable(getattr(job, args.action, None)):
                 raise UsageError(f"this clustersdk has no Job.{args.action}() yet")
-            if args.action == "resume":
+            if args.action == "update":
+                result = job.update(_changes(args.rest), timeout=args.timeout)
+            elif args.action == "resume":
                 result = job.resume(world_size=args.world_size)
             elif args.action == "stop":
                 result = job.stop()  # waits for the step boundary: then the job is over
@@ -308,6 +341,45 @@ class ClusterMagics(Magics):
                 result = getattr(job, args.action)()
         print(f"job {job.name!r}: {_said(args.action, result)}")
         return None
+
+
+    def _run_cell(self, job: cs.Job, cell: str, args: Any) -> dict[int, Any]:
+        fn = cell_function(cell, self.shell.user_ns, returns_last=True)
+        try:
+            ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r]
+        except ValueError:
+            raise UsageError(f"--ranks takes rank numbers like 0,2, got {args.ranks!r}") from None
+        try:
+            return job.run(fn, ranks=ranks, timeout=args.timeout)
+        except cs.RunError as e:
+            raise RemoteRunFailure(e) from None
+
+
+def _held_rank(args: Any) -> int | None:
+    """``%job debug NAME [RANK]``: the rank, or None for the one whose error is the cause."""
+    if not args.rest:
+        return None
+    if len(args.rest) > 1 or not args.rest[0].isdigit():
+        raise UsageError(f"%job debug NAME [RANK] takes one rank number, got "
+                         f"{' '.join(args.rest)!r}")
+    return int(args.rest[0])
+
+
+def _changes(items: list[str]) -> dict[str, Any]:
+    """``["lr=1e-4", "schedule=cosine"]`` -> ``{"lr": 0.0001, "schedule": "cosine"}``: values
+    are Python literals (numbers, tuples, dicts), else strings."""
+    if not items:
+        raise UsageError("%job update NAME needs changes, e.g. %job update NAME lr=1e-4")
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"%job update: {item!r} is not KEY=VALUE (e.g. lr=1e-4)")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
 
 
 def _given(args: Any, *names: str) -> dict[str, Any]:
@@ -325,20 +397,28 @@ def _connect(target: str, options: dict[str, Any]) -> cs.Cluster:
 def _said(action: str, result: Any) -> str:
     return {"pause": f"paused before step {result}", "resume": f"resumed ({result})",
             "checkpoint": f"checkpoint saved at {result}", "suspend": f"suspended; checkpoint {result}",
-            "stop": f"now {result}"}.get(action, str(result))
+            "stop": f"now {result}",
+            "update": f"updated before step {result}" if result is not None else
+                      "update kept; the job applies it when it runs again"
+            }.get(action, str(result))
 
 
-def cell_function(body: str, namespace: dict[str, Any]) -> types.FunctionType:
+def cell_function(body: str, namespace: dict[str, Any], *,
+                  returns_last: bool = False) -> types.FunctionType:
     """``def cell(ctx): <body>``, with the notebook's namespace as its globals.
 
     Built from the syntax tree, not by indenting text, so multi-line strings
     keep their content and line numbers match the cell. Its module is
     ``__main__``, so cloudpickle ships it, and the globals it names, by value.
+    With ``returns_last``, a last line that is an expression is what it returns
+    (as a notebook cell shows its last expression).
     """
     try:
         tree = ast.parse(body, filename="<%%distributed>")
     except SyntaxError as e:
         raise UsageError(f"the cell has a syntax error: {e.msg} (line {e.lineno})") from None
+    if returns_last and tree.body and isinstance(tree.body[-1], ast.Expr):
+        tree.body[-1] = ast.copy_location(ast.Return(value=tree.body[-1].value), tree.body[-1])
     params = ast.arguments(posonlyargs=[], args=[ast.arg(arg="ctx")], kwonlyargs=[],
                            kw_defaults=[], defaults=[])
     extra = {"type_params": []} if sys.version_info >= (3, 12) else {}

@@ -106,6 +106,10 @@ class Op(str, enum.Enum):
     DEBUG = "debug"                  # a HELD rank's failing stack with its locals
     RESTART = "restart"              # a HELD job: restart from its newest checkpoint
     CONSOLE = "console"              # a breakpoint's pdb session: input in, transcript out
+    RUN = "run"                      # job.run: a function for some ranks at their next boundary
+    RUN_WAIT = "run_wait"            # the results of job.run request seq, once every rank reported
+    UPDATE = "update"                # job.update: hyperparameters changed at one step boundary
+    LIVE_PENDING = "live_pending"    # from a rank: the job.run / job.update requests it must carry out
 
     @property
     def handler(self) -> str:
@@ -143,6 +147,9 @@ class RankEvent(str, enum.Enum):
     CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
     PROFILED = "profiled"                # seq, profile: this rank's trace and summary
+    TUNABLE = "tunable"                  # info: what job.update may change here (its optimizers...)
+    RAN = "ran"                          # seq, result (pickled) or error: a job.run on this rank
+    UPDATED = "updated"                  # seq, step, changes {key: [old, new]} or error
     FAILED = "failed"                    # error: the rank raised
     HELD = "held"                        # error, frames, step: raised under on_error="hold"
     BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
@@ -227,6 +234,15 @@ class ConsoleMessage(TypedDict):
     open: bool
 
 
+class UpdatedMessage(TypedDict):
+    """``job.update`` request ``seq`` took effect before ``step`` (the loss chart's marker)."""
+
+    kind: Literal["updated"]
+    seq: int
+    step: int
+    changes: dict[str, list[Any]]  # key -> [old, new]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -236,7 +252,8 @@ class RollbackMessage(TypedDict):
 
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage]
+                CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage,
+                UpdatedMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -296,6 +313,7 @@ class WireSpec:
     on_error: str = "fail"                # "fail", or "hold": a rank that raises waits (HELD)
     hold_timeout: float = 1800.0          # seconds a HELD job waits before it fails
     debug: bool = False                   # ctx.breakpoint() opens a pdb console (else a no-op)
+    hparams: dict[str, Any] | None = None  # ctx.hparams at launch: JSON scalars job.update may change
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from .control.hparams import check_hparams
 from .errors import SpecError
 from .protocol import DEFAULTS, WireSpec
 
@@ -88,6 +89,8 @@ class JobSpec:
     on_error: str = DEFAULTS.on_error   # "fail", or "hold": a rank that raises waits, HELD
     hold_timeout: float = DEFAULTS.hold_timeout  # seconds a HELD job waits before it fails
     debug: bool = DEFAULTS.debug        # ctx.breakpoint() opens a pdb console (else a no-op)
+    # ctx.hparams: names -> numbers, strings or booleans that job.update may change
+    hparams: dict[str, Any] | None = None
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -131,6 +134,7 @@ class JobSpec:
         self._check_sharing_options()
         self._check_hang_options()
         self._check_debug_options()
+        self.hparams = check_hparams(self.hparams)
 
     def _check_sharing_options(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -306,6 +310,7 @@ class JobSpec:
             time_limit=self.time_limit, min_world_size=self.min_world_size,
             hang_timeout=self.hang_timeout, on_hang=self.on_hang,
             on_error=self.on_error, hold_timeout=self.hold_timeout, debug=self.debug,
+            hparams=dict(self.hparams) if self.hparams else None,
         )
 
 

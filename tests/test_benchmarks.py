@@ -131,3 +131,19 @@ def test_chaos_benchmark_smoke(tmp_path):
     (fill,) = [e for e in result["events"] if e["kind"] == "fill"]
     assert "no space left" in fill["error"].lower()
     assert all(0 < t < 120 for t in result["recovery_s"]["kill"] + result["recovery_s"]["fill"])
+
+
+@pytest.mark.slow
+def test_live_overhead_benchmark_smoke(tmp_path):
+    out = tmp_path / "live.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "live_overhead.py"), "--repeats", "1",
+         "--steps", "60", "--json", str(out)],
+        capture_output=True, text=True, timeout=240,  # ~40 s; slack for a loaded machine
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "steps/s without the live hooks" in proc.stdout and "run paused" in proc.stdout
+    result = json.loads(out.read_text())
+    assert result["steps_per_s_without"] > 0 and result["steps_per_s_with"] > 0
+    assert all(0 < result[k] < 60 for k in ("run_running_s", "run_paused_s", "update_running_s",
+                                            "update_paused_s"))

@@ -99,11 +99,27 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
         job.pause(timeout=5)
     assert job.status is cs.JobStatus.HELD and job.debug().step == 5
 
+    # job.run reaches the held rank, in its own thread: its exception, the failing frame's
+    # live locals, its model; and a function that raises there leaves the job HELD
+    assert job.run(workloads_debug.look_at_failure, ranks=[1], timeout=30) == {
+        1: {"error": "ValueError", "nans": 16, "step": 5, "secret": 10_000,
+            "params": sum(p.numel() for p in workloads.model().parameters())}}
+    with pytest.raises(cs.RunError, match="rank 1: KeyError: 'missing'") as refused:
+        job.run(lambda ctx: {}["missing"], ranks=[1], timeout=30)
+    assert "During handling" not in str(refused.value)  # not chained to the held error
+    with pytest.raises(cs.InvalidTransitionError,
+                       match="is HELD; job.update needs a PAUSED or RUNNING job"):
+        job.update(lr=0.1)  # the ranks can't agree on a step boundary while held
+    assert job.status is cs.JobStatus.HELD and job.debug().step == 5
+
     # rank 0 waited for rank 1 in a collective: after timeout=3 s it raised, and holds too,
     # as a consequence: the cause stays rank 1's own error
     wait_for(lambda: "0" in held_ranks(job), timeout=60)
     assert job.info()["held"]["cause"] == 1 and job.reason.startswith("held: rank 1 raised")
     assert "Timed out" in job.debug(0).error["message"]
+    # of a HELD job, job.run's default ranks are the held ones
+    assert job.run(lambda ctx: type(ctx.error).__name__, timeout=30) == {
+        0: job.debug(0).error["type"], 1: "ValueError"}
 
     shell = InteractiveShell.instance()  # %job debug NAME RANK prints the same stack
     shell.run_line_magic("load_ext", "clustersdk")

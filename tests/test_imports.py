@@ -24,6 +24,8 @@ PURE = [
     "clustersdk.control.hangs",
     "clustersdk.control.lifecycle",
     "clustersdk.control.events",
+    "clustersdk.control.live",
+    "clustersdk.control.hparams",
     "clustersdk.client",
 ]
 

@@ -59,8 +59,8 @@ def test_every_magic_has_help(shell, capsys, magic):
     ("%cluster connect", "needs one scheduler address"),
     ("%cluster local -n two", "argument -n/--workers: invalid int value: 'two'"),
     ("%job pause no-such-job", "no job named 'no-such-job' on this cluster"),
-    ("%job frob x", "usage: %job {pause|resume|checkpoint|suspend|stop|show|logs|debug|console|"
-                    "restart} NAME"),
+    ("%job frob x", "usage: %job {pause|resume|checkpoint|suspend|stop|show|logs|run|update|"
+                    "debug|console|restart} NAME"),
     ("%%distributed -n 5\npass", "world_size=5 is more than this cluster can ever hold"),
     ("%%distributed --strategy zero\npass", "unknown strategy 'zero'"),
     ("%%distributed\nfor x in:\n    pass", "the cell has a syntax error"),

@@ -21,6 +21,7 @@ PUBLIC = [
     "JobTimeoutError",
     "PluginMissingError",
     "ProtocolError",
+    "RunError",
     "SpecError",
     "StartError",
     "TrainContext",

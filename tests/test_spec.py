@@ -129,7 +129,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "preemptible": True, "time_limit": None, "min_world_size": None,
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
                     "profile_dir": None, "on_error": "fail", "hold_timeout": 1800.0,
-                    "debug": False,
+                    "debug": False, "hparams": None,
                     "version": 1}
 
 
@@ -203,3 +203,19 @@ def test_debug_options_travel_on_the_wire():
     wire = JobSpec(fn=train, world_size=1, on_error="hold", hold_timeout=60,
                    debug=True).to_wire()
     assert (wire.on_error, wire.hold_timeout, wire.debug) == ("hold", 60.0, True)
+
+
+def test_hparams_are_json_scalars_and_not_a_builtin_key_of_job_update():
+    spec = JobSpec(fn=train, world_size=1, hparams={"warmup": 10, "smoothing": 0.1,
+                                                     "schedule": "cosine", "ema": True})
+    assert spec.to_wire().hparams == {"warmup": 10, "smoothing": 0.1, "schedule": "cosine",
+                                      "ema": True}
+    with pytest.raises(SpecError, match=r"hparams: 'lr' is a built-in key of job.update"):
+        JobSpec(fn=train, world_size=1, hparams={"lr": 0.1})
+    with pytest.raises(SpecError, match=r"hparams: layers=\[1, 2\] must be a finite number, "
+                                        "a string or a boolean"):
+        JobSpec(fn=train, world_size=1, hparams={"layers": [1, 2]})
+    with pytest.raises(SpecError, match=r"hparams: 'a b' is not a valid name"):
+        JobSpec(fn=train, world_size=1, hparams={"a b": 1})
+    with pytest.raises(SpecError, match="hparams must be a dict"):
+        JobSpec(fn=train, world_size=1, hparams=[("warmup", 1)])

@@ -37,6 +37,18 @@ def raise_at(ctx, rank: int = 1, step: int = 5, steps: int = 1000, marker: str |
     return {"step": ctx.step, "params": params, "optim": opt.state_dict()}
 
 
+def look_at_failure(ctx) -> dict:
+    """What ``job.run`` sees on a held rank: the exception it is held for and the live
+    locals of the frame that raised it."""
+    tb = ctx.error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    local = tb.tb_frame.f_locals
+    return {"error": type(ctx.error).__name__, "nans": int(torch.isnan(local["bad"]).sum()),
+            "step": local["s"], "secret": len(local["secret"]),
+            "params": sum(p.numel() for p in ctx.model.parameters())}
+
+
 def break_at(ctx, steps: int = 12, at: tuple = (3,), ranks: tuple = (0,)) -> dict:
     """DDP training with ``ctx.breakpoint(ranks)`` at the steps ``at``: locals ``x``
     (a float made from the step) and ``y`` (set on the line after the breakpoint)."""

@@ -161,6 +161,7 @@ class Cluster:
         on_error: str = DEFAULTS.on_error,
         hold_timeout: float | None = None,
         debug: bool = DEFAULTS.debug,
+        hparams: dict[str, Any] | None = None,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -232,6 +233,10 @@ class Cluster:
 
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
+        Live changes: ``hparams`` (names to numbers, strings or booleans) is the
+        training function's ``ctx.hparams``; ``job.update(name=value)`` changes one
+        while the job runs (so do ``lr=``, ``clip_grad_norm=``... see :meth:`Job.update`).
+
         >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
         """
         spec = JobSpec(
@@ -251,7 +256,7 @@ class Cluster:
             time_limit=time_limit, min_world_size=min_world_size,
             hang_timeout=hang_timeout, on_hang=on_hang, on_error=on_error,
             hold_timeout=config.get("hold-timeout") if hold_timeout is None else hold_timeout,
-            debug=debug,
+            debug=debug, hparams=hparams,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)

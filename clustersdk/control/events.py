@@ -124,6 +124,34 @@ class ConsoleOutput(RankEventBase):
 
 
 @dataclasses.dataclass(frozen=True)
+class Ran(RankEventBase):
+    """The rank ran ``job.run`` request ``seq``: its pickled ``result``, or its ``error``."""
+
+    seq: int
+    result: bytes | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Updated(RankEventBase):
+    """The rank applied ``job.update`` request ``seq`` before ``step`` (``changes``: key ->
+    [old, new]), or refused it (``error``; ``cause`` set on the rank that found why)."""
+
+    seq: int
+    step: int | None = None
+    changes: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    error: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tunable(RankEventBase):
+    """What ``job.update``'s checks need to know of the rank (its optimizers' param groups,
+    its batch, the step helpers it calls), reported after its first step."""
+
+    info: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class StartFailed(RankEventBase):
     """The agent could not start the rank (its worker vanished, or refused)."""
 
@@ -192,6 +220,23 @@ class HoldExpired:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunRequested:
+    """``job.run``: ``fn`` (cloudpickled) for ``ranks`` (None: all); results up to ``limit``
+    bytes."""
+
+    fn: bytes
+    ranks: tuple[int, ...] | None
+    limit: int
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRequested:
+    """``job.update(**changes)``, as given (checked by the lifecycle)."""
+
+    changes: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class SchedulerClosing:
     pass
 
@@ -254,7 +299,8 @@ Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, Checkp
               StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
               CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
               Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow,
-              Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired]
+              Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired,
+              RunRequested, Ran, UpdateRequested, Updated, Tunable]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

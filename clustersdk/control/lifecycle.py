@@ -27,6 +27,9 @@ The rules, by event:
   ``steps`` steps from one agreed step boundary (a PAUSED job's: from its
   resume); **Profiled**: a rank's trace and summary, journaled with the
   request under ``profiles``; once every rank reported, a ``profile`` message.
+- **RunRequested / UpdateRequested** (``job.run``, ``job.update``): kept in the job's
+  :class:`~.live.LiveBook` and pulled by the ranks at their next agreed boundary; a
+  new gang starts with every change so far (see :mod:`.live`).
 - Requests (stop, pause, resume, checkpoint, suspend, profile) check the state first
   and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
   ``SpecError``) before changing anything.
@@ -52,9 +55,10 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import breakpoints, faults, hangs, holds, profiles, sharing
+from . import breakpoints, faults, hangs, holds, live, profiles, sharing
 from .breakpoints import Sessions
 from .faults import error
+from .live import LiveBook
 from .profiles import ProfileBook
 
 
@@ -88,6 +92,7 @@ class Lifecycle:
         self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
         self.breaks = Sessions(spec.attempt)  # ctx.breakpoint() sessions and their console
         self.restart_note: str | None = None  # why the next restart happens, when not a loss
+        self.live = LiveBook()           # job.run / job.update requests and the ranks' reports
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -153,6 +158,7 @@ class Lifecycle:
         ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
                  for i, r in enumerate(e.ranks)]
         self._transition(JobStatus.STARTING, ranks=ranks, reason="")
+        live.gang_started(self)  # the changes of job.update so far reach the new gang
         self._out.append(ev.StartGang(self.attempt, tuple(self.words)))
 
     def _started(self, e: ev.Started) -> None:
@@ -414,4 +420,9 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.RestartRequested: holds.restart,
     ev.BreakpointHit: breakpoints.hit,
     ev.ConsoleOutput: breakpoints.output,
+    ev.RunRequested: live.run_requested,
+    ev.Ran: live.ran,
+    ev.UpdateRequested: live.update_requested,
+    ev.Updated: live.updated,
+    ev.Tunable: live.tunable,
 }

@@ -91,6 +91,7 @@ class ControlPlane(SchedulerPlugin):
             Op.WORKER_READY: self._worker_ready,
             Op.RANK_EVENT: self._rank_event,
             Op.SET_CAPACITY: self._set_capacity,
+            Op.LIVE_PENDING: self.requests.live_pending,
         }
         for operation, handler in handlers.items():
             scheduler.handlers[operation.handler] = handler
@@ -386,6 +387,11 @@ _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
     RankEvent.BREAK: lambda rank, attempt, d: ev.BreakpointHit(rank, attempt, d["k"], d["step"]),
     RankEvent.CONSOLE: lambda rank, attempt, d: ev.ConsoleOutput(
         rank, attempt, d["k"], d.get("text", ""), bool(d.get("closed"))),
+    RankEvent.TUNABLE: lambda rank, attempt, d: ev.Tunable(rank, attempt, d["info"]),
+    RankEvent.RAN: lambda rank, attempt, d: ev.Ran(rank, attempt, d["seq"], d.get("result"),
+                                                   d.get("error")),
+    RankEvent.UPDATED: lambda rank, attempt, d: ev.Updated(
+        rank, attempt, d["seq"], d.get("step"), d.get("changes") or {}, d.get("error")),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
         rank, attempt, ExitStatus(d["status"]), d.get("result")),
 }

@@ -13,6 +13,9 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from dask.utils import parse_bytes
+
+from .. import config
 from ..errors import (
     CapacityError,
     CheckpointError,
@@ -26,7 +29,8 @@ from ..status import JobStatus
 from . import breakpoints
 from . import events as ev
 from .journal import PRIVATE
-from . import policy
+from . import hparams, policy
+from .live import RUN_STATES
 
 if TYPE_CHECKING:
     from .plugin import ControlPlane, Run
@@ -47,6 +51,7 @@ class Requests:
             Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
             Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
             Op.DEBUG: self.debug, Op.RESTART: self.restart, Op.CONSOLE: self.console,
+            Op.RUN: self.run, Op.RUN_WAIT: self.run_wait, Op.UPDATE: self.update,
         }
 
     @property
@@ -296,6 +301,65 @@ class Requests:
                 job=job, text=text, attempt=machine.attempt)
         return {**book.state(), "status": machine.status.name}
 
+    # --- job.run and job.update (see control/live.py) -------------------------------------
+    def run(self, job: str, fn: bytes, ranks: list[int] | None = None) -> dict:
+        """Ask the ranks (all, or ``ranks``) to run the pickled ``fn`` at their next boundary;
+        the request, with its ``seq`` (then :meth:`run_wait` for the results)."""
+        run = self._active(job, "run", "job.run needs a RUNNING, PAUSED or HELD job")
+        limit = parse_bytes(config.get("run-result-limit"))
+        self.plane.feed(run, ev.RunRequested(fn, None if ranks is None else tuple(ranks), limit))
+        return self._run_view(job, run.machine.live.seq)
+
+    async def run_wait(self, job: str, seq: int, timeout: float | None = None) -> dict:
+        """Run request ``seq`` once every chosen rank reported, the job left RUNNING or
+        PAUSED (or its gang ended), or ``timeout`` passed (``complete`` says which)."""
+        run = self.plane.runs.get(job)
+        entry = run.machine.live.runs.get(seq) if run is not None else None
+        if entry is not None:
+            machine, attempt = run.machine, entry["attempt"]
+            await self.plane.until(run, lambda: entry["complete"] or machine.attempt != attempt
+                                   or machine.status not in _WAITING, timeout)
+        return self._run_view(job, seq)
+
+    def _run_view(self, job: str, seq: int) -> dict:
+        run = self.plane.runs.get(job)
+        entry = run.machine.live.runs.get(seq) if run is not None else None
+        status = run.machine.status.name if run is not None else self._record(job)["status"]
+        if entry is None:
+            return {"seq": seq, "found": False, "status": status, "complete": False}
+        # rank keys as strings: what crosses the wire is msgpack
+        return {"seq": seq, "found": True, "status": status, "ranks": entry["ranks"],
+                "complete": entry["complete"], "limit": entry["limit"],
+                "started": sorted(entry["fetched"]),
+                "results": {str(r): v for r, v in entry["results"].items()},
+                "errors": {str(r): v for r, v in entry["errors"].items()}}
+
+    async def update(self, job: str, changes: dict, timeout: float | None = None) -> dict:
+        """Check ``changes`` and have every rank apply them before one step; the request,
+        with ``step`` once applied (None: not yet, see ``status`` and ``timed_out``)."""
+        run = self._active(job, "update", "job.update needs a RUNNING or PAUSED job")
+        machine = run.machine
+        if hparams.needs_ranks(changes) and not machine.live.info \
+                and machine.status is JobStatus.RUNNING:  # its ranks report after a step
+            await self.plane.until(run, lambda: bool(machine.live.info)
+                                   or machine.status is not JobStatus.RUNNING, timeout)
+        self.plane.feed(run, ev.UpdateRequested(changes))
+        seq, attempt = machine.live.seq, machine.attempt
+        done = await self.plane.until(run, lambda: machine.live.done(seq, machine.world_size)
+                                      or machine.attempt != attempt
+                                      or machine.status not in _WAITING, timeout)
+        entry = machine.live.updates[seq]
+        return {"seq": seq, "step": entry["step"], "changes": entry["changes"],
+                "error": entry["error"], "status": machine.status.name, "timed_out": not done}
+
+    def live_pending(self, job: str, rank: int, attempt: int, runs: list[int],
+                     updates: list[int]) -> list[dict]:
+        """From a rank: the run and update requests it must carry out now, in order."""
+        run = self.plane.runs.get(job)
+        if run is None or run.machine.attempt != attempt:
+            return []  # an earlier gang's rank: nothing of it is asked any more
+        return run.machine.live.pending(attempt, rank, tuple(runs), tuple(updates))
+
     # --- helpers -----------------------------------------------------------------------------------
     def _active(self, job: str, action: str, why: str | None = None) -> Run:
         run = self.plane.runs.get(job)
@@ -312,6 +376,10 @@ class Requests:
         if with_result:
             return {k: v for k, v in record.items() if k != "payload"}
         return _public(record)
+
+
+# while a job is in these states, its ranks may still answer a job.run or job.update
+_WAITING = RUN_STATES | {JobStatus.HUNG}
 
 
 def _public(record: dict) -> dict:

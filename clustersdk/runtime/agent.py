@@ -161,6 +161,11 @@ class Agent(WorkerPlugin):
         """From a rank thread: tell the control plane, and wait until it has heard."""
         sync(self.worker.loop, self.send, rank, event, data, final)
 
+    def fetch(self, rank: RankThread, **ranges: Any) -> list[dict[str, Any]]:
+        """From a rank thread: the job.run / job.update requests it must carry out."""
+        return sync(self.worker.loop, op(self.worker.scheduler, Op.LIVE_PENDING), job=rank.job,
+                    rank=rank.rank, attempt=rank.attempt, **ranges)
+
 
 class RankThread(threading.Thread):
     """One rank of one job: process group up, user function, process group down."""
@@ -186,7 +191,8 @@ class RankThread(threading.Thread):
 
     def due(self) -> bool:
         now = time.monotonic()
-        if now - self._last_flush >= self.spec.metrics_interval:
+        ctx = self.ctx  # its spec: job.update(metrics_interval=) changes it
+        if now - self._last_flush >= (ctx if ctx is not None else self).spec.metrics_interval:
             self._last_flush = now
             return True
         return False
@@ -229,7 +235,7 @@ class RankThread(threading.Thread):
                 device=device, strategy=spec.strategy, control=self.control,
                 control_group=control_group, checkpoint_group=checkpoint_group,
                 checkpoint=_checkpoint_options(spec, rank), report=self._report, spec=spec,
-                objects=objects,
+                objects=objects, fetch=self._fetch,
             )
             self.agent.report(self, RankEvent.STARTED)
             result = fn(self.ctx, *args, **kwargs)
@@ -275,6 +281,10 @@ class RankThread(threading.Thread):
 
         hold(self.ctx, e, error)
         return True
+
+    def _fetch(self, **ranges: Any) -> list[dict[str, Any]]:
+        """From the rank's context: the job.run / job.update requests in ``ranges``."""
+        return self.agent.fetch(self, **ranges)
 
     def _report(self, event: RankEvent, **data: Any) -> None:
         """From the rank's context: the event, with the metrics and logs so far (a

@@ -66,8 +66,11 @@ class Debugging:
 
     def _serve_live(self, words: list[int]) -> None:
         """Called with every new control vector while this rank waits (held, or at a
-        breakpoint): where requests of ``job.run`` on such a rank will be served. Not
-        connected yet: it does nothing."""
+        breakpoint): ``job.run`` requests for it run here, in its own thread (see
+        :meth:`.live.Live.act_alone`)."""
+        live = getattr(self, "_live", None)
+        if live is not None:
+            live.act_alone(words)
 
     def _console_queue(self) -> queue.Queue:
         if self._console_input is None:

@@ -16,6 +16,7 @@ from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
 from .control import Control
 from .data import make_loader
+from .live import Live, LiveContext
 from .looping import Looping
 from .metrics import RESERVED, Metrics  # noqa: F401 - RESERVED: the names every row has
 from .phases import PhaseClock, Timed
@@ -23,7 +24,7 @@ from .steps import Steps
 from .training import TrainingState
 
 
-class TrainContext(Looping, Debugging):
+class TrainContext(Looping, Debugging, LiveContext):
     """The rank's view of its job.
 
     >>> def train(ctx):
@@ -69,6 +70,7 @@ class TrainContext(Looping, Debugging):
         checkpoint_group: Any = None,
         spec: WireSpec | None = None,
         objects: dict[str, Any] | None = None,
+        fetch: Callable[..., list] | None = None,
     ):
         self.job = job
         self.name = name
@@ -120,6 +122,8 @@ class TrainContext(Looping, Debugging):
             # known from the start, so that ctx.shard restores its position at once
             self._resume_path = resume.resolve(self._resume, options["dir"], world_size,
                                                control_group)
+        # job.run / job.update; fetch: the agent's bridge to the control plane's requests
+        self._live = Live(self, fetch)
 
     def __repr__(self) -> str:
         return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "

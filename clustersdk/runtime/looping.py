@@ -20,6 +20,7 @@ from .data import make_loader
 from .phases import Timed
 
 if TYPE_CHECKING:
+    from .live import Live
     from .metrics import Metrics
     from .phases import PhaseClock
     from .profiling import Capture
@@ -36,6 +37,7 @@ class Looping:
     _phases: PhaseClock
     _capture: Capture | None
     _profiles_done: int
+    _live: Live
 
     def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
              epochs: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -95,6 +97,7 @@ class Looping:
                 clock.resumed(self.step)
                 if self.step == start:
                     self._first_step_done()
+                    self._live.first_step(batch)  # what job.update may change here
                 if self._capture is not None and self._capture.step_done():
                     self._finish_profile()
                 self._metrics.end_step()
@@ -201,6 +204,8 @@ class Looping:
                 self._need_saver("checkpoint")
                 self.phase = "checkpoint"
                 self._save(words[Word.CHECKPOINT], blocking=not self._async)
+            if self._live.due(words):  # job.run / job.update: a PAUSED job's too, at once
+                self._live.act(words)
             if words[Word.PAUSE] <= words[Word.RESUME]:
                 if self._paused:
                     self._paused = False

@@ -7,13 +7,14 @@ Only this module knows bqplot; the dashboards hand it points per rank.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .render import rank_color
 
 MAX_LEGEND = 8  # more ranks than this: colours only, the legend would hide the lines
+MARKER_COLOR = "#7c3aed"  # job.update's changes on the loss chart
 
 
 def _bqplot():
@@ -52,6 +53,7 @@ class LineChart:
         ]
         self.x_axis, self.y_axis = axes
         self.lines: dict[int, object] = {}
+        self.markers: Any = None  # vertical rules at given x (job.update's changes), if any
         self.figure = bq.Figure(
             title=title, marks=[], axes=axes, animation_duration=0,
             fig_margin={"top": 34, "bottom": 40, "left": 56, "right": 14},
@@ -99,11 +101,32 @@ class LineChart:
         show_legend = self.legend and len(self.lines) <= MAX_LEGEND
         for mark in self.lines.values():
             mark.display_legend = show_legend
-        self.figure.marks = [self.lines[r] for r in sorted(self.lines)]
+        self._show_marks()
+
+    def mark(self, xs: Sequence[float], labels: Sequence[str]) -> None:
+        """Dashed vertical rules at ``xs`` across the whole height (hover: ``labels``)."""
+        bq = _bqplot()
+        if not xs:
+            return
+        x = np.asarray([[v, v] for v in xs], dtype=np.float64)
+        y = np.asarray([[0.0, 1.0]] * len(xs), dtype=np.float64)
+        if self.markers is None:
+            self.markers = bq.Lines(
+                x=x, y=y, scales={"x": self.x_scale, "y": bq.LinearScale(min=0.0, max=1.0)},
+                colors=[MARKER_COLOR], line_style="dashed", stroke_width=1.2,
+                labels=list(labels), display_legend=False, enable_hover=True)
+            self._show_marks()
+        else:
+            with self.markers.hold_sync():
+                self.markers.x, self.markers.y, self.markers.labels = x, y, list(labels)
+
+    def _show_marks(self) -> None:
+        marks = [self.lines[r] for r in sorted(self.lines)]
+        self.figure.marks = marks + ([self.markers] if self.markers is not None else [])
 
     def clear(self) -> None:
         self.lines = {}
-        self.figure.marks = []
+        self._show_marks()
 
 
 def nice_ticks(lo: float, hi: float, count: int = 4) -> list[float]:

@@ -219,6 +219,9 @@ class JobDashboard:
         if "scalars" in dirty:
             self._render_metric_choice()
             self._render_series(self.charts["loss"], view.scalars.get(self._metric, {}))
+        if "markers" in dirty:  # job.update's changes, at their steps
+            steps, labels = zip(*view.markers()) if view.updates else ((), ())
+            self.charts["loss"].mark(steps, [f"step {s}: {t}" for s, t in zip(steps, labels)])
         if "rate" in dirty:
             self._render_series(self.charts["rate"], view.rate)
         if "system" in dirty:

@@ -62,7 +62,8 @@ class JobView:
 
     ``dirty`` names what changed since :meth:`take_dirty` was last called:
     ``"status"``, ``"progress"``, ``"scalars"``, ``"rate"``, ``"system"``,
-    ``"logs"``, ``"phases"`` or ``"error"``.
+    ``"logs"``, ``"phases"``, ``"error"`` or ``"markers"`` (``job.update``'s changes,
+    drawn at their step on the loss chart).
     """
 
     def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
@@ -79,6 +80,7 @@ class JobView:
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
         self.held: dict[str, Any] = {}  # the held ranks' failing frames (on_error="hold")
+        self.updates: dict[int, dict[str, Any]] = {}  # job.update's changes: seq -> step, changes
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -112,6 +114,7 @@ class JobView:
         view.events = list(record.get("events") or [])
         view.stacks = dict(record.get("stacks") or {})
         view.held = dict(record.get("held") or {})
+        view.add_updates(e for e in view.events if e.get("kind") == "updated")
         return view
 
     # feeding -------------------------------------------------------------------
@@ -131,6 +134,8 @@ class JobView:
                 self.dirty.add("phases")
         elif kind == "rollback":
             self.roll_back(int(msg["step"]))
+        elif kind == "updated":
+            self.add_updates([msg])
         if "total_steps" in msg and msg["total_steps"]:
             self.total_steps = int(msg["total_steps"])
             self.dirty.add("progress")
@@ -192,6 +197,7 @@ class JobView:
         if "events" in record and record["events"] != self.events:
             self.events = list(record["events"])
             self.dirty.add("status")
+            self.add_updates(e for e in self.events if e.get("kind") == "updated")
         if record.get("stacks") and record["stacks"] != self.stacks:
             self.stacks = dict(record["stacks"])
             self.dirty.add("error")
@@ -227,6 +233,21 @@ class JobView:
             if rank < self.world_size:
                 self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
             self.dirty.update(("scalars", "progress"))
+
+    def add_updates(self, updates: Iterable[dict[str, Any]]) -> None:
+        """``job.update``'s changes (a message or a durable event: seq, step, changes)."""
+        for u in updates:
+            seq = u.get("seq")
+            if seq is None or seq in self.updates or u.get("step") is None:
+                continue
+            self.updates[int(seq)] = {"step": int(u["step"]), "changes": dict(u.get("changes") or {})}
+            self.dirty.add("markers")
+
+    def markers(self) -> list[tuple[int, str]]:
+        """Where the loss chart marks a change: (step, ``lr 0.01 → 0.001``), in step order."""
+        from ..control.hparams import describe
+
+        return sorted((u["step"], describe(u["changes"])) for u in self.updates.values())
 
     def add_system(self, samples: Iterable[dict[str, Any]]) -> None:
         for s in samples:
