@@ -60,6 +60,8 @@ def test_the_console_drives_pdb_at_a_breakpoint_and_continue_finishes_the_job(id
     assert job.status is cs.JobStatus.PAUSED  # the whole job waits meanwhile
     other = job.stacks()[1]
     assert "phase paused" in other.splitlines()[0] and "stop_here" in other
+    # the rank waiting at its breakpoint runs job.run meanwhile (rank 0 is in pdb)
+    assert job.run(lambda ctx: (ctx.rank, ctx.step), ranks=[1], timeout=30) == {1: (1, 3)}
 
     type_line(console, "c")
     assert job.wait(timeout=120) == {"steps": 12, "breaks": [3]}
