@@ -97,7 +97,7 @@ def test_bad_runs_are_clear_errors_and_the_job_keeps_its_state_and_step(idle):
     assert wait_for(lambda: job.run(lambda ctx: ctx.rank, timeout=10)) == {0: 0, 1: 1}
     assert job.status is cs.JobStatus.PAUSED and job.info()["paused_at"] == paused_at
     job.stop()
-    with pytest.raises(cs.InvalidTransitionError, match="job.run needs a RUNNING or PAUSED job"):
+    with pytest.raises(cs.InvalidTransitionError, match="job.run needs a RUNNING, PAUSED or HELD job"):
         job.run(L.stats)
 
 
