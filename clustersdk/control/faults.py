@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import ExitStatus, Word
 from ..status import JobStatus
+from . import anomalies
 from . import events as ev
 
 if TYPE_CHECKING:
@@ -99,12 +100,16 @@ def fail_held(job: Lifecycle) -> None:
 
 
 # --- a lost worker: restart within the budget, else fail -------------------------------------
-def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
-    """A job's error record (``JobFailedError.from_record`` reads it)."""
-    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+def error(rank: int | None, exc_type: str, message: str, traceback: str = "",
+          facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A job's error record (``JobFailedError.from_record`` reads it); ``facts`` of a lost
+    worker (how its process ended) are what its diagnosis rests on."""
+    err = {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+    return {**err, "facts": {"worker": facts}} if facts else err
 
 
-def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
+def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str,
+         facts: dict[str, Any] | None = None) -> None:
     """Rank ``rank``'s worker is gone (or could not start it): restart the gang
     while the restart budget lasts, else fail the job."""
     budget = job.spec.max_restarts
@@ -112,8 +117,9 @@ def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
         return  # another worker of the gang (a whole host went): part of the same restart
     if job.status in HOLDABLE and job.restarts < budget:
         # the peers of the lost rank failed for want of it: consequences, not causes
-        cause = caused(error(rank, exc_type, message), job)
+        cause = caused(error(rank, exc_type, message, facts=facts), job)
         job.held_failure, job.consequences = None, []
+        anomalies.on_failure(job, cause)  # e.g. out of memory: worth knowing before it recurs
         job.restarts += 1
         job.restart_paused = job.status is JobStatus.PAUSED
         job._transition(JobStatus.RESTARTING, restarts=job.restarts, reason=(
@@ -124,7 +130,7 @@ def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
     elif not job.status.terminal:
         if budget and job.status in HOLDABLE:
             message += f" (all {budget} restart(s) of the job are used up)"
-        cause = caused(error(rank, exc_type, message), job)
+        cause = caused(error(rank, exc_type, message, facts=facts), job)
         job.held_failure, job.consequences = None, []
         job._fail(cause)
 
@@ -142,7 +148,8 @@ def restart(job: Lifecycle) -> None:
         job.words[Word.PAUSE] = 1
     where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
     job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
-    job._transition(JobStatus.QUEUED, reason=f"restart {job.restarts}: {where}")
+    job._transition(JobStatus.QUEUED, reason=f"{job.anomalies.restart_label(job.restarts)}: "
+                                             f"{where}")
     job._out.append(ev.Enqueue(front=True))
 
 

@@ -51,7 +51,7 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import faults, hangs, profiles, sharing
+from . import anomalies, faults, hangs, profiles, sharing
 from .faults import error
 from .profiles import ProfileBook
 
@@ -84,6 +84,7 @@ class Lifecycle:
         self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
         self.leave_reason = ""           # why it was reclaimed (kept once it is out)
         self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
+        self.anomalies = anomalies.AnomalyBook()  # diagnoses, rollbacks (see anomalies.py)
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -152,6 +153,7 @@ class Lifecycle:
 
     def _started(self, e: ev.Started) -> None:
         self.started.add(e.rank)
+        anomalies.started(self, e)
         if self.status is JobStatus.STARTING and len(self.started) == self.world_size:
             self._transition(JobStatus.RUNNING, started=self._now, reason="")
 
@@ -209,7 +211,8 @@ class Lifecycle:
         self.exited[e.rank] = ExitStatus.LOST
         self._free(e.rank)
         self._lost(e.rank, "WorkerLost",
-                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster")
+                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
+                   facts=e.facts)
         self._maybe_done()
 
     def _grace_expired(self, e: ev.GraceExpired) -> None:
@@ -302,8 +305,9 @@ class Lifecycle:
                             "launch it with checkpoint_dir=...")
 
     # --- the rules behind them ---------------------------------------------------------------
-    def _lost(self, rank: int | None, exc_type: str, message: str) -> None:
-        faults.lost(self, rank, exc_type, message)
+    def _lost(self, rank: int | None, exc_type: str, message: str,
+              facts: dict[str, Any] | None = None) -> None:
+        faults.lost(self, rank, exc_type, message, facts)
 
     def _maybe_done(self) -> None:
         if len(self.exited) < self.world_size:
@@ -330,6 +334,7 @@ class Lifecycle:
 
     def _fail(self, err: dict[str, Any]) -> None:
         """The job fails with ``err``; the other ranks are told to stop and will exit."""
+        err = anomalies.on_failure(self, err)  # with its diagnosis, when it has one
         rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
         faults.record(self, "failed", f"{rank}{err.get('type')}: {err.get('message')}",
                       rank=err.get("rank"), consequences=err.get("consequences", []))
@@ -396,4 +401,6 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.Preempted: sharing.preempted,
     ev.Reclaimed: sharing.reclaimed,
     ev.Grow: sharing.grow,
+    ev.NonFinite: anomalies.nonfinite,
+    ev.LossSpike: anomalies.spike,
 }
