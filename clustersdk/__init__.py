@@ -23,6 +23,7 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
     "ClusterSDKError": "errors",
+    "Diagnosis": "control.diagnosis",
     "HostKeyError": "errors",
     "InvalidTransitionError": "errors",
     "Job": "job",
@@ -46,6 +47,7 @@ __all__ = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "Diagnosis",
     "HostKeyError",
     "InvalidTransitionError",
     "Job",
@@ -65,6 +67,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster
+    from .control.diagnosis import Diagnosis
     from .errors import (
         CapacityError,
         CheckpointError,

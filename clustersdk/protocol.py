@@ -29,6 +29,7 @@ VERSION = 1  # of WireSpec and the messages; a newer peer's spec is refused, an 
 
 HANDLER_PREFIX = "clustersdk_"
 TOPIC_PREFIX = "clustersdk-job-"
+EXIT_TOPIC = "clustersdk-worker-exit"  # a nanny's report of how its worker process ended
 
 
 # --- the control vector ------------------------------------------------------------------
@@ -139,6 +140,7 @@ class RankEvent(str, enum.Enum):
     CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
     PROFILED = "profiled"                # seq, profile: this rank's trace and summary
+    NONFINITE = "nonfinite"              # step, values: a watched scalar was NaN or Inf
     FAILED = "failed"                    # error: the rank raised
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
@@ -207,6 +209,14 @@ class ProfileMessage(TypedDict):
     seq: int
 
 
+class DiagnosisMessage(TypedDict):
+    """What went wrong, and what to do (a :class:`clustersdk.control.diagnosis.Diagnosis`
+    as a dict)."""
+
+    kind: Literal["diagnosis"]
+    diagnosis: dict[str, Any]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -216,7 +226,7 @@ class RollbackMessage(TypedDict):
 
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, ProfileMessage, RollbackMessage]
+                CheckpointFailedMessage, ProfileMessage, RollbackMessage, DiagnosisMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -273,6 +283,9 @@ class WireSpec:
     hang_timeout: float | None = None     # seconds without a finished step; None: derived
     on_hang: str = "report"               # "report", "restart" or "fail"
     profile_dir: str | None = None        # the control plane's state dir (job.profile's traces)
+    on_nan: str = "report"                # a non-finite loss: "report", "pause", "rollback", "fail"
+    on_spike: str = "report"              # a loss spike: "report" or "pause"
+    skip_steps: list[int] | None = None   # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

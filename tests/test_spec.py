@@ -129,6 +129,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "preemptible": True, "time_limit": None, "min_world_size": None,
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
                     "profile_dir": None,
+                    "on_nan": "report", "on_spike": "report", "skip_steps": None,
                     "version": 1}
 
 

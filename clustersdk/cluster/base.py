@@ -158,6 +158,8 @@ class Cluster:
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
         on_hang: str = "report",
+        on_nan: str = DEFAULTS.on_nan,
+        on_spike: str = DEFAULTS.on_spike,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -212,6 +214,15 @@ class Cluster:
         ``"restart"`` (from the newest checkpoint, within ``max_restarts``) or
         ``"fail"``. A rank stuck for good is ended by restarting its worker.
 
+        Diagnosis (``job.diagnosis``): a NaN or Inf in a logged loss (a scalar named
+        ``loss`` or ``*_loss``) or ``grad_norm``, or in the gradient norm of
+        ``clip_grad_norm``, makes ``on_nan`` decide: ``"report"`` (a diagnosis, the job
+        goes on), ``"pause"`` (every rank pauses at the next step boundary),
+        ``"rollback"`` (restart from the newest checkpoint, dropping that step's batch;
+        needs ``checkpoint_dir``) or ``"fail"``; all but ``"report"`` agree on control
+        words at every step. A loss spike (a robust z-score over the recent steps) is
+        reported, and with ``on_spike="pause"`` pauses the job.
+
         Code: functions defined in ``__main__`` or a notebook travel by value;
         modules the workers can't import are an error here, naming them, unless
         shipped: ``working_dir`` (a directory whose modules and files go to
@@ -238,7 +249,7 @@ class Cluster:
             plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
             py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
             time_limit=time_limit, min_world_size=min_world_size,
-            hang_timeout=hang_timeout, on_hang=on_hang,
+            hang_timeout=hang_timeout, on_hang=on_hang, on_nan=on_nan, on_spike=on_spike,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
@@ -406,9 +417,11 @@ def install(client: Client, state_dir: str) -> None:
     """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
     from ..control.plugin import ControlPlane
     from ..runtime.agent import Agent
+    from ..runtime.exits import ExitReporter
 
     client.register_plugin(ControlPlane(state_dir))
     client.register_plugin(Agent())
+    client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
     try:
         client.sync(ControlClient(client.scheduler).inventory)
     except Exception as e:  # pragma: no cover - only with a foreign scheduler
