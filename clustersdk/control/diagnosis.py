@@ -197,20 +197,20 @@ def _lost_worker(error: Mapping[str, Any]) -> Diagnosis | None:
     limit, rss, code = facts.get("memory_limit"), facts.get("rss"), facts.get("exitcode")
     worker = facts.get("worker") or "?"
     rank = error.get("rank")
-    signal = f" (signal {-code}, {_SIGNALS.get(-code, 'a signal')})" if isinstance(
+    signal = f"signal {-code}, {_SIGNALS.get(-code, 'a signal')}" if isinstance(
         code, int) and code < 0 else ""
-    of_limit = (f" of its memory_limit {fmt_bytes(limit)} ({100 * rss / limit:.0f}%)"
-                if limit and rss else "")
-    at = f" at RSS {fmt_bytes(rss)}{of_limit}" if rss else ""
+    at = f" at RSS {fmt_bytes(rss)}" if rss else ""
+    if limit and rss:
+        at += f", {100 * rss / limit:.0f}% of its memory_limit {fmt_bytes(limit)}"
     if facts.get("terminated_for_memory"):
         fraction = facts.get("terminate_fraction")
-        over = f", over the {100 * fraction:.0f}% it may use," if fraction else ""
-        summary = (f"host out of memory: Dask's nanny terminated worker {worker} of rank "
-                   f"{rank}{over}{at}{signal}")
+        why = "; ".join(p for p in (f"over {100 * fraction:.0f}%" if fraction else "", signal)
+                        if p)
+        summary = (f"host out of memory: Dask's nanny terminated worker {worker} (rank "
+                   f"{rank}){at}" + (f" ({why})" if why else ""))
     elif code == -9 and limit and rss and rss >= NEAR_LIMIT * limit:
-        summary = (f"host out of memory: worker {worker} of rank {rank} was killed by "
-                   f"SIGKILL{at}, most likely by the kernel's OOM killer (dmesg on its host "
-                   "says)")
+        summary = (f"host out of memory: worker {worker} (rank {rank}) was killed by SIGKILL"
+                   f"{at}: most likely the kernel's OOM killer (dmesg on its host says)")
     else:
         return None
     data = {k: facts[k] for k in ("memory_limit", "rss", "exitcode", "terminate_fraction")

@@ -99,10 +99,11 @@ CASES = [
     ("MemoryError", err("MemoryError", ""), "host_oom", ["host out of memory on rank 0"]),
     ("nanny memory kill", lost(exitcode=-15, memory_limit=2 * GIB, rss=1.95 * GIB,
                                terminated_for_memory=True, terminate_fraction=0.95), "host_oom",
-     ["Dask's nanny terminated worker tcp://10.0.0.2:4000 of rank 1, over the 95% it may use,",
-      "RSS 1.95 GiB of its memory_limit 2.00 GiB (98%)", "(signal 15, SIGTERM)"]),
+     ["Dask's nanny terminated worker tcp://10.0.0.2:4000 (rank 1) at RSS 1.95 GiB, 98% of "
+      "its memory_limit 2.00 GiB (over 95%; signal 15, SIGTERM)"]),
     ("OOM killer", lost(exitcode=-9, memory_limit=2 * GIB, rss=1.8 * GIB), "host_oom",
-     ["killed by SIGKILL at RSS 1.80 GiB", "kernel's OOM killer"]),
+     ["killed by SIGKILL at RSS 1.80 GiB, 90% of its memory_limit 2.00 GiB: most likely the "
+      "kernel's OOM killer"]),
     ("anomaly mode", err("RuntimeError", "Function 'DivBackward0' returned nan values in its "
                          "1th output."), "nonfinite", ["autograd found NaN values on rank 0"]),
 ]
