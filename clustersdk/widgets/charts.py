@@ -52,6 +52,7 @@ class LineChart:
         ]
         self.x_axis, self.y_axis = axes
         self.lines: dict[int, object] = {}
+        self.markers: object | None = None  # steps to point out (loss spikes)
         self.figure = bq.Figure(
             title=title, marks=[], axes=axes, animation_duration=0,
             fig_margin={"top": 34, "bottom": 40, "left": 56, "right": 14},
@@ -99,10 +100,31 @@ class LineChart:
         show_legend = self.legend and len(self.lines) <= MAX_LEGEND
         for mark in self.lines.values():
             mark.display_legend = show_legend
-        self.figure.marks = [self.lines[r] for r in sorted(self.lines)]
+        self._show_marks()
+
+    def set_markers(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        """Red rings at these points (e.g. the steps of loss spikes); none: no marks."""
+        if not len(xs) and self.markers is None:
+            return
+        bq = _bqplot()
+        x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+        if self.markers is None:
+            self.markers = bq.Scatter(
+                x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale}, marker="circle",
+                colors=["#dc2626"], fill=False, stroke="#dc2626", default_size=64,
+                labels=["loss spike"], enable_hover=False)
+            self._show_marks()
+        else:
+            with self.markers.hold_sync():
+                self.markers.x, self.markers.y = x, y
+
+    def _show_marks(self) -> None:
+        lines = [self.lines[r] for r in sorted(self.lines)]
+        self.figure.marks = lines + ([self.markers] if self.markers is not None else [])
 
     def clear(self) -> None:
         self.lines = {}
+        self.markers = None
         self.figure.marks = []
 
 

@@ -24,7 +24,7 @@ from .charts import LineChart
 from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
-from .render import badge, job_html, job_text, stacks_html
+from .render import badge, diagnosis_html, job_html, job_text, stacks_html
 from .straggler import phases_html
 from .tree import close_tree
 
@@ -77,6 +77,7 @@ class JobDashboard:
     # widgets ------------------------------------------------------------------------
     def _build(self) -> None:
         self.header = w.HTML()
+        self.diagnosis = w.HTML()  # the newest diagnosis: what went wrong, what to do
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
                                         layout=w.Layout(width="320px", display="none"))
         self.progress_label = w.HTML()
@@ -108,6 +109,7 @@ class JobDashboard:
         self.error = w.HTML(layout=w.Layout(display="none", width="100%"))
         self.widget = w.VBox([
             self.header,
+            self.diagnosis,
             w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
             w.HBox([*self.buttons.values(), self.message],
                    layout=w.Layout(align_items="center", flex_flow="row wrap")),
@@ -209,9 +211,13 @@ class JobDashboard:
                     self.rank.value = value
                 finally:
                     self._syncing = False
+        if "diagnosis" in dirty:
+            self.diagnosis.value = diagnosis_html(view.diagnoses)
         if "scalars" in dirty:
             self._render_metric_choice()
             self._render_series(self.charts["loss"], view.scalars.get(self._metric, {}))
+        if dirty & {"scalars", "diagnosis"}:
+            self.charts["loss"].set_markers(*view.markers(self._metric))
         if "rate" in dirty:
             self._render_series(self.charts["rate"], view.rate)
         if "system" in dirty:
@@ -304,6 +310,7 @@ class JobDashboard:
                 self.charts["loss"].clear()
                 self.charts["loss"].figure.title = self._metric
                 self._render_series(self.charts["loss"], self.view.scalars.get(self._metric, {}))
+                self.charts["loss"].set_markers(*self.view.markers(self._metric))
 
     def _on_rank(self, _change: dict) -> None:
         if not self._syncing:

@@ -62,7 +62,7 @@ class JobView:
 
     ``dirty`` names what changed since :meth:`take_dirty` was last called:
     ``"status"``, ``"progress"``, ``"scalars"``, ``"rate"``, ``"system"``,
-    ``"logs"``, ``"phases"`` or ``"error"``.
+    ``"logs"``, ``"phases"``, ``"error"`` or ``"diagnosis"``.
     """
 
     def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
@@ -78,6 +78,7 @@ class JobView:
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
+        self.diagnoses: list[dict[str, Any]] = []  # what went wrong, what to do (oldest first)
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -110,6 +111,7 @@ class JobView:
         view.sharing = sharing_text(spec)
         view.events = list(record.get("events") or [])
         view.stacks = dict(record.get("stacks") or {})
+        view.diagnoses = diagnoses_of(record)
         return view
 
     # feeding -------------------------------------------------------------------
@@ -129,6 +131,8 @@ class JobView:
                 self.dirty.add("phases")
         elif kind == "rollback":
             self.roll_back(int(msg["step"]))
+        elif kind == "diagnosis" and msg.get("diagnosis"):
+            self.add_diagnosis(dict(msg["diagnosis"]))
         if "total_steps" in msg and msg["total_steps"]:
             self.total_steps = int(msg["total_steps"])
             self.dirty.add("progress")
@@ -190,9 +194,25 @@ class JobView:
         if "events" in record and record["events"] != self.events:
             self.events = list(record["events"])
             self.dirty.add("status")
+        if "events" in record and diagnoses_of(record) != self.diagnoses:
+            self.diagnoses = diagnoses_of(record)
+            self.dirty.add("diagnosis")
         if record.get("stacks") and record["stacks"] != self.stacks:
             self.stacks = dict(record["stacks"])
             self.dirty.add("error")
+
+    def add_diagnosis(self, diagnosis: dict[str, Any]) -> None:
+        """A new diagnosis (a message; the record's events bring the same ones back)."""
+        if diagnosis not in self.diagnoses:
+            self.diagnoses.append(diagnosis)
+            self.dirty.add("diagnosis")
+
+    def markers(self, metric: str) -> tuple[list[float], list[float]]:
+        """Steps and values to mark on the chart of ``metric``: the loss spikes."""
+        spikes = [d for d in self.diagnoses if d.get("kind") == "loss_spike"
+                  and d.get("step") is not None and metric == "loss"]
+        return ([float(d["step"]) for d in spikes],
+                [float((d.get("data") or {}).get("value", "nan")) for d in spikes])
 
     def roll_back(self, step: int) -> None:
         """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""
@@ -342,6 +362,21 @@ def sharing_text(spec: dict[str, Any]) -> str:
     if spec.get("preemptible") is False:
         parts.append("not preemptible")
     return " · ".join(parts)
+
+
+def diagnoses_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's diagnoses, oldest first: its durable events of kind ``diagnosis`` (or,
+    in a record without events, the newest one)."""
+    if "events" not in record:
+        return [record["diagnosis"]] if record.get("diagnosis") else []
+    return [e["diagnosis"] for e in record.get("events") or ()
+            if e.get("kind") == "diagnosis" and e.get("diagnosis")]
+
+
+def diagnosis_line(diagnosis: dict[str, Any]) -> str:
+    """One line: where, what, and what to do."""
+    at = f"step {diagnosis['step']} · " if diagnosis.get("step") is not None else ""
+    return f"{at}{diagnosis.get('summary', '')} — {diagnosis.get('advice', '')}"
 
 
 def event_lines(events: Iterable[dict[str, Any]], last: int = 3) -> list[str]:
