@@ -15,6 +15,7 @@ import cloudpickle
 import pytest
 
 import clustersdk as cs
+from clustersdk.widgets.job import JobDashboard
 from clustersdk.widgets.model import JobView
 from clustersdk.widgets.render import job_html
 
@@ -151,6 +152,12 @@ def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
     assert marked[float(step)] == d.data["value"]
     view.load_history(job.history())
     assert "<title>loss spike</title>" in job_html(view) and "Diagnosis:" in job_html(view)
+    dash = JobDashboard(job)  # the live one: a ring on the loss chart, the diagnosis above
+    try:
+        assert float(step) in list(dash.charts["loss"].markers.x)
+        assert "loss spike at step" in dash.diagnosis.value
+    finally:
+        dash.close()
     job.stop()
 
 

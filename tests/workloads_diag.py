@@ -75,3 +75,9 @@ def rendezvous_ports(value: str | None) -> None:
     import dask.config
 
     dask.config.set({"clustersdk.rendezvous-ports": value})
+
+
+def nan_at(ctx, step: int = 2, steps: int = 5) -> None:
+    """Logs a loss of 1.0 at every step but ``step``'s, which is NaN."""
+    for s, _ in ctx.loop(None, steps=steps):
+        ctx.log(loss=float("nan") if s == step else 1.0)

@@ -229,7 +229,7 @@ TIMEOUT_ADVICE = (
 RENDEZVOUS_ADVICE = (
     "a rank did not reach the process group's rendezvous in time: look at its log "
     "(job.logs(rank=...)) for a slow import or start, check that every host reaches rank 0's "
-    "address and port (python -m clustersdk doctor), or raise timeout=")
+    "address and port (clustersdk doctor), or raise timeout=")
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation")
 _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("
                            r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)\)")
@@ -412,8 +412,8 @@ def version_mismatch(versions: Mapping[int, Mapping[str, Any]],
             f"{value} on {_ranks(ranks)}{_where(ranks, hosts)}" for value, ranks in ordered))
     return Diagnosis(
         "version_mismatch", "ranks run different versions: " + "; ".join(parts),
-        "install the same versions in every worker's environment (python -m clustersdk "
-        "doctor lists them per host); mixed torch or NCCL versions fail or hang in collectives",
+        "install the same versions in every worker's environment (clustersdk doctor lists "
+        "them per host); mixed torch or NCCL versions fail or hang in collectives",
         detail="found as the ranks started; the job goes on",
         data={"versions": {key: seen for key, seen in differing.items()}})
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import statistics
 from typing import Any, Iterable, Mapping
 
 MAX_SCORE = 1e6  # a MAD of zero makes any rise infinite; keep it a number JSON can carry
@@ -109,8 +108,8 @@ class SpikeDetector:
         """Whether ``value`` is a spike against the window (the window unchanged)."""
         if len(self.values) < self.min_steps:
             return None
-        median = statistics.median(self.values)
-        mad = statistics.median(abs(v - median) for v in self.values)
+        median = _median(sorted(self.values))
+        mad = _median(sorted(abs(v - median) for v in self.values))
         rise = value - median
         if rise <= 0:
             return None
@@ -118,3 +117,8 @@ class SpikeDetector:
         if score < self.threshold or value < self.ratio * median:
             return None
         return Spike(step, value, median, mad, score)
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2

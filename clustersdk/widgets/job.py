@@ -70,7 +70,7 @@ class JobDashboard:
         source.load_into(self.view, job)
         with self._lock:
             self._ready = True
-            self._render(self.view.take_dirty() | {"status", "ranks"})
+            self._render(self.view.take_dirty() | {"status", "ranks", "diagnosis"})
         if self._pending:
             self._pump.request(self)
 
