@@ -15,6 +15,7 @@ import cloudpickle
 import pytest
 
 import clustersdk as cs
+from clustersdk.cli.render import show
 from clustersdk.widgets.job import JobDashboard
 from clustersdk.widgets.model import JobView
 from clustersdk.widgets.render import job_html
@@ -79,9 +80,12 @@ def test_a_nan_is_reported_and_the_job_goes_on(idle):
                       world_size=2)
     out = job.wait(timeout=120)
     assert out["steps"] == list(range(14)) and not out["finite"]  # it went on, diverged
-    d = job.diagnosis
+    d = job.diagnosis  # the first NaN (rows of a later one may have come first)
     assert (d.kind, d.step, d.rank, d.data["values"]) == ("nonfinite", 5, 1, {"loss": "nan"})
-    assert kinds(job) == ["nonfinite"]  # the NaN steps after it are not news
+    assert len(losses(job, rank=0)) == 14 and math.isnan(losses(job, rank=0)[13])
+    assert set(kinds(job)) == {"nonfinite"} and len(kinds(job)) <= 2  # not one per NaN row
+    shown = show(job.info(), "local", {"steps": 14, "total_steps": 14, "scalars": {}})
+    assert f"diagnosis: {d.summary}\nwhat to do: {d.advice}" in shown
 
 
 def test_on_nan_pause_holds_the_job_before_the_next_step(idle):

@@ -13,7 +13,7 @@ scheduler's, and publishes it to the dashboards.
   reported are compared (a mismatch is diagnosed; the job goes on).
 - **NonFinite** (a NaN or Inf loss or gradient norm at step *s*), by the
   job's ``on_nan``: ``"report"``: a diagnosis for the first such step of a
-  gang start; ``"pause"``: every rank pauses before step *s* + 1 (the ranks
+  gang start (again if the rows of an earlier one arrive later); ``"pause"``: every rank pauses before step *s* + 1 (the ranks
   themselves hold there, see :mod:`clustersdk.runtime.nonfinite`; the plane
   mirrors the pause so that ``resume()`` works as usual); ``"fail"``: the job
   fails; ``"rollback"``: the job restarts from its newest checkpoint (never
@@ -54,6 +54,7 @@ class AnomalyBook:
         self._attempt = -1
         self.versions: dict[int, dict[str, Any]] = {}
         self.nonfinite_steps: set[int] = set()
+        self.reported: int | None = None  # the non-finite step "report" diagnosed
         self.spike_steps: set[int] = set()
 
     def of(self, attempt: int) -> AnomalyBook:
@@ -61,6 +62,7 @@ class AnomalyBook:
         if attempt != self._attempt:
             self._attempt = attempt
             self.versions, self.nonfinite_steps, self.spike_steps = {}, set(), set()
+            self.reported = None
         return self
 
     def restart_label(self, restarts: int) -> str:
@@ -109,10 +111,12 @@ def nonfinite(job: Lifecycle, e: ev.NonFinite) -> None:
     if job.status not in LIVE or e.step in book.nonfinite_steps:
         return
     policy = job.spec.on_nan
-    first = not book.nonfinite_steps
     book.nonfinite_steps.add(e.step)
     if policy == "report":
-        if first:  # once a loss is NaN the next ones usually are too: say it once
+        # once a loss is NaN the next ones usually are too: say it once, unless the rows of
+        # an earlier step come later (the ranks' rows arrive in any order)
+        if book.reported is None or e.step < book.reported:
+            book.reported = e.step
             diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
     elif policy == "pause":
         diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))

@@ -251,6 +251,8 @@ def test_report_diagnoses_the_first_non_finite_step_and_the_job_goes_on():
         [("nonfinite", 7, 1, "w1")]
     assert first[0]["summary"] == "non-finite loss=nan at step 7 on rank 1"
     assert diagnosed(nan(job, 8)) == [] and diagnosed(nan(job, 7)) == []  # said once
+    earlier = diagnosed(nan(job, 6, rank=0))  # its rows came late: that one is the first
+    assert [(d["step"], d["rank"]) for d in earlier] == [(6, 0)]
     assert job.status is S.RUNNING
 
 
