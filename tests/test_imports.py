@@ -24,6 +24,9 @@ PURE = [
     "clustersdk.control.hangs",
     "clustersdk.control.lifecycle",
     "clustersdk.control.events",
+    "clustersdk.control.diagnosis",
+    "clustersdk.control.signals",
+    "clustersdk.control.anomalies",
     "clustersdk.client",
 ]
 
