@@ -23,6 +23,7 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
     "ClusterSDKError": "errors",
+    "Diagnosis": "control.diagnosis",
     "HostKeyError": "errors",
     "InvalidTransitionError": "errors",
     "Job": "job",
@@ -47,6 +48,7 @@ __all__ = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "Diagnosis",
     "HostKeyError",
     "InvalidTransitionError",
     "Job",
@@ -67,6 +69,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster
+    from .control.diagnosis import Diagnosis
     from .errors import (
         CapacityError,
         CheckpointError,

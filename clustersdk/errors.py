@@ -116,21 +116,31 @@ class JobFailedError(ClusterSDKError):
     """A rank raised: the job is FAILED.
 
     Attributes name the first failing ``rank``, the exception type
-    (``exc_type``), its ``message`` and the remote ``traceback`` text.
+    (``exc_type``), its ``message`` and the remote ``traceback`` text, and, when
+    the failure is a known kind (out of memory, a collective timeout...), its
+    ``diagnosis`` (a :class:`~clustersdk.Diagnosis`: what went wrong, what to do).
     """
 
     def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str,
-                 consequences: list[dict] | None = None):
+                 consequences: list[dict] | None = None, diagnosis: dict | None = None):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.traceback = traceback
         self.consequences = consequences or []  # the peers' errors the cause brought about
+        self.diagnosis = None
+        if diagnosis:
+            from .control.diagnosis import Diagnosis
+
+            self.diagnosis = Diagnosis.from_dict(diagnosis)
         if exc_type == "WorkerLost":  # no rank raised: its worker went away
             text = f"job {job!r} failed: {message}"
         else:
             text = f"job {job!r} failed: rank {rank} raised {exc_type}: {message}"
+        if self.diagnosis is not None:
+            text += (f"\n\nDiagnosis: {self.diagnosis.summary}\n"
+                     f"What to do: {self.diagnosis.advice}")
         if self.consequences:
             text += "\n\nThen, as a consequence:" + "".join(
                 f"\n  rank {c.get('rank')} raised {c.get('type')}: {c.get('message')}"
@@ -142,4 +152,4 @@ class JobFailedError(ClusterSDKError):
     @classmethod
     def from_record(cls, job: str, error: dict) -> JobFailedError:
         return cls(job, error["rank"], error["type"], error["message"], error["traceback"],
-                   error.get("consequences"))
+                   error.get("consequences"), error.get("diagnosis"))

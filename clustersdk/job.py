@@ -23,6 +23,7 @@ from .status import JobStatus
 if TYPE_CHECKING:
     from .cluster.base import Cluster, Subscription
     from .postmortem import PostMortem
+    from .control.diagnosis import Diagnosis
     from .profile import Profile
     from .widgets.console import Console
 
@@ -106,8 +107,32 @@ class Job:
         (``consequences``)."""
         return self.info().get("events", [])
 
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The newest diagnosis of the job (what went wrong, what to do), or None.
+
+        A failure of a known kind (CUDA or host out of memory, a collective timeout, two
+        ranks on one GPU, a port in use), a non-finite loss, a loss spike or ranks on
+        different versions; see :mod:`clustersdk.control.diagnosis`.
+
+        >>> job.diagnosis                                # doctest: +SKIP
+        Diagnosis(kind='host_oom', summary="host out of memory: Dask's nanny terminated ...")
+        """
+        from .control.diagnosis import Diagnosis
+
+        found = self.info().get("diagnosis")
+        return Diagnosis.from_dict(found) if found else None
+
+    def diagnoses(self) -> list[Diagnosis]:
+        """Every diagnosis of the job, oldest first (kept with its durable events)."""
+        from .control.diagnosis import Diagnosis
+
+        return [Diagnosis.from_dict(e["diagnosis"]) for e in self.events()
+                if e.get("kind") == "diagnosis" and e.get("diagnosis")]
+
     def info(self) -> dict[str, Any]:
-        """The job's record: status, reason, ranks and their workers, times, error."""
+        """The job's record: status, reason, ranks and their workers, times, error, the newest
+        ``diagnosis`` and the durable ``events``."""
         self._record = self.cluster.sync(self.cluster.control.job, job=self.id)
         return self._record
 

@@ -29,6 +29,7 @@ VERSION = 1  # of WireSpec and the messages; a newer peer's spec is refused, an 
 
 HANDLER_PREFIX = "clustersdk_"
 TOPIC_PREFIX = "clustersdk-job-"
+EXIT_TOPIC = "clustersdk-worker-exit"  # a nanny's report of how its worker process ended
 
 
 # --- the control vector ------------------------------------------------------------------
@@ -150,6 +151,7 @@ class RankEvent(str, enum.Enum):
     TUNABLE = "tunable"                  # info: what job.update may change here (its optimizers...)
     RAN = "ran"                          # seq, result (pickled) or error: a job.run on this rank
     UPDATED = "updated"                  # seq, step, changes {key: [old, new]} or error
+    NONFINITE = "nonfinite"              # step, values: a watched scalar was NaN or Inf
     FAILED = "failed"                    # error: the rank raised
     HELD = "held"                        # error, frames, step: raised under on_error="hold"
     BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
@@ -243,6 +245,14 @@ class UpdatedMessage(TypedDict):
     changes: dict[str, list[Any]]  # key -> [old, new]
 
 
+class DiagnosisMessage(TypedDict):
+    """What went wrong, and what to do (a :class:`clustersdk.control.diagnosis.Diagnosis`
+    as a dict)."""
+
+    kind: Literal["diagnosis"]
+    diagnosis: dict[str, Any]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -253,7 +263,7 @@ class RollbackMessage(TypedDict):
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
                 CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage,
-                UpdatedMessage]
+                UpdatedMessage, DiagnosisMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -314,6 +324,9 @@ class WireSpec:
     hold_timeout: float = 1800.0          # seconds a HELD job waits before it fails
     debug: bool = False                   # ctx.breakpoint() opens a pdb console (else a no-op)
     hparams: dict[str, Any] | None = None  # ctx.hparams at launch: JSON scalars job.update may change
+    on_nan: str = "report"                # a non-finite loss: "report", "pause", "rollback", "fail"
+    on_spike: str = "report"              # a loss spike: "report" or "pause"
+    skip_steps: list[int] | None = None   # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:

@@ -91,6 +91,9 @@ class JobSpec:
     debug: bool = DEFAULTS.debug        # ctx.breakpoint() opens a pdb console (else a no-op)
     # ctx.hparams: names -> numbers, strings or booleans that job.update may change
     hparams: dict[str, Any] | None = None
+    # a non-finite loss or a loss spike (see clustersdk.control.diagnosis)
+    on_nan: str = DEFAULTS.on_nan       # "report", "pause", "rollback" or "fail"
+    on_spike: str = DEFAULTS.on_spike   # "report" or "pause"
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -135,6 +138,7 @@ class JobSpec:
         self._check_hang_options()
         self._check_debug_options()
         self.hparams = check_hparams(self.hparams)
+        self._check_anomaly_options()
 
     def _check_sharing_options(self) -> None:
         if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
@@ -181,6 +185,17 @@ class JobSpec:
         self.hold_timeout = float(limit)
         if not isinstance(self.debug, bool):
             raise SpecError(f"debug must be True or False, got {self.debug!r}")
+
+    def _check_anomaly_options(self) -> None:
+        if self.on_nan not in ON_NAN:
+            raise SpecError(f"on_nan must be one of {', '.join(map(repr, ON_NAN))}, got "
+                            f"{self.on_nan!r}")
+        if self.on_spike not in ON_SPIKE:
+            raise SpecError(f"on_spike must be one of {', '.join(map(repr, ON_SPIKE))}, got "
+                            f"{self.on_spike!r}")
+        if self.on_nan == "rollback" and self.checkpoint_dir is None:
+            raise SpecError("on_nan='rollback' needs checkpoint_dir=... (it restarts from the "
+                            "newest checkpoint, skipping the batch of the non-finite step)")
 
     def _check_code_options(self) -> None:
         if self.working_dir is not None:
@@ -311,12 +326,15 @@ class JobSpec:
             hang_timeout=self.hang_timeout, on_hang=self.on_hang,
             on_error=self.on_error, hold_timeout=self.hold_timeout, debug=self.debug,
             hparams=dict(self.hparams) if self.hparams else None,
+            on_nan=self.on_nan, on_spike=self.on_spike,
         )
 
 
 # set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
 ON_HANG = ("report", "restart", "fail")  # what a HUNG job does (see launch)
 ON_ERROR = ("fail", "hold")  # what a rank that raises does to its job (see launch)
+ON_NAN = ("report", "pause", "rollback", "fail")  # what a non-finite loss does
+ON_SPIKE = ("report", "pause")  # what a loss spike does
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -108,7 +108,7 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
         job.run(lambda ctx: {}["missing"], ranks=[1], timeout=30)
     assert "During handling" not in str(refused.value)  # not chained to the held error
     with pytest.raises(cs.InvalidTransitionError,
-                       match="is HELD; job.update needs a PAUSED or RUNNING job"):
+                       match="is HELD; job.update needs a RUNNING or PAUSED job"):
         job.update(lr=0.1)  # the ranks can't agree on a step boundary while held
     assert job.status is cs.JobStatus.HELD and job.debug().step == 5
 

@@ -26,6 +26,9 @@ PURE = [
     "clustersdk.control.events",
     "clustersdk.control.live",
     "clustersdk.control.hparams",
+    "clustersdk.control.diagnosis",
+    "clustersdk.control.signals",
+    "clustersdk.control.anomalies",
     "clustersdk.client",
 ]
 

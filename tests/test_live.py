@@ -367,5 +367,5 @@ def test_the_dashboard_model_keeps_each_change_once_in_step_order():
     view.take_dirty()
     view.apply({"kind": "updated", "seq": 2, "step": 12, "changes": {"lr": [0.01, 0.001]}})
     view.apply({"kind": "updated", "seq": 4, "step": 30, "changes": {"warmup": [10, 20]}})
-    assert "markers" in view.take_dirty()
-    assert view.markers() == [(12, "lr 0.01 → 0.001"), (30, "warmup 10 → 20")]
+    assert "updates" in view.take_dirty()
+    assert view.update_marks() == [(12, "lr 0.01 → 0.001"), (30, "warmup 10 → 20")]

@@ -10,6 +10,7 @@ PUBLIC = [
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
+    "Diagnosis",
     "HostKeyError",
     "InvalidTransitionError",
     "Job",

@@ -130,6 +130,7 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
                     "profile_dir": None, "on_error": "fail", "hold_timeout": 1800.0,
                     "debug": False, "hparams": None,
+                    "on_nan": "report", "on_spike": "report", "skip_steps": None,
                     "version": 1}
 
 

@@ -180,6 +180,34 @@ def test_a_restarting_job_says_why():
     assert "restart 1 of 3" not in render.job_html(view)
 
 
+def test_the_newest_diagnosis_is_shown_with_its_advice_and_spikes_are_marked():
+    spike = {"kind": "loss_spike", "summary": "loss spike at step 3 on rank 0: 9 against a "
+             "median of 1", "advice": "look at the batch of that step", "step": 3, "rank": 0,
+             "data": {"value": 9.0}}
+    record = {"id": "j", "name": "a", "status": "RUNNING", "reason": "", "spec": {
+        "world_size": 1, "strategy": "ddp"}, "events": [
+        {"time": 1.0, "step": 3, "kind": "diagnosis", "message": spike["summary"],
+         "diagnosis": spike}]}
+    view = JobView.from_record(record)
+    view.load_history([{"seq": i + 1, "rank": 0, "step": i, "time": float(i),
+                        "loss": 9.0 if i == 3 else 1.0} for i in range(6)])
+    assert view.markers("loss") == ([3.0], [9.0]) and view.markers("lr") == ([], [])
+    html = render.job_html(view)
+    assert "Diagnosis:</strong> step 3 · loss spike at step 3" in html
+    assert "What to do:</strong> look at the batch" in html
+    assert html.count("<title>loss spike</title>") == 1
+    assert "diagnosis: step 3 · loss spike" in render.job_text(view, "<Job 'a'>")
+    view.take_dirty()
+    oom = {"kind": "cuda_oom", "summary": "CUDA out of memory on rank 0", "advice": "lower "
+           "the micro-batch", "step": None}
+    view.apply({"kind": "diagnosis", "diagnosis": oom})  # live, before the record has it
+    assert "diagnosis" in view.take_dirty() and view.diagnoses == [spike, oom]
+    html = render.job_html(view)
+    assert "CUDA out of memory on rank 0" in html and "1 earlier: job.diagnoses()" in html
+    assert "#dc2626" in render.diagnosis_html(view.diagnoses)  # a failure's red
+    assert render.diagnosis_html([]) == ""
+
+
 def test_cluster_model_bars_and_text():
     slots = [{"worker": "tcp://a:1", "host": "a", "kind": "cuda", "index": 0, "job": "j1"},
              {"worker": "tcp://a:2", "host": "a", "kind": "cuda", "index": 1, "job": None}]

@@ -84,6 +84,10 @@ def show(record: Mapping[str, Any], cluster: str, done: Mapping[str, Any]) -> st
         rows = [[str(r["rank"]), r["host"], r["device"], r["worker"]] for r in ranks]
         lines.extend("  " + line
                      for line in table(rows, ["RANK", "HOST", "DEVICE", "WORKER"]).splitlines())
+    diagnosis = record.get("diagnosis")
+    if diagnosis:  # what went wrong, in a sentence, and what to do
+        lines.append(f"diagnosis: {diagnosis.get('summary')}")
+        lines.append(f"what to do: {diagnosis.get('advice')}")
     error = record.get("error")
     if error:
         lines.append(f"error: rank {error.get('rank')}: {error.get('type')}: "

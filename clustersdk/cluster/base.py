@@ -162,6 +162,8 @@ class Cluster:
         hold_timeout: float | None = None,
         debug: bool = DEFAULTS.debug,
         hparams: dict[str, Any] | None = None,
+        on_nan: str = DEFAULTS.on_nan,
+        on_spike: str = DEFAULTS.on_spike,
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -223,6 +225,14 @@ class Cluster:
         ``hold_timeout`` (default: the ``clustersdk.hold-timeout`` setting, 1800 s).
         ``debug=True`` makes ``ctx.breakpoint()`` pause the job and open a pdb console
         in the notebook (``job.console()``); without it the call does nothing.
+        Diagnosis (``job.diagnosis``): a NaN or Inf in a logged loss (a scalar named
+        ``loss`` or ``*_loss``) or ``grad_norm``, or in the gradient norm of
+        ``clip_grad_norm``, makes ``on_nan`` decide: ``"report"`` (a diagnosis, the job
+        goes on), ``"pause"`` (every rank pauses at the next step boundary),
+        ``"rollback"`` (restart from the newest checkpoint, dropping that step's batch;
+        needs ``checkpoint_dir``) or ``"fail"``; all but ``"report"`` agree on control
+        words at every step. A loss spike (a robust z-score over the recent steps) is
+        reported, and with ``on_spike="pause"`` pauses the job.
 
         Code: functions defined in ``__main__`` or a notebook travel by value;
         modules the workers can't import are an error here, naming them, unless
@@ -256,7 +266,7 @@ class Cluster:
             time_limit=time_limit, min_world_size=min_world_size,
             hang_timeout=hang_timeout, on_hang=on_hang, on_error=on_error,
             hold_timeout=config.get("hold-timeout") if hold_timeout is None else hold_timeout,
-            debug=debug, hparams=hparams,
+            debug=debug, hparams=hparams, on_nan=on_nan, on_spike=on_spike,
         )
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
@@ -424,9 +434,11 @@ def install(client: Client, state_dir: str) -> None:
     """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
     from ..control.plugin import ControlPlane
     from ..runtime.agent import Agent
+    from ..runtime.exits import ExitReporter
 
     client.register_plugin(ControlPlane(state_dir))
     client.register_plugin(Agent())
+    client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
     try:
         client.sync(ControlClient(client.scheduler).inventory)
     except Exception as e:  # pragma: no cover - only with a foreign scheduler

@@ -16,13 +16,17 @@ if TYPE_CHECKING:
 
 def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None = None,
           state_dir: str | None = None, dashboard: bool = False,
-          silence_logs: int | bool = logging.WARNING) -> Cluster:
+          silence_logs: int | bool = logging.WARNING,
+          memory_limit: str | int | None = None) -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
     GPU ``i`` (``CUDA_VISIBLE_DEVICES``), so two ranks never share a device.
     Every worker has one thread and imports torch when it starts. Dask's own
     log lines below ``silence_logs`` are hidden (``False`` shows them all).
+    ``memory_limit`` (bytes, or ``"4 GiB"``) is each worker's: its nanny restarts a
+    worker that passes 95% of it (``distributed.worker.memory.terminate``), and the
+    job's diagnosis says so; by default Dask's share of the machine's memory.
 
     In a script, call it under ``if __name__ == "__main__":`` (the workers
     import the script again); without the guard this fails at once, saying so.
@@ -42,6 +46,7 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
         workers = n_gpus or 2
     if isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0:
         raise SpecError(f"workers must be a positive int, got {workers!r}")
+    limit = _memory_limit(memory_limit)
     if n_gpus and workers > n_gpus:
         raise SpecError(f"workers={workers} but this machine has {n_gpus} GPU(s): one worker per GPU")
 
@@ -55,6 +60,7 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
         specs[f"slot-{i}"] = {"cls": Nanny, "options": {
             "nthreads": 1, "env": env, "host": "127.0.0.1", "name": f"slot-{i}",
             "dashboard": False, "silence_logs": silence_logs,
+            **({"memory_limit": limit} if limit is not None else {}),
         }}
     with dask.config.set(_nanny_environ()):
         dask_cluster = _slots_class()(workers=specs, scheduler=scheduler, name="clustersdk-local",
@@ -66,6 +72,23 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     except BaseException:
         dask_cluster.close()
         raise
+
+
+def _memory_limit(value: str | int | None) -> int | None:
+    """``memory_limit`` in bytes (None: Dask's default), or a SpecError naming it."""
+    if value is None:
+        return None
+    from dask.utils import parse_bytes
+
+    try:
+        limit = value if isinstance(value, int) and not isinstance(value, bool) else \
+            parse_bytes(value)
+    except (TypeError, ValueError):
+        limit = None
+    if not isinstance(limit, int) or limit <= 0:
+        raise SpecError(f"memory_limit must be a positive number of bytes or a size such as "
+                        f"'4 GiB', got {value!r}")
+    return limit
 
 
 @functools.cache

@@ -39,7 +39,7 @@ class RankEventBase:
 
 @dataclasses.dataclass(frozen=True)
 class Started(RankEventBase):
-    pass
+    versions: dict[str, Any] | None = None  # python, torch, clustersdk... of the rank's worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +163,30 @@ class StartFailed(RankEventBase):
 class WorkerLost(RankEventBase):
     worker: str
     host: str
+    # how its process ended, when its nanny said: exitcode, memory_limit, rss,
+    # terminated_for_memory (see clustersdk.control.evidence)
+    facts: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite(RankEventBase):
+    """A watched scalar (a loss, a gradient norm) was NaN or Inf at ``step``: reported by
+    the rank itself (``on_nan`` other than "report") or found in its rows."""
+
+    step: int
+    values: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpike(RankEventBase):
+    """The rank's loss at ``step`` is a spike (see :mod:`.signals`)."""
+
+    step: int
+    value: float
+    median: float
+    mad: float
+    score: float
+    window: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +324,7 @@ Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, Checkp
               CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
               Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow,
               Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired,
-              RunRequested, Ran, UpdateRequested, Updated, Tunable]
+              RunRequested, Ran, UpdateRequested, Updated, Tunable, NonFinite, LossSpike]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------
@@ -398,6 +422,14 @@ class RestartWorker:
 
 
 @dataclasses.dataclass(frozen=True)
+class Diagnosed:
+    """Keep, log and publish a diagnosis (:class:`~.diagnosis.Diagnosis` as a dict): the
+    job's newest, a durable event of kind ``diagnosis``, a line of its log."""
+
+    diagnosis: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class Release:
     """The job is over and nothing of it runs: store ``result``, wake waiters, forget it."""
 
@@ -405,7 +437,8 @@ class Release:
 
 
 Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequeue, StartTimer,
-               TruncateHistory, CloseBoard, Record, CollectStacks, RestartWorker, Release]
+               TruncateHistory, CloseBoard, Record, CollectStacks, RestartWorker, Release,
+               Diagnosed]
 
 
 def status_message(status: str, attempt: int) -> StatusMessage:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import ExitStatus, Word
 from ..status import JobStatus
+from . import anomalies
 from . import events as ev
 
 if TYPE_CHECKING:
@@ -105,12 +106,16 @@ def fail_held(job: Lifecycle) -> None:
 
 
 # --- a lost worker: restart within the budget, else fail -------------------------------------
-def error(rank: int | None, exc_type: str, message: str, traceback: str = "") -> dict[str, Any]:
-    """A job's error record (``JobFailedError.from_record`` reads it)."""
-    return {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+def error(rank: int | None, exc_type: str, message: str, traceback: str = "",
+          facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A job's error record (``JobFailedError.from_record`` reads it); ``facts`` of a lost
+    worker (how its process ended) are what its diagnosis rests on."""
+    err = {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+    return {**err, "facts": {"worker": facts}} if facts else err
 
 
-def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
+def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str,
+         facts: dict[str, Any] | None = None) -> None:
     """Rank ``rank``'s worker is gone (or could not start it): restart the gang
     while the restart budget lasts, else fail the job."""
     budget = job.spec.max_restarts
@@ -118,8 +123,9 @@ def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
         return  # another worker of the gang (a whole host went): part of the same restart
     if job.status in HOLDABLE and job.restarts < budget:
         # the peers of the lost rank failed for want of it: consequences, not causes
-        cause = caused(error(rank, exc_type, message), job)
+        cause = caused(error(rank, exc_type, message, facts=facts), job)
         job.held_failure, job.consequences = None, []
+        anomalies.on_failure(job, cause)  # e.g. out of memory: worth knowing before it recurs
         job.restarts += 1
         job.restart_paused = job.status is JobStatus.PAUSED
         job._transition(JobStatus.RESTARTING, restarts=job.restarts, reason=(
@@ -130,7 +136,7 @@ def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
     elif not job.status.terminal:
         if budget and job.status in HOLDABLE:
             message += f" (all {budget} restart(s) of the job are used up)"
-        cause = caused(error(rank, exc_type, message), job)
+        cause = caused(error(rank, exc_type, message, facts=facts), job)
         job.held_failure, job.consequences = None, []
         job._fail(cause)
 
@@ -147,7 +153,9 @@ def restart(job: Lifecycle) -> None:
     if job.restart_paused:
         job.words[Word.PAUSE] = 1
     where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
-    note, job.restart_note = job.restart_note or f"restart {job.restarts}", None
+    # why: a lost worker's restart N, a rollback (anomalies), the owner's restart (holds)
+    note = job.restart_note or job.anomalies.restart_label(job.restarts)
+    job.restart_note = None
     job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
     job._transition(JobStatus.QUEUED, reason=f"{note}: {where}")
     job._out.append(ev.Enqueue(front=True))

@@ -173,21 +173,24 @@ def expired(job: Lifecycle, e: ev.HoldExpired) -> None:
     hangs.stopping(job)
 
 
-def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str) -> None:
-    """A worker of a HELD job left the cluster (its rank's slot is freed already)."""
+def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str,
+         facts: dict[str, Any] | None = None) -> None:
+    """A worker of a HELD job left the cluster (its rank's slot is freed already);
+    ``facts``: how its process ended, when its nanny said."""
     book = job.holds
     cause = job.held_failure
+    loss = faults.error(rank, exc_type, message, facts=facts)
     if cause is None or faults.is_communication_error(cause):
         # the lost worker explains the broken links: it is the cause
         job.held_failure, job.consequences = None, [faults.brief(cause)] if cause else []
         end(job, f"{message}: the job fails naming it")
-        job._fail(faults.caused(faults.error(rank, exc_type, message), job))
+        job._fail(faults.caused(loss, job))
     elif rank == book.cause:
         end(job, f"{message}: the held rank's frames are gone with it")
-        job.consequences.append(faults.brief(faults.error(rank, exc_type, message)))
+        job.consequences.append(faults.brief(loss))
         faults.fail_held(job)
     else:
-        job.consequences.append(faults.brief(faults.error(rank, exc_type, message)))
+        job.consequences.append(faults.brief(loss))
         return
     hangs.stopping(job)
 

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     estimated_start REAL,
     stacks TEXT,
     profiles TEXT,
-    held TEXT
+    held TEXT,
+    diagnosis TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_by_name ON jobs (scheduler, name, submitted);
 CREATE TABLE IF NOT EXISTS metrics (
@@ -91,11 +92,11 @@ CREATE TABLE IF NOT EXISTS phases (
 CREATE INDEX IF NOT EXISTS phases_by_job ON phases (job, seq);
 """
 
-_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held")
+_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis")
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
                   "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT",
-                  "profiles": "TEXT", "held": "TEXT"}
+                  "profiles": "TEXT", "held": "TEXT", "diagnosis": "TEXT"}
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 

@@ -55,7 +55,7 @@ from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import breakpoints, faults, hangs, holds, live, profiles, sharing
+from . import anomalies, breakpoints, faults, hangs, holds, live, profiles, sharing
 from .breakpoints import Sessions
 from .faults import error
 from .live import LiveBook
@@ -93,6 +93,7 @@ class Lifecycle:
         self.breaks = Sessions(spec.attempt)  # ctx.breakpoint() sessions and their console
         self.restart_note: str | None = None  # why the next restart happens, when not a loss
         self.live = LiveBook()           # job.run / job.update requests and the ranks' reports
+        self.anomalies = anomalies.AnomalyBook()  # diagnoses, rollbacks (see anomalies.py)
         self.released = False
         self._out: list[ev.Action] = []
         self._now = 0.0
@@ -163,6 +164,7 @@ class Lifecycle:
 
     def _started(self, e: ev.Started) -> None:
         self.started.add(e.rank)
+        anomalies.started(self, e)
         if self.status is JobStatus.STARTING and len(self.started) == self.world_size:
             self._transition(JobStatus.RUNNING, started=self._now, reason="")
 
@@ -220,7 +222,8 @@ class Lifecycle:
         self.exited[e.rank] = ExitStatus.LOST
         self._free(e.rank)
         self._lost(e.rank, "WorkerLost",
-                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster")
+                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
+                   facts=e.facts)
         self._maybe_done()
 
     def _grace_expired(self, e: ev.GraceExpired) -> None:
@@ -318,11 +321,12 @@ class Lifecycle:
                             "launch it with checkpoint_dir=...")
 
     # --- the rules behind them ---------------------------------------------------------------
-    def _lost(self, rank: int | None, exc_type: str, message: str) -> None:
+    def _lost(self, rank: int | None, exc_type: str, message: str,
+              facts: dict[str, Any] | None = None) -> None:
         if self.status is JobStatus.HELD:
-            holds.lost(self, rank, exc_type, message)
+            holds.lost(self, rank, exc_type, message, facts)
             return
-        faults.lost(self, rank, exc_type, message)
+        faults.lost(self, rank, exc_type, message, facts)
 
     def _maybe_done(self) -> None:
         if len(self.exited) < self.world_size:
@@ -349,6 +353,7 @@ class Lifecycle:
 
     def _fail(self, err: dict[str, Any]) -> None:
         """The job fails with ``err``; the other ranks are told to stop and will exit."""
+        err = anomalies.on_failure(self, err)  # with its diagnosis, when it has one
         rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
         faults.record(self, "failed", f"{rank}{err.get('type')}: {err.get('message')}",
                       rank=err.get("rank"), consequences=err.get("consequences", []))
@@ -425,4 +430,6 @@ _DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
     ev.UpdateRequested: live.update_requested,
     ev.Updated: live.updated,
     ev.Tunable: live.tunable,
+    ev.NonFinite: anomalies.nonfinite,
+    ev.LossSpike: anomalies.spike,
 }

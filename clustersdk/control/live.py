@@ -176,7 +176,9 @@ class LiveBook:
 # --- the lifecycle's rules -----------------------------------------------------------------
 def _check_live(job: Lifecycle, what: str, states: frozenset = LIVE_STATES) -> None:
     if job.status not in states:
-        allowed = " or ".join(sorted(s.name for s in states))
+        names = [s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD)
+                 if s in states]
+        allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         raise InvalidTransitionError(f"job {job.name!r} is {job.status.name}; {what} needs a "
                                      f"{allowed} job")
 

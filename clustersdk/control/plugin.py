@@ -28,6 +28,7 @@ from ..protocol import ExitStatus, MetricsMessage, Op, RankEvent, WireSpec, Work
 from ..status import JobStatus
 from . import events as ev
 from . import hangs, policy, watchdog
+from .evidence import Evidence
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .placement import Placement
@@ -51,6 +52,7 @@ class Run:
     board: Any = None  # TensorBoard writers, with tensorboard_dir
     step: int | None = None  # the furthest step a rank logged (what events are stamped with)
     watch: hangs.Watch = dataclasses.field(default_factory=lambda: hangs.Watch(time.time()))
+    detectors: dict = dataclasses.field(default_factory=dict)  # rank -> its loss's SpikeDetector
 
     @property
     def id(self) -> str:
@@ -86,6 +88,7 @@ class ControlPlane(SchedulerPlugin):
         self.placement = Placement(self, scheduling_config(self.journal))
         self._scheduling = self._again = False
         self.requests = Requests(self)
+        self.evidence = Evidence(self)  # for diagnoses: how lost workers ended, where ranks were
         handlers: dict[Op, Callable] = {
             **self.requests.handlers(),
             Op.WORKER_READY: self._worker_ready,
@@ -102,6 +105,7 @@ class ControlPlane(SchedulerPlugin):
 
     async def close(self) -> None:
         self._ticker.stop()
+        self.evidence.closed = True
         for run in list(self.runs.values()):
             self.feed(run, ev.SchedulerClosing())
         self.journal.close()
@@ -116,7 +120,11 @@ class ControlPlane(SchedulerPlugin):
         machine = run.machine
         rank = next(i for i, r in enumerate(machine.ranks) if r.worker == worker)
         host = slot.host if slot is not None else machine.ranks[rank].host
-        self.feed(run, ev.WorkerLost(rank, machine.attempt, worker, host))
+        # fed once its nanny said how the process ended (out of memory?), or soon after
+        self.evidence.lost(run, ev.WorkerLost(rank, machine.attempt, worker, host))
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        self.evidence.heard(topic, msg)  # a nanny's report of a worker's end
 
     # --- feeding the lifecycles ---------------------------------------------------------
     def add_run(self, run: Run, seq: int | None = None) -> Run:
@@ -128,8 +136,9 @@ class ControlPlane(SchedulerPlugin):
         return run
 
     def new_run(self, spec: WireSpec, payload: bytes, **state: Any) -> Run:
-        return Run(Lifecycle(spec, failure_grace=float(config.get("failure-grace")), **state),
-                   payload)
+        machine = Lifecycle(spec, failure_grace=float(config.get("failure-grace")), **state)
+        machine.anomalies.max_rollbacks = int(config.get("diagnosis.max-rollbacks"))
+        return Run(machine, payload)
 
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out what it asks for."""
@@ -191,6 +200,7 @@ class ControlPlane(SchedulerPlugin):
         run = self.runs.get(job)
         if run is None:  # over: nothing of it is kept any more
             return
+        self.evidence.annotate(run, kind, data)  # where every rank was, for its diagnosis
         self._intake(run, rank, attempt, kind, data)
         make = _RANK_EVENTS.get(kind)
         if make is not None:
@@ -214,6 +224,7 @@ class ControlPlane(SchedulerPlugin):
             return
         if rows:
             self.journal.add_metrics(run.id, rows)
+            self.evidence.rows(run, rows)  # a NaN (on_nan="report"), a loss spike
             run.step = max(run.step or 0, max(r["step"] for r in rows))
             self.placement.progress(run.id, run.step, time.time())
             board = self._board(run)
@@ -365,11 +376,12 @@ _EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
     ev.CollectStacks: ControlPlane._collect_stacks,
     ev.RestartWorker: ControlPlane._restart_worker,
     ev.Release: ControlPlane._release,
+    ev.Diagnosed: lambda plane, run, action: plane.evidence.diagnosed(run, action),
 }
 
 # which lifecycle event a rank's report is (METRICS carries rows only)
 _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
-    RankEvent.STARTED: lambda rank, attempt, d: ev.Started(rank, attempt),
+    RankEvent.STARTED: lambda rank, attempt, d: ev.Started(rank, attempt, d.get("versions")),
     RankEvent.LOOP: lambda rank, attempt, d: ev.LoopStarted(rank, attempt, d["total_steps"]),
     RankEvent.RESTORED: lambda rank, attempt, d: ev.Restored(rank, attempt, d["step"],
                                                              d.get("path", "")),
@@ -392,6 +404,8 @@ _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
                                                    d.get("error")),
     RankEvent.UPDATED: lambda rank, attempt, d: ev.Updated(
         rank, attempt, d["seq"], d.get("step"), d.get("changes") or {}, d.get("error")),
+    RankEvent.NONFINITE: lambda rank, attempt, d: ev.NonFinite(rank, attempt, d["step"],
+                                                               d["values"]),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
         rank, attempt, ExitStatus(d["status"]), d.get("result")),
 }

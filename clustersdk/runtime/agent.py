@@ -28,6 +28,7 @@ from .. import config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from . import capture, checkpoint, telemetry
 from .control import Control, JobSuspended
+from .nonfinite import failure_facts
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class Agent(WorkerPlugin):
         self.early: dict[tuple[str, int], Control] = {}
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
+        # what the ranks of a job must agree on; compared by the control plane (diagnoses)
+        self.versions = await asyncio.get_running_loop().run_in_executor(None, _versions)
         handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
                     WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks,
                     WorkerOp.CONSOLE: self.console}
@@ -223,6 +226,7 @@ class RankThread(threading.Thread):
         capture.bind(self.sink)
         spec, rank, ws = self.spec, self.rank, self.spec.world_size
         outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
+        device = None
         try:
             device = pg.rank_device(_slot_kind())
             pg.set_env(rank, ws, *self.master, env=spec.env)
@@ -237,7 +241,8 @@ class RankThread(threading.Thread):
                 checkpoint=_checkpoint_options(spec, rank), report=self._report, spec=spec,
                 objects=objects, fetch=self._fetch,
             )
-            self.agent.report(self, RankEvent.STARTED)
+            self.agent.report(self, RankEvent.STARTED,
+                              versions=getattr(self.agent, "versions", None))
             result = fn(self.ctx, *args, **kwargs)
             if self.ctx.stopped:
                 outcome["status"] = ExitStatus.STOPPED.value
@@ -249,6 +254,9 @@ class RankThread(threading.Thread):
             outcome = {"status": ExitStatus.FAILED.value}
             error = {"rank": rank, "type": type(e).__name__, "message": str(e),
                      "traceback": "".join(traceback.format_exception(e))}
+            facts = failure_facts(e, device)  # e.g. CUDA memory peaks, for its diagnosis
+            if facts:
+                error["facts"] = facts
             try:  # before teardown, so that the first failure is the one reported
                 if not self._hold(e, error):
                     self.agent.report(self, RankEvent.FAILED, final=True, error=error)
@@ -340,6 +348,12 @@ def _exit_without_finalizers() -> None:
         os._exit(0)
 
     atexit.register(hard_exit)
+
+
+def _versions() -> dict[str, Any]:
+    from ..doctor.probes import versions
+
+    return versions()
 
 
 def _slot_kind() -> str:

@@ -58,16 +58,20 @@ class ControlCheck:
     every step when steps are slow, every N steps when they are fast, where a
     collective per step would cost several percent of throughput. N follows
     the slowest rank's step time, carried in the same all-reduce, so every
-    rank computes the same next check step.
+    rank computes the same next check step. ``every_step``: a check at every
+    step (``on_nan`` other than "report": a rank that sees a non-finite loss
+    raises a word that every rank must act on at the very next boundary).
     """
 
-    def __init__(self, control: Control, step: int, world_size: int, group: Any):
+    def __init__(self, control: Control, step: int, world_size: int, group: Any,
+                 every_step: bool = False):
         self.control = control
         self.world_size = world_size
         self.group = group
         self.next_step = step
         self.since = time.perf_counter()
         self.since_step = step
+        self.every_step = every_step
 
     def due(self, step: int) -> bool:
         return step >= self.next_step
@@ -86,6 +90,7 @@ class ControlCheck:
         else:
             step_us = elapsed_us
         every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
+        every = 1 if self.every_step else every
         self.next_step = step + (1 if step == self.since_step else every)
         self.since, self.since_step = time.perf_counter(), step
         return words

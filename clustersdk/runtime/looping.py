@@ -17,6 +17,7 @@ from ..protocol import RankEvent, Word, profile_request
 from . import epochs as _epochs
 from .control import ControlCheck, JobSuspended
 from .data import make_loader
+from .nonfinite import NanGuard
 from .phases import Timed
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Looping:
     _capture: Capture | None
     _profiles_done: int
     _live: Live
+    _nonfinite_done = 0  # the newest NONFINITE word acted on (on_nan)
 
     def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
              epochs: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -64,13 +66,22 @@ class Looping:
             self._report(RankEvent.LOOP, total_steps=total)
         limit = total if total is not None else steps  # None: until the stream's epochs end
         batches = self._batches = _epochs.Batches(data, epochs, self.step) if data is not None else None
-        check = ControlCheck(self._control, self.step, self.world_size, self._control_group)
+        # on_nan other than "report": every step checked, and agreed on before any save
+        guard = NanGuard(self) if self.spec.on_nan != "report" else None
+        skip = frozenset(self.spec.skip_steps or ())  # steps whose batch a rollback drops
+        check = ControlCheck(self._control, self.step, self.world_size, self._control_group,
+                             every_step=guard is not None)
         start = self.step
         clock = self._phases
         clock.bind()
         try:
             while limit is None or self.step < limit:
                 clock.begin_step()
+                if guard is not None and check.due(self.step):  # a NaN step is never saved
+                    self.phase = "control"
+                    if not self._act(check, check.agree(self.step), self.step):
+                        self.stopped = True
+                        return
                 if self._every and self.step % self._every == 0 and self.step != start:
                     self.phase = "checkpoint"
                     self._save(self._checkpoints_done, blocking=not self._async)
@@ -83,6 +94,8 @@ class Looping:
                 batch = None
                 if batches is not None:
                     self.phase = "data"
+                    if self.step in skip and self._drop_batch(batches) is _epochs.END:
+                        break
                     if self._capture is not None:
                         with self._capture.data():
                             batch = batches.next()
@@ -95,6 +108,8 @@ class Looping:
                 self.phase = "step"
                 yield self.step, batch
                 clock.resumed(self.step)
+                if guard is not None:
+                    guard.after_step(self.step)
                 if self.step == start:
                     self._first_step_done()
                     self._live.first_step(batch)  # what job.update may change here
@@ -166,6 +181,14 @@ class Looping:
                     close()
             self._metrics.finish(self.step, evaluation)
 
+    def _drop_batch(self, batches: _epochs.Batches) -> Any:
+        """Draw the batch of a step that a rollback skips, and drop it."""
+        dropped = batches.next()
+        if self.rank == 0 and dropped is not _epochs.END:
+            print(f"step {self.step}: its batch is dropped (it gave a non-finite value before "
+                  "a rollback, on_nan='rollback')")
+        return dropped
+
     def _first_step_done(self) -> None:
         """Misuse that only the first step shows: options left unused, a stale scheduler."""
         self._steps.check_used()
@@ -192,6 +215,10 @@ class Looping:
         while True:
             if words[Word.STOP]:
                 return False
+            if words[Word.NONFINITE] > self._nonfinite_done:  # a rank saw a NaN or Inf
+                self._nonfinite_done = words[Word.NONFINITE]
+                if not NanGuard(self).act(words):
+                    return False  # rollback or fail: the control plane takes it from here
             if words[Word.SUSPEND] and evaluating:
                 return True  # finish the evaluation; suspend at the next step boundary
             if words[Word.SUSPEND]:

@@ -70,6 +70,13 @@ class Metrics:
                 self._open = {"rank": self.rank, "step": step, "time": time.time(), "scalars": {}}
             self._open["scalars"].update(row)
 
+    def scalars_of(self, step: int) -> dict[str, Any]:
+        """What has been logged so far in the open row of ``step`` (tensors as logged)."""
+        with self._lock:
+            if self._open is None or self._open["step"] != step:
+                return {}
+            return dict(self._open["scalars"])
+
     # the step boundary -----------------------------------------------------------------
     def end_step(self) -> None:
         """The loop moves on: the step's row is complete."""

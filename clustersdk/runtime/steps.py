@@ -39,6 +39,7 @@ class Steps:
         self.loss_fn: Callable[..., torch.Tensor] | None = None
         self.pipeline: Any = None
         self.called: set[str] = set()
+        self.last_norm: torch.Tensor | None = None  # of the last clipping (on_nan checks it)
 
     # --- the parts ----------------------------------------------------------------------
     def autocast(self):  # noqa: ANN201 - a context manager
@@ -76,6 +77,7 @@ class Steps:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        self.last_norm = norm
         return norm
 
     # --- the whole step -----------------------------------------------------------------

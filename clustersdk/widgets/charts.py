@@ -53,7 +53,8 @@ class LineChart:
         ]
         self.x_axis, self.y_axis = axes
         self.lines: dict[int, object] = {}
-        self.markers: Any = None  # vertical rules at given x (job.update's changes), if any
+        self.rules: Any = None  # vertical rules at given x (job.update's changes), if any
+        self.markers: Any = None  # rings at points to point out (loss spikes), if any
         self.figure = bq.Figure(
             title=title, marks=[], axes=axes, animation_duration=0,
             fig_margin={"top": 34, "bottom": 40, "left": 56, "right": 14},
@@ -110,22 +111,40 @@ class LineChart:
             return
         x = np.asarray([[v, v] for v in xs], dtype=np.float64)
         y = np.asarray([[0.0, 1.0]] * len(xs), dtype=np.float64)
-        if self.markers is None:
-            self.markers = bq.Lines(
+        if self.rules is None:
+            self.rules = bq.Lines(
                 x=x, y=y, scales={"x": self.x_scale, "y": bq.LinearScale(min=0.0, max=1.0)},
                 colors=[MARKER_COLOR], line_style="dashed", stroke_width=1.2,
                 labels=list(labels), display_legend=False, enable_hover=True)
             self._show_marks()
         else:
+            with self.rules.hold_sync():
+                self.rules.x, self.rules.y, self.rules.labels = x, y, list(labels)
+
+    def set_markers(self, xs: Sequence[float], ys: Sequence[float]) -> None:
+        """Red rings at these points (e.g. the steps of loss spikes); none: no marks."""
+        if not len(xs) and self.markers is None:
+            return
+        bq = _bqplot()
+        x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+        if self.markers is None:
+            self.markers = bq.Scatter(
+                x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale}, marker="circle",
+                colors=["#dc2626"], fill=False, stroke="#dc2626", default_size=64,
+                labels=["loss spike"], enable_hover=False)
+            self._show_marks()
+        else:
             with self.markers.hold_sync():
-                self.markers.x, self.markers.y, self.markers.labels = x, y, list(labels)
+                self.markers.x, self.markers.y = x, y
 
     def _show_marks(self) -> None:
         marks = [self.lines[r] for r in sorted(self.lines)]
-        self.figure.marks = marks + ([self.markers] if self.markers is not None else [])
+        self.figure.marks = marks + [m for m in (self.rules, self.markers) if m is not None]
 
     def clear(self) -> None:
+        """Drop the lines and rings (another metric is shown next); the rules stay."""
         self.lines = {}
+        self.markers = None
         self._show_marks()
 
 

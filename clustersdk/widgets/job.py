@@ -24,7 +24,7 @@ from .charts import LineChart
 from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
-from .render import badge, held_html, job_html, job_text, stacks_html
+from .render import badge, diagnosis_html, held_html, job_html, job_text, stacks_html
 from .straggler import phases_html
 from .tree import close_tree
 
@@ -70,7 +70,7 @@ class JobDashboard:
         source.load_into(self.view, job)
         with self._lock:
             self._ready = True
-            self._render(self.view.take_dirty() | {"status", "ranks"})
+            self._render(self.view.take_dirty() | {"status", "ranks", "diagnosis"})
             if self.view.status == "PAUSED" and "ctx.breakpoint()" in self.view.reason:
                 self._show_console()  # displayed while a session is open
         if self._pending:
@@ -79,6 +79,7 @@ class JobDashboard:
     # widgets ------------------------------------------------------------------------
     def _build(self) -> None:
         self.header = w.HTML()
+        self.diagnosis = w.HTML()  # the newest diagnosis: what went wrong, what to do
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
                                         layout=w.Layout(width="320px", display="none"))
         self.progress_label = w.HTML()
@@ -111,6 +112,7 @@ class JobDashboard:
         self.console_box = w.VBox(layout=w.Layout(width="100%"))  # job.console(), once one opens
         self.widget = w.VBox([
             self.header,
+            self.diagnosis,
             w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
             w.HBox([*self.buttons.values(), self.message],
                    layout=w.Layout(align_items="center", flex_flow="row wrap")),
@@ -216,12 +218,16 @@ class JobDashboard:
                     self.rank.value = value
                 finally:
                     self._syncing = False
+        if "diagnosis" in dirty:
+            self.diagnosis.value = diagnosis_html(view.diagnoses)
         if "scalars" in dirty:
             self._render_metric_choice()
             self._render_series(self.charts["loss"], view.scalars.get(self._metric, {}))
-        if "markers" in dirty:  # job.update's changes, at their steps
-            steps, labels = zip(*view.markers()) if view.updates else ((), ())
+        if "updates" in dirty:  # job.update's changes, at their steps
+            steps, labels = zip(*view.update_marks()) if view.updates else ((), ())
             self.charts["loss"].mark(steps, [f"step {s}: {t}" for s, t in zip(steps, labels)])
+        if dirty & {"scalars", "diagnosis"}:
+            self.charts["loss"].set_markers(*view.markers(self._metric))
         if "rate" in dirty:
             self._render_series(self.charts["rate"], view.rate)
         if "system" in dirty:
@@ -326,6 +332,7 @@ class JobDashboard:
                 self.charts["loss"].clear()
                 self.charts["loss"].figure.title = self._metric
                 self._render_series(self.charts["loss"], self.view.scalars.get(self._metric, {}))
+                self.charts["loss"].set_markers(*self.view.markers(self._metric))
 
     def _on_rank(self, _change: dict) -> None:
         if not self._syncing:

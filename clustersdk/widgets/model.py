@@ -62,8 +62,8 @@ class JobView:
 
     ``dirty`` names what changed since :meth:`take_dirty` was last called:
     ``"status"``, ``"progress"``, ``"scalars"``, ``"rate"``, ``"system"``,
-    ``"logs"``, ``"phases"``, ``"error"`` or ``"markers"`` (``job.update``'s changes,
-    drawn at their step on the loss chart).
+    ``"logs"``, ``"phases"``, ``"error"``, ``"diagnosis"`` or ``"updates"``
+    (``job.update``'s changes, drawn at their step on the loss chart).
     """
 
     def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
@@ -81,6 +81,7 @@ class JobView:
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
         self.held: dict[str, Any] = {}  # the held ranks' failing frames (on_error="hold")
         self.updates: dict[int, dict[str, Any]] = {}  # job.update's changes: seq -> step, changes
+        self.diagnoses: list[dict[str, Any]] = []  # what went wrong, what to do (oldest first)
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -115,6 +116,7 @@ class JobView:
         view.stacks = dict(record.get("stacks") or {})
         view.held = dict(record.get("held") or {})
         view.add_updates(e for e in view.events if e.get("kind") == "updated")
+        view.diagnoses = diagnoses_of(record)
         return view
 
     # feeding -------------------------------------------------------------------
@@ -136,6 +138,8 @@ class JobView:
             self.roll_back(int(msg["step"]))
         elif kind == "updated":
             self.add_updates([msg])
+        elif kind == "diagnosis" and msg.get("diagnosis"):
+            self.add_diagnosis(dict(msg["diagnosis"]))
         if "total_steps" in msg and msg["total_steps"]:
             self.total_steps = int(msg["total_steps"])
             self.dirty.add("progress")
@@ -198,12 +202,28 @@ class JobView:
             self.events = list(record["events"])
             self.dirty.add("status")
             self.add_updates(e for e in self.events if e.get("kind") == "updated")
+        if "events" in record and diagnoses_of(record) != self.diagnoses:
+            self.diagnoses = diagnoses_of(record)
+            self.dirty.add("diagnosis")
         if record.get("stacks") and record["stacks"] != self.stacks:
             self.stacks = dict(record["stacks"])
             self.dirty.add("error")
         if record.get("held") and record["held"] != self.held:
             self.held = dict(record["held"])
             self.dirty.add("error")
+
+    def add_diagnosis(self, diagnosis: dict[str, Any]) -> None:
+        """A new diagnosis (a message; the record's events bring the same ones back)."""
+        if diagnosis not in self.diagnoses:
+            self.diagnoses.append(diagnosis)
+            self.dirty.add("diagnosis")
+
+    def markers(self, metric: str) -> tuple[list[float], list[float]]:
+        """Steps and values to mark on the chart of ``metric``: the loss spikes."""
+        spikes = [d for d in self.diagnoses if d.get("kind") == "loss_spike"
+                  and d.get("step") is not None and metric == "loss"]
+        return ([float(d["step"]) for d in spikes],
+                [float((d.get("data") or {}).get("value", "nan")) for d in spikes])
 
     def roll_back(self, step: int) -> None:
         """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""
@@ -241,9 +261,9 @@ class JobView:
             if seq is None or seq in self.updates or u.get("step") is None:
                 continue
             self.updates[int(seq)] = {"step": int(u["step"]), "changes": dict(u.get("changes") or {})}
-            self.dirty.add("markers")
+            self.dirty.add("updates")
 
-    def markers(self) -> list[tuple[int, str]]:
+    def update_marks(self) -> list[tuple[int, str]]:
         """Where the loss chart marks a change: (step, ``lr 0.01 → 0.001``), in step order."""
         from ..control.hparams import describe
 
@@ -368,6 +388,21 @@ def sharing_text(spec: dict[str, Any]) -> str:
     if spec.get("preemptible") is False:
         parts.append("not preemptible")
     return " · ".join(parts)
+
+
+def diagnoses_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's diagnoses, oldest first: its durable events of kind ``diagnosis`` (or,
+    in a record without events, the newest one)."""
+    if "events" not in record:
+        return [record["diagnosis"]] if record.get("diagnosis") else []
+    return [e["diagnosis"] for e in record.get("events") or ()
+            if e.get("kind") == "diagnosis" and e.get("diagnosis")]
+
+
+def diagnosis_line(diagnosis: dict[str, Any]) -> str:
+    """One line: where, what, and what to do."""
+    at = f"step {diagnosis['step']} · " if diagnosis.get("step") is not None else ""
+    return f"{at}{diagnosis.get('summary', '')} — {diagnosis.get('advice', '')}"
 
 
 def event_lines(events: Iterable[dict[str, Any]], last: int = 3) -> list[str]:

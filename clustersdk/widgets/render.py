@@ -16,7 +16,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text
-from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, event_lines
+from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, diagnosis_line, event_lines
 from .straggler import phases_html
 
 #: One colour per rank (cycled), shared by the live charts and the static HTML.
@@ -72,7 +72,9 @@ def job_html(view: JobView) -> str:
         metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
         system_note="System figures are host CPU and memory (psutil): these ranks have no GPU."
         if source == "psutil" else "",
-        spark=sparkline(metrics[0], view.scalars.get(metrics[0], {})) if metrics else None,
+        spark=sparkline(metrics[0], view.scalars.get(metrics[0], {}),
+                        markers=view.markers(metrics[0])) if metrics else None,
+        diagnosis=Markup(diagnosis_html(view.diagnoses)),
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
         stacks=Markup((stacks_html(view.stacks)
@@ -80,6 +82,27 @@ def job_html(view: JobView) -> str:
                       + (held_html(view.held) if view.status in ("HELD", "FAILED") else "")),
         phases=Markup(phases_html(view.phases)),
     )
+
+
+#: A diagnosis's colour: a failure's red, a warning's (the job goes on) amber.
+FAILURE_KINDS = frozenset({"cuda_oom", "host_oom", "collective_timeout", "duplicate_gpu",
+                           "port_in_use"})
+
+
+def diagnosis_html(diagnoses: list[dict[str, Any]]) -> str:
+    """The newest diagnosis, in a box: what went wrong and what to do."""
+    if not diagnoses:
+        return ""
+    d = diagnoses[-1]
+    red = d.get("kind") in FAILURE_KINDS
+    border, background = ("#dc2626", "#fef2f2") if red else ("#d97706", "#fffbeb")
+    at = f"step {d['step']} · " if d.get("step") is not None else ""
+    more = (f' <span style="color:#6b7280;">({len(diagnoses) - 1} earlier: '
+            "job.diagnoses())</span>" if len(diagnoses) > 1 else "")
+    return (f'<div class="clustersdk-diagnosis" style="border-left:4px solid {border};'
+            f'background:{background};padding:4px 10px;margin:4px 0;font-size:12px;">'
+            f"<strong>Diagnosis:</strong> {html.escape(at + str(d.get('summary', '')))}{more}"
+            f"<br><strong>What to do:</strong> {html.escape(str(d.get('advice', '')))}</div>")
 
 
 def stacks_html(stacks: dict[str, Any]) -> str:
@@ -126,11 +149,15 @@ def job_text(view: JobView, header: str) -> str:
     if view.status == "FAILED" and view.error:
         e = view.error
         text += f"\nrank {e.get('rank')} raised {e.get('type')}: {e.get('message')}"
+    if view.diagnoses:
+        text += f"\ndiagnosis: {diagnosis_line(view.diagnoses[-1])}"
     return text
 
 
-def sparkline(title: str, series: dict[int, Any], width: int = 360, height: int = 80) -> dict | None:
-    """SVG polylines for one metric, one per rank, sharing the axes."""
+def sparkline(title: str, series: dict[int, Any], width: int = 360, height: int = 80,
+              markers: tuple[list[float], list[float]] = ([], [])) -> dict | None:
+    """SVG polylines for one metric, one per rank, sharing the axes; ``markers`` (steps
+    and values: the loss spikes) as red dots."""
     lines = {rank: s.points() for rank, s in series.items() if len(s)}
     if not lines:
         return None
@@ -147,8 +174,10 @@ def sparkline(title: str, series: dict[int, Any], width: int = 360, height: int 
         points = " ".join(f"{4 + (x - x0) * sx:.1f},{height - 4 - (y - y0) * sy:.1f}"
                           for x, y in zip(px, py) if y == y)
         out.append({"color": rank_color(rank), "points": points})
+    dots = [{"x": round(4 + (x - x0) * sx, 1), "y": round(height - 4 - (min(y, y1) - y0) * sy, 1)}
+            for x, y in zip(*markers) if y == y and x0 <= x <= x1]
     return {"title": title, "width": width, "height": height, "lines": out,
-            "ymin": fmt_number(y0), "ymax": fmt_number(y1)}
+            "ymin": fmt_number(y0), "ymax": fmt_number(y1), "markers": dots}
 
 
 def _short_label(chart: tuple) -> str:

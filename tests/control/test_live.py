@@ -84,8 +84,8 @@ def test_a_run_on_ranks_the_job_does_not_have_is_refused_before_anything(ranks):
 
 def test_run_and_update_need_a_running_or_paused_job():
     job = Lifecycle(WireSpec(id="j1", name="j", world_size=1), failure_grace=3.0)
-    with pytest.raises(InvalidTransitionError, match="is QUEUED; job.run needs a PAUSED or "
-                                                     "RUNNING job"):
+    with pytest.raises(InvalidTransitionError, match="is QUEUED; job.run needs a RUNNING, PAUSED or "
+                                                     "HELD job"):
         job.handle(ev.RunRequested(b"fn", None, 1000), 0.0)
     with pytest.raises(InvalidTransitionError, match="is QUEUED; job.update needs"):
         job.handle(ev.UpdateRequested({"lr": 0.1}), 0.0)

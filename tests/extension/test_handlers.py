@@ -107,6 +107,21 @@ async def test_logs_of_a_rank(jp_fetch, spin_job):
     assert nobody["lines"] == [] and nobody["text"] == ""
 
 
+async def test_a_jobs_diagnosis_is_served_with_the_job(jp_fetch, free_slot):
+    import cloudpickle
+
+    from .. import workloads_diag
+
+    cloudpickle.register_pickle_by_value(workloads_diag)
+    job = free_slot.launch(workloads_diag.nan_at, world_size=1)
+    job.wait(timeout=60)
+    served = await get(jp_fetch, "api", "jobs", job.id)
+    assert served["diagnosis"]["kind"] == "nonfinite" and served["diagnosis"]["step"] == 2
+    assert served["diagnosis"]["advice"] == job.diagnosis.advice
+    listed = [j for j in (await get(jp_fetch, "api", "jobs"))["jobs"] if j["id"] == job.id]
+    assert listed[0]["diagnosis"]["summary"] == "non-finite loss=nan at step 2 on rank 0"
+
+
 async def test_unknown_job_or_cluster_is_404_and_bad_parameters_are_400(jp_fetch, spin_job):
     code, body = await fails(jp_fetch, "api", "jobs", "no-such-job")
     assert (code, body["error"]) == (404, "job_not_found")

@@ -337,3 +337,22 @@ async def test_a_scheduler_without_clustersdk_answers_unsupported_operation():
 
 def test_nan_is_never_sent():
     assert models._number(math.inf) is None and models._number(1.5) == 1.5
+
+
+def test_a_jobs_diagnosis_is_served_as_the_openapi_description_says():
+    import yaml
+    from jupyter_clustersdk import app
+
+    from clustersdk.control.diagnosis import Diagnosis
+
+    found = Diagnosis("host_oom", "host out of memory: ...", "lower the batch size", rank=1,
+                      worker="tcp://h1:1", host="h1", data={"rss": 1.5e9}, time=12.0)
+    job = models.job_model({**RECORD, "diagnosis": found.as_dict()}, "c1")
+    assert Diagnosis.from_dict(json.loads(json.dumps(job))["diagnosis"]) == found
+    with open(os.path.join(os.path.dirname(app.__file__), "openapi.yaml")) as f:
+        schemas = yaml.safe_load(f)["components"]["schemas"]
+    described = schemas["Diagnosis"]
+    assert list(described["properties"]) == list(found.as_dict())
+    assert set(described["required"]) <= set(found.as_dict())
+    assert schemas["Job"]["properties"]["diagnosis"]["allOf"] == [
+        {"$ref": "#/components/schemas/Diagnosis"}]

@@ -1,0 +1,124 @@
+"""What the logged scalars say on their own: non-finite values and loss spikes.
+
+Pure (no Dask, torch or I/O), shared by the ranks (which check their own step
+when ``on_nan`` is not ``"report"``) and the control plane (which checks the
+rows it receives otherwise, and watches every rank's loss for spikes).
+
+*Watched* scalars are the losses (``loss``, ``*_loss``, ``loss_*``) and
+``grad_norm``: a NaN or Inf there means the training diverged; other names
+(a count, an accuracy) are the user's business.
+
+A *spike* is a loss far above what the recent steps make ordinary, by a
+robust z-score: ``0.6745 * (x - median) / MAD`` over the last ``window``
+finite losses of the rank (the modified z-score of Iglewicz and Hoaglin; the
+median and the median absolute deviation ignore the spikes themselves, and a
+falling loss only lowers the values that come next). It must also be
+``ratio`` times the median, so that a loss that has all but stopped moving
+(a MAD near zero) does not make noise look like a spike. One spike is
+reported once: the next one needs a loss back under the threshold first.
+
+>>> d = SpikeDetector(window=50, min_steps=20)
+>>> [d.add(step, 1.0 + 0.01 * (step % 7)) for step in range(30)][-1] is None
+True
+>>> d.add(30, 9.0).step
+30
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping
+
+MAX_SCORE = 1e6  # a MAD of zero makes any rise infinite; keep it a number JSON can carry
+
+
+def watched(name: str) -> bool:
+    """Whether a NaN or Inf in scalar ``name`` means the training diverged.
+
+    >>> [watched(n) for n in ("loss", "val_loss", "loss_mlm", "grad_norm", "accuracy")]
+    [True, True, True, True, False]
+    """
+    return name in ("loss", "grad_norm") or name.endswith("_loss") or name.startswith("loss_")
+
+
+def nonfinite_values(scalars: Mapping[str, Any]) -> dict[str, float]:
+    """The watched scalars of a row that are NaN or Inf.
+
+    >>> nonfinite_values({"loss": float("nan"), "lr": float("inf"), "grad_norm": 1.0})
+    {'loss': nan}
+    """
+    return {k: float(v) for k, v in scalars.items()
+            if watched(k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not math.isfinite(v)}
+
+
+def first_nonfinite(rows: Iterable[Mapping[str, Any]]
+                    ) -> tuple[int, int, dict[str, float]] | None:
+    """``(rank, step, values)`` of the first row with a non-finite watched scalar."""
+    for row in rows:
+        bad = nonfinite_values(row.get("scalars") or {})
+        if bad:
+            return int(row["rank"]), int(row["step"]), bad
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spike:
+    step: int
+    value: float
+    median: float
+    mad: float
+    score: float
+
+
+class SpikeDetector:
+    """One rank's recent losses, and whether the newest is a spike."""
+
+    def __init__(self, window: int = 50, min_steps: int = 20, threshold: float = 10.0,
+                 ratio: float = 1.25):
+        if not (isinstance(window, int) and isinstance(min_steps, int)
+                and 3 <= min_steps <= window):
+            raise ValueError(f"spike detection needs 3 <= min_steps <= window, got "
+                             f"min_steps={min_steps!r}, window={window!r}")
+        if not (threshold > 0 and ratio >= 1):
+            raise ValueError(f"spike threshold must be > 0 and ratio >= 1, got "
+                             f"threshold={threshold!r}, ratio={ratio!r}")
+        self.window, self.min_steps = window, min_steps
+        self.threshold, self.ratio = float(threshold), float(ratio)
+        self.values: collections.deque[float] = collections.deque(maxlen=window)
+        self.last_step: int | None = None
+        self.inside = False  # the last value was a spike: the next must come down first
+
+    def add(self, step: int, value: float) -> Spike | None:
+        """Take the loss of ``step``; the spike it is, if it is one."""
+        if self.last_step is not None and step <= self.last_step:
+            self.values.clear()  # replayed steps (a restart): start over
+            self.inside = False
+        self.last_step = step
+        if not math.isfinite(value):
+            return None  # non-finite values are reported on their own
+        spike = self.judge(step, value)
+        self.values.append(value)
+        was, self.inside = self.inside, spike is not None
+        return None if was else spike
+
+    def judge(self, step: int, value: float) -> Spike | None:
+        """Whether ``value`` is a spike against the window (the window unchanged)."""
+        if len(self.values) < self.min_steps:
+            return None
+        median = _median(sorted(self.values))
+        mad = _median(sorted(abs(v - median) for v in self.values))
+        rise = value - median
+        if rise <= 0:
+            return None
+        score = MAX_SCORE if mad == 0 else min(0.6745 * rise / mad, MAX_SCORE)
+        if score < self.threshold or value < self.ratio * median:
+            return None
+        return Spike(step, value, median, mad, score)
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2

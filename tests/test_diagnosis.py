@@ -1,0 +1,206 @@
+"""Diagnoses end to end, on real clusters: a rank that eats its worker's memory, a NaN at a
+chosen step (reported, paused at, rolled back over), a loss spike (diagnosed, marked on the
+dashboard, paused at), a port already in use, and ordinary training that gets none.
+
+The NaN and the spike come from one poisoned sample of the data, not from a step number:
+the test finds where ``ctx.shard``'s permutation puts it.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import cloudpickle
+import pytest
+
+import clustersdk as cs
+from clustersdk.cli.render import show
+from clustersdk.widgets.job import JobDashboard
+from clustersdk.widgets.model import JobView
+from clustersdk.widgets.render import job_html
+
+from . import workloads, workloads_diag
+from .helpers import losses, wait_for
+
+cloudpickle.register_pickle_by_value(workloads_diag)
+
+GIB = 2**30
+
+
+def sample_at(step: int, rank: int, world_size: int = 2, batch: int = workloads_diag.BATCH) -> int:
+    """The first sample of ``rank``'s batch at ``step`` (in the first epoch)."""
+    import torch
+
+    perm = torch.randperm(len(workloads.dataset()), generator=torch.Generator().manual_seed(0))
+    return int(perm[step * batch * world_size + rank * batch])
+
+
+def kinds(job) -> list[str]:
+    return [d.kind for d in job.diagnoses()]
+
+
+# --- host out of memory -------------------------------------------------------------------
+@pytest.fixture
+def small(tmp_path):
+    """Two workers of 1.5 GiB each: the nanny terminates one that passes 95% of it."""
+    c = cs.Cluster.local(workers=2, memory_limit="1.5 GiB", state_dir=str(tmp_path / "state"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_a_rank_that_eats_its_workers_memory_is_diagnosed_host_oom(small):
+    job = small.launch(workloads_diag.hog, kwargs={"rank": 1, "at_step": 3}, world_size=2,
+                       timeout=20)
+    with pytest.raises(cs.JobFailedError) as failed:
+        job.wait(timeout=120)
+    e = failed.value
+    assert e.exc_type == "WorkerLost" and e.rank == 1
+    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == 1)
+    d = job.diagnosis
+    assert d is not None and d.kind == "host_oom" and e.diagnosis == d
+    assert d.rank == 1 and d.worker == worker and d.host == "127.0.0.1"
+    assert d.data["memory_limit"] == int(1.5 * GIB)
+    assert d.data["rss"] >= 0.9 * d.data["memory_limit"]  # the last RSS its nanny saw
+    assert "Dask's nanny terminated worker" in d.summary and "memory_limit" in d.advice
+    assert f"Diagnosis: {d.summary}" in str(e)  # before the traceback
+    assert kinds(job) == ["host_oom"]
+    assert "clustersdk diagnosis: host out of memory" in job.logs(rank=1)
+
+
+# --- non-finite losses ----------------------------------------------------------------------
+NAN = float("nan")
+
+
+def test_a_nan_is_reported_and_the_job_goes_on(idle):
+    sample = sample_at(5, rank=1)
+    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN},
+                      world_size=2)
+    out = job.wait(timeout=120)
+    assert out["steps"] == list(range(14)) and not out["finite"]  # it went on, diverged
+    d = job.diagnosis  # the first NaN (rows of a later one may have come first)
+    assert (d.kind, d.step, d.rank, d.data["values"]) == ("nonfinite", 5, 1, {"loss": "nan"})
+    assert len(losses(job, rank=0)) == 14 and math.isnan(losses(job, rank=0)[13])
+    assert set(kinds(job)) == {"nonfinite"} and len(kinds(job)) <= 2  # not one per NaN row
+    shown = show(job.info(), "local", {"steps": 14, "total_steps": 14, "scalars": {}})
+    assert f"diagnosis: {d.summary}\nwhat to do: {d.advice}" in shown
+
+
+def test_on_nan_pause_holds_the_job_before_the_next_step(idle):
+    sample = sample_at(5, rank=1)
+    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN,
+                                                             "steps": 100},
+                      world_size=2, on_nan="pause")
+    wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=60)
+    assert job.info()["paused_at"] == 6  # the very next boundary
+    d = job.diagnosis
+    assert (d.kind, d.step, d.rank) == ("nonfinite", 5, 1)
+    assert "paused before step 6" in d.detail
+    history = job.history()
+    assert max(r["step"] for r in history) == 5 and math.isnan(losses(job, rank=1)[5])
+    assert job.stop() is cs.JobStatus.STOPPED
+
+
+def test_on_nan_rollback_finishes_without_the_poisoned_batch(idle, tmp_path):
+    clean = idle.launch(workloads_diag.train_poisoned, world_size=2)
+    clean.wait(timeout=120)
+    sample = sample_at(9, rank=0)
+    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN},
+                      world_size=2, on_nan="rollback", checkpoint_dir=str(tmp_path),
+                      checkpoint_every=4, timeout=20)
+    out = job.wait(timeout=180)
+    assert out["finite"] and out["steps"][-1] == 13
+    # rolled back once, from the checkpoint of step 8 (none taken after the NaN was)
+    assert [d.kind for d in job.diagnoses()] == ["nonfinite"] and job.diagnosis.step == 9
+    assert [e["kind"] for e in job.events()].count("rolled back") == 1
+    assert list(job.spec.skip_steps) == [9] and job.restarts == 0
+    assert "step 9: its batch is dropped" in job.logs(rank=0)
+    for rank in (0, 1):
+        mine = losses(job, rank)  # every step once
+        assert sorted(mine) == list(range(14)) and all(math.isfinite(v) for v in mine.values())
+        same = losses(clean, rank)
+        assert [mine[s] for s in range(9)] == [same[s] for s in range(9)]  # replayed exactly
+        assert mine[9] != same[9]  # step 9 trained on the next batch
+
+
+# --- loss spikes ------------------------------------------------------------------------------
+def test_ordinary_training_gets_no_diagnosis(idle):
+    job = idle.launch(workloads.train_mlp, kwargs={"steps": 300}, world_size=2)
+    job.wait(timeout=180)
+    assert len(losses(job)) == 300
+    assert job.diagnoses() == [] and job.diagnosis is None
+
+
+def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
+    import torch
+
+    batch = 4
+    step, rank = 40, 1
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(0))
+    sample = int(perm[step * batch * 2 + rank * batch])
+    job = idle.launch(workloads_diag.train_poisoned, kwargs={
+        "sample": sample, "y_scale": 6.0, "steps": 500, "batch": batch, "delay": 0.01},
+        world_size=2, on_spike="pause")
+    wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=60)
+    # the poisoned batch's (its update may spike a later step too, and the ranks' rows
+    # arrive in any order)
+    d = next(d for d in job.diagnoses() if d.step == step)
+    assert (d.kind, d.step, d.rank) == ("loss_spike", step, rank)
+    assert d.data["value"] > 10 * d.data["median"] and d.data["score"] >= 10
+    assert losses(job, rank)[step] == d.data["value"]
+    assert job.info()["paused_at"] > step
+    view = JobView.from_record(job.info())
+    marked = dict(zip(*view.markers("loss")))
+    assert marked[float(step)] == d.data["value"]
+    view.load_history(job.history())
+    assert "<title>loss spike</title>" in job_html(view) and "Diagnosis:" in job_html(view)
+    dash = JobDashboard(job)  # the live one: a ring on the loss chart, the diagnosis above
+    try:
+        assert float(step) in list(dash.charts["loss"].markers.x)
+        assert "loss spike at step" in dash.diagnosis.value
+    finally:
+        dash.close()
+    job.stop()
+
+
+# --- ports ------------------------------------------------------------------------------------
+@pytest.fixture
+def held_port(idle):
+    """A port this test listens on, made the workers' whole rendezvous range."""
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    idle.client.run(workloads_diag.rendezvous_ports, f"{port}-{port}")
+    try:
+        yield port
+    finally:
+        idle.client.run(workloads_diag.rendezvous_ports, None)
+        holder.close()
+
+
+def test_a_rendezvous_port_already_in_use_is_diagnosed(idle, held_port):
+    job = idle.launch(workloads.spin, world_size=2)
+    with pytest.raises(cs.JobFailedError, match=f"range {held_port}-{held_port}") as failed:
+        job.wait(timeout=60)
+    d = failed.value.diagnosis
+    assert d.kind == "port_in_use" and d.data["port"] == f"{held_port}-{held_port}"
+    assert d.host == "127.0.0.1" and d.rank == 0
+    assert job.diagnosis == d
+
+
+def test_a_port_the_training_function_cannot_bind_is_diagnosed(idle):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        job = idle.launch(workloads_diag.serve_on, kwargs={"port": port}, world_size=2)
+        with pytest.raises(cs.JobFailedError):
+            job.wait(timeout=60)
+    finally:
+        holder.close()
+    d = job.diagnosis
+    assert d.kind == "port_in_use" and d.data["port"] == str(port) and d.rank == 0
