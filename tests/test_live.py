@@ -126,9 +126,9 @@ def test_update_lr_while_running_equals_a_loop_that_changes_it_at_that_step(idle
     assert event["message"] == f"lr 0.05 → 0.02 (before step {step})"
     dash = JobDashboard(job)  # the loss chart marks the change at its step
     try:
-        rules = dash.charts["loss"].markers.x.reshape(-1, 2)  # one [x, x] per change
+        rules = dash.charts["loss"].rules.x.reshape(-1, 2)  # one [x, x] per change
         assert rules.tolist() == [[step, step]]
-        assert dash.charts["loss"].markers.labels == [f"step {step}: lr 0.05 → 0.02"]
+        assert dash.charts["loss"].rules.labels == [f"step {step}: lr 0.05 → 0.02"]
     finally:
         dash.close()
 
