@@ -101,15 +101,20 @@ def init(store: dist.Store, rank: int, world_size: int, device: torch.device, ti
 
     The first carries control words, the second checkpoint planning (DCP's
     async save runs collectives in a background thread, which must never meet
-    the training collectives on one group).
+    the training collectives on one group). The control group has the job's
+    ``timeout``, as the default group: a peer that waits at a step boundary for
+    a rank that will not come (held under ``on_error="hold"``, or running a long
+    ``job.run`` alone) gives up as it would in a training collective, not after
+    gloo's default of 30 minutes. The checkpoint group keeps that default: a
+    rank may wait there while another writes a large shard.
     """
     backend = "nccl" if device.type == "cuda" else "gloo"
+    limit = datetime.timedelta(seconds=timeout)
     dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout),
+        backend, store=store, rank=rank, world_size=world_size, timeout=limit,
         device_id=device if device.type == "cuda" else None,
     )
-    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    return dist.new_group(backend="gloo", timeout=limit), dist.new_group(backend="gloo")
 
 
 def teardown() -> None:
