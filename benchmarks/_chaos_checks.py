@@ -103,10 +103,17 @@ def worker_footprint() -> dict[str, Any]:
 
     import psutil
 
+    import sys
+    import traceback
+
     names = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
     ports = sorted(c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
                    if c.status == psutil.CONN_LISTEN)
-    return {"threads": dict(names), "ports": ports}
+    frames = sys._current_frames()
+    where = {t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
+             for t in threading.enumerate()
+             if t.name.startswith("clustersdk-") and t.ident in frames}
+    return {"threads": dict(names), "ports": ports, "where": where}
 
 
 def footprint_problems(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
@@ -126,7 +133,8 @@ def footprint_problems(before: dict[str, dict[str, Any]], after: dict[str, dict[
     for worker, foot in after.items():
         for name, n in foot["threads"].items():
             if name.startswith("clustersdk-") and name not in ("clustersdk-agent",):
-                problems.append(f"{worker}: {n} thread(s) {name} still alive")
+                stacks = "; ".join(f"{t} at {s!r}" for t, s in foot.get("where", {}).items())
+                problems.append(f"{worker}: {n} thread(s) {name} still alive ({stacks})")
             elif n > most[name]:
                 problems.append(f"{worker}: {n} thread(s) {name}, at most {most[name]} before")
         if len(foot["ports"]) > ports:

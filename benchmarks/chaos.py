@@ -228,6 +228,16 @@ def footprint(cluster: Any) -> dict[str, Any]:
     return cluster.client.run(checks.worker_footprint)
 
 
+def settled(problems: Callable[[], list[str]], seconds: float = 10.0) -> list[str]:
+    """``problems()`` once it is empty, or as it still is after ``seconds``: a rank's thread
+    ends a moment after the job does (its last report is on its way back), and that
+    is not a leak; one still there seconds later is."""
+    deadline = time.monotonic() + seconds
+    while (found := problems()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
+
+
 # --- the soak ----------------------------------------------------------------------------------
 def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dict[str, Any]:
     rng = random.Random(args.seed)
@@ -291,7 +301,8 @@ def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict
     nannies = cluster.client.run(os.getppid)
     problems["processes"] = checks.leftover_processes(workers.values(), nannies.values())
     problems["dirs"] = checks.leftover_dirs(run["root"])
-    problems["threads/ports"] = checks.footprint_problems(run["footprint"], footprint(cluster))
+    problems["threads/ports"] = settled(lambda: checks.footprint_problems(run["footprint"],
+                                                                        footprint(cluster)))
     recovery: dict[str, list[float]] = {"kill": [], "stop": [], "raise": [], "fill": []}
     for e in events:
         if e["kind"] == "fill":  # the disk freed -> the next checkpoint committed
