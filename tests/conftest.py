@@ -11,7 +11,7 @@ import pytest
 import clustersdk as cs
 
 from . import workloads, workloads_parallel
-from .helpers import wait_idle
+from .helpers import wait_for, wait_idle
 
 # The workers import the workload functions by value: tests/ is not on their path.
 cloudpickle.register_pickle_by_value(workloads)
@@ -75,6 +75,32 @@ def idle4(cluster4):
         if not job.status.terminal:
             job.stop(wait=False)
     wait_idle(cluster4)
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory):
+    """Two CPU slots of the module's own, for modules whose tests restart workers."""
+    c = cs.Cluster.local(workers=2, state_dir=str(tmp_path_factory.mktemp("own")))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def healed(own_cluster):
+    """``own_cluster`` with both slots there (a test restarted a worker) and free, before
+    and after the test."""
+    def ready() -> bool:
+        slots = own_cluster.slots()
+        return len(slots) == 2 and not any(s["job"] for s in slots)
+
+    wait_for(ready, timeout=120)
+    yield own_cluster
+    for job in own_cluster.jobs():
+        if not job.status.terminal:
+            job.stop(wait=False)
+    wait_for(ready, timeout=120)
 
 
 def pytest_runtest_setup(item):

@@ -65,7 +65,9 @@ def test_the_console_drives_pdb_at_a_breakpoint_and_continue_finishes_the_job(id
 
     type_line(console, "c")
     assert job.wait(timeout=120) == {"steps": 12, "breaks": [3]}
-    assert "(Pdb rank 0) c\n(continuing: the job runs on)\n" in console.text
+    # the transcript follows the job's events, which may reach the client after its end
+    wait_for(lambda: "(Pdb rank 0) c\n(continuing: the job runs on)\n" in console.text,
+             timeout=30)
     assert seen.after("PAUSED") == ["PAUSED", "RUNNING", "FINISHED"]
     assert sorted(losses(job, 1)) == list(range(12))  # every rank did every step, once
     wait_for(lambda: console.send_button.disabled, timeout=30)  # no session open now
@@ -91,7 +93,7 @@ def test_a_stop_at_a_breakpoint_stops_the_job_at_its_next_step_boundary(idle):
     console = job.console()
     wait_for(lambda: prompts(console) == 1, timeout=90)
     assert job.stop(timeout=60) is cs.JobStatus.STOPPED
-    assert "quit  # the job is leaving" in console.text
+    wait_for(lambda: "quit  # the job is leaving" in console.text, timeout=30)
     assert 4 <= max(losses(job, 0)) < 999  # it left at a boundary after the breakpoint
     wait_for(lambda: not any(s["job"] for s in idle.slots()), timeout=30)
 

@@ -133,6 +133,39 @@ def test_ordinary_training_gets_no_diagnosis(idle):
     assert job.diagnoses() == [] and job.diagnosis is None
 
 
+def test_small_batches_make_no_spike_of_the_jobs_loss_though_their_slices_would():
+    """Ordinary training on small slices of the batch (3 ranks x 8 samples, in process):
+    each rank's loss is heavy-tailed (a hard slice costs several times the median), so
+    judged rank by rank it would "spike" again and again; the job's loss, the mean of
+    its ranks' at each step, which the control plane judges, does not."""
+    import torch
+
+    from clustersdk.control.signals import SpikeDetector, StepMeans
+
+    data, net = workloads.dataset(), workloads.model()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.9)
+    shuffle = torch.Generator().manual_seed(0)
+    per_rank, means, job = [SpikeDetector() for _ in range(3)], StepMeans(3), SpikeDetector()
+    alone = judged = 0
+    for step in range(1500):
+        at = step % (len(data) // 24) * 24
+        if at == 0:  # a new epoch, a new order
+            order = torch.randperm(len(data), generator=shuffle)
+        x, y = data[order[at:at + 24]]
+        out = net(x)
+        losses = [torch.nn.functional.mse_loss(out[8 * r:8 * r + 8], y[8 * r:8 * r + 8]).item()
+                  for r in range(3)]
+        torch.nn.functional.mse_loss(out, y).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        alone += sum(d.add(step, v) is not None for d, v in zip(per_rank, losses))
+        for rank, value in enumerate(losses):
+            judged += sum(job.add(s.step, s.mean) is not None for s in means.add(rank, step, value))
+    assert alone >= 10 and judged == 0, (alone, judged)
+
+
 def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
     import torch
 

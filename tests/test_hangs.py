@@ -21,30 +21,6 @@ from .helpers import step_reached, wait_for
 HANG = 3.0  # hang_timeout of every job here, seconds
 
 
-@pytest.fixture(scope="module")
-def hangs_cluster(tmp_path_factory):
-    c = cs.Cluster.local(workers=2, state_dir=str(tmp_path_factory.mktemp("state")))
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def healed(hangs_cluster):
-    """Both slots there (a test restarts workers) and free, before and after."""
-    def ready() -> bool:
-        slots = hangs_cluster.slots()
-        return len(slots) == 2 and not any(s["job"] for s in slots)
-
-    wait_for(ready, timeout=120)
-    yield hangs_cluster
-    for job in hangs_cluster.jobs():
-        if not job.status.terminal:
-            job.stop(wait=False)
-    wait_for(ready, timeout=120)
-
-
 def last_step_time(job) -> float:
     return max(r["time"] for r in job.history())
 

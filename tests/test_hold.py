@@ -11,7 +11,6 @@ collective has its worker restarted.
 from __future__ import annotations
 
 import threading
-import time
 
 import cloudpickle
 import pytest
@@ -30,30 +29,6 @@ from . import workloads, workloads_debug
 from .helpers import Statuses, assert_same_run, checkpointed_at, losses, wait_for
 
 cloudpickle.register_pickle_by_value(workloads_debug)
-
-
-@pytest.fixture(scope="module")
-def hold_cluster(tmp_path_factory):
-    c = cs.Cluster.local(workers=2, state_dir=str(tmp_path_factory.mktemp("state")))
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-def healed(hold_cluster):
-    """Both slots there (a stuck rank's worker may be restarted) and free, before and after."""
-    def ready() -> bool:
-        slots = hold_cluster.slots()
-        return len(slots) == 2 and not any(s["job"] for s in slots)
-
-    wait_for(ready, timeout=120)
-    yield hold_cluster
-    for job in hold_cluster.jobs():
-        if not job.status.terminal:
-            job.stop(wait=False)
-    wait_for(ready, timeout=120)
 
 
 def held_ranks(job) -> set[str]:

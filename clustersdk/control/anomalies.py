@@ -169,6 +169,6 @@ def spike(job: Lifecycle, e: ev.LossSpike) -> None:
     book.spike_steps.add(e.step)
     pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
     diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score, e.window,
-                                 paused=pause))
+                                 paused=pause, mean=e.mean, ranks=e.ranks))
     if pause and job.words[Word.PAUSE] <= job.words[Word.RESUME]:
         job._pause(ev.PauseRequested())

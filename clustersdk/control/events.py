@@ -179,7 +179,8 @@ class NonFinite(RankEventBase):
 
 @dataclasses.dataclass(frozen=True)
 class LossSpike(RankEventBase):
-    """The rank's loss at ``step`` is a spike (see :mod:`.signals`)."""
+    """The job's loss at ``step`` (``mean``, over ``ranks`` ranks) is a spike (see
+    :mod:`.signals`); ``rank`` had the highest loss of that step, ``value``."""
 
     step: int
     value: float
@@ -187,6 +188,8 @@ class LossSpike(RankEventBase):
     mad: float
     score: float
     window: int
+    mean: float | None = None
+    ranks: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,9 @@
 - **Failures.** A rank's error record gets where every rank was (the hang
   watchdog's beacons: step and phase), for a collective timeout's diagnosis.
 - **Rows.** With ``on_nan="report"`` the ranks check nothing: the first row
-  with a NaN or Inf loss in a batch is found here. Every rank's ``loss`` goes
-  through a :class:`~.signals.SpikeDetector`.
+  with a NaN or Inf loss in a batch is found here. The mean ``loss`` of each
+  step over the ranks (:class:`~.signals.StepMeans`) goes through a
+  :class:`~.signals.SpikeDetector`.
 - **Diagnosed** (the action): the newest diagnosis in the job's record, a
   durable event of kind ``diagnosis``, a line in the job's log and in the
   scheduler's, a message to the dashboards.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..protocol import EXIT_TOPIC, RankEvent, topic
 from . import events as ev
-from .signals import SpikeDetector, first_nonfinite
+from .signals import SpikeDetector, StepMeans, first_nonfinite
 
 if TYPE_CHECKING:
     from .plugin import ControlPlane, Run
@@ -128,18 +129,18 @@ class Evidence:
             if found is not None:
                 rank, step, values = found
                 self.plane.feed(run, ev.NonFinite(rank, attempt, step, values))
+        if run.losses is None:
+            run.losses, run.detector = StepMeans(machine.world_size), _detector()
         for row in rows:
             loss = row["scalars"].get("loss")
             if not isinstance(loss, (int, float)) or isinstance(loss, bool):
                 continue
-            detector = run.detectors.get(row["rank"])
-            if detector is None:
-                detector = run.detectors[row["rank"]] = _detector()
-            spike = detector.add(int(row["step"]), float(loss))
-            if spike is not None:
-                self.plane.feed(run, ev.LossSpike(row["rank"], attempt, spike.step, spike.value,
-                                                  spike.median, spike.mad, spike.score,
-                                                  detector.window))
+            for step in run.losses.add(int(row["rank"]), int(row["step"]), float(loss)):
+                spike = run.detector.add(step.step, step.mean)
+                if spike is not None:
+                    self.plane.feed(run, ev.LossSpike(
+                        step.worst, attempt, spike.step, step.worst_value, spike.median,
+                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks))
 
     # --- the Diagnosed action -----------------------------------------------------------------
     def diagnosed(self, run: Run, action: ev.Diagnosed) -> None:

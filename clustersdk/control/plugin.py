@@ -52,7 +52,8 @@ class Run:
     board: Any = None  # TensorBoard writers, with tensorboard_dir
     step: int | None = None  # the furthest step a rank logged (what events are stamped with)
     watch: hangs.Watch = dataclasses.field(default_factory=lambda: hangs.Watch(time.time()))
-    detectors: dict = dataclasses.field(default_factory=dict)  # rank -> its loss's SpikeDetector
+    losses: Any = None    # each step's mean loss over the ranks (signals.StepMeans) ...
+    detector: Any = None  # ... and its SpikeDetector, made on the first rows
 
     @property
     def id(self) -> str:

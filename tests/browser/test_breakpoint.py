@@ -89,4 +89,5 @@ def test_the_breakpoint_console_works_in_jupyterlab(own_code, browser, jupyterla
     line.fill("c")
     console.get_by_role("button", name="Send").click()
     wait_until(lambda: badge.text_content() == "FINISHED", 120, "the job to finish")
-    assert "(continuing: the job runs on)" in transcript.text_content()
+    wait_until(lambda: "(continuing: the job runs on)" in transcript.text_content(), 30,
+               "the transcript's end")

@@ -11,7 +11,12 @@ import pytest
 
 from clustersdk.control import events as ev
 from clustersdk.control.diagnosis import Diagnosis, diagnose, version_mismatch
-from clustersdk.control.signals import SpikeDetector, first_nonfinite, nonfinite_values
+from clustersdk.control.signals import (
+    SpikeDetector,
+    StepMeans,
+    first_nonfinite,
+    nonfinite_values,
+)
 from clustersdk.errors import JobFailedError, SpecError
 from clustersdk.protocol import ExitStatus, Word
 from clustersdk.spec import JobSpec
@@ -203,6 +208,31 @@ def test_a_spike_is_found_once_at_its_step_and_noise_after_it_is_not():
             found.append(spike)
     assert [s.step for s in found] == [250]  # 251 belongs to the same spike
     assert found[0].score > 10 and found[0].value > 10 * found[0].median
+
+
+def test_the_job_loss_is_judged_and_the_spike_names_the_rank_with_the_highest_loss():
+    rng = random.Random(3)
+    means, job = StepMeans(world_size=4), SpikeDetector()
+    judged = []
+    for step in range(600):
+        losses = [(0.1 + 0.5 * 0.99 ** step) * rng.uniform(0.7, 1.3) for _ in range(4)]
+        if step == 500:
+            losses = [v * 10 for v in losses[:3]] + [losses[3] * 30]  # the batch went wrong
+        for rank in rng.sample(range(4), 4):  # the ranks' rows come in any order
+            for done in means.add(rank, step, losses[rank]):
+                spike = job.add(done.step, done.mean)
+                if spike is not None:
+                    judged.append((done.step, done.worst, done.ranks))
+    assert judged == [(500, 3, 4)]
+
+
+def test_a_step_waits_for_every_rank_and_a_rank_that_logs_no_loss_is_not_waited_for():
+    means = StepMeans(world_size=3, patience=5)
+    assert means.add(0, 0, 1.0) == [] and means.add(1, 0, 3.0) == []
+    assert [(s.step, s.mean, s.ranks) for s in means.add(2, 0, 2.0)] == [(0, 2.0, 3)]
+    stages = StepMeans(world_size=2, patience=5)  # pp: only the last stage logs a loss
+    assert [s.step for i in range(8) for s in stages.add(1, i, 1.0)] == [0, 1, 2]
+    assert [s.step for s in stages.add(1, 0, 1.0)] == []  # replayed (a restart): start over
 
 
 def test_spike_detection_waits_for_enough_steps_and_starts_over_on_replayed_steps():
