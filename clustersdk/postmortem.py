@@ -48,6 +48,10 @@ class PostMortem:
         """Whether this rank's error is the job's (the others raised because of it)."""
         return self._entry.get("cause") == self.rank
 
+    def as_dict(self) -> dict[str, Any]:
+        """Everything the record holds, as plain data (what ``clustersdk debug --json`` prints)."""
+        return dict(self._entry)
+
     def headline(self) -> str:
         err = self.error
         at = f" at step {self.step}" if self.step is not None else ""

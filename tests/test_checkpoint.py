@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -164,6 +166,37 @@ def test_full_disk_mid_run_keeps_training_and_the_previous_checkpoint(idle, tmp_
         assert not [n for n in os.listdir(mount) if n.startswith(ckpt.TMP_PREFIX)]
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_prints_no_traceback_per_dcp_writer_thread():
+    """The save fails as a whole with one line naming the full disk (the test above); DCP's
+    extra writer threads would each print their ENOSPC traceback to the worker's stderr.
+    In a process of its own, as a worker is (pytest hooks threads' exceptions itself)."""
+    script = textwrap.dedent("""
+        import errno, threading
+        from clustersdk.runtime.checkpoint.storage import quiet_disk_full
+
+        def _write_files_from_queue():  # named as DCP's writer threads are
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:
+                raise RuntimeError("unexpected pos") from None  # as DCP hides it
+
+        def _other_thread():
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        quiet_disk_full()
+        for target in (_write_files_from_queue, _other_thread):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+        print("done")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout == "done\n"
+    assert "(_write_files_from_queue)" not in out.stderr and "unexpected pos" not in out.stderr
+    assert "Exception in thread" in out.stderr and "(_other_thread)" in out.stderr  # as before
 
 
 def test_unwritable_checkpoint_dir_fails_at_launch(idle, tmp_path):

@@ -13,11 +13,13 @@ import sys
 import threading
 from pathlib import Path
 
+import cloudpickle
 import pytest
 
 import clustersdk as cs
 
-from .helpers import wait_for
+from . import workloads_debug, workloads_live
+from .helpers import checkpointed_at, wait_for
 from .workloads import count_to, ticker
 
 CLI = str(Path(sys.executable).with_name("clustersdk"))
@@ -152,6 +154,63 @@ def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state
     lines = "".join(seen) + rest
     assert lines == running.logs(rank=0)  # every line once, in order, up to the last
     assert later in rest
+
+
+def test_update_changes_hyperparameters_and_stacks_show_every_rank(idle, state):
+    cloudpickle.register_pickle_by_value(workloads_live)
+    job = idle.launch(workloads_live.train_live, kwargs={"steps": 100_000, "delay": 0.01},
+                      world_size=2, hparams={"scale": 1.0}, name="cli-live")
+    wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) >= 4, 60)
+
+    out = ok(run(state, "update", "cli-live", "lr=0.01", "scale=2"))
+    step = job.updates()[-1]["step"]
+    assert out.strip() == f"updated job 'cli-live' before step {step}: lr 0.05 → 0.01, " \
+                          "scale 1 → 2"
+    done = json.loads(ok(run(state, "update", job.id, "lr[0]=0.02", "--json")))
+    assert done["changes"] == {"lr[0]": [0.01, 0.02]} and done["step"] >= step
+    wait_for(lambda: {r["lr"] for r in job.history() if r["step"] == done["step"]} == {0.02})
+
+    refused = run(state, "update", "cli-live", "lr=-1")
+    assert refused.returncode == 1 and "lr must be a finite number >= 0" in refused.stderr
+    unknown = run(state, "update", "cli-live", "warmup=3")
+    assert unknown.returncode == 1 and "unknown key" in unknown.stderr
+    bad = run(state, "update", "cli-live", "lr")
+    assert bad.returncode == 2 and "'lr' is not KEY=VALUE" in bad.stderr
+    assert len(job.updates()) == 2 and job.status is cs.JobStatus.RUNNING
+
+    text = ok(run(state, "stacks", "cli-live"))
+    assert text.startswith("rank 0 on tcp://") and "\nrank 1 on tcp://" in text
+    assert text.count("in train_live") == 2  # each rank's own frame
+    assert "MainThread" not in text and "MainThread" in ok(run(state, "stacks", "cli-live",
+                                                               "--all-threads"))
+    job.stop()
+
+
+def test_debug_shows_the_held_rank_and_restart_continues_from_the_checkpoint(idle, state,
+                                                                              tmp_path):
+    cloudpickle.register_pickle_by_value(workloads_debug)
+    job = idle.launch(workloads_debug.raise_at,
+                      kwargs={"rank": 1, "step": 6, "steps": 10,
+                              "marker": str(tmp_path / "raised")},
+                      world_size=2, timeout=5, on_error="hold", name="cli-held",
+                      checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4)
+    wait_for(lambda: job.status is cs.JobStatus.HELD, 90)
+    wait_for(lambda: checkpointed_at(job, 4), 30)
+
+    text = ok(run(state, "debug", "cli-held"))
+    assert text.startswith("rank 1 of job 'cli-held' raised ValueError at step 6: bad batch")
+    assert "in raise_at" in text and "      bad = Tensor(shape=[4, 4]" in text
+    record = json.loads(ok(run(state, "debug", "cli-held", "--rank", "1", "--json")))
+    assert record["rank"] == 1 and record["error"]["type"] == "ValueError"
+    missing = run(state, "debug", "cli-held", "--rank", "7")
+    assert missing.returncode == 1 and "rank 7 of job 'cli-held' is not held" in missing.stderr
+
+    out = ok(run(state, "restart", "cli-held"))
+    assert out.strip() == "job 'cli-held' is RESTARTING: its hold ended, and it continues " \
+                          "from step 4"
+    assert job.wait(timeout=120)["step"] == 10  # the marker is there: it does not raise again
+    again = run(state, "restart", "cli-held")
+    assert again.returncode == 1 and "FINISHED" in again.stderr
 
 
 def test_usage_errors_exit_2_and_a_missing_job_exits_1(cluster, state):

@@ -5,6 +5,10 @@
     clustersdk pause|checkpoint|suspend JOB [--timeout S]
     clustersdk resume JOB [--world-size N]
     clustersdk stop JOB [--no-wait]
+    clustersdk update JOB KEY=VALUE... [--timeout S]     lr=1e-4 lr[1]=1e-5 betas=[0.9,0.95]
+    clustersdk restart JOB                     a HELD job: continue from its newest checkpoint
+    clustersdk debug JOB [--rank R]            a HELD rank's failing stack with its locals
+    clustersdk stacks JOB [--all-threads]      where every rank is now
     clustersdk logs JOB [--rank R] [-f]
     clustersdk history JOB [--csv]
 
@@ -16,8 +20,11 @@ machine's registry) and ``--json``. Exit codes: 0 done, 1 refused or failed
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import re
 import sys
+from typing import Any
 
 from ..errors import ClusterSDKError
 
@@ -60,6 +67,23 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     stop.add_argument("--no-wait", action="store_true", help="return once the stop is asked")
     stop.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
                       help="seconds to wait for the job to stop")
+    update = job_command("update", "change hyperparameters on every rank before one step",
+                         commands.update)
+    update.add_argument("changes", nargs="+", type=_assignment, metavar="KEY=VALUE",
+                        help="e.g. lr=1e-4, lr[1]=1e-5 (param group 1), betas=[0.9,0.95], "
+                             "warmup=200; values are read as JSON, else as text")
+    update.add_argument("--timeout", type=_positive(float), default=60.0, metavar="S",
+                        help="seconds to wait for the ranks to apply it (default: 60)")
+    job_command("restart", "end the hold of a HELD job: continue from its newest checkpoint",
+                commands.act)
+    debug = job_command("debug", "the failing stack of a HELD rank, with its locals",
+                        commands.debug)
+    debug.add_argument("--rank", type=int, metavar="R",
+                       help="that held rank (default: the one whose error is the cause)")
+    stacks = job_command("stacks", "where every rank is now: its step, phase and stack",
+                         commands.stacks)
+    stacks.add_argument("--all-threads", action="store_true",
+                        help="every thread of each rank's worker, not only the training thread")
     logs = job_command("logs", "what the ranks printed or logged", commands.logs)
     logs.add_argument("--rank", type=int, metavar="R", help="only rank R (default: every rank)")
     logs.add_argument("-f", "--follow", action="store_true",
@@ -81,6 +105,27 @@ def run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     except BrokenPipeError:  # `clustersdk logs JOB | head`
         return 0
+
+
+_GROUP = re.compile(r"^([A-Za-z_]\w*)(?:\[(\d+)\])?$")
+
+
+def _assignment(text: str) -> tuple[str, int | None, Any]:
+    """``KEY=VALUE`` (``lr[1]=VALUE``: param group 1) -> ``(key, group, value)``; the
+    value as JSON (numbers, lists, booleans), else as the text itself.
+
+    >>> _assignment("lr[1]=1e-4"), _assignment("betas=[0.9, 0.95]"), _assignment("s=cos")
+    (('lr', 1, 0.0001), ('betas', None, [0.9, 0.95]), ('s', None, 'cos'))
+    """
+    key, sep, raw = text.partition("=")
+    found = _GROUP.match(key.strip())
+    if not sep or not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. lr=1e-4, lr[1]=1e-5)")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return found.group(1), None if found.group(2) is None else int(found.group(2)), value
 
 
 def _positive(kind: type) -> type:

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import registry
+from ..control.hparams import describe
 from ..errors import ClusterSDKError, JobNotFoundError, SpecError
 from ..status import JobStatus
 from . import render
@@ -161,8 +162,64 @@ def _stop(job: Job, args: argparse.Namespace) -> str:
     return f"job {job.name!r} is {status.name}"
 
 
+def _restart(job: Job, args: argparse.Namespace) -> str:
+    status = job.restart_from_checkpoint()
+    return (f"job {job.name!r} is {status.name}: its hold ended, and it continues from step "
+            f"{job.info().get('checkpoint_step')}")
+
+
 _ACTIONS = {"pause": _pause, "resume": _resume, "checkpoint": _checkpoint, "suspend": _suspend,
-            "stop": _stop}
+            "stop": _stop, "restart": _restart}
+
+
+def update(args: argparse.Namespace) -> int:
+    """Change hyperparameters before one step on every rank; print old -> new."""
+    changes: dict[str, Any] = {}
+    for key, group, value in args.changes:
+        if group is None:
+            changes[key] = value
+        elif not isinstance(changes.setdefault(key, {}), dict):
+            raise SpecError(f"update: {key}= and {key}[{group}]= together; give one or the other")
+        else:
+            changes[key][group] = value
+    with Clusters(args.cluster) as clusters:
+        job = clusters.find(args.job)
+        step = job.update(changes, timeout=args.timeout)
+        row = next((u for u in reversed(job.updates()) if step is not None
+                    and u["step"] == step), None)
+        if args.json:
+            _out(render.to_json({"job": job.id, "name": job.name, "step": step,
+                                 "changes": row["changes"] if row else None,
+                                 "cluster": job.cluster.scheduler_address}))
+        elif step is None:
+            _out(f"job {job.name!r} is {job.status.name}: its ranks apply the update first "
+                 "thing when it runs again")
+        else:
+            _out(f"updated job {job.name!r} before step {step}: "
+                 f"{describe(row['changes']) if row else changes}")
+    return OK
+
+
+def debug(args: argparse.Namespace) -> int:
+    """The failing stack of a held rank, each frame with its locals."""
+    with Clusters(args.cluster) as clusters:
+        post = clusters.find(args.job).debug(args.rank)
+        _out(render.to_json(post.as_dict()) if args.json else post.text)
+    return OK
+
+
+def stacks(args: argparse.Namespace) -> int:
+    """Where every rank is now: its step, phase and the stack of its training thread."""
+    with Clusters(args.cluster) as clusters:
+        job = clusters.find(args.job)
+        found = job.stacks(all_threads=args.all_threads)
+        if args.json:
+            _out(render.to_json({str(rank): text for rank, text in found.items()}))
+        elif found:
+            _out("\n\n".join(found.values()))
+        else:
+            _out(f"job {job.name!r} is {job.status.name}: no rank is running")
+    return OK
 
 
 def logs(args: argparse.Namespace) -> int:

@@ -209,7 +209,8 @@ class CheckpointsHandler(ClusterSDKHandler):
 
 
 class ActionHandler(ClusterSDKHandler):
-    """POST pause | resume | checkpoint | suspend | stop; resume takes ``{"world_size": N}``."""
+    """POST pause | resume | checkpoint | suspend | stop | restart (a HELD job, from its
+    newest checkpoint); resume takes ``{"world_size": N}``."""
 
     @web.authenticated
     @authorized
@@ -237,6 +238,43 @@ class ActionHandler(ClusterSDKHandler):
         if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
             raise BadRequestError(f"world_size must be a positive integer, got {ws!r}")
         return {"world_size": ws}
+
+
+class UpdateHandler(ClusterSDKHandler):
+    """POST ``{"lr": 1e-4, "warmup": 200}``: ``job.update`` on every rank before one step.
+    200 once applied (the step and each change's old -> new), 202 if the job left RUNNING
+    and PAUSED first (its next gang applies it), 400 for a key or value it can't take."""
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def post(self, job: str) -> Any:
+        raw = self.request.body.strip()
+        try:
+            changes = json.loads(raw) if raw else None
+        except ValueError:
+            raise BadRequestError("the request body must be a JSON object") from None
+        if not isinstance(changes, dict) or not changes:
+            raise BadRequestError('the request body must be a JSON object of the changes, e.g. '
+                                  '{"lr": 0.0001}')
+        result = await self.manager.update(job, changes)
+        if not result["applied"]:
+            self.set_status(202)
+        return result
+
+
+class StacksHandler(ClusterSDKHandler):
+    """GET: where every rank is now, its step, phase and training thread's stack (every
+    thread's with ``?all_threads=true``), collected without the rank's help."""
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def get(self, job: str) -> Any:
+        flag = self.get_query_argument("all_threads", "false").lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise BadRequestError(f"all_threads must be true or false, got {flag!r}")
+        return await self.manager.stacks(job, all_threads=flag in ("true", "1"))
 
 
 class OpenAPIHandler(ClusterSDKHandler):
@@ -302,6 +340,8 @@ ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
     (rf"/clustersdk/api/jobs/{_JOB}/history", HistoryHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/logs", LogsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/checkpoints", CheckpointsHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/stacks", StacksHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/update", UpdateHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/(?P<action>{'|'.join(ACTIONS)})", ActionHandler),
     (r"/clustersdk/api/openapi\.(?P<fmt>json|yaml)", OpenAPIHandler),
     (r"/clustersdk/metrics", MetricsHandler),

@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 from clustersdk import registry
 from clustersdk.client import ControlClient
-from clustersdk.errors import ClusterSDKError, JobNotFoundError
+from clustersdk.errors import ClusterSDKError, JobNotFoundError, SpecError
 from clustersdk.protocol import Op
 
 from . import models
@@ -41,7 +41,7 @@ from .panel import PanelQueries
 
 logger = logging.getLogger(__name__)
 
-ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop")
+ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop", "restart")
 WAITING_ACTIONS = ("pause", "checkpoint", "suspend")  # return once the ranks have done it
 RECONNECT_AFTER = 5.0        # how long a scheduler that refused a connection is not tried again
 
@@ -290,7 +290,8 @@ class ClusterManager(Following, PanelQueries):
         return models.logs_model(record["id"], lines, since, rank)
 
     async def act(self, ref: str, action: str, **kwargs: Any) -> dict[str, Any]:
-        """Ask for ``pause``/``resume``/``checkpoint``/``suspend``/``stop``; the new record."""
+        """Ask for ``pause``/``resume``/``checkpoint``/``suspend``/``stop``/``restart`` (a
+        HELD job, from its newest checkpoint); the new record."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
         target, record = await self.locate(ref)
@@ -299,6 +300,28 @@ class ClusterManager(Following, PanelQueries):
         result = await self.call(target, action, job=record["id"],
                                  call_timeout=self.action_timeout + 5, **kwargs)
         return models.job_model(result, target.id)
+
+    async def update(self, ref: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """``job.update(**changes)``: checked by the scheduler before any rank sees it (a
+        SpecError names what is wrong); the step it was applied before, with old -> new."""
+        target, record = await self.locate(ref)
+        result = await self.call(target, Op.UPDATE, job=record["id"], changes=changes,
+                                 timeout=self.action_timeout,
+                                 call_timeout=self.action_timeout + 5)
+        error = result.get("error")
+        if error:
+            raise SpecError(f"the update of job {record['name']!r} was refused by rank "
+                            f"{error.get('rank')}: {error.get('message')}; nothing changed")
+        if result["step"] is not None:  # the old values are in the durable event
+            record = await self.call(target, "job", job=record["id"])
+        return models.update_model(result, record, target.id)
+
+    async def stacks(self, ref: str, all_threads: bool = False) -> dict[str, Any]:
+        """Where every rank is now (see ``Job.stacks``)."""
+        target, record = await self.locate(ref)
+        found = await self.call(target, Op.STACKS, job=record["id"], all_threads=all_threads,
+                                call_timeout=self.action_timeout)
+        return models.stacks_model(record, found, target.id)
 
     async def health(self) -> tuple[int, dict[str, Any]]:
         """Whether every known scheduler answers; see :func:`.models.health_model`."""

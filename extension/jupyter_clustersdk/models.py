@@ -82,6 +82,29 @@ def job_model(record: Mapping[str, Any], cluster: str,
     return out
 
 
+def update_model(result: Mapping[str, Any], record: Mapping[str, Any],
+                 cluster: str) -> dict[str, Any]:
+    """A ``job.update``: ``applied`` with the ``step`` it was applied before and each
+    change as ``[old, new]`` (from the job's durable ``updated`` event), or not yet
+    (the job left RUNNING/PAUSED first: its next gang applies it before its first step)."""
+    event = next((e for e in record.get("events") or () if e.get("kind") == "updated"
+                  and e.get("seq") == result["seq"]), None)
+    changes = {k: list(v) for k, v in event["changes"].items()} if event else \
+        {k: [None, v] for k, v in (result.get("changes") or {}).items()}
+    return {"job": record["id"], "name": record.get("name"), "cluster": cluster,
+            "seq": result["seq"], "applied": result["step"] is not None,
+            "step": result["step"], "status": result.get("status"), "changes": changes}
+
+
+def stacks_model(record: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]],
+                 cluster: str) -> dict[str, Any]:
+    """Where every rank is (rank -> worker, step, phase, stack text), ranks in order."""
+    ranks = {str(k): {key: _jsonable(v) for key, v in entry.items()}
+             for k, entry in sorted(found.items(), key=lambda kv: int(kv[0]))}
+    return {"job": record["id"], "cluster": cluster, "status": record.get("status"),
+            "ranks": ranks}
+
+
 def jobs_model(jobs: Iterable[dict[str, Any]], unreachable: Sequence[str] = ()) -> dict[str, Any]:
     """The job list, oldest first, and the clusters that could not be asked."""
     ordered = sorted(jobs, key=lambda j: (j.get("submitted") or 0, j["id"]))

@@ -207,6 +207,67 @@ def _wait_running(job: cs.Job, timeout: float = 30.0) -> None:
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and job.history(), timeout)
 
 
+async def test_update_over_rest_changes_lr_on_every_rank_and_bad_changes_are_400(jp_fetch,
+                                                                                  free_slot):
+    import cloudpickle
+
+    from .. import workloads_live
+
+    cloudpickle.register_pickle_by_value(workloads_live)
+    job = await asyncio.to_thread(free_slot.launch, workloads_live.train_live,
+                                  kwargs={"steps": 100_000, "delay": 0.01}, world_size=1,
+                                  hparams={"scale": 1.0}, name="ext-update-me")
+    await asyncio.to_thread(_wait_running, job)
+
+    changed = await post(jp_fetch, "api", "jobs", job.name, "update",
+                         body=json.dumps({"lr": 0.01, "scale": 2}).encode())
+    assert changed["applied"] and changed["job"] == job.id and changed["status"] == "RUNNING"
+    assert changed["changes"] == {"lr": [0.05, 0.01], "scale": [1.0, 2.0]}
+    step = changed["step"]
+    assert await asyncio.to_thread(job.updates) == [
+        {"seq": changed["seq"], "step": step, "time": job.updates()[0]["time"],
+         "changes": {"lr": [0.05, 0.01], "scale": [1.0, 2.0]}}]
+    await asyncio.to_thread(wait_for, lambda: any(r["step"] > step for r in job.history()))
+    rows = {r["step"]: r for r in job.history()}
+    assert rows[step - 1]["lr"] == 0.05 and rows[step]["lr"] == 0.01  # from that step on
+
+    refusals = [({"lr": -1}, "lr must be a finite number >= 0"),
+                ({"nope": 1}, "unknown key"),
+                ({"scale": "big"}, "scale"),
+                ({"lr": {"7": 0.1}}, "group 7 does not exist")]
+    for body, message in refusals:
+        code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
+                                  body=json.dumps(body).encode())
+        assert (code, error["error"]) == (400, "bad_request"), body
+        assert message in error["message"], (body, error["message"])
+    for raw in (b"", b"{}", b"[1]", b"lr=1"):
+        code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
+                                  body=raw)
+        assert code == 400 and "JSON object" in error["message"], raw
+    assert [u["seq"] for u in await asyncio.to_thread(job.updates)] == [changed["seq"]]
+    assert job.status is cs.JobStatus.RUNNING  # nothing refused reached the job
+
+    # a job that is not HELD has no hold to end
+    code, error = await fails(jp_fetch, "api", "jobs", job.id, "restart", method="POST", body=b"")
+    assert code == 409 and "RUNNING" in error["message"]
+    await asyncio.to_thread(job.stop)
+    code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
+                              body=b'{"lr": 0.1}')
+    assert code == 409 and "STOPPED" in error["message"]
+
+
+async def test_stacks_over_rest_show_where_the_rank_is(jp_fetch, spin_job):
+    found = await get(jp_fetch, "api", "jobs", spin_job.name, "stacks")
+    assert found["job"] == spin_job.id and found["status"] == "RUNNING"
+    (entry,) = found["ranks"].values()
+    assert list(found["ranks"]) == ["0"] and entry["step"] >= 1
+    assert "in spin" in entry["text"]  # the training function's frame
+    every = await get(jp_fetch, "api", "jobs", spin_job.id, "stacks", all_threads="true")
+    assert len(every["ranks"]["0"]["text"]) > len(entry["text"])
+    code, error = await fails(jp_fetch, "api", "jobs", spin_job.id, "stacks", all_threads="some")
+    assert code == 400 and "all_threads" in error["message"]
+
+
 async def test_metrics_expose_the_running_job(jp_fetch, spin_job):
     response = await jp_fetch("clustersdk", "metrics")
     assert response.headers["Content-Type"].startswith("text/plain")

@@ -13,6 +13,7 @@ commit), so the production path carries no test hooks.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import shutil
@@ -40,6 +41,7 @@ class FileStorage:
 
     def writer(self, path: str) -> dcp.StorageWriter:
         """What DCP writes ``path`` with: files fsynced, two threads per rank."""
+        quiet_disk_full()
         return Writer(path, sync_files=True, thread_count=2)
 
     def reader(self, path: str) -> dcp.StorageReader:
@@ -102,6 +104,31 @@ class LowPriorityUploads:
 
 class Writer(LowPriorityUploads, dcp.FileSystemWriter):
     """DCP's file writer; an async save's upload thread runs at a lower CPU priority."""
+
+
+_WRITER_THREAD = "(_write_files_from_queue)"  # how Python names DCP's extra writer threads
+
+
+@functools.cache
+def quiet_disk_full() -> None:
+    """Keep DCP's extra writer threads from printing a traceback each when the disk is
+    full: the save already fails as a whole, and the job's checkpoint error says so in one
+    line (``no space left on the device ...``). Other exceptions print as before."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        error: BaseException | None = args.exc_value
+        full = False
+        while error is not None and not full:
+            full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+            error = error.__cause__ or error.__context__
+        if full and args.thread is not None and args.thread.name.endswith(_WRITER_THREAD):
+            logger.debug("clustersdk: a DCP writer thread hit a full disk", exc_info=(
+                args.exc_type, args.exc_value, args.exc_traceback))
+            return
+        previous(args)
+
+    threading.excepthook = hook
 
 
 @functools.cache
