@@ -145,5 +145,7 @@ def test_live_overhead_benchmark_smoke(tmp_path):
     assert "steps/s without the live hooks" in proc.stdout and "run paused" in proc.stdout
     result = json.loads(out.read_text())
     assert result["steps_per_s_without"] > 0 and result["steps_per_s_with"] > 0
+    assert "on the cluster, 2 ranks, hooks on and off at alternate steps" in proc.stdout
+    assert 0.5 < result["cluster_paired_ratio"] < 2 and 0.5 < result["in_process_ratio"] < 2
     assert all(0 < result[k] < 60 for k in ("run_running_s", "run_paused_s", "update_running_s",
                                             "update_paused_s"))
