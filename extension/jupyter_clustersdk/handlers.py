@@ -242,8 +242,9 @@ class ActionHandler(ClusterSDKHandler):
 
 class UpdateHandler(ClusterSDKHandler):
     """POST ``{"lr": 1e-4, "warmup": 200}``: ``job.update`` on every rank before one step.
-    200 once applied (the step and each change's old -> new), 202 if the job left RUNNING
-    and PAUSED first (its next gang applies it), 400 for a key or value it can't take."""
+    200 once applied (the step and each change's old -> new), 202 if not yet (the job left
+    RUNNING and PAUSED first, or no rank reached a boundary within the action timeout: they
+    apply it at their next), 400 for a key or value it can't take."""
 
     @web.authenticated
     @authorized
