@@ -117,9 +117,19 @@ def alternate(ctx: Any, steps: int, standalone: bool = False) -> dict[str, Any]:
     ctx._live = live
     pairs = [(off, on) for (a, off), (b, on) in zip(durations[::2], durations[1::2])
              if not a and b][_workload.WARMUP_STEPS:]
-    return {"off_s": statistics.median(p[0] for p in pairs),
-            "on_s": statistics.median(p[1] for p in pairs),
-            "cost_s": statistics.median(on - off for off, on in pairs)}
+    off_s = statistics.median(p[0] for p in pairs)
+    cost_s = statistics.median(on - off for off, on in pairs)
+    return {"off_s": off_s, "on_s": statistics.median(p[1] for p in pairs), "cost_s": cost_s,
+            "ratio": off_s / (off_s + cost_s)}  # steps/s with the hooks / without
+
+
+def show_alternate(title: str, unit: str, timings: dict[str, Any]) -> None:
+    """Print what :func:`alternate` measured."""
+    print(f"  {title}, hooks on and off at alternate steps of one {unit}:")
+    print(f"    step time off / on                    {1e3 * timings['off_s']:9.3f} / "
+          f"{1e3 * timings['on_s']:.3f} ms")
+    print(f"    ratio (median paired difference)      {timings['ratio']:9.4f}   "
+          f"({1e6 * timings['cost_s']:+.2f} us per step)")
 
 
 def in_process(steps: int) -> dict[str, Any]:
@@ -198,16 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     local = in_process(10 * args.steps)
     per_call = hook_cost()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
-    step_s = local["off_s"]
     paired = statistics.median(b / a for a, b in zip(rates[False], rates[True]))
     summary = {"steps_per_s_without": off, "steps_per_s_with": on, "ratio": on / off,
                "paired_ratio": paired,
-               "in_process_ratio": step_s / (step_s + local["cost_s"]),
-               "cost_us_per_step": 1e6 * local["cost_s"],
-               "cluster_paired_ratio": together["off_s"] / (together["off_s"]
-                                                            + together["cost_s"]),
-               "cluster_paired_cost_us_per_step": 1e6 * together["cost_s"], "hook_ns_per_check": 1e9 * per_call,
-               "hook_share_of_a_step": per_call / step_s, **lat,
+               "in_process_ratio": local["ratio"], "cost_us_per_step": 1e6 * local["cost_s"],
+               "cluster_paired_ratio": together["ratio"],
+               "cluster_paired_cost_us_per_step": 1e6 * together["cost_s"],
+               "hook_ns_per_check": 1e9 * per_call,
+               "hook_share_of_a_step": per_call / local["off_s"], **lat,
                "rounds": {"without": rates[False], "with": rates[True]}}
     print(f"\n2 ranks, {args.steps} steps, {args.repeats} round(s), default launch options")
     print(f"  steps/s without the live hooks          {off:9.1f}")
@@ -215,16 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio                                   {on / off:9.4f}   (target >= {TARGET_RATIO})")
     print(f"  median of each round's ratio            {paired:9.4f}   (rounds ran "
           f"{min(rates[False] + rates[True]):.0f}-{max(rates[False] + rates[True]):.0f} steps/s)")
-    print("  on the cluster, 2 ranks, hooks on and off at alternate steps of one job:")
-    print(f"    step time off / on                    {1e3 * together['off_s']:9.3f} / "
-          f"{1e3 * together['on_s']:.3f} ms")
-    print(f"    ratio (median paired difference)      {summary['cluster_paired_ratio']:9.4f}   "
-          f"({summary['cluster_paired_cost_us_per_step']:+.2f} us per step)")
-    print("  in process, 1 rank, hooks on and off at alternate steps of one loop:")
-    print(f"    step time off / on                    {1e3 * local['off_s']:9.3f} / "
-          f"{1e3 * local['on_s']:.3f} ms")
-    print(f"    ratio (median paired difference)      {summary['in_process_ratio']:9.4f}   "
-          f"({summary['cost_us_per_step']:+.2f} us per step)")
+    show_alternate("on the cluster, 2 ranks", "job", together)
+    show_alternate("in process, 1 rank", "loop", local)
     print(f"  the hook alone: {summary['hook_ns_per_check']:.0f} ns per control check (at most "
           f"one a step): {100 * summary['hook_share_of_a_step']:.4f}% of a step")
     print("  one call, 2 ranks (to its answer):")
