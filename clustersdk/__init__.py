@@ -23,7 +23,7 @@ _EXPORTS = {
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
     "ClusterSDKError": "errors",
-    "Diagnosis": "control.diagnosis",
+    "Diagnosis": "diagnosis",
     "HostKeyError": "errors",
     "InvalidTransitionError": "errors",
     "Job": "job",
@@ -69,7 +69,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster
-    from .control.diagnosis import Diagnosis
+    from .diagnosis import Diagnosis
     from .errors import (
         CapacityError,
         CheckpointError,

@@ -23,7 +23,7 @@ from .status import JobStatus
 if TYPE_CHECKING:
     from .cluster.base import Cluster, Subscription
     from .postmortem import PostMortem
-    from .control.diagnosis import Diagnosis
+    from .diagnosis import Diagnosis
     from .profile import Profile
     from .widgets.console import Console
 
@@ -113,19 +113,19 @@ class Job:
 
         A failure of a known kind (CUDA or host out of memory, a collective timeout, two
         ranks on one GPU, a port in use), a non-finite loss, a loss spike or ranks on
-        different versions; see :mod:`clustersdk.control.diagnosis`.
+        different versions; see :mod:`clustersdk.diagnosis`.
 
         >>> job.diagnosis                                # doctest: +SKIP
         Diagnosis(kind='host_oom', summary="host out of memory: Dask's nanny terminated ...")
         """
-        from .control.diagnosis import Diagnosis
+        from .diagnosis import Diagnosis
 
         found = self.info().get("diagnosis")
         return Diagnosis.from_dict(found) if found else None
 
     def diagnoses(self) -> list[Diagnosis]:
         """Every diagnosis of the job, oldest first (kept with its durable events)."""
-        from .control.diagnosis import Diagnosis
+        from .diagnosis import Diagnosis
 
         return [Diagnosis.from_dict(e["diagnosis"]) for e in self.events()
                 if e.get("kind") == "diagnosis" and e.get("diagnosis")]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import cloudpickle
 
-from .control.hparams import spec_changes
+from .hparams import spec_changes
 from .errors import JobTimeoutError, RunError, SpecError
 
 if TYPE_CHECKING:

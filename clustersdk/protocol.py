@@ -246,7 +246,7 @@ class UpdatedMessage(TypedDict):
 
 
 class DiagnosisMessage(TypedDict):
-    """What went wrong, and what to do (a :class:`clustersdk.control.diagnosis.Diagnosis`
+    """What went wrong, and what to do (a :class:`clustersdk.diagnosis.Diagnosis`
     as a dict)."""
 
     kind: Literal["diagnosis"]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from .control.hparams import check_hparams
+from .hparams import check_hparams
 from .errors import SpecError
 from .protocol import DEFAULTS, WireSpec
 
@@ -91,7 +91,7 @@ class JobSpec:
     debug: bool = DEFAULTS.debug        # ctx.breakpoint() opens a pdb console (else a no-op)
     # ctx.hparams: names -> numbers, strings or booleans that job.update may change
     hparams: dict[str, Any] | None = None
-    # a non-finite loss or a loss spike (see clustersdk.control.diagnosis)
+    # a non-finite loss or a loss spike (see clustersdk.diagnosis)
     on_nan: str = DEFAULTS.on_nan       # "report", "pause", "rollback" or "fail"
     on_spike: str = DEFAULTS.on_spike   # "report" or "pause"
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])

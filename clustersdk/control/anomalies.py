@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..protocol import Word
 from ..status import JobStatus
-from . import diagnosis as dx
+from .. import diagnosis as dx
 from . import events as ev
 from . import faults
 

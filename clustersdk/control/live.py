@@ -36,7 +36,8 @@ from ..errors import InvalidTransitionError, SpecError
 from ..protocol import Word
 from ..status import JobStatus
 from . import events as ev
-from . import faults, hparams
+from .. import hparams
+from . import faults
 
 if TYPE_CHECKING:
     from .lifecycle import Lifecycle

@@ -29,7 +29,8 @@ from ..status import JobStatus
 from . import breakpoints
 from . import events as ev
 from .journal import PRIVATE
-from . import hparams, policy
+from .. import hparams
+from . import policy
 from .live import RUN_STATES
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from clustersdk.control import events as ev
-from clustersdk.control.diagnosis import Diagnosis, diagnose, version_mismatch
+from clustersdk.diagnosis import Diagnosis, diagnose, version_mismatch
 from clustersdk.control.signals import (
     SpikeDetector,
     StepMeans,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from clustersdk.control import events as ev
-from clustersdk.control import hparams
+from clustersdk import hparams
 from clustersdk.control.lifecycle import Lifecycle
 from clustersdk.errors import InvalidTransitionError, SpecError
 from clustersdk.protocol import ExitStatus, WireSpec, Word
