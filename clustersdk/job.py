@@ -38,13 +38,13 @@ from .errors import (
     SpecError,
 )
 from .hparams import spec_changes
+from .postmortem import PostMortem
 from .protocol import WireSpec
 from .status import JobStatus
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster, Subscription
     from .diagnosis import Diagnosis
-    from .postmortem import PostMortem
 
 WAIT_SLICE = 5.0  # seconds per server-side wait, so that Ctrl-C stays responsive
 RUN_WAITING = ("RUNNING", "PAUSED", "HUNG")  # a job.run's ranks may still answer
@@ -447,8 +447,6 @@ class Job:
         >>> job.debug(1)                                                   # doctest: +SKIP
         rank 1 of job 'a' raised ValueError at step 12: bad batch (HELD) ...
         """
-        from .postmortem import PostMortem
-
         return PostMortem(self.cluster.sync(self.cluster.control.debug, self.id, rank=rank))
 
     def restart_from_checkpoint(self) -> JobStatus:
