@@ -1,4 +1,9 @@
-"""``Cluster``: a Dask client plus the clustersdk control plane on its scheduler."""
+"""``Cluster``: a Dask client plus the clustersdk control plane on its scheduler.
+
+Like :class:`~clustersdk.Job`, a ``Cluster`` does not import the tiers above it:
+its notebook dashboard, ``cluster.queue()``'s tables and ``cluster.doctor()`` come
+from the hooks that :mod:`clustersdk` provides (see :mod:`clustersdk.hooks`).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any, Callable, Sequence
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
 
-from .. import config, registry
+from .. import config, hooks, registry
 from ..client import ControlClient
 from ..errors import PluginMissingError, SpecError
 from ..job import Job
@@ -303,14 +308,13 @@ class Cluster:
         """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
 
         Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
-        lists what to fix, one line each). See :mod:`clustersdk.doctor`.
+        lists what to fix, one line each). See :mod:`clustersdk.doctor`, which sits
+        above this client and is reached through the ``doctor`` hook.
 
         >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
         """
-        from ..doctor import doctor
-
-        return doctor(self.client, checkpoint_dir=checkpoint_dir, bandwidth=bandwidth,
-                      max_size=max_size, timeout=timeout)
+        return hooks.call("doctor", self.client, checkpoint_dir=checkpoint_dir,
+                          bandwidth=bandwidth, max_size=max_size, timeout=timeout)
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
@@ -330,16 +334,13 @@ class Cluster:
         return self.sync(self.control.job, job=job, name=name)
 
     # sharing -----------------------------------------------------------------------
-    def queue(self) -> Any:
+    def queue(self) -> QueueView:
         """The queues: who holds what, what waits and why, estimated starts (a
-        :class:`~clustersdk.widgets.queue.QueueView`: a table in a notebook, ``.data``
-        for code).
+        :class:`QueueView`: a table in a notebook, ``.data`` for code).
 
         >>> cluster.queue().waiting()[0]["reason"]          # doctest: +SKIP
         "waiting behind job 'big' (priority high, 8 slots), first in queue 'default'..."
         """
-        from ..widgets.queue import QueueView
-
         return QueueView(self.sync(self.control.queue))
 
     def configure_scheduling(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -404,10 +405,11 @@ class Cluster:
         self.close()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The cluster dashboard in Jupyter (plain HTML where ipywidgets is missing)."""
-        from ..widgets import cluster_mimebundle
-
-        return cluster_mimebundle(self, include=include, exclude=exclude)
+        """The cluster dashboard in Jupyter (plain HTML where ipywidgets is missing), as the
+        presentation provides it (see :mod:`clustersdk.hooks`); the plain repr without one."""
+        if not hooks.provided("cluster_display"):
+            return {"text/plain": repr(self)}
+        return hooks.call("cluster_display", self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
         if self._closed:
@@ -428,6 +430,41 @@ class Subscription:
 
     def close(self) -> None:
         self.cluster._unsubscribe(self)
+
+
+class QueueView:
+    """Per queue: who holds what, what waits and why, estimated starts (what
+    ``cluster.queue()`` returns). ``data`` is the plain model the control plane answers
+    (what ``GET /clustersdk/api/queue`` serves too); its text and its table in a
+    notebook come from the presentation (the ``queue_text`` and ``queue_html`` hooks).
+
+    >>> cluster.queue()            # doctest: +SKIP
+    16 slots, 4 free · queue default (rest of the slots): 12 in use
+    """
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    @property
+    def queues(self) -> list[dict[str, Any]]:
+        return self.data["queues"]
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """Every waiting job, queue by queue, in the order they would start."""
+        return [j for q in self.queues for j in q["waiting"]]
+
+    def holding(self) -> list[dict[str, Any]]:
+        """Every job that holds slots, queue by queue."""
+        return [j for q in self.queues for j in q["holding"]]
+
+    def _repr_html_(self) -> str | None:
+        return hooks.call("queue_html", self.data) if hooks.provided("queue_html") else None
+
+    def __repr__(self) -> str:
+        if hooks.provided("queue_text"):
+            return hooks.call("queue_text", self.data)
+        return (f"<QueueView {len(self.queues)} queue(s), {len(self.holding())} holding, "
+                f"{len(self.waiting())} waiting>")
 
 
 def install(client: Client, state_dir: str) -> None:
