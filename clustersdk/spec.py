@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
+from . import config  # noqa: F401 - loads the settings as defaults before any dask.config.set
 from . import options
 from .errors import SpecError
 from .options import default
