@@ -386,7 +386,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("plan", "dict[str, Any] | None", None, "parallelism",
            "tp and 2-D: module name -> 'colwise', 'rowwise' or a ParallelStyle", wire=None),
     Option("env", "dict[str, str] | None", None, "code",
-           "environment variables of each rank, on top of the cluster's (NCCL_*...)",
+           "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
+           "README \"Network settings\")",
            check_env, _copy_or_none),
     Option("working_dir", "str | None", None, "code",
            "a directory shipped to every worker: its modules and files; the ranks' cwd",

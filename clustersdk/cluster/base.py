@@ -170,9 +170,15 @@ class Cluster:
 
         The job is queued until ``world_size`` slots are free, then all start at
         once. ``cluster.launch(spec)`` runs a :class:`~clustersdk.JobSpec` instead
-        (each launch is a new job). None means the default; for ``timeout``,
-        ``metrics_interval``, ``max_restarts`` and ``hold_timeout`` that is the
-        ``clustersdk.*`` setting. ``env`` adds to the cluster's ``env``.
+        (each launch is a new job; give nothing else). ``timeout``,
+        ``metrics_interval``, ``max_restarts`` and ``hold_timeout`` left at None take
+        the ``clustersdk.*`` setting of that name. ``env`` adds to the cluster's.
+
+        Refused here, before any slot is taken, with a message naming the cause: a bad
+        option (:class:`~clustersdk.SpecError`), a module the workers can't import and
+        ``working_dir`` or ``py_modules`` does not ship, ``precision="fp16"`` without
+        CUDA, an unwritable ``checkpoint_dir``, a job its queue's limits can never fit,
+        more ranks than the cluster can ever hold (:class:`~clustersdk.CapacityError`).
 
         The options by group, with the README section that explains them
         (``print(clustersdk.options.describe())``: each one's default and doc):
