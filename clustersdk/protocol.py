@@ -320,10 +320,10 @@ class WireSpec:
     preemptible: bool = spec_field("preemptible")
     time_limit: float | None = spec_field("time_limit")  # the owner's estimate, seconds
     min_world_size: int | None = spec_field("min_world_size")  # fewest ranks to run on
-    asked_world_size: int | None = None       # running on fewer than asked: the size to grow back to
+    asked_world_size: int | None = None       # running on fewer than asked: the size to regain
     hang_timeout: float | None = spec_field("hang_timeout")  # None: derived from step times
     on_hang: str = spec_field("on_hang")      # "report", "restart" or "fail"
-    profile_dir: str | None = None            # the control plane's state dir (job.profile's traces)
+    profile_dir: str | None = None            # the control plane's state dir (profile traces)
     on_error: str = spec_field("on_error")    # "fail", or "hold": a rank that raises waits (HELD)
     hold_timeout: float = spec_field("hold_timeout")  # seconds a HELD job waits before it fails
     debug: bool = spec_field("debug")         # ctx.breakpoint() opens a pdb console (else a no-op)
