@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "STRATEGIES": "spec",
+    "STRATEGIES": "options",
     "CapacityError": "errors",
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
@@ -96,7 +96,8 @@ if TYPE_CHECKING:
     from .job import Job
     from .runtime.context import TrainContext
     from .runtime.training import warmup_cosine
-    from .spec import STRATEGIES, JobSpec
+    from .options import STRATEGIES
+    from .spec import JobSpec
     from .status import JobStatus
 
 

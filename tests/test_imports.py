@@ -15,6 +15,7 @@ HEAVY = ("torch", "distributed", "dask", "numpy", "tornado")
 
 PURE = [
     "clustersdk.protocol",
+    "clustersdk.options",
     "clustersdk.errors",
     "clustersdk.status",
     "clustersdk.layout",

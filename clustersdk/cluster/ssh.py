@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import network
 from ..errors import SpecError, StartError
-from ..spec import check_env
+from ..options import check_env
 
 if TYPE_CHECKING:
     from .base import Cluster
