@@ -19,7 +19,8 @@ from .protocol import DEFAULTS, WireSpec
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
     "fsdp": "FSDP2 (fully_shard per block): each rank holds 1/N of the parameters, gradients "
-            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D)",
+            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D); "
+            "with mesh={'dp': D, 'tp': T, 'pp': P}, pipeline stages over FSDP x TP (3-D)",
     "tp": "tensor parallel: planned layers split by column/row over the ranks (a plan= or the "
           "model's tp_plan(tp))",
     "pp": "pipeline parallel: each rank runs a slice of the layers under a GPipe or 1F1B "
@@ -65,6 +66,7 @@ class JobSpec:
     precision: str = DEFAULTS.precision  # "bf16" (autocast) or "fp16" (+ grad scaler, CUDA)
     grad_accum: int = DEFAULTS.grad_accum  # micro-batches per optimizer step
     clip_grad_norm: float | None = None
+    # pp, or a mesh with a "pp" dimension (3-D):
     microbatches: int | None = None     # pp: micro-batches per schedule step (default: stages)
     schedule: str | None = None         # pp: "gpipe" (default) or "1f1b"
     split: list[str] | None = None      # pp: chain names where stages 1.. begin
@@ -234,9 +236,13 @@ class JobSpec:
         if self.mesh is not None:
             self.mesh = dict(self.mesh)
         for name, strategy in _ONLY_FOR.items():
-            if getattr(self, name) is not None and self.strategy != strategy:
+            # a pipeline's options also go with a 3-D mesh (strategy 'fsdp' with 'pp')
+            if getattr(self, name) is not None and self.strategy != strategy and not (
+                    strategy == "pp" and layout.pipelined):
+                also = (" (or of strategy='fsdp' with a mesh that has a 'pp' dimension)"
+                        if strategy == "pp" else "")
                 raise SpecError(f"{name}= is an option of strategy={strategy!r}, not "
-                                f"{self.strategy!r}")
+                                f"{self.strategy!r}{also}")
         if self.precision not in PRECISIONS:
             raise SpecError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         accum = self.grad_accum
@@ -252,7 +258,7 @@ class JobSpec:
         if self.plan is not None and layout.size("tp") == 1:
             raise SpecError("plan= is for tensor parallelism: use strategy='tp', or 'fsdp' with a "
                             "mesh that has a 'tp' dimension")
-        if self.strategy == "pp":
+        if layout.pipelined:
             self._check_pipeline(layout.size("pp"))
         if self.model is not None:
             self._check_model(layout)

@@ -102,7 +102,7 @@ class TrainContext(Looping, Debugging, LiveContext):
         self._phases = PhaseClock(enabled=bool(config.get("phase-timing", True)))
         self._capture = None  # the running profile (job.profile), if any
         self._profiles_done = 0  # the newest profile request acted on
-        self._rebinder = rebind.Rebinder(strategy)
+        self._rebinder = rebind.Rebinder(strategy, pipelined=self.layout.pipelined)
         self._batches: _epochs.Batches | None = None
         self._shards: list[str] = []  # the keys of the loaders ctx.shard made, in order
         self._paused = False
@@ -116,7 +116,7 @@ class TrainContext(Looping, Debugging, LiveContext):
         if options.get("dir"):
             self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
                                 report=self._report, rank=rank, world_size=world_size, job=job,
-                                device=device, pipeline=strategy == "pp",
+                                device=device, pipeline=self.layout.pipelined,
                                 attempt=options.get("attempt", 0))
             self._async = options.get("async", True)
             # known from the start, so that ctx.shard restores its position at once
@@ -153,7 +153,7 @@ class TrainContext(Looping, Debugging, LiveContext):
 
     @property
     def stage_index(self) -> int:
-        """This rank's pipeline stage (0 unless ``strategy="pp"``)."""
+        """This rank's pipeline stage (0 unless the mesh has a ``pp`` dimension)."""
         return self.layout.coords(self.rank).get("pp", 0)
 
     # model and state -------------------------------------------------------
@@ -189,7 +189,7 @@ class TrainContext(Looping, Debugging, LiveContext):
         self._rebinder.after(before, model)  # optimizers built before this now train `model`
         steps = self._steps
         steps.model, steps.loss_fn = model, loss_fn
-        if self.strategy == "pp":
+        if self.layout.pipelined:
             from .strategies.pipeline import Pipeline
 
             steps.pipeline = Pipeline(model, self, loss_fn)
@@ -205,8 +205,10 @@ class TrainContext(Looping, Debugging, LiveContext):
         model = self.stateful.get("model")
         if model is None:
             raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
+        coords = self.layout.coords(self.rank)
+        first_of_stage = all(v == 0 for k, v in coords.items() if k != "pp")
         return full_state_dict(model, optimizer, rank=self.rank, world_size=self.world_size,
-                               pipeline=self.strategy == "pp")
+                               pipeline=self.layout.pipelined, sends=first_of_stage)
 
     # training steps ----------------------------------------------------------
     def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any

@@ -69,8 +69,9 @@ class Steps:
             scaler.unscale_(optimizer)
         if self.clip is not None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            replicated = 1 if self.ctx.strategy == "pp" else self.ctx.world_size
-            norm = training.clip_grad_norm_(params, self.clip, replicated, self.ctx.device)
+            # the ranks that hold each parameter: all, or (pipelines) those of its stage
+            holders = self.ctx.world_size // self.ctx.layout.size("pp")
+            norm = training.clip_grad_norm_(params, self.clip, holders, self.ctx.device)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
