@@ -20,6 +20,26 @@ def data() -> models.SyntheticText:
     return models.SyntheticText(n=N_SAMPLES, seq_len=16, vocab=64, seed=0)
 
 
+class SkewedText(torch.utils.data.Dataset):
+    """``n`` token sequences of 2 to ``max_len`` tokens, most of them short (a long tail,
+    as real text has): ``(inputs, targets, index)``, the targets shifted by one."""
+
+    def __init__(self, n: int = 200, max_len: int = 16, vocab: int = 64, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(n, generator=g)
+        self.lengths = (2 + ((max_len - 1) * u ** 4).long()).clamp(max=max_len).tolist()
+        start = torch.randint(0, vocab, (n, 1), generator=g)
+        stride = torch.randint(1, 8, (n, 1), generator=g)
+        self.tokens = (start + stride * torch.arange(max_len + 1)) % vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        n = self.lengths[i]
+        return self.tokens[i, :n], self.tokens[i, 1:n + 1], torch.tensor(i)
+
+
 def make_model(n_experts: int = 0, n_layers: int = 2) -> models.Transformer:
     return models.Transformer(n_layers=n_layers, n_experts=n_experts)
 

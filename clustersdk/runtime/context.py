@@ -265,7 +265,7 @@ class TrainContext(Looping, Debugging, LiveContext):
             self.stateful[key] = obj
 
     # data ----------------------------------------------------------------------
-    def shard(self, dataset: Any, batch_size: int, **options: Any) -> Any:
+    def shard(self, dataset: Any, batch_size: int | None = None, **options: Any) -> Any:
         """This rank's share of every global batch (``batch_size`` samples per
         data-parallel rank; ranks that differ only in their ``tp`` or ``pp``
         coordinate get the same samples, see :mod:`clustersdk.layout`).
@@ -282,7 +282,19 @@ class TrainContext(Looping, Debugging, LiveContext):
         ``collate_fn``, ``num_workers`` (map-style), ``prefetch`` (batches
         read ahead by a background thread: 2 for streams and Parquet, 0 for
         map-style), ``columns`` and ``lanes`` (Parquet).
+
+        Token budgets, for samples of different lengths (map-style):
+        ``ctx.shard(data, tokens_per_batch=4096, length=...)`` instead of
+        ``batch_size`` gives each data-parallel rank whole samples padded to
+        the longest, at most 4096 padded tokens per batch, and logs each
+        step's ``padding`` fraction and ``tokens``; ``length`` is one int per
+        sample, a function of a sample or a key (default: the first
+        dimension of its first tensor); ``pad`` the fill value, one or one
+        per field (``(0, -100)`` for ids and targets). See
+        :mod:`clustersdk.runtime.budget`.
         """
+        if "tokens_per_batch" in options:
+            options["log"] = self.log
         loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
         key, n = "data", 0
         while key in self.stateful:
