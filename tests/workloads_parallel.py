@@ -125,3 +125,17 @@ def train_own_loop(ctx, steps: int = 3) -> None:
         models.lm_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+def read_budget(ctx, steps: int | None = None, epochs: int = 1, budget: int = 48) -> list | None:
+    """Token-budget batches of :class:`SkewedText`, no model: every rank's sample ids per
+    step, gathered to rank 0 (a checkpoint holds the loader's position alone)."""
+    import torch.distributed as dist
+
+    data = ctx.shard(SkewedText(n=120), tokens_per_batch=budget, pad=(0, -100, -1))
+    seen = []
+    for _step, (_x, _y, idx) in ctx.loop(data, steps=steps, epochs=epochs):
+        seen.append(idx.tolist())
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, seen)
+    return everyone if ctx.rank == 0 else None
