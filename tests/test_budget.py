@@ -73,7 +73,8 @@ def test_a_resume_mid_epoch_at_another_world_size_repeats_and_skips_nothing():
     first = take(two, steps=7)
     saved = two[0].state_dict()
     assert saved == two[1].state_dict() == {"epoch": 0, "consumed": 14, "seed": 0,
-                                            "tokens_per_batch": BUDGET, "samples": 200}
+                                            "tokens_per_batch": BUDGET, "multiple_of": 1,
+                                            "samples": 200}
     three = loaders(3, data=SkewedText(n=200))
     for loader in three:
         loader.load_state_dict(saved)
@@ -95,6 +96,8 @@ def test_a_resumed_loader_keeps_the_saved_budget_and_refuses_other_data():
 def test_the_last_step_splits_what_is_left_over_the_ranks():
     assert split([[1, 2, 3, 4], [5]], 4) == [[1], [2], [3, 4], [5]]
     assert split([[1], [2]], 3) is None  # fewer samples than ranks: left out
+    assert split([[1, 2, 3, 4], [5, 6]], 3, multiple=2) == [[1, 2], [3, 4], [5, 6]]
+    assert split([[1, 2]], 2, multiple=2) is None
     # 5 samples, 3 per batch at most: batches [0,1,2] [3,4] for 1 rank; 4 ranks get 4 parts
     data = [(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.tensor(i))
             for i in range(5)]
@@ -103,6 +106,23 @@ def test_the_last_step_splits_what_is_left_over_the_ranks():
     assert ranks[0].plan() == [[0, 1, 2], [3, 4]]
     steps = take(ranks)
     assert [[b[2].tolist() for b in step] for step in steps] == [[[0], [1], [2], [3, 4]]]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_batches_hold_whole_micro_batches_when_asked(world_size):
+    """``ctx.shard`` asks for multiples of grad_accum x a pipeline's microbatches."""
+    data = SkewedText(n=203)
+    ranks = loaders(world_size, data=data, multiple_of=4)
+    plan = ranks[0].plan()
+    assert all(len(b) % 4 == 0 for b in plan)
+    assert all(max(data.lengths[i] for i in b) * len(b) <= BUDGET for b in plan)
+    steps = take(ranks)
+    assert all(len(x) % 4 == 0 for step in steps for x, _y, _i in step)
+    seen = ids(steps)
+    assert len(seen) == len(set(seen)) >= 203 - 3 - (4 * world_size - 1)  # 203 % 4 left out, and a tail
+    with pytest.raises(ValueError, match=r"tokens_per_batch=32 can't hold 4 samples .* of the "
+                                         r"longest sample's 16 tokens: give 64 or more"):
+        make_loader(data, None, 0, 1, CPU, tokens_per_batch=32, multiple_of=4)
 
 
 def test_budget_batches_pad_far_less_than_fixed_batches_on_skewed_lengths():

@@ -50,9 +50,12 @@ def launch_exact(cluster, *, world_size: int = 8, kwargs: dict | None = None, **
 
 
 def rows(job) -> dict[tuple[int, int], float]:
-    """Every logged loss by (rank, step); a step logged twice by one rank fails."""
+    """Every logged loss by (rank, step); a step logged twice by one rank fails. (Rows
+    without one: a pipeline's first stages, which log only token budgets' padding.)"""
     out: dict[tuple[int, int], float] = {}
     for row in job.history():
+        if "loss" not in row:
+            continue
         key = (row["rank"], row["step"])
         assert key not in out, f"rank {key[0]} logged step {key[1]} twice"
         out[key] = row["loss"]
@@ -219,3 +222,22 @@ def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_ga
         (rank, step) for rank in range(3) for step in range(4, 4 + len(rest[0]))}
     for row in history:  # each rank's padding and real tokens, per step
         assert 0 <= row["padding"] < 1 and 0 < row["tokens"] <= budget
+
+
+def test_token_budget_batches_through_a_pipeline_train_as_fsdp_on_the_same_batches(idle8):
+    """Each step's batches have other shapes: the pipeline infers its stages' shapes
+    again (the FSDP peers agreeing when) and trains as FSDP alone does on the same
+    batches, each a multiple of the 4 pieces a step cuts it into (grad_accum x
+    microbatches: 2 x 2 and 4 x 1)."""
+    pipe = idle8.launch(W.train_budget, world_size=4, strategy="fsdp", mesh={"dp": 2, "pp": 2},
+                        grad_accum=2)
+    flat = idle8.launch(W.train_budget, world_size=2, strategy="fsdp", grad_accum=4)
+    pipe_shapes, flat_shapes = pipe.wait(timeout=300), flat.wait(timeout=300)
+    # ranks 0-1 are the first stage (dp 0, 1), 2-3 the last: each reads its dp rank's batches
+    assert pipe_shapes == flat_shapes + flat_shapes
+    assert len({shape for rank in flat_shapes for shape in rank}) > 4  # shapes do change
+    assert all(rows % 4 == 0 for rank in flat_shapes for rows, _ in rank)
+    got, want = rows(pipe), rows(flat)
+    assert sorted(got) == [(rank, step) for rank in (2, 3) for step in range(6)]
+    for (rank, step), loss in got.items():
+        assert loss == pytest.approx(want[rank - 2, step], rel=LOSS_RTOL), (rank, step)

@@ -139,3 +139,22 @@ def read_budget(ctx, steps: int | None = None, epochs: int = 1, budget: int = 48
     everyone: list = [None] * ctx.world_size
     dist.all_gather_object(everyone, seen)
     return everyone if ctx.rank == 0 else None
+
+
+def train_budget(ctx, steps: int = 6, budget: int = 128) -> list | None:
+    """The reference transformer on token-budget batches of :class:`SkewedText` (whose
+    lengths vary from batch to batch) through ``ctx.train_step``: each rank's batch sizes
+    and sequence lengths, gathered to rank 0."""
+    import torch.distributed as dist
+
+    model = ctx.prepare(make_model(), loss_fn=models.lm_loss)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ctx.register(optimizer=opt)
+    data = ctx.shard(SkewedText(n=200), tokens_per_batch=budget, pad=(0, -100, -1))
+    shapes = []
+    for _step, (x, y, _idx) in ctx.loop(data, steps=steps):
+        ctx.log(loss=ctx.train_step(opt, x, y))
+        shapes.append(tuple(x.shape))
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, shapes)
+    return everyone if ctx.rank == 0 else None

@@ -22,6 +22,13 @@ there are enough: a part of a batch fits the budget too); only when fewer
 *samples* are left than ranks are those few left out of the epoch (as a
 fixed-size loader drops its last partial batch).
 
+Micro-batches: a batch that ``grad_accum`` (and, under a pipeline,
+``microbatches``) cuts into equal pieces must hold a multiple of their
+number of samples. ``multiple_of`` (set so by ``ctx.shard``) makes every
+batch such a multiple: each epoch leaves ``len(data) % multiple_of``
+samples out, drawn at random, and the last step may leave out a few more
+when what is left can't make a multiple for every rank.
+
 Each rank logs, per step, ``padding`` (the fraction of its batch that is
 padding) and ``tokens`` (its real tokens) with ``ctx.log``. A loader has no
 ``len()``: the number of steps in an epoch depends on the world size, so
@@ -49,34 +56,35 @@ from .streams import Prefetcher, to_device
 Plan = list[list[int]]  # batches of sample indices
 
 
-def pack(order: Sequence[int], lengths: Sequence[int], budget: int) -> Plan:
+def pack(order: Sequence[int], lengths: Sequence[int], budget: int, multiple: int = 1) -> Plan:
     """Cut ``order`` (sample indices, shortest first) into consecutive batches of at most
-    ``budget`` padded tokens (``samples x longest``)."""
+    ``budget`` padded tokens (``samples x longest``), each a multiple of ``multiple``
+    samples but perhaps the last: a batch that is full gives the samples past its last
+    multiple to the next one (which ``multiple x longest <= budget`` lets take them)."""
     batches: Plan = []
     batch: list[int] = []
-    longest = 0
     for i in order:
-        length = lengths[i]
-        if batch and max(longest, length) * (len(batch) + 1) > budget:
-            batches.append(batch)
-            batch, longest = [], 0
+        # shortest first: the sample coming is the longest of the batch it joins
+        if batch and lengths[i] * (len(batch) + 1) > budget:
+            cut = len(batch) - len(batch) % multiple
+            batches.append(batch[:cut])
+            batch = batch[cut:]
         batch.append(i)
-        longest = max(longest, length)
     if batch:
         batches.append(batch)
     return batches
 
 
-def split(batches: Plan, parts: int) -> Plan | None:
+def split(batches: Plan, parts: int, multiple: int = 1) -> Plan | None:
     """``batches`` as exactly ``parts`` non-empty batches, halving the one with the most
-    samples (the first such) until there are enough; None when there are fewer samples
-    than ``parts``. A part of a batch never costs more than the batch."""
+    samples (the first such; in multiples of ``multiple``) until there are enough; None
+    when there are too few samples. A part of a batch never costs more than the batch."""
     out = [list(b) for b in batches if b]
-    if sum(map(len, out)) < parts:
-        return None
     while len(out) < parts:
-        i = max(range(len(out)), key=lambda k: (len(out[k]), -k))
-        half = (len(out[i]) + 1) // 2
+        i = max(range(len(out)), key=lambda k: (len(out[k]), -k), default=None)
+        if i is None or len(out[i]) < 2 * multiple:
+            return None
+        half = (len(out[i]) // multiple + 1) // 2 * multiple
         out[i:i + 1] = [out[i][:half], out[i][half:]]
     return out
 
@@ -174,6 +182,7 @@ class TokenBudgetLoader:
         pad: Any = 0,
         num_workers: int = 0,
         prefetch: int = 0,
+        multiple_of: int = 1,
         log: Callable[..., None] | None = None,
     ):
         budget = tokens_per_batch
@@ -190,10 +199,18 @@ class TokenBudgetLoader:
                 raise ValueError(f"sample {i} has {n} tokens, which does not fit "
                                  f"tokens_per_batch={budget}" if n > 0 else
                                  f"sample {i} has length {n}: every sample needs a token")
+        if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+            raise ValueError(f"multiple_of must be a positive int, got {multiple_of!r}")
+        if multiple_of * max(self.lengths) > budget:
+            raise ValueError(f"tokens_per_batch={budget} can't hold {multiple_of} samples (the "
+                             f"micro-batches each batch is cut into) of the longest sample's "
+                             f"{max(self.lengths)} tokens: give {multiple_of * max(self.lengths)} "
+                             "or more")
         if len(self.lengths) < world_size:
             raise ValueError(f"the dataset has {len(self.lengths)} samples, fewer than the "
                              f"{world_size} data-parallel ranks")
         self.tokens_per_batch = budget
+        self.multiple_of = multiple_of
         self.rank, self.world_size, self.device = rank, world_size, device
         self.shuffle = True if shuffle is None else shuffle
         self.seed = seed
@@ -203,21 +220,23 @@ class TokenBudgetLoader:
         self.log = log
         self.epoch = 0
         self.consumed = 0  # batches of the epoch's plan taken by all ranks together
-        self._plan: tuple[tuple[int, int, int], Plan] | None = None  # (epoch, seed, budget), plan
+        self._plan: tuple[tuple[int, ...], Plan] | None = None  # what it was made of, the plan
 
     # --- the plan ---------------------------------------------------------------------
     def plan(self, epoch: int | None = None) -> Plan:
         """Every batch of ``epoch`` (default: the current one), in the order steps take
         them: the same list on every rank and at every world size."""
         epoch = self.epoch if epoch is None else epoch
-        key = (epoch, self.seed, self.tokens_per_batch)
+        key = (epoch, self.seed, self.tokens_per_batch, self.multiple_of)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
         n = len(self.lengths)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
+        # whole multiples in all: every batch is one (the first few of a shuffled order out)
+        order = order[n % self.multiple_of:]
         order.sort(key=self.lengths.__getitem__)  # stable: equal lengths stay shuffled
-        batches = pack(order, self.lengths, self.tokens_per_batch)
+        batches = pack(order, self.lengths, self.tokens_per_batch, self.multiple_of)
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
         self._plan = (key, batches)
@@ -229,7 +248,7 @@ class TokenBudgetLoader:
         plan, ranks = self.plan(epoch), self.world_size
         if consumed + ranks <= len(plan):
             return plan[consumed:consumed + ranks], consumed + ranks
-        tail = split(plan[consumed:], ranks)
+        tail = split(plan[consumed:], ranks, self.multiple_of)
         return (tail, len(plan)) if tail is not None else None
 
     def steps_in_epoch(self) -> int:
@@ -280,13 +299,15 @@ class TokenBudgetLoader:
     # --- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "tokens_per_batch": self.tokens_per_batch, "samples": len(self.lengths)}
+                "tokens_per_batch": self.tokens_per_batch, "multiple_of": self.multiple_of,
+                "samples": len(self.lengths)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue where ``state`` left off, at this loader's world size.
 
-        The budget of the saved run is kept (it decides the plan the position
-        counts in), as a fixed-size loader keeps the saved global batch.
+        The budget and multiple of the saved run are kept (they decide the plan
+        the position counts in), as a fixed-size loader keeps the saved global
+        batch.
         """
         samples = state.get("samples", len(self.lengths))
         if samples != len(self.lengths):
@@ -294,3 +315,4 @@ class TokenBudgetLoader:
                              f"{len(self.lengths)}: its position means nothing here")
         self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
         self.tokens_per_batch = state.get("tokens_per_batch", self.tokens_per_batch)
+        self.multiple_of = state.get("multiple_of", self.multiple_of)

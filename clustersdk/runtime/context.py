@@ -290,11 +290,17 @@ class TrainContext(Looping, Debugging, LiveContext):
         step's ``padding`` fraction and ``tokens``; ``length`` is one int per
         sample, a function of a sample or a key (default: the first
         dimension of its first tensor); ``pad`` the fill value, one or one
-        per field (``(0, -100)`` for ids and targets). See
-        :mod:`clustersdk.runtime.budget`.
+        per field (``(0, -100)`` for ids and targets). Each batch holds a
+        multiple of the micro-batches a step cuts it into (``grad_accum``,
+        and a pipeline's ``microbatches``). See :mod:`clustersdk.runtime.budget`.
         """
         if "tokens_per_batch" in options:
             options["log"] = self.log
+            # every batch must cut into the step's equal micro-batches
+            pieces = self.options["grad_accum"]
+            if self.layout.pipelined:
+                pieces *= self.options["microbatches"] or self.layout.size("pp")
+            options.setdefault("multiple_of", pieces)
         loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
         key, n = "data", 0
         while key in self.stateful:
