@@ -5,7 +5,9 @@ One 3-D run of 10 steps (``mesh={"dp": 2, "tp": 2, "pp": 2}``, GPipe, checkpoint
 steps 5 and 10) is made once per module (:func:`threed`) and serves three ways: its
 losses and parameters against one process, the uninterrupted run that a suspended and
 resumed job must equal bitwise, and the checkpoint other layouts load. Every job shares
-the module's cluster: eight ranks on two cores are slow, so the models are tiny.
+the module's cluster: eight ranks on two cores are slow, so the models are tiny, and
+every test that needs the cluster (its eight workers take a while to start) is marked
+``slow``; the launch-time checks need none.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def threed(cluster8, tmp_path_factory):
 
 
 # --- equal to one process ---------------------------------------------------------------
+@pytest.mark.slow
 def test_three_d_on_eight_ranks_equals_one_process(threed):
     job, state, root = threed
     assert_like_one_process(job, state["model"], W.reference_lm(GLOBAL_BATCH))
@@ -113,6 +116,7 @@ def test_three_d_on_eight_ranks_equals_one_process(threed):
     assert [step for step, _ in ckpt.committed(root)] == [5, 10]
 
 
+@pytest.mark.slow
 def test_three_d_with_accumulation_clipping_and_1f1b_equals_one_process(idle8):
     job = idle8.launch(W.train_lm, world_size=8, schedule="1f1b", grad_accum=2,
                        clip_grad_norm=0.5, **THREED)
@@ -121,6 +125,7 @@ def test_three_d_with_accumulation_clipping_and_1f1b_equals_one_process(idle8):
 
 
 # --- suspend and resume at the same layout ------------------------------------------------
+@pytest.mark.slow
 def test_three_d_paused_suspended_and_resumed_is_bitwise_the_uninterrupted_run(
         idle8, threed, tmp_path):
     want_job, want, _ = threed
@@ -147,6 +152,7 @@ TARGETS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_a_three_d_checkpoint_loads_bitwise_into_another_layout(idle8, threed, target):
     """``resume="auto"`` in the 3-D job's own checkpoint_dir: its newest checkpoint (step
@@ -158,6 +164,7 @@ def test_a_three_d_checkpoint_loads_bitwise_into_another_layout(idle8, threed, t
     assert_bitwise(got["state"], want)
 
 
+@pytest.mark.slow
 def test_a_ddp_checkpoint_loads_bitwise_into_three_d(idle8, tmp_path):
     root = str(tmp_path)
     want = launch_exact(idle8, world_size=2, strategy="ddp", checkpoint_dir=root,
@@ -195,15 +202,16 @@ def test_a_ddp_checkpoint_loads_bitwise_into_three_d(idle8, tmp_path):
     ],
     ids=["mesh", "stages", "heads", "plan-dim", "split", "1f1b", "option", "strategy"],
 )
-def test_bad_three_d_layouts_fail_at_launch_naming_the_values(cluster8, options, match):
-    before = len(cluster8.jobs())
+def test_bad_three_d_layouts_fail_at_launch_naming_the_values(options, match):
+    """What ``cluster.launch`` builds first, before it asks for any slot (the model
+    checks run on the meta device)."""
     options = {"strategy": "fsdp", "model": W.make_model, **options}
     with pytest.raises(cs.SpecError, match=match):
-        cluster8.launch(W.train_lm, **options)
-    assert len(cluster8.jobs()) == before  # refused before any slot was taken
+        cs.JobSpec(fn=W.train_lm, **options)
 
 
 # --- token-budget batches -----------------------------------------------------------------
+@pytest.mark.slow
 def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_gaps(
         idle8, tmp_path):
     root = str(tmp_path)
@@ -224,6 +232,7 @@ def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_ga
         assert 0 <= row["padding"] < 1 and 0 < row["tokens"] <= budget
 
 
+@pytest.mark.slow
 def test_token_budget_batches_through_a_pipeline_train_as_fsdp_on_the_same_batches(idle8):
     """Each step's batches have other shapes: the pipeline infers its stages' shapes
     again (the FSDP peers agreeing when) and trains as FSDP alone does on the same
