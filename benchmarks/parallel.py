@@ -174,9 +174,9 @@ def summarize(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, fl
 
 
 def render_speed(med: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'strategy':<22}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
+    lines = [f"{'strategy':<26}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
     for name, m in med.items():
-        lines.append(f"{name:<22}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
+        lines.append(f"{name:<26}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
                      f"{m['ratio']:>8.3f}")
     return "\n".join(lines)
 
