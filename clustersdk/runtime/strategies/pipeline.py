@@ -155,8 +155,8 @@ class Pipeline:
         self.stage = PipelineStage(stage, ctx.stage_index, stages, ctx.device, group=group)
         self._kind = SCHEDULES[ctx.options.get("schedule") or "gpipe"]
         self.schedule = self._schedule()
-        # the ranks that read other batches than this one's stages (FSDP peers under 3-D):
-        # they must learn of a new batch shape together (see step)
+        # the ranks of this stage that read other batches (its FSDP peers under 3-D): they
+        # must learn of a new batch shape together (see _follow_shapes)
         self._peers = ctx.mesh.get_group("dp") if ctx.layout.size("dp") > 1 else None
         self._device = ctx.device
         self._shapes: Any = None
@@ -177,7 +177,7 @@ class Pipeline:
         gathers parameters across ``dp``, whose ranks read other batches: they agree
         (one all-reduce) so that all of them infer again, or none.
         """
-        shapes = [tuple(v.shape) for v in chunks[0] if isinstance(v, torch.Tensor)]
+        shapes = _shapes(chunks[0])
         changed = self._shapes is not None and shapes != self._shapes
         if self._peers is not None:
             flag = torch.tensor([int(changed)], device=self._device)
@@ -217,3 +217,14 @@ class Pipeline:
             losses.extend(raw for scaled, raw in self._computed if id(scaled) in real)
         self._computed = []
         return torch.stack(losses).mean() if self.stage.is_last else None
+
+
+def _shapes(value: Any) -> list[tuple[int, ...]]:
+    """The shapes of the tensors in ``value`` (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [tuple(value.shape)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [shape for item in value for shape in _shapes(item)]
+    return []
