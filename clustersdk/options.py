@@ -76,7 +76,8 @@ GROUPS: dict[str, tuple[str, str]] = {
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
     "fsdp": "FSDP2 (fully_shard per block): each rank holds 1/N of the parameters, gradients "
-            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D)",
+            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D); "
+            "with mesh={'dp': D, 'tp': T, 'pp': P}, pipeline stages over FSDP x TP (3-D)",
     "tp": "tensor parallel: planned layers split by column/row over the ranks (a plan= or the "
           "model's tp_plan(tp))",
     "pp": "pipeline parallel: each rank runs a slice of the layers under a GPipe or 1F1B "
@@ -368,7 +369,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("clip_grad_norm", "float | None", None, "training",
            "clip the whole model's gradient norm to this", _clip),
     Option("microbatches", "int | None", None, "parallelism",
-           "pp: micro-batches per schedule step (default: the stages)",
+           "pp or a 3-D mesh: micro-batches per schedule step (default: the stages)",
            _optional(_positive_int("microbatches", ""))),
     Option("schedule", "str | None", None, "parallelism", "pp: 'gpipe' (default) or '1f1b'",
            _schedule, choices=SCHEDULES),
@@ -499,13 +500,17 @@ def _check_parallel(spec: dict[str, Any]) -> None:
     if spec["mesh"] is not None:
         spec["mesh"] = dict(spec["mesh"])
     for name, strategy in ONLY_FOR.items():
-        if spec[name] is not None and spec["strategy"] != strategy:
+        # a pipeline's options also go with a 3-D mesh (strategy 'fsdp' with 'pp')
+        if spec[name] is not None and spec["strategy"] != strategy and not (
+                strategy == "pp" and layout.pipelined):
+            also = (" (or of strategy='fsdp' with a mesh that has a 'pp' dimension)"
+                    if strategy == "pp" else "")
             raise SpecError(f"{name}= is an option of strategy={strategy!r}, not "
-                            f"{spec['strategy']!r}")
+                            f"{spec['strategy']!r}{also}")
     if spec["plan"] is not None and layout.size("tp") == 1:
         raise SpecError("plan= is for tensor parallelism: use strategy='tp', or 'fsdp' with a "
                         "mesh that has a 'tp' dimension")
-    if spec["strategy"] != "pp":
+    if not layout.pipelined:
         return
     stages, micro, split = layout.size("pp"), spec["microbatches"], spec["split"]
     if spec["schedule"] == "1f1b" and (micro or stages) < stages:

@@ -168,7 +168,7 @@ def _clip(ctx: TrainContext, value: Any, batch: int | None) -> Change | None:
 def _accum(ctx: TrainContext, value: int, batch: int | None) -> Change | None:
     steps = ctx._steps
     if value != steps.accum:
-        if ctx.strategy == "pp":
+        if ctx.layout.pipelined:
             raise SpecError("job.update(grad_accum=...) can't change a pipeline's micro-batches")
         if batch and batch % value:
             raise SpecError(f"job.update(grad_accum={value}): it must divide rank {ctx.rank}'s "
