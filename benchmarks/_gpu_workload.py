@@ -192,7 +192,8 @@ def telemetry_job(ctx: Any, phases: list[dict[str, Any]], size: int) -> dict[str
     periods) and the extra memory it holds (``hold_gib``). Returns when each phase
     began and ended (wall clock, as the samples' times)."""
     device = ctx.device
-    a = torch.randn(size, size, device=device, dtype=_work_dtype(device))
+    a, b, c = (torch.randn(size, size, device=device, dtype=_work_dtype(device))
+               for _ in range(3))
     todo, marks = list(phases), []
     phase: dict[str, Any] | None = None
     held: torch.Tensor | None = None
@@ -214,7 +215,7 @@ def telemetry_job(ctx: Any, phases: list[dict[str, Any]], size: int) -> dict[str
         t0 = time.time()
         while time.time() - t0 < 0.1 * phase["busy"]:
             for _ in range(4):
-                a = (a @ a).div_(size ** 0.5)  # stays finite
+                torch.matmul(a, b, out=c)
             sync(device)
         time.sleep(max(0.0, 0.1 - (time.time() - t0)))
         ctx.log(busy=float(phase["busy"]))
@@ -230,7 +231,9 @@ def _work_dtype(device: torch.device) -> torch.dtype:
 def gpt2_config(cfg: dict[str, Any]) -> Any:
     from transformers import GPT2Config
 
-    return GPT2Config(**cfg, use_cache=False)
+    last = cfg["vocab_size"] - 1  # GPT-2's end-of-text token, inside a smaller vocabulary
+    return GPT2Config(**{"bos_token_id": min(50256, last), "eos_token_id": min(50256, last),
+                         **cfg}, use_cache=False)
 
 
 def build_lm(cfg: dict[str, Any], device: torch.device) -> tuple[torch.nn.Module, int]:

@@ -256,9 +256,17 @@ class Run:
             self._plain = PlainRunner()
         return self._plain
 
+    def worker(self) -> dict[str, Any]:
+        """The cluster's slot, once it is there and free (a worker that died comes back
+        through its nanny: the sections after it wait for that)."""
+        cluster = self.cluster
+        return wait_until(lambda: next((s for s in cluster.slots() if not s["job"]), None),
+                          120, "the cluster's worker, free")
+
     def launch(self, fn: Callable[..., Any], **options: Any) -> Any:
         """``cluster.launch`` (one rank unless told), remembered for the clean-up."""
         options.setdefault("world_size", 1)
+        self.worker()
         job = self.cluster.launch(fn, py_modules=[W], **options)  # benchmarks/ isn't there
         self.jobs.append(job)
         return job
@@ -510,8 +518,9 @@ def section_telemetry(run: Run, sec: Section) -> None:
     s = run.sizes["telemetry"]
     fields = ("cpu_percent", "rss") if run.rehearse else ("gpu_util", "gpu_mem_used")
     charts = ("cpu", "rss") if run.rehearse else ("gpu_util", "gpu_mem")
-    pids = run.cluster.client.run(os.getpid)
-    reader = Reader(run.rehearse, next(iter(pids.values())))
+    worker = run.worker()["worker"]
+    pid = run.cluster.client.run(os.getpid, workers=[worker])[worker]
+    reader = Reader(run.rehearse, pid)
     before = reader.read()
     reader.start()
     job = run.launch(W.telemetry_job, kwargs={"phases": s["phases"], "size": s["size"]},
@@ -791,7 +800,14 @@ def section_cuda_oom(run: Run, sec: Section) -> None:
 
     s = run.sizes["cuda_oom"]
     expected = "host_oom" if run.rehearse else "cuda_oom"
-    worker = run.cluster.slots()[0]["worker"]
+    worker = run.worker()["worker"]
+    if not run.rehearse:  # the idle worker, after the big jobs of the sections before
+        pid = run.cluster.client.run(os.getpid, workers=[worker])[worker]
+        sec.figures["idle_worker_gpu_mib"] = process_gpu_mib(pid)
+        if sec.figures["idle_worker_gpu_mib"] is not None:
+            sec.check("idle_worker_memory", sec.figures["idle_worker_gpu_mib"] <= 1536,
+                      sec.figures["idle_worker_gpu_mib"], "<= 1536 MiB (its CUDA context; "
+                      "no cached blocks of finished jobs)")
     job = run.launch(W.oom_job, kwargs=s, name="oom", timeout=60)
     try:
         with stopped(job):
@@ -822,6 +838,22 @@ def section_cuda_oom(run: Run, sec: Section) -> None:
     sec.figures["after"] = {**after, "worker": run.cluster.slots()[0]["worker"]}
     sec.check("worker_usable", after["finite"] and sec.figures["after"]["worker"] == worker,
               sec.figures["after"], "a small job finishes on the same worker")
+
+
+def process_gpu_mib(pid: int) -> float | None:
+    """GPU memory nvidia-smi attributes to process ``pid`` (None where it lists no
+    processes, as in some containers)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return float(fields[1])
+    return None
 
 
 def section_duplicate_gpu(run: Run, sec: Section) -> None:
