@@ -340,10 +340,13 @@ def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
 
 
 # --- checkpoints -----------------------------------------------------------------------------
-def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int) -> dict[str, Any]:
-    """A stack of square layers with AdamW on the device, one synced step at a time; the
-    start of every step (``ctx.loop``'s checkpoint boundaries fall between two), and how
-    long the first step took to come (a resumed job restores the checkpoint there)."""
+def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int,
+             step_s: float = 0.0) -> dict[str, Any]:
+    """A stack of square layers with AdamW on the device, one synced step at a time, each
+    lasting at least ``step_s`` (a real step's length: an async save then has the time to
+    finish before the next one); the start of every step (``ctx.loop``'s checkpoint
+    boundaries fall between two), and how long the first step took to come (a resumed job
+    restores the checkpoint there)."""
     device = ctx.device
     torch.manual_seed(0)
     with torch.device(device):
@@ -356,6 +359,7 @@ def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int) -> dict[s
     ctx.register(optimizer=opt)
     x = torch.randn(batch, width, device=device)
     starts: list[float] = []
+    works: list[float] = []  # each step's own time, before it sleeps the rest of step_s
     sync(device)
     called = time.perf_counter()
     first = None
@@ -369,11 +373,14 @@ def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int) -> dict[s
         opt.step()
         opt.zero_grad(set_to_none=True)
         ctx.log(loss=loss)
-    sync(device)
+        sync(device)
+        works.append(time.perf_counter() - starts[-1])
+        time.sleep(max(0.0, step_s - works[-1]))
     state = sum(p.numel() * p.element_size() for p in model.parameters())
     state += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
                  if isinstance(t, torch.Tensor))
-    return {"first": first, "starts": starts, "first_step_after_s": starts[0] - called
+    return {"first": first, "starts": starts, "works": works,
+            "first_step_after_s": starts[0] - called
             if starts else None, "state_bytes": state, "device": str(device)}
 
 

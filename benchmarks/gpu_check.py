@@ -29,11 +29,13 @@ section (a run cut short keeps what finished) and ``DIR/gpu_check.log`` has the 
 On the GPU machine (the repository root; the wheels of dask, distributed and what they
 need that the machine lacks are carried in ``.whl/``), the one command::
 
-    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/extension PYTHONUNBUFFERED=1 || exit; nvidia-smi; python3 benchmarks/gpu_check.py --out $OUT
+    set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/extension PYTHONUNBUFFERED=1 || exit; nvidia-smi > $OUT/nvidia-smi.txt 2>&1; python3 benchmarks/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.out
 
 (``run`` with ``carry=[".whl"]`` and ``timeout_s=560``; ``--only nccl,bf16`` reruns
 chosen sections, ``--budget bf16=200`` changes a section's budget, ``--deadline``
-the whole run's, 450 s by default.)
+the whole run's, 450 s by default; sections that would start after it are skipped.)
+Expected on an H200: about 5 minutes; doctor 15 s (with the cluster's start), nccl 30,
+telemetry 25, bf16 70, checkpoint 45, cuda_oom 10, duplicate_gpu 45, gpu_tests 60.
 
 Without CUDA it exits at once with status 2, its last line naming what is missing.
 ``--rehearse`` runs every section on this machine's CPU instead: gloo for NCCL,
@@ -110,7 +112,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "bf16": {"cfg": {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
                          "n_layer": 12, "n_head": 12},
                  "batch": 16, "warmup": 5, "steps": 30, "rounds": 4},
-        "checkpoint": {"width": 8192, "depth": 4, "batch": 64, "every": 4, "saves": 3},
+        "checkpoint": {"width": 8192, "depth": 3, "batch": 64, "every": 4, "saves": 2,
+                       "step_s": 1.0},
         "cuda_oom": {"first_gib": 1.0},
         "duplicate_gpu": {"workers": 3},
     },
@@ -124,7 +127,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "bf16": {"cfg": {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2,
                          "n_head": 2},
                  "batch": 4, "warmup": 2, "steps": 10, "rounds": 2},
-        "checkpoint": {"width": 256, "depth": 3, "batch": 16, "every": 3, "saves": 2},
+        "checkpoint": {"width": 256, "depth": 3, "batch": 16, "every": 3, "saves": 2,
+                       "step_s": 0.05},
         "cuda_oom": {"first_gib": 0.01},
         "duplicate_gpu": {"workers": 2},
     },
@@ -523,15 +527,17 @@ def section_telemetry(run: Run, sec: Section) -> None:
     reader = Reader(run.rehearse, pid)
     before = reader.read()
     reader.start()
-    job = run.launch(W.telemetry_job, kwargs={"phases": s["phases"], "size": s["size"]},
-                     name="telemetry")
-    live = JobView.from_record(job.info())
-    job.on_event(live.apply)  # the live dashboard's feed
-    with stopped(job):
-        out = job.wait(timeout=120)
-    time.sleep(2.5)  # the idle worker after the job: its memory given back?
-    after = reader.read()
-    reader.stop()
+    try:
+        job = run.launch(W.telemetry_job, kwargs={"phases": s["phases"], "size": s["size"]},
+                         name="telemetry")
+        live = JobView.from_record(job.info())
+        job.on_event(live.apply)  # the live dashboard's feed
+        with stopped(job):
+            out = job.wait(timeout=120)
+        time.sleep(2.5)  # the idle worker after the job: its memory given back?
+        after = reader.read()
+    finally:
+        reader.stop()
     samples = [x for x in job.system() if fields[0] in x]
     pairs = pair_samples(samples, reader.reads, out["marks"], fields, settle=s["settle"])
     steady = [p for p in pairs if p["steady"]]
@@ -711,7 +717,7 @@ def section_checkpoint(run: Run, sec: Section) -> None:
 
     s = run.sizes["checkpoint"]
     steps = s["every"] * s["saves"] + 1
-    kwargs = {k: s[k] for k in ("width", "depth", "batch")}
+    kwargs = {k: s[k] for k in ("width", "depth", "batch", "step_s")}
     dirs = {}
     for mode in ("sync", "async"):
         dirs[mode] = os.path.join(run.tmp, f"ckpt-{mode}")
@@ -721,12 +727,14 @@ def section_checkpoint(run: Run, sec: Section) -> None:
         with stopped(job):
             out = job.wait(timeout=300)
         nbytes = sum(ckpt.read_manifest(ckpt.latest(dirs[mode]))["files"].values())
-        sec.figures[mode] = {**blocked_times(out["starts"], s["every"]), "nbytes": nbytes,
+        sec.figures[mode] = {**blocked_times(out["starts"], out["works"], s["every"]),
+                             "nbytes": nbytes,
                              "state_bytes": out["state_bytes"]}
         f = sec.figures[mode]
         run.say(f"checkpoint: {mode}: {nbytes / 1e9:.2f} GB per save; loop blocked "
                 f"{[round(b, 3) for b in f['blocked_s']]} s, next step +"
-                f"{[round(b, 3) for b in f['next_extra_s']]} s (step {f['step_s']:.4f} s)")
+                f"{[round(b, 3) for b in f['next_extra_s']]} s (a step works "
+                f"{f['work_s']:.4f} s)")
         run.save()
     sync_, async_ = sec.figures["sync"], sec.figures["async"]
     save_s = median(sync_["blocked_s"])
@@ -740,7 +748,7 @@ def section_checkpoint(run: Run, sec: Section) -> None:
             sec.figures["load_cold"] = "page cache could not be dropped (needs root)"
             continue
         last = ckpt.read_manifest(ckpt.latest(dirs["sync"]))["step"]
-        job = run.launch(W.ckpt_job, kwargs={**kwargs, "steps": last + 2},
+        job = run.launch(W.ckpt_job, kwargs={**kwargs, "steps": last + 2, "step_s": 0.0},
                          name=f"ckpt-load-{temperature}", checkpoint_dir=dirs["sync"],
                          checkpoint_every=s["every"], keep=2, resume="auto")
         with stopped(job):
@@ -762,15 +770,17 @@ def section_checkpoint(run: Run, sec: Section) -> None:
         sec.check("state_size", sync_["nbytes"] >= 2e9, sync_["nbytes"], ">= 2 GB")
 
 
-def blocked_times(starts: list[float], every: int) -> dict[str, Any]:
+def blocked_times(starts: list[float], works: list[float], every: int) -> dict[str, Any]:
     """How long the loop stood still at each checkpoint boundary (the gap ending at step
-    ``b`` minus an ordinary step), and how much longer the step after it took."""
+    ``b`` minus an ordinary gap), and how much longer the step at the boundary worked than
+    an ordinary step (an async save's copy makes ``optimizer.step()`` wait for it)."""
     gaps = [0.0] + [b - a for a, b in itertools.pairwise(starts)]  # gaps[s] ends at step s
     bounds = [b for b in range(1, len(gaps)) if b % every == 0]
     plain = [g for i, g in enumerate(gaps) if i >= 1 and i % every and (i - 1) % every]
-    step = statistics.median(plain) if plain else 0.0
-    return {"step_s": step, "blocked_s": [gaps[b] - step for b in bounds],
-            "next_extra_s": [gaps[b + 1] - step if b + 1 < len(gaps) else 0.0 for b in bounds]}
+    gap = statistics.median(plain) if plain else 0.0
+    work = statistics.median(w for i, w in enumerate(works) if i and i % every) if works else 0.0
+    return {"step_s": gap, "work_s": work, "blocked_s": [gaps[b] - gap for b in bounds],
+            "next_extra_s": [works[b] - work if b < len(works) else 0.0 for b in bounds]}
 
 
 def drop_caches() -> bool:
@@ -874,8 +884,9 @@ def section_duplicate_gpu(run: Run, sec: Section) -> None:
             sec.figures["slots"] = slots
             uuids = [s["uuid"] for s in slots]
             run.say(f"duplicate_gpu: slots {[(s['kind'], s['index'], s['uuid']) for s in slots]}")
-            if not run.rehearse:
-                gang_rule(run, sec, cluster, n, uuids)
+            if not run.rehearse and gang_rule(run, sec, cluster, n, uuids) < 2:
+                raise RuntimeError(f"the slots' UUIDs {uuids} leave fewer than 2 devices to "
+                                   "the gang rule: no 2-rank job can start on them")
             job = cluster.launch(W.pair_job, kwargs={"standin": standin}, world_size=2,
                                  name="duplicate", timeout=60, py_modules=[W])
             with stopped(job):
@@ -886,6 +897,9 @@ def section_duplicate_gpu(run: Run, sec: Section) -> None:
                     sec.figures["job"] = {"type": e.exc_type, "message": e.message[:6000],
                                           "consequences": e.consequences,
                                           "traceback": e.traceback[-6000:]}
+                except cs.JobTimeoutError as e:
+                    sec.figures["job"] = {"type": "JobTimeoutError", "message": str(e),
+                                          "status": job.status.name, "reason": job.reason}
             d = job.diagnosis
             sec.figures["diagnosis"] = d.as_dict() if d is not None else None
             run.say(f"duplicate_gpu: the job: {sec.figures['job'].get('type', 'FINISHED')}: "
@@ -915,9 +929,10 @@ def section_duplicate_gpu(run: Run, sec: Section) -> None:
         [d and d.kind for d in diagnoses], "NCCL's own words classify as duplicate_gpu")
 
 
-def gang_rule(run: Run, sec: Section, cluster: Any, n: int, uuids: list[str]) -> None:
+def gang_rule(run: Run, sec: Section, cluster: Any, n: int, uuids: list[str]) -> int:
     """Slots that report one GPU's UUID are one device to the scheduler: a gang larger than
-    the distinct devices waits (QUEUED) instead of putting two ranks on one GPU."""
+    the distinct devices waits (QUEUED) instead of putting two ranks on one GPU. Returns
+    how many distinct devices the slots are to it."""
     distinct = len({u for u in uuids if u}) + sum(1 for u in uuids if not u)
     sec.check("same_uuid_seen", len({u for u in uuids if u}) == 1 and uuids.count("") == 1,
               uuids, "the two plain workers report GPU 0's UUID; the third none")
@@ -931,6 +946,7 @@ def gang_rule(run: Run, sec: Section, cluster: Any, n: int, uuids: list[str]) ->
             f"devices: {job.status.name}: {job.reason}")
     sec.check("gang_waits", sec.figures["gang_rule"]["status"] == "QUEUED",
               sec.figures["gang_rule"]["status"], "QUEUED (never two ranks on one UUID)")
+    return distinct
 
 
 class HandCluster:
@@ -1009,9 +1025,10 @@ def raw_nccl_pair() -> list[dict[str, Any]]:
     for p in procs:
         p.start()
     results = []
+    deadline = time.monotonic() + 75  # each rank's own timeouts are 60 s
     with contextlib.suppress(Exception):
         for _ in procs:
-            results.append(queue.get(timeout=90))
+            results.append(queue.get(timeout=max(deadline - time.monotonic(), 0.1)))
     for p in procs:
         p.join(10)
         if p.is_alive():
@@ -1121,6 +1138,10 @@ def main(argv: list[str] | None = None) -> int:
               "run it on a GPU machine, or --rehearse here", file=sys.stderr, flush=True)
         return 2
     os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
+    # GPT-2 is built from its config: nothing may wait on the Hugging Face hub (the GPU
+    # machine reaches no network); the workers and the plain process inherit these
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     run = Run(args)
     run.say(f"gpu_check ({'rehearsal on the CPU: every figure is a stand-in' if run.rehearse else 'GPU'}), "
             f"sections {','.join(args.sections)}, deadline {args.deadline:.0f} s, out {run.out}")
