@@ -168,6 +168,7 @@ def raw_nccl_rank(rank: int, port: int, out: Any) -> None:
 
     import torch.distributed as dist
 
+    os.environ["NCCL_DEBUG"] = "WARN"  # NCCL's own line on stderr too
     try:
         store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
                               timeout=datetime.timedelta(seconds=60))

@@ -31,9 +31,9 @@ need that the machine lacks are carried in ``.whl/``), the one command::
 
     set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/extension PYTHONUNBUFFERED=1 || exit; nvidia-smi > $OUT/nvidia-smi.txt 2>&1; python3 benchmarks/gpu_check.py --out $OUT 2>&1 | tee $OUT/gpu_check.out
 
-(``run`` with ``carry=[".whl"]`` and ``timeout_s=560``; ``--only nccl,bf16`` reruns
+(``run`` with ``carry=[".whl"]`` and ``timeout_s=500``; ``--only nccl,bf16`` reruns
 chosen sections, ``--budget bf16=200`` changes a section's budget, ``--deadline``
-the whole run's, 450 s by default; sections that would start after it are skipped.)
+the whole run's, 420 s by default: no section runs past it, and those left are skipped.)
 Expected on an H200: about 5 minutes; doctor 15 s (with the cluster's start), nccl 30,
 telemetry 25, bf16 70, checkpoint 45, cuda_oom 10, duplicate_gpu 45, gpu_tests 60.
 
@@ -82,7 +82,7 @@ SECTIONS = ("doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom", "du
 NEEDS_CLUSTER = {"doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom"}
 BUDGET_S = {"doctor": 45, "nccl": 100, "telemetry": 60, "bf16": 150, "checkpoint": 120,
             "cuda_oom": 60, "duplicate_gpu": 120, "gpu_tests": 200}
-DEADLINE_S = 450
+DEADLINE_S = 420
 # tests/multihost/test_cluster_ssh.py's gpu test is left out: it needs the namespace bed
 # (root, openssh-server, paramiko), which the GPU machine does not have
 GPU_TEST_FILES = ("tests/test_gpu.py", "tests/test_hold.py", "tests/test_parallel.py")
@@ -107,7 +107,9 @@ SIZES: dict[str, dict[str, Any]] = {
         "telemetry": {"size": 8192, "settle": 1.2, "phases": [
             {"name": "idle", "seconds": 3.5, "busy": 0.0, "hold_gib": 0},
             {"name": "busy", "seconds": 4.5, "busy": 1.0, "hold_gib": 8},
-            {"name": "half", "seconds": 4.5, "busy": 0.5, "hold_gib": 2},
+            # utilisation is judged in the idle and busy phases only: NVML averages over
+            # 1/6 s to 1 s, so at a 50% duty cycle two reads 0.1 s apart may differ a lot
+            {"name": "half", "seconds": 4.5, "busy": 0.5, "hold_gib": 2, "judge_util": False},
             {"name": "idle-after", "seconds": 3.5, "busy": 0.0, "hold_gib": 0}]},
         "bf16": {"cfg": {"vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
                          "n_layer": 12, "n_head": 12},
@@ -541,7 +543,8 @@ def section_telemetry(run: Run, sec: Section) -> None:
     samples = [x for x in job.system() if fields[0] in x]
     pairs = pair_samples(samples, reader.reads, out["marks"], fields, settle=s["settle"])
     steady = [p for p in pairs if p["steady"]]
-    util = [abs(p["util"] - p["ref_util"]) for p in steady]
+    judged = {m["name"] for m in s["phases"] if m.get("judge_util", True)}
+    util = [abs(p["util"] - p["ref_util"]) for p in steady if p["phase"] in judged]
     mem = [abs(p["mem_mib"] - p["ref_mem_mib"]) for p in steady]
     mem_ok = [d <= max(MEM_REL * p["ref_mem_mib"], MEM_ABS_MIB) for d, p in zip(mem, steady)]
     view = source.job_view(job)  # what the dashboard draws when it opens
@@ -553,7 +556,10 @@ def section_telemetry(run: Run, sec: Section) -> None:
                 charts[1]: [x[fields[1]] / GIB for x in samples]}
     sec.figures.update(
         samples=len(samples), reads=len(reader.reads), pairs=pairs, marks=out["marks"],
-        util_abs_diff={"median": median(util), "max": max(util, default=None)},
+        util_abs_diff={"median": median(util), "max": max(util, default=None),
+                       "phases": sorted(judged)},
+        by_phase={m["name"]: phase_stats([p for p in steady if p["phase"] == m["name"]])
+                  for m in s["phases"]},
         mem_abs_diff_mib={"median": median(mem), "max": max(mem, default=None)},
         before=before, after=after, nvml_memory=nvml_memory(),
         chart_points={c: len(loaded[c]) for c in charts},
@@ -579,6 +585,15 @@ def section_telemetry(run: Run, sec: Section) -> None:
                   after["mem_mib"] - before["mem_mib"], "<= 1024 MiB more than before the job")
 
 
+def phase_stats(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase's steady pairs: how many, and the largest differences."""
+    return {"pairs": len(pairs),
+            "util": [p["util"] for p in pairs], "ref_util": [p["ref_util"] for p in pairs],
+            "max_util_diff": max((abs(p["util"] - p["ref_util"]) for p in pairs), default=None),
+            "max_mem_diff_mib": max((abs(p["mem_mib"] - p["ref_mem_mib"]) for p in pairs),
+                                    default=None)}
+
+
 def _close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= 1e-9 * max(1.0, abs(y)) for x, y in zip(a, b))
 
@@ -590,6 +605,7 @@ class Reader:
     def __init__(self, rehearse: bool, worker_pid: int):
         self.rehearse, self.pid = rehearse, worker_pid
         self.reads: list[dict[str, float]] = []
+        self._nvml = None if rehearse else nvml_handle()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu_check-reader", daemon=True)
 
@@ -606,7 +622,14 @@ class Reader:
                 raise RuntimeError("nvidia-smi --query-gpu=utilization.gpu,memory.used failed")
             util, mem = float(fields[0]), float(fields[1])
         t1 = time.time()
-        return {"time": (t0 + t1) / 2, "took_s": t1 - t0, "util": util, "mem_mib": mem}
+        read = {"time": (t0 + t1) / 2, "took_s": t1 - t0, "util": util, "mem_mib": mem}
+        if self._nvml is not None:  # which of NVML's two answers nvidia-smi agrees with
+            nv, handle = self._nvml
+            with contextlib.suppress(Exception):
+                read["nvml_v1_mib"] = nv.nvmlDeviceGetMemoryInfo(handle).used / MIB
+                read["nvml_v2_mib"] = nv.nvmlDeviceGetMemoryInfo(
+                    handle, version=nv.nvmlMemory_v2).used / MIB
+        return read
 
     def start(self) -> None:
         self._thread.start()
@@ -638,8 +661,20 @@ def pair_samples(samples: list[dict[str, Any]], reads: list[dict[str, float]],
         pairs.append({"time": t, "dt": near["time"] - t, "util": s[fields[0]],
                       "ref_util": near["util"], "mem_mib": s[fields[1]] / MIB,
                       "ref_mem_mib": near["mem_mib"], "steady": phase is not None,
-                      "phase": phase["name"] if phase else None})
+                      "phase": phase["name"] if phase else None,
+                      **{k: v for k, v in near.items() if k.startswith("nvml_")}})
     return pairs
+
+
+def nvml_handle() -> tuple[Any, Any] | None:
+    """pynvml and GPU 0's handle, in this process (None without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001 - no NVML here
+        return None
 
 
 def nvml_memory() -> dict[str, Any] | None:
@@ -887,8 +922,10 @@ def section_duplicate_gpu(run: Run, sec: Section) -> None:
             if not run.rehearse and gang_rule(run, sec, cluster, n, uuids) < 2:
                 raise RuntimeError(f"the slots' UUIDs {uuids} leave fewer than 2 devices to "
                                    "the gang rule: no 2-rank job can start on them")
+            # NCCL_DEBUG=WARN: NCCL's own lines go to the workers' logs (kept below)
             job = cluster.launch(W.pair_job, kwargs={"standin": standin}, world_size=2,
-                                 name="duplicate", timeout=60, py_modules=[W])
+                                 name="duplicate", timeout=60, py_modules=[W],
+                                 env={"NCCL_DEBUG": "WARN"})
             with stopped(job):
                 try:
                     out = job.wait(timeout=90)
