@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -78,7 +78,7 @@ def lm_job(ctx: Any, model_cfg: dict[str, int], data_cfg: dict[str, int], steps:
     from clustersdk import models
 
     device = ctx.device
-    net = models.Transformer(**model_cfg)
+    net = models.Transformer(models.TransformerConfig(**model_cfg))
     if wrap_ddp:
         from clustersdk.runtime.strategies.ddp import distributed
 
@@ -125,7 +125,7 @@ def plain_lm(model_cfg: dict[str, int], data_cfg: dict[str, int], steps: int, ba
 
     device = device_of()
     data = lm_data(data_cfg)
-    model = models.Transformer(**model_cfg).to(device)
+    model = models.Transformer(models.TransformerConfig(**model_cfg)).to(device)
     opt, sched = lm_optimizer(model.parameters(), lr, steps, warmup)
     n, losses, times = len(data), [], []
     per_epoch = n // batch
@@ -305,7 +305,7 @@ def gpt2_job(ctx: Any, cfg: dict[str, Any], batch: int, warmup: int, steps: int,
     sync(device)
     t1 = time.perf_counter()
     return {"steps_per_s": steps / (t1 - t0), "params": n_params,
-            "loss": float(loss.detach()), **peaks(device)}
+            "loss": float(loss.detach()) if loss is not None else None, **peaks(device)}
 
 
 def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
@@ -337,7 +337,7 @@ def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
     sync(device)
     t1 = time.perf_counter()
     return {"steps_per_s": steps / (t1 - t0), "params": n_params,
-            "loss": float(loss.detach()), **peaks(device)}
+            "loss": float(loss.detach()) if loss is not None else None, **peaks(device)}
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -413,7 +413,8 @@ def small_job(ctx: Any) -> dict[str, Any]:
 
 
 # --- the plain process -----------------------------------------------------------------------
-PLAIN = {"plain_lm": plain_lm, "plain_gpt2": plain_gpt2}
+PLAIN: dict[str, Callable[..., dict[str, Any]]] = {"plain_lm": plain_lm,
+                                                  "plain_gpt2": plain_gpt2}
 
 
 def serve(conn: Any, threads: int | None = None) -> None:

@@ -169,7 +169,9 @@ class Section:
         self.name, self.budget, self.rehearse = name, budget, rehearse
         self.figures: dict[str, Any] = {}
         self.checks: dict[str, dict[str, Any]] = {}
-        self.status, self.seconds, self.error, self.tb = "pending", 0.0, None, None
+        self.status, self.seconds = "pending", 0.0
+        self.error: str | None = None
+        self.tb: str | None = None
 
     def check(self, name: str, ok: bool, value: Any, target: Any = None,
               gpu_target: bool = False) -> bool:
@@ -319,9 +321,10 @@ class Run:
             if isinstance(e, KeyboardInterrupt):
                 raise
             sec.status = "timeout" if isinstance(e, SectionTimeout) else "error"
-            sec.error, sec.tb = f"{type(e).__name__}: {e}", traceback.format_exc()
-            self.say(f"{name}: {sec.status}: {sec.error.splitlines()[0][:300]}")
-            self.log(sec.tb)
+            error, tb = f"{type(e).__name__}: {e}", traceback.format_exc()
+            sec.error, sec.tb = error, tb
+            self.say(f"{name}: {sec.status}: {error.splitlines()[0][:300]}")
+            self.log(tb)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
@@ -398,8 +401,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def median(values: list[float]) -> float | None:
+    """The median of what there is (None when nothing: a report, not a computation)."""
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def med(values: list[float]) -> float:
+    """The median, for figures computed from it (an empty list is a bug: it raises)."""
+    return statistics.median(values)
 
 
 def smi(*fields: str) -> list[str] | None:
@@ -491,7 +500,8 @@ def section_nccl(run: Run, sec: Section) -> None:
     sec.figures["reference"] = ref
     run.say(f"nccl: plain loop on {ref['device']}: {ref['step_ms']:.1f} ms/step, "
             f"losses {ref['losses'][0]:.4f} .. {ref['losses'][-1]:.4f}")
-    variants = {"ddp": ({}, False), "ddp_wrapped": ({}, True),
+    variants: dict[str, tuple[dict[str, Any], bool]] = {
+                "ddp": ({}, False), "ddp_wrapped": ({}, True),
                 "fsdp": ({"strategy": "fsdp"}, False),
                 "fsdp_cpu_offload": ({"strategy": "fsdp", "cpu_offload": True}, False)}
     backend = "gloo" if run.rehearse else "nccl"
@@ -548,10 +558,8 @@ def section_telemetry(run: Run, sec: Section) -> None:
     mem = [abs(p["mem_mib"] - p["ref_mem_mib"]) for p in steady]
     mem_ok = [d <= max(MEM_REL * p["ref_mem_mib"], MEM_ABS_MIB) for d, p in zip(mem, steady)]
     view = source.job_view(job)  # what the dashboard draws when it opens
-    drawn = {c: view.system.get(c, {}).get(0) for c in charts}
-    loaded = {c: drawn[c].points()[1] if drawn[c] else [] for c in charts}
-    fed = {c: live.system.get(c, {}).get(0) for c in charts}
-    live_ys = {c: fed[c].points()[1] if fed[c] else [] for c in charts}
+    loaded = {c: chart_values(view, c) for c in charts}
+    live_ys = {c: chart_values(live, c) for c in charts}
     expected = {charts[0]: [x[fields[0]] for x in samples],
                 charts[1]: [x[fields[1]] / GIB for x in samples]}
     sec.figures.update(
@@ -583,6 +591,12 @@ def section_telemetry(run: Run, sec: Section) -> None:
     if not run.rehearse:
         sec.check("memory_freed_after_job", after["mem_mib"] - before["mem_mib"] <= 1024,
                   after["mem_mib"] - before["mem_mib"], "<= 1024 MiB more than before the job")
+
+
+def chart_values(view: Any, chart: str) -> list[float]:
+    """What a dashboard's system chart draws for rank 0."""
+    series = view.system.get(chart, {}).get(0)
+    return series.points()[1] if series is not None else []
 
 
 def phase_stats(pairs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -723,16 +737,16 @@ def section_bf16(run: Run, sec: Section) -> None:
             i + 1, ", ".join(f"{v} {r[v]['steps_per_s']:.3f}" for v in variants)))
         sec.figures["rounds"] = rounds
         run.save()
-    med = {v: median([r[v]["steps_per_s"] for r in rounds]) for v in variants}
-    paired = {v: median([r[v]["steps_per_s"] / r["plain"]["steps_per_s"] for r in rounds])
+    rate = {v: med([r[v]["steps_per_s"] for r in rounds]) for v in variants}
+    paired = {v: med([r[v]["steps_per_s"] / r["plain"]["steps_per_s"] for r in rounds])
               for v in ("cs", "cs_resident")}
     mem = {k: {v: median([r[v][k] for r in rounds]) for v in variants}
            for k in ("peak_allocated_gib", "peak_reserved_gib")}
     mem_ratio = {k: (m["cs"] / m["plain"] if m["cs"] and m["plain"] else None)
                  for k, m in mem.items()}
-    overhead_us = {v: 1e6 * (1 / med[v] - 1 / med["plain"]) for v in ("cs", "cs_resident")}
-    sec.figures.update(params=rounds[0]["cs"]["params"], medians_steps_per_s=med,
-                       paired_ratio=paired, ratio_of_medians={v: med[v] / med["plain"]
+    overhead_us = {v: 1e6 * (1 / rate[v] - 1 / rate["plain"]) for v in ("cs", "cs_resident")}
+    sec.figures.update(params=rounds[0]["cs"]["params"], medians_steps_per_s=rate,
+                       paired_ratio=paired, ratio_of_medians={v: rate[v] / rate["plain"]
                                                               for v in ("cs", "cs_resident")},
                        peak_memory_gib=mem, peak_memory_ratio=mem_ratio,
                        overhead_us_per_step=overhead_us, sizes=kwargs)
@@ -742,8 +756,8 @@ def section_bf16(run: Run, sec: Section) -> None:
     sec.check("steps_ratio", paired["cs"] >= STEPS_RATIO_TARGET, paired["cs"],
               f">= {STEPS_RATIO_TARGET}", gpu_target=True)
     if not run.rehearse:
-        sec.check("memory_ratio", mem_ratio["peak_allocated_gib"] <= 1.05,
-                  mem_ratio["peak_allocated_gib"], "<= 1.05")
+        ratio = mem_ratio["peak_allocated_gib"]
+        sec.check("memory_ratio", ratio is not None and ratio <= 1.05, ratio, "<= 1.05")
 
 
 def section_checkpoint(run: Run, sec: Section) -> None:
@@ -761,7 +775,7 @@ def section_checkpoint(run: Run, sec: Section) -> None:
                          async_checkpoint=mode == "async")
         with stopped(job):
             out = job.wait(timeout=300)
-        nbytes = sum(ckpt.read_manifest(ckpt.latest(dirs[mode]))["files"].values())
+        nbytes = sum(ckpt.read_manifest(newest(ckpt, dirs[mode]))["files"].values())
         sec.figures[mode] = {**blocked_times(out["starts"], out["works"], s["every"]),
                              "nbytes": nbytes,
                              "state_bytes": out["state_bytes"]}
@@ -772,17 +786,17 @@ def section_checkpoint(run: Run, sec: Section) -> None:
                 f"{f['work_s']:.4f} s)")
         run.save()
     sync_, async_ = sec.figures["sync"], sec.figures["async"]
-    save_s = median(sync_["blocked_s"])
+    save_s = med(sync_["blocked_s"])
     sec.figures["save_gb_s"] = sync_["nbytes"] / save_s / 1e9
-    a_total = median([b + n for b, n in zip(async_["blocked_s"], async_["next_extra_s"])])
-    sec.figures["async_over_sync"] = {"blocked": median(async_["blocked_s"]) / save_s,
+    a_total = med([b + n for b, n in zip(async_["blocked_s"], async_["next_extra_s"])])
+    sec.figures["async_over_sync"] = {"blocked": med(async_["blocked_s"]) / save_s,
                                       "blocked_and_next_step": a_total / save_s}
     for temperature in ("warm", "cold"):
         dropped = temperature == "warm" or drop_caches()
         if not dropped:
             sec.figures["load_cold"] = "page cache could not be dropped (needs root)"
             continue
-        last = ckpt.read_manifest(ckpt.latest(dirs["sync"]))["step"]
+        last = ckpt.read_manifest(newest(ckpt, dirs["sync"]))["step"]
         job = run.launch(W.ckpt_job, kwargs={**kwargs, "steps": last + 2, "step_s": 0.0},
                          name=f"ckpt-load-{temperature}", checkpoint_dir=dirs["sync"],
                          checkpoint_every=s["every"], keep=2, resume="auto")
@@ -803,6 +817,14 @@ def section_checkpoint(run: Run, sec: Section) -> None:
               sec.figures["load_warm"]["resumed_at"], s["every"] * s["saves"])
     if not run.rehearse:
         sec.check("state_size", sync_["nbytes"] >= 2e9, sync_["nbytes"], ">= 2 GB")
+
+
+def newest(ckpt: Any, root: str) -> str:
+    """The newest committed checkpoint under ``root`` (there must be one)."""
+    path = ckpt.latest(root)
+    if path is None:
+        raise RuntimeError(f"no committed checkpoint under {root}")
+    return path
 
 
 def blocked_times(starts: list[float], works: list[float], every: int) -> dict[str, Any]:
@@ -830,7 +852,7 @@ def drop_caches() -> bool:
 
 
 def filesystem_of(path: str) -> str | None:
-    best = ("", None)
+    best: tuple[str, str | None] = ("", None)
     with contextlib.suppress(OSError), open("/proc/mounts") as f:
         for line in f:
             parts = line.split()
@@ -1180,7 +1202,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     run = Run(args)
-    run.say(f"gpu_check ({'rehearsal on the CPU: every figure is a stand-in' if run.rehearse else 'GPU'}), "
+    mode = "rehearsal on the CPU: every figure is a stand-in" if run.rehearse else "GPU"
+    run.say(f"gpu_check ({mode}), "
             f"sections {','.join(args.sections)}, deadline {args.deadline:.0f} s, out {run.out}")
     try:
         run.machine.update(versions(run))
