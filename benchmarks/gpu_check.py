@@ -451,11 +451,10 @@ def versions(run: Run) -> dict[str, Any]:
                     capability=f"{props.major}.{props.minor}",
                     nccl=".".join(map(str, torch.cuda.nccl.version())),
                     cudnn=torch.backends.cudnn.version())
-        fields = smi("name", "driver_version", "memory.total", "pcie.link.gen.current",
-                     "uuid")
+        fields = smi("name", "driver_version", "memory.total", "uuid")
         if fields:
             info.update(smi_name=fields[0], driver=fields[1], smi_memory_mib=fields[2],
-                        uuid=fields[4])
+                        uuid=fields[3])
     return info
 
 
