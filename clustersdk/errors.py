@@ -131,7 +131,7 @@ class JobFailedError(ClusterSDKError):
         self.consequences = consequences or []  # the peers' errors the cause brought about
         self.diagnosis = None
         if diagnosis:
-            from .control.diagnosis import Diagnosis
+            from .diagnosis import Diagnosis
 
             self.diagnosis = Diagnosis.from_dict(diagnosis)
         if exc_type == "WorkerLost":  # no rank raised: its worker went away

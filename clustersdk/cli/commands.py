@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .. import registry
-from ..control.hparams import describe
+from ..hparams import describe
 from ..errors import ClusterSDKError, JobNotFoundError, SpecError
 from ..status import JobStatus
 from . import render

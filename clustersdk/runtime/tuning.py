@@ -1,7 +1,7 @@
 """What each key of ``job.update`` changes on a rank, planned (and checked) before anything
 changes.
 
-The control plane checked the change already (:mod:`clustersdk.control.hparams`);
+The control plane checked the change already (:mod:`clustersdk.hparams`);
 the rank checks it again against what only it knows for sure (its optimizers,
 its batch), then :class:`~.live.Live` applies the plan on every rank or on none.
 A value that is already in place is left out of the plan: a new gang that
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..control.hparams import OPTIMIZER_KEYS, SPEC_KEYS, split_key
+from ..hparams import OPTIMIZER_KEYS, SPEC_KEYS, split_key
 from ..errors import SpecError
 
 if TYPE_CHECKING:

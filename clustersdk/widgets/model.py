@@ -265,7 +265,7 @@ class JobView:
 
     def update_marks(self) -> list[tuple[int, str]]:
         """Where the loss chart marks a change: (step, ``lr 0.01 → 0.001``), in step order."""
-        from ..control.hparams import describe
+        from ..hparams import describe
 
         return sorted((u["step"], describe(u["changes"])) for u in self.updates.values())
 

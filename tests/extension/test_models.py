@@ -343,7 +343,7 @@ def test_a_jobs_diagnosis_is_served_as_the_openapi_description_says():
     import yaml
     from jupyter_clustersdk import app
 
-    from clustersdk.control.diagnosis import Diagnosis
+    from clustersdk.diagnosis import Diagnosis
 
     found = Diagnosis("host_oom", "host out of memory: ...", "lower the batch size", rank=1,
                       worker="tcp://h1:1", host="h1", data={"rss": 1.5e9}, time=12.0)

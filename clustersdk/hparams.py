@@ -31,7 +31,7 @@ import numbers
 import re
 from typing import Any, Mapping
 
-from ..errors import SpecError
+from .errors import SpecError
 
 OPTIMIZER_KEYS = ("lr", "weight_decay", "betas")  # set in the optimizers' param groups
 SPEC_KEYS = ("clip_grad_norm", "grad_accum", "checkpoint_every", "metrics_interval")
