@@ -926,7 +926,7 @@ def process_gpu_mib(pid: int) -> float | None:
 def section_duplicate_gpu(run: Run, sec: Section) -> None:
     """Workers started by hand on one GPU, attached with Cluster.connect."""
     import clustersdk as cs
-    from clustersdk.control.diagnosis import diagnose
+    from clustersdk.diagnosis import diagnose
 
     n = run.sizes["duplicate_gpu"]["workers"]
     standin = None if not run.rehearse else (
