@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
-_properties = torch.cuda.get_device_properties
+# Dask may import a preload twice (as a file it copied, and by name): patch once, and
+# always wrap the original (wrapping the wrapper recursed for ever on the first GPU run)
+_properties = getattr(torch.cuda.get_device_properties, "original",
+                      torch.cuda.get_device_properties)
 
 
 class _WithoutUUID:
@@ -33,4 +36,5 @@ def _without_uuid(device: Any = None) -> Any:
     return _WithoutUUID(_properties(device))
 
 
+_without_uuid.original = _properties  # type: ignore[attr-defined]
 torch.cuda.get_device_properties = _without_uuid

@@ -230,3 +230,17 @@ def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
     assert sections["gpu_tests"]["figures"]["counts"]["skipped"] == 3
     log = (tmp_path / "gpu_check.log").read_text()
     assert all(f"== {name}: ok" in log for name in sections)
+
+
+def test_gpu_check_hides_the_uuid_once_when_dask_imports_its_preload_twice():
+    """The first GPU run's duplicate-GPU section never started: Dask imported the preload
+    twice, the second import wrapped the first wrapper, and every call recursed."""
+    code = (
+        "import importlib.util, torch\n"
+        "orig = torch.cuda.get_device_properties\n"
+        "for name in ('copied', '_gpu_hide_uuid'):\n"
+        "    spec = importlib.util.spec_from_file_location(name, 'benchmarks/_gpu_hide_uuid.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "assert torch.cuda.get_device_properties.original is orig\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
