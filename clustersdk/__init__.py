@@ -26,12 +26,14 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "STRATEGIES": "options",
+    "AccessDeniedError": "errors",
     "CapacityError": "errors",
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
     "ClusterSDKError": "errors",
     "Diagnosis": "diagnosis",
     "HostKeyError": "errors",
+    "InsecureClusterWarning": "security.tls",
     "InvalidTransitionError": "errors",
     "Job": "job",
     "JobFailedError": "errors",
@@ -51,12 +53,14 @@ _EXPORTS = {
 
 __all__ = [
     "STRATEGIES",
+    "AccessDeniedError",
     "CapacityError",
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
     "Diagnosis",
     "HostKeyError",
+    "InsecureClusterWarning",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",
@@ -78,6 +82,7 @@ if TYPE_CHECKING:
     from .cluster.base import Cluster
     from .diagnosis import Diagnosis
     from .errors import (
+        AccessDeniedError,
         CapacityError,
         CheckpointError,
         ClusterSDKError,
@@ -96,6 +101,7 @@ if TYPE_CHECKING:
     from .job import Job
     from .runtime.context import TrainContext
     from .runtime.training import warmup_cosine
+    from .security.tls import InsecureClusterWarning
     from .options import STRATEGIES
     from .spec import JobSpec
     from .status import JobStatus

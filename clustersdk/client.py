@@ -51,6 +51,14 @@ class ControlClient:
         """Where each rank of ``job`` is: rank -> stack text, step, phase (see job.stacks)."""
         return await self.call(Op.STACKS, job=job, all_threads=all_threads)
 
+    async def whoami(self) -> dict[str, Any]:
+        """The identity this connection acts as, and whether the rules are enforced."""
+        return await self.call(Op.WHOAMI)
+
+    async def revoke(self, crl: str) -> dict[str, Any]:
+        """An admin's new revocation list (:meth:`Cluster.remove_user` sends it)."""
+        return await self.call(Op.REVOKE, crl=crl)
+
     # --- jobs ---------------------------------------------------------------------------
     async def submit(self, spec: WireSpec, payload: bytes) -> dict[str, Any]:
         return await self.call(Op.SUBMIT, spec=spec.as_dict(), payload=payload)

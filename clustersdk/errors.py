@@ -9,6 +9,7 @@
      ├── ProtocolError                       a peer speaks another version of the wire protocol
      ├── JobNotFoundError (also KeyError)    no job by that name or id
      ├── InvalidTransitionError              an action that makes no sense in the job's state
+ ├── AccessDeniedError                   the identity that asked may not do this to this job
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
      ├── JobStoppedError                     the job was stopped before it produced a result
      ├── CheckpointError                      a checkpoint can't be written, found or loaded
@@ -52,6 +53,26 @@ class JobNotFoundError(ClusterSDKError, KeyError):
 
 class InvalidTransitionError(ClusterSDKError):
     """The requested action is not allowed in the job's current state."""
+
+
+class AccessDeniedError(ClusterSDKError):
+    """The identity a request came from (its TLS certificate) may not do what it asked:
+    change a job it does not own, or an admin's or the cluster's own operation. Nothing
+    was changed. ``job``, ``owner``, ``identity`` and ``action`` name who asked what.
+
+    >>> str(AccessDeniedError("'bob' may not stop job 'a': it is 'alice''s", "a", "alice",
+    ...                       "bob", "stop"))
+    "'bob' may not stop job 'a': it is 'alice''s"
+    """
+
+    def __init__(self, message: str, job: str | None = None, owner: str | None = None,
+                 identity: str | None = None, action: str | None = None):
+        # every field in args: the error crosses the wire pickled, and comes back whole
+        super().__init__(message, job, owner, identity, action)
+        self.job, self.owner, self.identity, self.action = job, owner, identity, action
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class JobTimeoutError(ClusterSDKError, TimeoutError):

@@ -113,6 +113,8 @@ class Op(str, enum.Enum):
     RUN_WAIT = "run_wait"            # the results of job.run request seq, once every rank reported
     UPDATE = "update"                # job.update: hyperparameters changed at one step boundary
     LIVE_PENDING = "live_pending"    # from a rank: the job.run / job.update requests it must carry out
+    WHOAMI = "whoami"                # the identity a request comes from, and what it may do
+    REVOKE = "revoke"                # an admin's new revocation list: refused from now on
 
     @property
     def handler(self) -> str:
@@ -127,6 +129,7 @@ class WorkerOp(str, enum.Enum):
     CONTROL = "control"
     STACKS = "stacks"                # the stack of a job's rank thread on this worker
     CONSOLE = "console"              # a line of input for the rank's pdb session
+    REVOKE = "revoke"                # a new revocation list for this worker's listeners
 
     @property
     def handler(self) -> str:

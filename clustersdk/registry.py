@@ -32,7 +32,7 @@ from typing import Any
 
 from . import config
 
-__all__ = ["clusters_dir", "entries", "register", "unregister"]
+__all__ = ["authority", "clusters_dir", "credentials", "entries", "register", "unregister"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,12 @@ def safe_name(address: str) -> str:
 
 
 def register(address: str, *, kind: str, local: bool,
-             state_dir: str | os.PathLike | None = None, pid: int | None = None) -> str | None:
+             state_dir: str | os.PathLike | None = None, pid: int | None = None,
+             credentials: str | None = None, authority: str | None = None) -> str | None:
     """Record that this process uses the scheduler at ``address``; return the entry's path.
+    A TLS cluster's entry also names the ``credentials`` file this process connects
+    with and, for its creator, its certificate ``authority``'s directory: other
+    processes of this account (the server extension, the CLI) find them there.
 
     Best effort: a registry that cannot be written (read-only home, full disk)
     is logged and ``None`` is returned, since the cluster itself works without it.
@@ -57,6 +61,10 @@ def register(address: str, *, kind: str, local: bool,
     pid = os.getpid() if pid is None else pid
     entry = {"address": address, "kind": kind, "local": bool(local), "pid": pid,
              "host": socket.gethostname(), "created": time.time()}
+    if credentials:
+        entry["credentials"] = credentials
+    if authority:
+        entry["authority"] = authority
     directory = clusters_dir(state_dir)
     path = os.path.join(directory, f"{safe_name(address)}-{pid}.json")
     try:
@@ -106,6 +114,25 @@ def entries(state_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         if known is None or entry.get("created", 0) < known.get("created", 0):
             found[entry["address"]] = entry
     return sorted(found.values(), key=lambda e: e.get("created", 0))
+
+
+def credentials(address: str, state_dir: str | os.PathLike | None = None) -> str | None:
+    """The credentials file an entry for ``address`` names (one this account can read)."""
+    for entry in entries(state_dir):
+        path = entry.get("credentials")
+        if entry["address"] == address and path and os.access(path, os.R_OK):
+            return path
+    return None
+
+
+def authority(address: str, state_dir: str | os.PathLike | None = None) -> str | None:
+    """The certificate authority's directory of the cluster at ``address``, where this
+    account created it."""
+    for entry in entries(state_dir):
+        path = entry.get("authority")
+        if entry["address"] == address and path and os.path.exists(os.path.join(path, "ca.pem")):
+            return path
+    return None
 
 
 def pid_alive(pid: int) -> bool:

@@ -62,9 +62,11 @@ def test_a_jobs_env_is_undone_before_the_next_job(clean_env):
     assert "NCCL_DEBUG" not in os.environ and os.environ["X_TEST_KEEP"] == "worker's own"
 
 
-def test_loopback_jobs_leave_the_socket_interface_alone(clean_env):
+def test_loopback_jobs_bind_gloo_and_nccl_to_the_loopback_interface(clean_env):
+    # not to whatever the host name resolves to: nobody else may reach an unauthenticated port
+    loopback = network.interface_of("127.0.0.1")
     process_group.set_env(0, 2, "127.0.0.1", 1234)
-    assert "GLOO_SOCKET_IFNAME" not in os.environ and "NCCL_SOCKET_IFNAME" not in os.environ
+    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == loopback
 
 
 def test_a_remote_master_picks_the_interface_that_routes_to_it(clean_env):
@@ -90,6 +92,20 @@ def test_the_store_opens_inside_the_rendezvous_range(clean_env):
         finally:
             del first
             others = None  # noqa: F841 - the stores close when dropped
+
+
+def test_the_store_listens_on_the_workers_address_only():
+    import subprocess
+
+    store = process_group.open_store(1, 5, host="127.0.0.1")
+    try:
+        listening = subprocess.run(["ss", "-ltnH", f"sport = :{store.port}"], capture_output=True,
+                                   text=True, check=True).stdout.split()
+        assert f"127.0.0.1:{store.port}" in listening  # not 0.0.0.0 or [::]
+        assert not [a for a in listening if a.endswith(f":{store.port}") and
+                    not a.startswith("127.0.0.1")]
+    finally:
+        del store
 
 
 @pytest.mark.parametrize(("spec", "expected"), [

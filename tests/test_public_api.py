@@ -6,12 +6,14 @@ import clustersdk
 
 PUBLIC = [
     "STRATEGIES",
+    "AccessDeniedError",
     "CapacityError",
     "CheckpointError",
     "Cluster",
     "ClusterSDKError",
     "Diagnosis",
     "HostKeyError",
+    "InsecureClusterWarning",
     "InvalidTransitionError",
     "Job",
     "JobFailedError",

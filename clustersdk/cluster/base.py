@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
@@ -22,6 +22,9 @@ from ..options import check_env, default
 from ..protocol import topic
 from ..spec import JobSpec
 from . import shipping
+
+if TYPE_CHECKING:
+    from ..security.tls import Prepared
 
 
 class Cluster:
@@ -82,8 +85,12 @@ class Cluster:
     def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
                  owns_client: bool = True, state_dir: str | None = None,
                  silence_logs: int | bool = False, env: dict[str, str] | None = None,
-                 scaler: Any = None):
+                 scaler: Any = None, security: Prepared | None = None,
+                 credentials: str | None = None):
         self.client = client
+        # what security= made (the creator's authority) and the credentials this process shows
+        self._security = security
+        self.credentials = credentials or (security.credentials if security else None)
         self._scaler = scaler  # grows an autoscaling cluster before a launch: want(world_size)
         #: environment every launch's ranks get (a launch's ``env=`` adds to it), e.g.
         #: ``{"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN"}``
@@ -97,10 +104,12 @@ class Cluster:
         self._subscribe_lock = threading.Lock()
         self._closed = False
         self._silence_logs = silence_logs  # Dask's log lines hidden while closing
-        install(client, self.state_dir)
-        self._registration = registry.register(self.scheduler_address, kind=kind,
-                                               local=dask_cluster is not None,
-                                               state_dir=self.state_dir)
+        install(client, self.state_dir, probe=kind == "connect")
+        authority = security.authority if security is not None else None
+        self._registration = registry.register(
+            self.scheduler_address, kind=kind, local=dask_cluster is not None,
+            state_dir=self.state_dir, credentials=self.credentials,
+            authority=authority.directory if authority is not None else None)
 
     # properties ----------------------------------------------------------------
     @property
@@ -314,6 +323,47 @@ class Cluster:
         """
         return self.sync(self.control.configure, changes)
 
+    # people ------------------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]:
+        """The identity this process acts as (its certificate's name and role) and the
+        rules in force: ``{"name", "role", "admin", "enforced", "hide_metrics"}``."""
+        return self.sync(self.control.whoami)
+
+    def add_user(self, name: str, *, admin: bool = False, path: str | None = None) -> str:
+        """Credentials for ``name`` (an admin's with ``admin=True``): a file holding their
+        certificate, its key and the cluster's CA certificate, written 0600; its path.
+        Hand it to them privately; they connect with
+        ``Cluster.connect(address, credentials=path)``. Needs the cluster's CA key:
+        the account that created the cluster has it (``security="auto"``).
+
+        >>> path = cluster.add_user("bob")                  # doctest: +SKIP
+        """
+        return self._authority().add_user(name, admin=admin, path=path)
+
+    def remove_user(self, name: str) -> None:
+        """Revoke ``name``'s credentials: the scheduler, every worker and every nanny
+        refuse their certificate from now on (new connections fail the TLS handshake,
+        and requests on connections already open are refused)."""
+        _, crl = self._authority().remove_user(name)
+        self.sync(self.control.revoke, crl)
+
+    def users(self) -> dict[str, dict[str, Any]]:
+        """Everyone ever given credentials: name -> role, serial, file, expiry, revoked."""
+        return self._authority().users()
+
+    def _authority(self) -> Any:
+        if self._security is not None and self._security.authority is not None:
+            return self._security.authority
+        found = registry.authority(self.scheduler_address, self.state_dir)
+        if found is None:
+            raise SpecError(
+                f"managing the users of {self.scheduler_address} needs its certificate "
+                "authority, which the account that created the cluster (with security='auto') "
+                "keeps in its state directory; ask that admin to add or remove users")
+        from ..security.pki import Authority
+
+        return Authority(found)
+
     # events ------------------------------------------------------------------------
     def subscribe(self, job: str, callback: Callable[[dict[str, Any]], None]) -> Subscription:
         """Call ``callback(message)`` (on Dask's event loop) for every message the
@@ -357,6 +407,8 @@ class Cluster:
                 self.client.close()
             if self.dask_cluster is not None:
                 self.dask_cluster.close()
+        if self._security is not None:
+            self._security.close()  # the cluster is gone: so are its keys
 
     def __enter__(self) -> Cluster:
         return self
@@ -433,19 +485,32 @@ class QueueView:
                 f"{len(self.waiting())} waiting>")
 
 
-def install(client: Client, state_dir: str) -> None:
-    """Put the control plane on the scheduler and the agent on every worker (idempotent)."""
+def install(client: Client, state_dir: str, probe: bool = False) -> None:
+    """Put the control plane on the scheduler and the agent on every worker; with
+    ``probe`` (a cluster this process connects to), only if the control plane is not
+    there yet (registering plugins is an admin's right on a TLS cluster: a user who
+    connects installs nothing)."""
     from ..control.plugin import ControlPlane
     from ..runtime.agent import Agent
     from ..runtime.exits import ExitReporter
+    from ..runtime.revocations import Revocations
 
-    client.register_plugin(ControlPlane(state_dir))
-    client.register_plugin(Agent())
-    client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
+    control = ControlClient(client.scheduler)
+    if probe:
+        try:
+            if client.sync(control.inventory) is not None:
+                return
+        except Exception:  # noqa: BLE001 - no control plane yet (or not ours): install it
+            pass
     try:
-        client.sync(ControlClient(client.scheduler).inventory)
-    except Exception as e:  # pragma: no cover - only with a foreign scheduler
+        client.register_plugin(ControlPlane(state_dir))
+        client.register_plugin(Agent())
+        client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
+        client.register_plugin(Revocations())   # nannies refuse revoked certificates too
+        client.sync(control.inventory)
+    except Exception as e:
         raise PluginMissingError(
             f"the scheduler at {client.scheduler.address} did not accept the clustersdk control "
-            f"plane ({e}); is clustersdk installed in the scheduler's environment?"
+            f"plane ({type(e).__name__}: {e}); is clustersdk installed in the scheduler's "
+            "environment (and, on a TLS cluster, are you its admin)?"
         ) from e

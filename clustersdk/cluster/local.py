@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None = None,
           state_dir: str | None = None, dashboard: bool = False,
           silence_logs: int | bool = logging.WARNING,
-          memory_limit: str | int | None = None) -> Cluster:
+          memory_limit: str | int | None = None, security: Any = "auto") -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
@@ -27,6 +27,11 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     ``memory_limit`` (bytes, or ``"4 GiB"``) is each worker's: its nanny restarts a
     worker that passes 95% of it (``distributed.worker.memory.terminate``), and the
     job's diagnosis says so; by default Dask's share of the machine's memory.
+
+    ``security="auto"`` (the default) makes the cluster its own certificate authority:
+    every connection is mutual TLS and you are its admin (``cluster.add_user``
+    gives others credentials); a ``distributed.Security`` uses your own PKI;
+    ``False`` listens on plain tcp:// (warned about, and reported by ``doctor``).
 
     In a script, call it under ``if __name__ == "__main__":`` (the workers
     import the script again); without the guard this fails at once, saying so.
@@ -50,9 +55,15 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     if n_gpus and workers > n_gpus:
         raise SpecError(f"workers={workers} but this machine has {n_gpus} GPU(s): one worker per GPU")
 
+    from .. import config
+    from ..security.tls import cluster_security
+
+    prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="local")
+    tls = {"protocol": prepared.protocol}
     scheduler = {"cls": Scheduler, "options": {
         "host": "127.0.0.1", "port": 0, "dashboard": dashboard,
         "dashboard_address": "127.0.0.1:0",  # Dask's HTTP routes; the Bokeh UI only with dashboard=True
+        **tls, "security": prepared.scheduler,
     }}
     specs = {}
     for i in range(workers):
@@ -61,16 +72,23 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
             "nthreads": 1, "env": env, "host": "127.0.0.1", "name": f"slot-{i}",
             "dashboard": False, "silence_logs": silence_logs,
             **({"memory_limit": limit} if limit is not None else {}),
+            **tls, "security": prepared.worker,
         }}
-    with dask.config.set(nanny_environ()):
-        dask_cluster = _slots_class()(workers=specs, scheduler=scheduler, name="clustersdk-local",
-                              silence_logs=silence_logs)
+    try:
+        with dask.config.set({**nanny_environ(), **http_routes(prepared.enabled)}):
+            dask_cluster = _slots_class()(workers=specs, scheduler=scheduler,
+                                          name="clustersdk-local", silence_logs=silence_logs,
+                                          security=prepared.client)
+    except BaseException:
+        prepared.close()
+        raise
     try:
         client = Client(dask_cluster)
         return cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir,
-                   silence_logs=silence_logs)
+                   silence_logs=silence_logs, security=prepared)
     except BaseException:
         dask_cluster.close()
+        prepared.close()
         raise
 
 
@@ -113,6 +131,15 @@ def _slots_class() -> type:
                 super()._update_worker_status(op, msg)
 
     return Slots
+
+
+def http_routes(tls: bool) -> dict[str, Any]:
+    """Dask's HTTP routes for a cluster: on a TLS cluster, health checks only (Dask's HTTP
+    server is plain and unauthenticated; its info pages show logs and call stacks)."""
+    if not tls:
+        return {}
+    health = ["distributed.http.health"]
+    return {"distributed.scheduler.http.routes": health, "distributed.worker.http.routes": health}
 
 
 def nanny_environ() -> dict[str, Any]:

@@ -39,7 +39,9 @@ from ..protocol import (
 from ..status import JobStatus
 from . import events as ev
 from . import policy
+from .access import Access
 from .evidence import Evidence
+from .gate import Gate
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .placement import Placement
@@ -79,7 +81,12 @@ class ControlPlane(SchedulerPlugin):
         self.placement = Placement(self.journal, scheduling_config(self.journal))
         self._scheduling = self._again = False
         self.watchdog = Watchdog(self)
-        self.requests = Requests(self, self.placement, self.watchdog)
+        # who may do what: enforced where the scheduler listens on TLS (see access.py)
+        self.access = Access(enforced=Gate.tls(scheduler),
+                             hide_metrics=bool(config.get("security.hide-metrics")))
+        self.gate = Gate(scheduler, self.access, lambda job: self.requests.job_facts(job))
+        self.requests = Requests(self, self.placement, self.watchdog, self.gate, self.access)
+        self.gate.install()  # Dask's own risky handlers: admins and the cluster only
         self.evidence = Evidence(self)  # for diagnoses: how lost workers ended, where ranks were
         handlers: dict[Op, Callable] = {
             **self.requests.handlers(),
@@ -88,8 +95,8 @@ class ControlPlane(SchedulerPlugin):
             Op.SET_CAPACITY: self._set_capacity,
             Op.LIVE_PENDING: self.requests.live_pending,
         }
-        for operation, handler in handlers.items():
-            scheduler.handlers[operation.handler] = handler
+        for operation, handler in handlers.items():  # every request's identity checked
+            scheduler.handlers[operation.handler] = self.requests.guarded(operation, handler)
         adopt(self, self.placement)
         # grace periods and idle timeouts run out between events
         self._ticker = PeriodicCallback(self._tick, TICK_MS)
@@ -193,10 +200,11 @@ class ControlPlane(SchedulerPlugin):
         self.capacity, self.note = int(slots), str(note)
         self.schedule()  # rewrites the queued jobs' reasons
 
-    def _worker_ready(self, slot: dict) -> None:
+    def _worker_ready(self, slot: dict) -> dict:
         self.slots[slot["worker"]] = policy.Slot(**slot)
         self.placement.scheduler.add_slot(self.slots[slot["worker"]])
         self.schedule()
+        return {"crl": self.gate.crl}  # a worker started by other means learns revocations
 
     def _rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
                     attempt: int = 0) -> None:

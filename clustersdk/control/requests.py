@@ -4,12 +4,18 @@ Each handler checks what only the plane knows (the cluster's size, a name
 clash), feeds the request to the job's lifecycle, and, for the requests that
 return once the ranks have acted (pause, checkpoint, suspend, wait), waits for
 the job to get there. Records go back as plain dicts (the journal's rows).
+
+Every handler is reached through :meth:`Requests.guarded`: the identity of the
+connection a request came on (its TLS certificate) is checked against the rules of
+:mod:`.access` before anything happens, a job's owner is that identity, and each
+request that changes a job is journaled with it (``job.events()``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
 from typing import Any, Callable
 
@@ -25,9 +31,12 @@ from ..errors import (
     SpecError,
 )
 from ..protocol import Op, WireSpec, Word, WorkerOp
+from ..security.identity import Identity
 from ..status import JobStatus
 from . import events as ev
 from . import policy
+from .access import JOURNALED, Access, Job
+from .gate import Gate
 from .journal import PRIVATE, Journal
 from .live import RUN_STATES
 from .placement import Placement
@@ -38,10 +47,13 @@ from .watchdog import Watchdog
 class Requests:
     """The client-facing handlers of one control plane."""
 
-    def __init__(self, plane: Plane, placement: Placement, watchdog: Watchdog):
+    def __init__(self, plane: Plane, placement: Placement, watchdog: Watchdog, gate: Gate,
+                 access: Access):
         self.plane = plane
         self.placement = placement
         self.watchdog = watchdog
+        self.gate = gate
+        self.access = access
 
     def handlers(self) -> dict[Op, Callable]:
         return {
@@ -53,7 +65,46 @@ class Requests:
             Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
             Op.DEBUG: self.debug, Op.RESTART: self.restart, Op.CONSOLE: self.console,
             Op.RUN: self.run, Op.RUN_WAIT: self.run_wait, Op.UPDATE: self.update,
+            Op.WHOAMI: self.whoami, Op.REVOKE: self.revoke,
         }
+
+    def guarded(self, operation: Op, handler: Callable) -> Callable:
+        """``handler`` as Dask calls it (the comm first): the request's identity checked
+        against the rules, passed on as ``who=`` to a handler that takes it, and a
+        change to a job journaled with it once done."""
+        wants_who = "who" in inspect.signature(handler).parameters
+        journaled = operation in JOURNALED
+
+        async def guarded(comm: Any, **kwargs: Any) -> Any:
+            who = self.gate.identify(comm)
+            job = kwargs.get("job")
+            facts = self.job_facts(job) if job and self.access.needs_job(operation) else None
+            self.access.check(operation, who, facts)
+            if wants_who:
+                kwargs["who"] = who
+            asked = time.time()
+            result = handler(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            if journaled and job and self.access.enforced:
+                self._journal_request(job, operation, who, asked)
+            return result
+
+        guarded.__name__ = getattr(handler, "__name__", operation.value)
+        return guarded
+
+    def job_facts(self, job: str) -> Job | None:
+        """A job's id, name and owner, for the rules (None: no such job)."""
+        record = self.journal.get(job)
+        if record is None:
+            return None
+        return Job(record["id"], record["name"], (record.get("spec") or {}).get("owner"))
+
+    def _journal_request(self, job: str, operation: Op, who: Identity, asked: float) -> None:
+        run = self.plane.runs.get(job)
+        self.journal.add_event(job, asked, run.step if run is not None else None, "request",
+                               f"{operation.value} asked by {who.name}",
+                               {"op": operation.value, "by": who.name, "role": who.role})
 
     @property
     def journal(self) -> Journal:
@@ -75,9 +126,11 @@ class Requests:
                 f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks")
 
     # --- jobs ----------------------------------------------------------------------------------
-    def submit(self, spec: dict, payload: bytes) -> dict:
+    def submit(self, spec: dict, payload: bytes, who: Identity | None = None) -> dict:
         plane = self.plane
         wire = WireSpec.from_dict(spec)
+        if self.access.enforced and who is not None:  # the owner is who asked, not who it says
+            wire = wire.replace(owner=who.name)
         self._check_capacity(wire.world_size)
         # its queue and priority resolved; refused (naming the limit) if it can never fit
         wire = self.placement.admit(wire, max(len(plane.slots), plane.capacity))
@@ -94,6 +147,9 @@ class Requests:
             "address": plane.address, "status": JobStatus.QUEUED.name,
             "spec": wire.as_dict(), "submitted": now, "seq": seq, "payload": payload,
         })
+        if self.access.enforced and who is not None:
+            self.journal.add_event(wire.id, now, None, "request", f"launched by {who.name}",
+                                   {"op": Op.SUBMIT.value, "by": who.name, "role": who.role})
         plane.follow(wire, payload, seq)
         return self._record(wire.id)
 
@@ -141,6 +197,20 @@ class Requests:
         if run is not None and run.machine.ranks and run.machine.held:
             return await self.watchdog.stacks(run, all_threads)
         return record.get("stacks") or {}
+
+    # --- identity -------------------------------------------------------------------------
+    def whoami(self, who: Identity) -> dict:
+        """The identity this request came from, and the rules in force (what a panel needs
+        to grey out what its user may not do)."""
+        return {**who.as_dict(), "enforced": self.access.enforced,
+                "hide_metrics": self.access.hide_metrics}
+
+    async def revoke(self, crl: str) -> dict:
+        """An admin's new revocation list: refused by the scheduler's listeners and by the
+        rules at once, then by every worker's and nanny's listeners."""
+        serials = self.gate.revoke(crl)
+        reached = await self.gate.push(crl)
+        return {"revoked": sorted(format(s, "X") for s in serials), "reached": reached}
 
     # --- sharing the cluster ------------------------------------------------------------
     def queue(self) -> dict:

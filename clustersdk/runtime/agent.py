@@ -26,6 +26,7 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
+from ..security.tls import apply_crl, cluster_only
 from . import capture, checkpoint, telemetry
 from .control import Control, JobSuspended
 from .nonfinite import failure_facts
@@ -53,16 +54,18 @@ class Agent(WorkerPlugin):
         self.versions = await asyncio.get_running_loop().run_in_executor(None, _versions)
         handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
                     WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks,
-                    WorkerOp.CONSOLE: self.console}
-        for operation, handler in handlers.items():
-            worker.handlers[operation.handler] = handler
+                    WorkerOp.CONSOLE: self.console, WorkerOp.REVOKE: self.revoke}
+        for operation, handler in handlers.items():  # on TLS: the control plane's alone
+            worker.handlers[operation.handler] = cluster_only(worker, "worker", handler)
         capture.install()
         _exit_without_finalizers()
         self._flusher = PeriodicCallback(self.flush, FLUSH_MS)
         self._flusher.start()
         slot.update(worker=worker.address, host=_host_of(worker.address))
         self.slot = slot
-        await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
+        ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
+        if isinstance(ready, dict) and ready.get("crl"):  # revocations so far
+            self.revoke(ready["crl"])
 
     def teardown(self, worker) -> None:
         self._flusher.stop()
@@ -72,10 +75,15 @@ class Agent(WorkerPlugin):
             rank.control.merge(stop)
 
     # handlers ------------------------------------------------------------------
+    def revoke(self, crl: str) -> bool:
+        """A new revocation list for this worker's listeners (and its file, if any)."""
+        return apply_crl(self.worker, crl) > 0
+
     def open_store(self, job: str, world_size: int, timeout: float) -> int:
         from .process_group import open_store
 
-        store = open_store(world_size, timeout)
+        # the store listens on the address the worker does, not on every interface
+        store = open_store(world_size, timeout, host=_host_of(self.worker.address))
         self.stores[job] = store
         return store.port
 

@@ -8,9 +8,11 @@ worker must be able to host many jobs in a row.
 from __future__ import annotations
 
 import datetime
+import errno
 import gc
 import os
 import random
+import socket
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,31 +24,45 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-def open_store(world_size: int, timeout: float) -> dist.TCPStore:
+def open_store(world_size: int, timeout: float, host: str = "") -> dist.TCPStore:
     """Rank 0's store on a free port (``store.port`` tells which), inside the
-    ``clustersdk.rendezvous-ports`` range when one is set."""
+    ``clustersdk.rendezvous-ports`` range when one is set, listening on ``host`` (the
+    worker's own address; "": every interface). torch's store authenticates nobody:
+    it listens only where the cluster's hosts reach it."""
     ports = network.rendezvous_ports()
     if ports is None:
-        return store_on(0, world_size, timeout)
+        return store_on(0, world_size, timeout, host)
     low, high = ports
     candidates = list(range(low, high + 1))
     start = random.randrange(len(candidates))  # concurrent jobs rarely try the same port first
     for port in candidates[start:] + candidates[:start]:
         try:
-            return store_on(port, world_size, timeout)
-        except dist.DistNetworkError as e:
-            if "EADDRINUSE" not in str(e):
+            return store_on(port, world_size, timeout, host)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE and "EADDRINUSE" not in str(e):
                 raise
     raise RuntimeError(f"every port of the rendezvous range {low}-{high} is in use on this host; "
                        "widen clustersdk.rendezvous-ports")
 
 
-def store_on(port: int, world_size: int, timeout: float) -> dist.TCPStore:
-    """A master store on ``port`` (0: any free port), on every interface."""
-    return dist.TCPStore(
-        "0.0.0.0", port, world_size, is_master=True,
-        timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
-    )
+def store_on(port: int, world_size: int, timeout: float, host: str = "") -> dist.TCPStore:
+    """A master store on ``host``:``port`` (0: any free port). torch's own store binds
+    every interface, whatever its host name says: the socket is bound here and handed
+    to it (``master_listen_fd``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(512)
+        port = sock.getsockname()[1]
+        return dist.TCPStore(
+            host or "0.0.0.0", port, world_size, is_master=True,
+            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+            master_listen_fd=sock.detach(),  # the store owns (and closes) it from now on
+        )
+    finally:
+        sock.close()  # a no-op once detached
 
 
 def join_store(host: str, port: int, world_size: int, timeout: float) -> dist.TCPStore:
@@ -74,7 +90,8 @@ _saved_env: dict[str, str | None] = {}
 def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
             env: dict[str, str] | None = None) -> None:
     """The rank's environment: torch's variables, the job's ``env`` and, unless set,
-    the socket interface towards rank 0 (see :mod:`clustersdk.network`).
+    the socket interface towards rank 0 (see :mod:`clustersdk.network`; for a
+    loopback ``master_addr``, the loopback interface).
 
     Whatever the previous job on this worker set is undone first, so that one
     job's ``NCCL_DEBUG`` or interface never leaks into the next.
@@ -86,11 +103,12 @@ def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
             os.environ[name] = value
     _saved_env.clear()
     wanted = dict(env or {})
-    if not network.is_loopback(master_addr):
-        missing = [v for v in network.IFNAME_VARIABLES if v not in wanted and v not in os.environ]
-        interface = network.interface_towards(master_addr) if missing else None
-        if interface is not None:
-            wanted.update(dict.fromkeys(missing, interface))
+    # gloo and NCCL authenticate no peer: they listen only on the interface towards rank 0
+    # (a local cluster's: loopback, not whatever the host name resolves to)
+    missing = [v for v in network.IFNAME_VARIABLES if v not in wanted and v not in os.environ]
+    interface = network.interface_towards(master_addr) if missing else None
+    if interface is not None:
+        wanted.update(dict.fromkeys(missing, interface))
     for name, value in wanted.items():
         _saved_env[name] = os.environ.get(name)
         os.environ[name] = value
