@@ -179,7 +179,7 @@ def test_update_changes_hyperparameters_and_stacks_show_every_rank(idle, state):
     assert len(job.updates()) == 2 and job.status is cs.JobStatus.RUNNING
 
     text = ok(run(state, "stacks", "cli-live"))
-    assert text.startswith("rank 0 on tcp://") and "\nrank 1 on tcp://" in text
+    assert text.startswith("rank 0 on tls://") and "\nrank 1 on tls://" in text
     assert text.count("in train_live") == 2  # each rank's own frame
     assert "MainThread" not in text and "MainThread" in ok(run(state, "stacks", "cli-live",
                                                                "--all-threads"))

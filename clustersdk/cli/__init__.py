@@ -11,6 +11,9 @@
     clustersdk stacks JOB [--all-threads]      where every rank is now
     clustersdk logs JOB [--rank R] [-f]
     clustersdk history JOB [--csv]
+    clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
+    clustersdk cluster remove-user NAME        revoke them at once
+    clustersdk cluster users                   who holds credentials
 
 Every command takes ``--cluster ADDRESS`` (default: every cluster in this
 machine's registry) and ``--json``. Exit codes: 0 done, 1 refused or failed
@@ -90,6 +93,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="keep printing new lines until the job ends (exit 1 if it failed)")
     history = job_command("history", "every metric row the ranks logged", commands.history)
     history.add_argument("--csv", action="store_true", help="as CSV")
+    from . import users
+
+    users.add_commands(sub, common)
 
 
 def run(args: argparse.Namespace) -> int:

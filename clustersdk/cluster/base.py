@@ -103,6 +103,7 @@ class Cluster:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._subscribe_lock = threading.Lock()
         self._closed = False
+        self._whoami: dict[str, Any] | None = None
         self._silence_logs = silence_logs  # Dask's log lines hidden while closing
         install(client, self.state_dir, probe=kind == "connect")
         authority = security.authority if security is not None else None
@@ -236,6 +237,8 @@ class Cluster:
             self._scaler.want(spec.world_size)
         payload = shipping.payload(spec, self.client)  # with the code; checks its modules
         wire = spec.to_wire()
+        if self._identity() is not None:  # what the control plane will record as its owner
+            wire = wire.replace(owner=self._identity())
         job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
                          "spec": wire.as_dict()})
         job.watch()  # before submit, so that no event is missed
@@ -328,6 +331,12 @@ class Cluster:
         """The identity this process acts as (its certificate's name and role) and the
         rules in force: ``{"name", "role", "admin", "enforced", "hide_metrics"}``."""
         return self.sync(self.control.whoami)
+
+    def _identity(self) -> str | None:
+        """The name this process's certificate carries (None: no TLS), asked once."""
+        if self._whoami is None:
+            self._whoami = self.whoami() if self.scheduler_address.startswith("tls://") else {}
+        return self._whoami.get("name") if self._whoami.get("enforced") else None
 
     def add_user(self, name: str, *, admin: bool = False, path: str | None = None) -> str:
         """Credentials for ``name`` (an admin's with ``admin=True``): a file holding their

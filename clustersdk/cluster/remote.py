@@ -11,6 +11,9 @@ Protocol, as JSON lines (logs go to stderr):
 - ``scheduler``: prints ``{"pid", "pgid"}``, starts a scheduler and prints
   ``{"ready": ADDRESS}``.
 
+With ``--security`` (the paths of the host's TLS files, as JSON) every server it
+starts listens on ``tls://`` and checks the cluster's revocation list.
+
 It leads its own process group. When its stdin closes (``cluster.close()``, or
 the SSH connection dying with the notebook), on SIGTERM/SIGHUP, or when its
 servers end, it closes them and then kills its whole process group: nothing
@@ -143,12 +146,23 @@ class Control:
             task.cancel()
 
 
+def security(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``security`` and ``protocol`` of the servers this launcher starts."""
+    files = json.loads(args.security or "{}")
+    if not files:
+        return {}
+    from clustersdk.security.tls import ClusterSecurity  # light: no torch
+
+    return {"security": ClusterSecurity(**files), "protocol": "tls"}
+
+
 async def run_scheduler(args: argparse.Namespace, control: Control) -> None:
     from distributed import Scheduler
 
     host = None if args.interface else listen_host(args.host)
     scheduler = Scheduler(host=host, port=args.port, interface=args.interface, dashboard=False,
-                          dashboard_address=f"{host or ''}:{args.dashboard_port}")
+                          dashboard_address=f"{host or ''}:{args.dashboard_port}",
+                          **security(args))
     await scheduler
     emit({"ready": scheduler.address})
     await control.until_stopped(scheduler.finished())
@@ -165,10 +179,11 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
         return  # stopped before it was told to start
     go = control.go.result()
     host = None if args.interface else listen_host(args.host)
+    tls = security(args)
     nannies = [
         Nanny(go["scheduler"], nthreads=1, name=f"{args.name}-{i}", host=host,
               interface=args.interface, env={"CUDA_VISIBLE_DEVICES": device}, dashboard=False,
-              silence_logs=logging.WARNING)
+              silence_logs=logging.WARNING, **tls)
         for i, device in enumerate(go["slots"])
     ]
     await asyncio.gather(*(nanny.start() for nanny in nannies))
@@ -192,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dashboard-port", type=int, default=0, help="scheduler: HTTP port")
     parser.add_argument("--name", default="worker", help="workers: name prefix")
     parser.add_argument("--config", default="{}", help="dask config to set, JSON")
+    parser.add_argument("--security", default="", help="TLS files (paths), JSON")
     args = parser.parse_args(argv)
     if os.getpgid(0) != os.getpid():
         os.setpgid(0, 0)

@@ -13,6 +13,7 @@ waiting for it are QUEUED with Slurm's reason (``squeue``'s ``%r``).
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
           job_extra_directives: list[str] | tuple[str, ...] = (), idle_timeout: float = 300.0,
           interface: str | None = None, rendezvous_ports: Any = None, poll: float = 2.0,
           log_directory: str | None = None, state_dir: str | None = None,
-          **jobqueue_options: Any) -> Cluster:
+          security: Any = "auto", **jobqueue_options: Any) -> Cluster:
     """Start a scheduler here and workers as Slurm jobs, one per GPU (or CPU slot).
 
     ``workers`` start now and stay; up to ``maximum`` more come as launches ask for
@@ -51,6 +52,12 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
     ``env`` is exported in their job scripts. Other keywords go to dask-jobqueue's
     ``SLURMCluster``. The job script is checked with ``sbatch --test-only`` first, so
     a partition or GRES Slurm does not have fails here, with sbatch's own words.
+
+    ``security="auto"`` (the default): mutual TLS with the cluster's own certificate
+    authority, made here under the state directory (which the worker jobs must see,
+    as ``checkpoint_dir``); the worker jobs read the CA certificate and their key from a
+    private directory of it (0700, files 0600), named in their job script. A
+    ``distributed.Security`` of your own PKI, or ``False`` (plain tcp://), as elsewhere.
 
     >>> cluster = Cluster.slurm(gpus_per_worker=1, partition="gpu", maximum=16)  # doctest: +SKIP
     >>> cluster.launch(train, world_size=8)      # 8 worker jobs are submitted     # doctest: +SKIP
@@ -72,13 +79,28 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
     if ports:
         prologue.append(f"export DASK_CLUSTERSDK__RENDEZVOUS_PORTS={network.format_ports(ports)}")
     directives = [f"--gres=gpu:{gpus_per_worker}"] * bool(gpus_per_worker) + list(job_extra_directives)
-    jobqueue = SLURMCluster(
-        queue=partition, account=account, walltime=walltime, cores=1, processes=1,
-        job_cpu=cpus_per_worker, memory=memory, python=python or sys.executable,
-        job_extra_directives=directives, job_script_prologue=prologue, job_name="clustersdk",
-        nanny=False,  # one worker per Slurm job: if it dies, Slurm's job is over anyway
-        interface=interface, log_directory=log_directory, silence_logs=logging.WARNING,
-        scheduler_options={"dashboard_address": ":0"}, **jobqueue_options)
+    import dask.config
+
+    from .. import config
+    from ..security.tls import cluster_security
+    from .local import http_routes
+
+    prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="slurm")
+    try:
+        tls = {"security": _jobqueue_security(prepared), "protocol": "tls://"} \
+            if prepared.enabled else {}
+        with dask.config.set(http_routes(prepared.enabled)):
+            jobqueue = SLURMCluster(
+                queue=partition, account=account, walltime=walltime, cores=1, processes=1,
+                job_cpu=cpus_per_worker, memory=memory, python=python or sys.executable,
+                job_extra_directives=directives, job_script_prologue=prologue,
+                job_name="clustersdk",
+                nanny=False,  # one worker per Slurm job: if it dies, Slurm's job is over anyway
+                interface=interface, log_directory=log_directory, silence_logs=logging.WARNING,
+                scheduler_options={"dashboard_address": ":0"}, **tls, **jobqueue_options)
+    except BaseException:
+        prepared.close()
+        raise
     nodes = SlurmNodes(jobqueue, minimum=workers, maximum=maximum, idle_timeout=idle_timeout,
                        poll=poll)
     try:
@@ -86,12 +108,32 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
         from distributed import Client
 
         client = Client(jobqueue)
-        cluster = cls(client, kind="slurm", dask_cluster=nodes, state_dir=state_dir, scaler=nodes)
+        cluster = cls(client, kind="slurm", dask_cluster=nodes, state_dir=state_dir, scaler=nodes,
+                      security=prepared)
         nodes.start(client)
         return cluster
     except BaseException:
         nodes.close()
+        prepared.close()
         raise
+
+
+def _jobqueue_security(prepared: Any) -> Any:
+    """One ``Security`` with every role, as dask-jobqueue takes it: the scheduler's and the
+    creator's files from the authority, the workers' from the private directory their
+    job scripts name (which holds nothing else: no CA key, no one's credentials)."""
+    from ..security.tls import ClusterSecurity
+
+    authority = prepared.authority
+    if authority is None:
+        return prepared.client
+    workers = authority.worker_directory()
+    return ClusterSecurity(
+        tls_ca_file=authority.ca_file, tls_crl_file=authority.crl_file,
+        tls_scheduler_cert=authority.scheduler_file, tls_scheduler_key=authority.scheduler_file,
+        tls_worker_cert=os.path.join(workers, "worker.pem"),
+        tls_worker_key=os.path.join(workers, "worker.pem"),
+        tls_client_cert=prepared.credentials, tls_client_key=prepared.credentials)
 
 
 class SlurmNodes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -22,6 +23,7 @@ from ..errors import SpecError, StartError
 from ..options import check_env
 
 if TYPE_CHECKING:
+    from ..security.tls import Prepared
     from .base import Cluster
     from .sshconn import Connection, Target
     from .sshproc import RemoteProcess
@@ -39,7 +41,8 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
         banner_timeout: float | None = None, start_timeout: float = 120,
         jump_host: str | None = None, interface: str | None = None,
         rendezvous_ports: Any = None, accept_new_hosts: bool = False,
-        max_concurrent: int = 8, state_dir: str | None = None) -> Cluster:
+        max_concurrent: int = 8, state_dir: str | None = None,
+        security: Any = "auto") -> Cluster:
     """Start a Dask scheduler and one worker per GPU on each of ``hosts``, over SSH.
 
     ``hosts`` are names or addresses (``[user@]host[:port]``); workers listen on
@@ -60,6 +63,12 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
     :class:`~clustersdk.StartError` naming the host, raised once everything already
     started is stopped again.
 
+    ``security="auto"`` (the default): mutual TLS with the cluster's own certificate
+    authority, made here; each host gets the CA certificate, the revocation list and
+    its own certificate and key over SFTP, in a private directory (0700, files 0600)
+    removed at ``close()``. A ``distributed.Security`` of your own PKI must name files
+    that exist on every host; ``False``: plain tcp:// (warned about).
+
     >>> cluster = Cluster.ssh(["node1", "node2"], gpus_per_host=8,     # doctest: +SKIP
     ...                       python="/opt/venv/bin/python", env={"NCCL_IB_DISABLE": "1"})
     """
@@ -75,10 +84,16 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
         connect_timeout=connect_timeout, banner_timeout=banner_timeout,
         accept_new_hosts=accept_new_hosts)
     jump = sshconn.Target.parse(jump_host, user=user) if jump_host else None
-    nodes = SSHNodes(plan, interface, start_timeout)
+    from .. import config
+    from ..security.tls import cluster_security
+
+    prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="ssh")
+    plan.tls = prepared.enabled
+    nodes = SSHNodes(plan, interface, start_timeout, prepared)
     try:
         nodes.connections, nodes.jump = sshconn.connect_all(
             plan.all_targets, options, jump=jump, max_concurrent=max_concurrent)
+        nodes.each(plan.all_targets, nodes.ship_keys)  # over SFTP, before anything starts
         # The scheduler starts while each host's launcher reports what it has.
         with ThreadPoolExecutor(max_workers=1) as pool:
             scheduler = pool.submit(nodes.start_scheduler, scheduler_port)
@@ -89,6 +104,7 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
         return nodes.attach(cls, sum(len(s) for s in slots.values()), state_dir)
     except BaseException:
         nodes.close()
+        prepared.close()
         raise
 
 
@@ -120,6 +136,7 @@ class _Plan:
         plan.env = check_env(env) or {}
         plan.ports = network.parse_ports(ports)
         plan.python = python or sys.executable
+        plan.tls = False  # set once security= is prepared
         plan.scheduler = None
         if scheduler_host != LOCAL:
             wanted = scheduler_host or hosts[0]
@@ -142,12 +159,13 @@ class _Plan:
 
     def command(self, mode: str, **flags: Any) -> str:
         """The remote command line: the workers' environment, then the launcher."""
-        from .local import nanny_environ
+        from .local import http_routes, nanny_environ
         from .remote import command
         from .sshconn import quote_env
 
-        config = {**nanny_environ(), "clustersdk.rendezvous-ports": network.format_ports(
-            self.ports) if self.ports else None}
+        config = {**nanny_environ(), **http_routes(self.tls),
+                  "clustersdk.rendezvous-ports": network.format_ports(self.ports)
+                  if self.ports else None}
         args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not None]
         args.append(f"--config={json.dumps(config)}")
         return "exec " + quote_env(self.env) + command(self.python, mode, args)
@@ -159,8 +177,10 @@ class SSHNodes:
     ``processes`` maps each host to what runs there, ``pids()`` says by pid.
     """
 
-    def __init__(self, plan: _Plan, interface: str | None, timeout: float):
+    def __init__(self, plan: _Plan, interface: str | None, timeout: float, prepared: Prepared):
         self.plan, self.interface, self.timeout = plan, interface, timeout
+        self.prepared = prepared
+        self.key_dirs: dict[Target, str] = {}  # each host's private copy of its TLS files
         self.connections: dict[Target, Connection] = {}
         self.jump: Connection | None = None
         self.processes: dict[str, list[RemoteProcess]] = {}
@@ -195,8 +215,79 @@ class SSHNodes:
             raise combine(errors)
         return results
 
+    # keys --------------------------------------------------------------------------------
+    def ship_keys(self, target: Target) -> None:
+        """Copy what ``target`` needs of the cluster's authority (the CA certificate, the
+        revocation list, the certificate and key of its role) over SFTP into a private
+        directory there: 0700, files 0600 from their first byte. Nothing else of the
+        authority (its CA key, the users' credentials) leaves this machine."""
+        authority = self.prepared.authority
+        if authority is None:
+            return
+        roles = (["worker"] if target in self.plan.targets else []) + \
+            (["scheduler"] if target == self.plan.scheduler else [])
+        files = {"ca.pem": authority.ca_file, "crl.pem": authority.crl_file,
+                 **{f"{role}.pem": getattr(authority, f"{role}_file") for role in roles}}
+        try:
+            sftp = self.connections[target].client.open_sftp()
+            try:
+                home = sftp.normalize(".")
+                directory = f"{home}/.clustersdk-tls-{os.path.basename(authority.directory)}-" \
+                    f"{target.host}-{target.port}"
+                sftp.mkdir(directory, mode=0o700)
+                self.key_dirs[target] = directory
+                sftp.chmod(directory, 0o700)
+                for name, local in files.items():
+                    with open(local, "rb") as f:
+                        data = f.read()
+                    with sftp.open(f"{directory}/{name}", "wb") as remote:
+                        remote.chmod(0o600)
+                        remote.write(data)
+            finally:
+                sftp.close()
+        except (OSError, EOFError, paramiko_errors()) as e:
+            raise StartError(f"host {target.label}: could not copy the cluster's TLS files "
+                             f"over SFTP: {type(e).__name__}: {e}", host=target.label) from e
+
+    def _remove_keys(self, target: Target) -> None:
+        directory = self.key_dirs.pop(target, None)
+        connection = self.connections.get(target)
+        if directory is None or connection is None or not connection.alive:
+            return
+        try:
+            sftp = connection.client.open_sftp()
+            try:
+                for name in sftp.listdir(directory):
+                    sftp.remove(f"{directory}/{name}")
+                sftp.rmdir(directory)
+            finally:
+                sftp.close()
+        except Exception:  # noqa: BLE001 - a host that died: nothing to remove there any more
+            logger.info("clustersdk: could not remove %s on %s", directory, target.label,
+                        exc_info=True)
+
+    def _security(self, target: Target, role: str) -> dict[str, str] | None:
+        """What the launcher on ``target`` builds its ``Security`` from (None: plain tcp)."""
+        prepared = self.prepared
+        if not prepared.enabled:
+            return None
+        if prepared.authority is not None:
+            directory = self.key_dirs[target]
+            return {"tls_ca_file": f"{directory}/ca.pem", "tls_crl_file": f"{directory}/crl.pem",
+                    f"tls_{role}_cert": f"{directory}/{role}.pem",
+                    f"tls_{role}_key": f"{directory}/{role}.pem"}
+        own = {k: getattr(prepared.scheduler, k) for k in
+               ("tls_ca_file", f"tls_{role}_cert", f"tls_{role}_key")}
+        if any(v and "\n" in v for v in own.values()):  # never a key on a command line
+            raise SpecError("Cluster.ssh(security=...) takes a Security whose certificates and "
+                            "keys are files (present on every host), not in-memory PEM text")
+        return {k: v for k, v in own.items() if v}
+
     def _run(self, target: Target, mode: str, **flags: Any) -> RemoteProcess:
         """Start the launcher on ``target``; a clear error if its python can't run it."""
+        security = self._security(target, "scheduler" if mode == "scheduler" else "worker")
+        if security is not None:
+            flags["security"] = json.dumps(security)
         process = self.connections[target].start(self.plan.command(mode, **flags))
         self.processes.setdefault(target.label, []).append(process)
         try:
@@ -256,16 +347,26 @@ class SSHNodes:
         host = network.local_address_towards(first)
         if host is None:
             raise StartError(f"host {first}: no local address routes to it", host=first)
-        self._local_scheduler = SpecCluster(workers={}, scheduler={"cls": Scheduler, "options": {
-            "host": host, "port": port, "dashboard": False, "dashboard_address": f"{host}:0"}},
-            name="clustersdk-ssh", silence_logs=logging.WARNING)
+        import dask.config
+
+        from .local import http_routes
+
+        prepared = self.prepared
+        with dask.config.set(http_routes(prepared.enabled)):
+            self._local_scheduler = SpecCluster(
+                workers={}, scheduler={"cls": Scheduler, "options": {
+                    "host": host, "port": port, "dashboard": False,
+                    "dashboard_address": f"{host}:0", "protocol": prepared.protocol,
+                    "security": prepared.scheduler}},
+                name="clustersdk-ssh", silence_logs=logging.WARNING, security=prepared.client)
         self.scheduler_address = self._local_scheduler.scheduler_address
 
     def attach(self, cls: type[Cluster], n_workers: int, state_dir: str | None) -> Cluster:
         from distributed import Client
 
         timeout = self.timeout
-        self.client = Client(self.scheduler_address, timeout=timeout)
+        self.client = Client(self.scheduler_address, timeout=timeout,
+                             security=self.prepared.client)
         try:
             self.client.wait_for_workers(n_workers, timeout=timeout)
         except TimeoutError:
@@ -273,7 +374,8 @@ class SSHNodes:
             raise StartError(f"only {seen} of {n_workers} workers reached the scheduler at "
                              f"{self.scheduler_address} within {timeout:g} s: can the hosts "
                              "reach it (firewall, interface=)?") from None
-        return cls(self.client, kind="ssh", dask_cluster=self, state_dir=state_dir)
+        return cls(self.client, kind="ssh", dask_cluster=self, state_dir=state_dir,
+                   security=self.prepared)
 
     def close(self, grace: float = 10.0) -> None:
         """Stop the workers, then the scheduler, then hang up; dead hosts are skipped."""
@@ -287,6 +389,8 @@ class SSHNodes:
         _stop_all([self.scheduler_process] if self.scheduler_process else [], grace)
         if self._local_scheduler is not None:
             self._local_scheduler.close()
+        if self.key_dirs:  # the hosts' copies of the TLS files go with the cluster
+            self.each(list(self.key_dirs), self._remove_keys)
         for connection in self.connections.values():
             connection.close()
         if self.jump is not None:
@@ -305,6 +409,12 @@ def _stop_all(processes: list[RemoteProcess], grace: float) -> None:
                 future.result()
             except Exception:  # a host that died: nothing left to stop there
                 logger.info("clustersdk: stopping a remote process failed", exc_info=True)
+
+
+def paramiko_errors() -> type[BaseException]:
+    import paramiko
+
+    return paramiko.SSHException
 
 
 def _is_address(host: str) -> bool:

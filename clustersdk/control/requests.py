@@ -147,9 +147,6 @@ class Requests:
             "address": plane.address, "status": JobStatus.QUEUED.name,
             "spec": wire.as_dict(), "submitted": now, "seq": seq, "payload": payload,
         })
-        if self.access.enforced and who is not None:
-            self.journal.add_event(wire.id, now, None, "request", f"launched by {who.name}",
-                                   {"op": Op.SUBMIT.value, "by": who.name, "role": who.role})
         plane.follow(wire, payload, seq)
         return self._record(wire.id)
 

@@ -37,7 +37,16 @@ def worker_facts(dask_worker: Any) -> dict[str, Any]:
     slot = getattr(agent, "slot", None) or {}
     return {"worker": dask_worker.address, "host": _host(dask_worker),
             "slot_kind": slot.get("kind"), "versions": versions(), "gpus": gpus(),
-            "ports": network.format_ports(network.rendezvous_ports()), "time": time.time()}
+            "ports": network.format_ports(network.rendezvous_ports()), "time": time.time(),
+            "tls": tls_files(getattr(dask_worker, "security", None))}
+
+
+def tls_files(security: Any) -> list[dict[str, Any]]:
+    """The TLS files a process reads: modes, keys, certificate expiry (see pki.file_facts)."""
+    from ..security.pki import file_facts
+    from ..security.tls import security_files
+
+    return file_facts(security_files(security))
 
 
 def versions() -> dict[str, str | None]:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from typing import Any, Iterable
 
 VERSION_KEYS = ("python", "torch", "nccl", "cuda_driver", "clustersdk", "dask", "distributed",
                 "cloudpickle")
 SLOW_LINK = 0.5          # a pair below this fraction of the best pair's bus bandwidth is slow
+EXPIRY_WARNING_S = 7 * 86400  # a certificate closer than this to its end is a problem
 CLOCK_SKEW_S = 1.0       # more than this apart from the notebook's clock is a problem
 MIN_FREE_BYTES = 1 << 30  # at a checkpoint directory
 GPU_HOT_C = 85
@@ -68,6 +70,7 @@ class Report:
     ports: dict[str, Any]                  # host -> {"range", "listening", "busy", "unreachable"}
     sweeps: list[Sweep]
     problems: list[Problem] = dataclasses.field(default_factory=list)
+    tls: dict[str, Any] = dataclasses.field(default_factory=dict)  # address, this side's files
 
     @property
     def ok(self) -> bool:
@@ -103,9 +106,47 @@ def bus_bandwidth(size: int, seconds: float, ranks: int) -> tuple[float, float]:
 def analyse(report: Report, *, skew_limit: float = CLOCK_SKEW_S,
             min_free: int = MIN_FREE_BYTES) -> list[Problem]:
     """Every problem in the report, hosts in order within each check."""
-    return [*version_problems(report.workers, report.here), *gpu_problems(report.workers),
+    return [*security_problems(report),
+            *version_problems(report.workers, report.here), *gpu_problems(report.workers),
             *port_problems(report.ports), *disk_problems(report.disks, min_free),
             *clock_problems(report.workers, skew_limit), *bandwidth_problems(report.sweeps)]
+
+
+def security_problems(report: Report, now: float | None = None) -> list[Problem]:
+    """A cluster on plain tcp://, key files others can read, certificates that expire
+    within :data:`EXPIRY_WARNING_S` (here and on every host)."""
+    now = time.time() if now is None else now
+    problems = []
+    address = report.tls.get("address", "")
+    if address and not address.startswith("tls://"):
+        problems.append(Problem(None, "security", (
+            f"the scheduler at {address} listens on plain {address.split('://')[0]}://: "
+            "anyone who reaches its ports (or the workers') can run code on every worker and "
+            "stop or change any job; start the cluster with security='auto' (the default)")))
+    places: list[tuple[str | None, list[dict[str, Any]]]] = [(None, report.tls.get("files", []))]
+    places += [(w["host"], w.get("tls") or []) for w in report.workers]
+    seen: set[tuple[str | None, str]] = set()
+    for host, files in places:
+        where = f"host {host}: " if host else ""
+        for f in files:
+            if (host, f["path"]) in seen:
+                continue
+            seen.add((host, f["path"]))
+            if f.get("key") and f["mode"] & 0o077:
+                fix = "chmod 700" if f.get("directory") else "chmod 600"
+                problems.append(Problem(host, "security", (
+                    f"{where}{f['path']} holds a private key and can be read by other users "
+                    f"(mode {f['mode']:o}): whoever reads it acts as its holder; {fix} "
+                    f"{f['path']}")))
+            left = None if f.get("not_after") is None else f["not_after"] - now
+            if left is not None and left < EXPIRY_WARNING_S:
+                when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(f["not_after"]))
+                state = "has expired" if left <= 0 else f"expires in {left / 86400:.1f} days"
+                problems.append(Problem(host, "security", (
+                    f"{where}a certificate in {f['path']} {state} ({when}): connections with "
+                    "it will be refused; start a new cluster (its certificates last "
+                    "clustersdk.security.days), or have its admin issue new credentials")))
+    return problems
 
 
 def _majority(values: Iterable[Any], prefer: Any) -> Any:

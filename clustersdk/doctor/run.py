@@ -18,7 +18,7 @@ from .. import network
 from ..client import ControlClient
 from ..errors import ClusterSDKError
 from . import bandwidth, probes
-from .report import SIZES, Problem, Report, Sweep, analyse
+from .report import SIZES, Problem, Report, Sweep, analyse, security_problems
 
 
 async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
@@ -32,9 +32,12 @@ async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: 
     """
     slots = await asyncio.wait_for(ControlClient(client.scheduler).inventory(), timeout)
     workers = sorted({s["worker"] for s in slots})
+    tls = _tls_here(client)
     if not workers:
-        return Report([], _here(), {}, {}, [], [Problem(None, "workers", (
-            "the cluster has no clustersdk workers: start some (or wait for them) first"))])
+        report = Report([], _here(), {}, {}, [], tls=tls)
+        report.problems = security_problems(report) + [Problem(None, "workers", (
+            "the cluster has no clustersdk workers: start some (or wait for them) first"))]
+        return report
     facts = await _facts(client, workers, timeout)
     busy = {s["worker"] for s in slots if s.get("job")}
     kinds = {s["worker"]: s["kind"] for s in slots}
@@ -54,7 +57,7 @@ async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: 
         reachable = {h: sorted(set(p.get("listening", [])) - set(p.get("unreachable", {})))
                      for h, p in ports.items()}
         sweeps = await _sweeps(client, idle, kinds, sizes, reachable, token, timeout)
-    report = Report(facts, _here(), disks, ports, sweeps)
+    report = Report(facts, _here(), disks, ports, sweeps, tls=tls)
     report.problems = analyse(report, **limits) + [Problem(host, "bandwidth", (
         f"host {host}: every slot is busy, so its links were not measured: run the doctor "
         "again when it is idle")) for host in skipped]
@@ -64,6 +67,25 @@ async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: 
 def doctor(client: Any, **options: Any) -> Report:
     """:func:`adoctor` for a synchronous ``client`` (what ``cluster.doctor()`` calls)."""
     return client.sync(adoctor, client, **options)
+
+
+def _tls_here(client: Any) -> dict[str, Any]:
+    """This side of TLS: the scheduler's address, the files this client reads and, for a
+    cluster this account created, its certificate authority's."""
+    import os
+
+    from .. import registry
+    from ..security.pki import file_facts
+
+    address = client.scheduler.address
+    files = probes.tls_files(getattr(client, "security", None))
+    authority = registry.authority(address)
+    if authority:
+        files += file_facts(os.path.join(root, name) for root, _, names in os.walk(authority)
+                            for name in sorted(names) if name.endswith(".pem"))
+        files.append({"path": authority, "mode": os.stat(authority).st_mode & 0o777,
+                      "key": True, "not_after": None, "directory": True})
+    return {"address": address, "files": files}
 
 
 def _here() -> dict[str, Any]:

@@ -157,6 +157,28 @@ def certificate_facts(path: str) -> list[dict[str, Any]]:
              "not_after": c.not_valid_after_utc.timestamp()} for c in certs]
 
 
+def file_facts(paths: Any) -> list[dict[str, Any]]:
+    """For the doctor: each existing file of ``paths`` (in-memory PEM text is skipped):
+    its mode, whether it holds a private key, and the earliest expiry of its
+    certificates (None: none)."""
+    out = []
+    for path in dict.fromkeys(p for p in paths if p and "\n" not in p):
+        try:
+            mode = os.stat(path).st_mode & 0o777
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        try:
+            expiry = min((c.not_valid_after_utc.timestamp()
+                          for c in x509.load_pem_x509_certificates(data)), default=None)
+        except ValueError:  # a key or a revocation list alone
+            expiry = None
+        out.append({"path": path, "mode": mode, "key": b"PRIVATE KEY-----" in data,
+                    "not_after": expiry})
+    return out
+
+
 def revoked_serials(crl_pem: str | bytes) -> frozenset[int]:
     """The serial numbers a revocation list names."""
     data = crl_pem.encode() if isinstance(crl_pem, str) else crl_pem
@@ -314,6 +336,17 @@ class Authority:
                     os.remove(entry["file"])
         return serial, crl
 
+    def worker_directory(self) -> str:
+        """``workers/``: a private directory (0700) with what a worker needs alone (the CA
+        certificate, the revocation list, the workers' certificate and key), for workers
+        that read files of their own (Slurm's job scripts name it)."""
+        directory = self._file("workers")
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        for name in ("ca.pem", "crl.pem", "worker.pem"):
+            with open(self._file(name)) as f:
+                private(os.path.join(directory, name), f.read())
+        return directory
+
     def remove(self) -> None:
         """Delete the directory: the cluster is gone, so are its keys."""
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -355,6 +388,8 @@ class Authority:
         pem = builder.sign(self._key, hashes.SHA256()).public_bytes(
             serialization.Encoding.PEM).decode()
         _public(self.crl_file, pem)
+        if os.path.isdir(self._file("workers")):  # the workers' private copy too
+            private(os.path.join(self._file("workers"), "crl.pem"), pem)
         return pem
 
     def _write_users(self, users: dict[str, dict[str, Any]]) -> None:

@@ -153,6 +153,16 @@ def cluster_only(server: Any, role: str, handler: Any) -> Any:
     return guarded
 
 
+def security_files(security: Any) -> list[str]:
+    """The files a ``Security`` reads (certificates, keys, the revocation list)."""
+    if security is None:
+        return []
+    names = ("tls_ca_file", "tls_crl_file", *(f"tls_{r}_{k}" for r in ("client", "scheduler",
+                                                                       "worker")
+                                              for k in ("cert", "key")))
+    return [v for v in (getattr(security, n, None) for n in names) if isinstance(v, str) and v]
+
+
 def credentials_security(path: str) -> Security:
     """A user's ``Security`` from a credentials file: their certificate and key, and
     the cluster's CA (the only one trusted). A file others can read is used, with a

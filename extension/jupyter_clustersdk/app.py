@@ -6,14 +6,17 @@ under each of ``state_dirs``) plus the ``scheduler_addresses`` it is given, and
 serves them under ``<base_url>/clustersdk/``. Configure it like any Jupyter
 application, e.g. in ``jupyter_server_config.py``::
 
-    c.ClusterSDKApp.scheduler_addresses = ["tcp://10.0.0.5:8786"]
+    c.ClusterSDKApp.scheduler_addresses = ["tls://10.0.0.5:8786"]
     c.ClusterSDKApp.state_dirs = ["/shared/clustersdk"]
+    c.ClusterSDKApp.credentials = {"alice": "/home/alice/.clustersdk/alice.pem"}  # per user
+
+On a TLS cluster every request acts as its Jupyter user (:mod:`.acting`).
 """
 
 from __future__ import annotations
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, List, Unicode, default
+from traitlets import Dict, Float, List, Unicode, default
 
 from .handlers import ROUTES
 from .manager import ClusterManager
@@ -40,6 +43,14 @@ class ClusterSDKApp(ExtensionApp):
         "(a pause returns once every rank has paused)."
     ).tag(config=True)
     connect_timeout = Float(5.0, help="Seconds to connect to a scheduler.").tag(config=True)
+    credentials = Dict(
+        key_trait=Unicode(), value_trait=Unicode(),
+        help="Jupyter user name -> the clustersdk credentials file (from `clustersdk cluster "
+        "add-user`) that user's requests present to TLS schedulers; a user missing from it is "
+        "refused. Empty (a single-user server, as JupyterHub runs one per person): every "
+        "request acts with this server's own credentials (DASK_CLUSTERSDK__CREDENTIALS, "
+        "else the registry's)."
+    ).tag(config=True)
     metrics_ended_window = Float(
         300.0, help="Seconds a finished, failed or stopped job stays in the metrics."
     ).tag(config=True)
@@ -55,6 +66,7 @@ class ClusterSDKApp(ExtensionApp):
             state_dirs=self.state_dirs, addresses=self.scheduler_addresses,
             call_timeout=self.call_timeout, action_timeout=self.action_timeout,
             connect_timeout=self.connect_timeout, ended_window=self.metrics_ended_window,
+            credentials=dict(self.credentials),
         )
         self.settings["clustersdk_manager"] = self.manager
         self.log.info("clustersdk: serving %d cluster(s) under %sclustersdk/",

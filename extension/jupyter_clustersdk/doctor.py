@@ -14,14 +14,21 @@ from .errors import SchedulerUnavailableError
 from .models import Target
 
 
-async def run(target: Target, *, connect_timeout: float = 5.0, **options: Any) -> dict[str, Any]:
-    """The doctor's report on ``target``, as JSON."""
+async def run(target: Target, *, connect_timeout: float = 5.0, credentials: str | None = None,
+              **options: Any) -> dict[str, Any]:
+    """The doctor's report on ``target``, as JSON (with the request's ``credentials`` on a
+    TLS cluster)."""
     from distributed import Client
 
     from clustersdk.doctor import adoctor
 
+    security = None
+    if credentials is not None:
+        from clustersdk.security.tls import credentials_security
+
+        security = credentials_security(credentials)
     client = Client(target.address, asynchronous=True, set_as_default=False,
-                    timeout=connect_timeout, name="jupyter-clustersdk-doctor")
+                    timeout=connect_timeout, name="jupyter-clustersdk-doctor", security=security)
     try:
         await asyncio.wait_for(client, connect_timeout + 1)
     except Exception as e:

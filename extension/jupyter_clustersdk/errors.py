@@ -10,7 +10,8 @@
           └── UnsupportedOperationError         the scheduler's clustersdk lacks the op
 
 :func:`http_status` maps these and the SDK's own errors (``SpecError`` and
-``CapacityError`` -> 400, ``JobNotFoundError`` -> 404, ``InvalidTransitionError``
+``CapacityError`` -> 400, ``AccessDeniedError`` -> 403 (the Jupyter user's identity
+may not do that to the job: not theirs), ``JobNotFoundError`` -> 404, ``InvalidTransitionError``
 -> 409, ``CheckpointError`` -> 502, ``JobTimeoutError`` -> 504) to an HTTP status and
 a short machine-readable code.
 """
@@ -18,6 +19,7 @@ a short machine-readable code.
 from __future__ import annotations
 
 from clustersdk.errors import (
+    AccessDeniedError,
     CapacityError,
     CheckpointError,
     ClusterSDKError,
@@ -56,6 +58,7 @@ _STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
     (BadRequestError, 400, "bad_request"),
     (SpecError, 400, "bad_request"),
     (CapacityError, 400, "capacity"),
+    (AccessDeniedError, 403, "forbidden"),
     (ClusterNotFoundError, 404, "cluster_not_found"),
     (JobNotFoundError, 404, "job_not_found"),
     (InvalidTransitionError, 409, "invalid_transition"),

@@ -13,6 +13,8 @@ import time
 from collections import deque
 from typing import Any, Iterable
 
+from clustersdk.errors import AccessDeniedError
+
 from . import models
 from .errors import UnsupportedOperationError, UpstreamError
 from .models import Target
@@ -50,8 +52,11 @@ class Following:
                 return progress
             terminal = models.is_terminal(record["status"])  # read before the rows: none missed
             while True:
-                rows = await self.call(target, "history", job=record["id"], since=progress.seq,
-                                       limit=HISTORY_PAGE)
+                try:
+                    rows = await self.call(target, "history", job=record["id"],
+                                           since=progress.seq, limit=HISTORY_PAGE)
+                except AccessDeniedError:  # hide-metrics: another user's job, not shown
+                    return progress
                 for row in rows:
                     progress.latest[row["rank"]] = row
                     if row["rank"] == 0:
@@ -80,6 +85,8 @@ class Following:
                                           since=progress.system_seq)
             except UnsupportedOperationError:
                 self._unsupported[key] = time.monotonic() + UNSUPPORTED_RETRY
+                return
+            except AccessDeniedError:  # hide-metrics: another user's job
                 return
             for sample in samples:
                 progress.system[sample["rank"]] = sample
@@ -114,14 +121,16 @@ class Following:
             await gather_all(*(self._follow(target, r) for r in shown))
             await gather_all(*(self._follow_system(target, r) for r in shown
                                    if not models.is_terminal(r["status"])))
-        except UpstreamError as e:
+        except (UpstreamError, AccessDeniedError) as e:
             return {"id": target.id, "up": False, "error": str(e)}
         jobs = []
         for record in shown:
             progress = self._progress[record["id"]]
+            visible = (await self.job_view(target, record, {})).get("progress") is not None
             jobs.append({"record": record,
-                         "progress": self._progress_model(progress, record["status"]),
-                         "system": dict(progress.system)})
+                         "progress": self._progress_model(progress, record["status"])
+                         if visible else models.progress_model({}, 0.0, None),
+                         "system": dict(progress.system) if visible else {}})
         return {"id": target.id, "up": True, "slots": inventory, "jobs": jobs,
                 "counts": _counts(records)}
 

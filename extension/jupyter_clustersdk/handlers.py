@@ -2,7 +2,9 @@
 
 Every handler but ``/clustersdk/healthz`` needs an authenticated Jupyter user
 (``@web.authenticated``) who is authorized for its ``auth_resource``
-(``@authorized``: GET is ``read``, POST is ``write``). Known errors become
+(``@authorized``: GET is ``read``, POST is ``write``), and acts as that user on
+TLS clusters (:mod:`.acting`): the control plane refuses what the user's own
+credentials may not do (403). Known errors become
 400/404/409/502 JSON bodies ``{"error": code, "message": ...}``; anything
 else a JSON 500 without a traceback (the traceback goes to the server log).
 """
@@ -23,6 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from tornado import web
 
 from . import doctor, metrics
+from .acting import JUPYTER_USER
 from .errors import KNOWN_ERRORS, BadRequestError, http_status
 from .manager import ACTIONS, ClusterManager
 from .models import error_model
@@ -58,6 +61,12 @@ class ClusterSDKHandler(ExtensionHandlerMixin, APIHandler):
     @property
     def manager(self) -> ClusterManager:
         return self.settings["clustersdk_manager"]
+
+    async def prepare(self, *args: Any, **kwargs: Any) -> None:
+        """The request acts as its Jupyter user: a TLS scheduler sees their credentials."""
+        await super().prepare(*args, **kwargs)
+        user = self.current_user
+        JUPYTER_USER.set(getattr(user, "username", None) if user else None)
 
     def int_arg(self, name: str, default: int | None, minimum: int = 0,
                 maximum: int | None = None) -> int | None:
@@ -115,8 +124,10 @@ class DoctorHandler(ClusterSDKHandler):
     @_json
     async def post(self, cluster: str) -> Any:
         options = self._options()
-        return await doctor.run(self.manager.target(cluster),
-                                connect_timeout=self.manager.connect_timeout, **options)
+        target = self.manager.target(cluster)
+        return await doctor.run(target, connect_timeout=self.manager.connect_timeout,
+                                credentials=self.manager.credentials.for_address(
+                                    target.address, target.id), **options)
 
     def _options(self) -> dict[str, Any]:
         raw = self.request.body.strip()

@@ -24,10 +24,13 @@ from typing import Any, Iterable
 
 from clustersdk import registry
 from clustersdk.client import ControlClient
-from clustersdk.errors import ClusterSDKError, JobNotFoundError, SpecError
+from clustersdk.control.access import may_change, refusal
+from clustersdk.errors import AccessDeniedError, ClusterSDKError, JobNotFoundError, SpecError
 from clustersdk.protocol import Op
+from clustersdk.security.identity import Identity
 
 from . import models
+from .acting import Credentials
 from .errors import (
     KNOWN_ERRORS,
     ClusterNotFoundError,
@@ -51,17 +54,22 @@ class ClusterManager(Following, PanelQueries):
 
     def __init__(self, *, state_dirs: Iterable[str] = (), addresses: Iterable[str] = (),
                  call_timeout: float = 10.0, action_timeout: float = 120.0,
-                 connect_timeout: float = 5.0, ended_window: float = 300.0):
+                 connect_timeout: float = 5.0, ended_window: float = 300.0,
+                 credentials: dict[str, str] | None = None):
         self.state_dirs = list(state_dirs)
+        # a TLS scheduler sees the Jupyter user of each request (see acting.py)
+        self.credentials = Credentials(credentials, self.state_dirs)
         self.addresses = list(addresses)
         self.call_timeout = call_timeout
         self.action_timeout = action_timeout
         self.connect_timeout = connect_timeout
         self.ended_window = ended_window
-        self._clients: dict[str, Any] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
+        # one client per (address, credentials file): each person's connections are theirs
+        self._clients: dict[tuple[str, str | None], Any] = {}
+        self._whoami: dict[tuple[str, str | None], dict[str, Any]] = {}
+        self._connecting: dict[tuple[str, str | None], asyncio.Lock] = {}
         self._unsupported: dict[tuple[str, str], float] = {}
-        self._down: dict[str, tuple[float, str]] = {}  # address -> (retry after, why)
+        self._down: dict[tuple[str, str | None], tuple[float, str]] = {}  # (retry after, why)
         self._progress: dict[str, Progress] = {}
         self._located: dict[str, str] = {}   # job id -> cluster id
 
@@ -101,7 +109,7 @@ class ClusterManager(Following, PanelQueries):
         except ClusterSDKError as e:  # an SDK error the API has no status for: the scheduler's
             raise UpstreamError(f"cluster {target.id}: {operation.value!r} failed: {e}") from e
         except (OSError, asyncio.TimeoutError) as e:
-            await self._drop(target.address)
+            await self._drop(self._key(target))
             raise SchedulerUnavailableError(
                 f"the scheduler of cluster {target.id} ({target.address}) did not answer "
                 f"{operation.value!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
@@ -116,27 +124,38 @@ class ClusterManager(Following, PanelQueries):
             )
         return result
 
+    def _key(self, target: Target) -> tuple[str, str | None]:
+        """Whose connection a request to ``target`` uses: (address, credentials file)."""
+        return target.address, self.credentials.for_address(target.address, target.id)
+
     async def _client(self, target: Target) -> Any:
-        client = self._clients.get(target.address)
+        key = self._key(target)
+        client = self._clients.get(key)
         if client is not None and client.status == "running":
             return client
-        down = self._down.get(target.address)
+        down = self._down.get(key)
         if down is not None and time.monotonic() < down[0]:
             raise SchedulerUnavailableError(down[1])  # don't make every request wait again
-        lock = self._connecting.setdefault(target.address, asyncio.Lock())
+        lock = self._connecting.setdefault(key, asyncio.Lock())
         async with lock:
-            client = self._clients.get(target.address)
+            client = self._clients.get(key)
             if client is not None and client.status == "running":
                 return client
-            down = self._down.get(target.address)
+            down = self._down.get(key)
             if down is not None and time.monotonic() < down[0]:
                 raise SchedulerUnavailableError(down[1])
             if client is not None:
-                await self._drop(target.address)
+                await self._drop(key)
             from distributed import Client
 
+            security = None
+            if key[1] is not None:
+                from clustersdk.security.tls import credentials_security
+
+                security = credentials_security(key[1])
             client = Client(target.address, asynchronous=True, set_as_default=False,
-                            timeout=self.connect_timeout, name="jupyter-clustersdk")
+                            timeout=self.connect_timeout, name="jupyter-clustersdk",
+                            security=security)
 
             async def started() -> None:
                 await client
@@ -150,19 +169,52 @@ class ClusterManager(Following, PanelQueries):
                     pass
                 message = (f"could not connect to the scheduler of cluster {target.id} "
                            f"({target.address}): {type(e).__name__}: {e}".rstrip(": "))
-                self._down[target.address] = (time.monotonic() + RECONNECT_AFTER, message)
+                self._down[key] = (time.monotonic() + RECONNECT_AFTER, message)
                 raise SchedulerUnavailableError(message) from e
-            self._down.pop(target.address, None)
-            self._clients[target.address] = client
+            self._down.pop(key, None)
+            self._clients[key] = client
             return client
 
-    async def _drop(self, address: str) -> None:
-        client = self._clients.pop(address, None)
+    async def who(self, target: Target) -> dict[str, Any]:
+        """Whom requests to ``target`` act as (the control plane's answer, asked once per
+        connection): name, role, and whether the rules are enforced."""
+        key = self._key(target)
+        if key not in self._whoami:
+            try:
+                self._whoami[key] = await self.call(target, Op.WHOAMI)
+            except UnsupportedOperationError:  # an older control plane: no identities
+                self._whoami[key] = {"name": "", "role": "user", "enforced": False}
+        return self._whoami[key]
+
+    async def _rules(self, target: Target) -> tuple[Identity, bool, bool]:
+        who = await self.who(target)
+        role = who.get("role") if who.get("role") in ("admin", "user", "scheduler",
+                                                      "worker") else "user"
+        return (Identity(who.get("name") or "", role), bool(who.get("enforced")),
+                bool(who.get("hide_metrics")))
+
+    async def job_view(self, target: Target, record: dict[str, Any],
+                       progress: dict[str, Any] | None = None) -> dict[str, Any]:
+        """:func:`.models.job_model`, with whether this request's user may change the job
+        (and why not: the panel's tooltip), and its progress only where they may see it."""
+        who, enforced, hide = await self._rules(target)
+        owner = (record.get("spec") or {}).get("owner")
+        allowed = may_change(who, owner, enforced=enforced)
+        if hide and not allowed:
+            progress = None
+        model = models.job_model(record, target.id, progress)
+        model["may_change"] = allowed
+        model["refusal"] = "" if allowed else (refusal(who, owner) or "")
+        return model
+
+    async def _drop(self, key: tuple[str, str | None]) -> None:
+        client = self._clients.pop(key, None)
+        self._whoami.pop(key, None)
         if client is not None:
             try:
                 await asyncio.wait_for(client.close(), 2)
             except Exception:  # a dead scheduler: closing may fail, the client is gone anyway
-                logger.debug("closing the client of %s failed", address, exc_info=True)
+                logger.debug("closing the client of %s failed", key[0], exc_info=True)
 
     async def close(self) -> None:
         """Close every scheduler client."""
@@ -200,7 +252,7 @@ class ClusterManager(Following, PanelQueries):
         try:
             return await asyncio.wait_for(client.scheduler.identity(), self.call_timeout)
         except (OSError, asyncio.TimeoutError) as e:
-            await self._drop(target.address)
+            await self._drop(self._key(target))
             raise SchedulerUnavailableError(f"cluster {target.id}: {type(e).__name__}") from e
 
     # jobs ------------------------------------------------------------------------------
@@ -211,7 +263,7 @@ class ClusterManager(Following, PanelQueries):
         for target, records in answers:
             for record in records:
                 self._located[record["id"]] = target.id
-                jobs.append(models.job_model(record, target.id))
+                jobs.append(await self.job_view(target, record))
         return models.jobs_model(jobs, unreachable)
 
     async def queue(self, cluster: str | None = None) -> dict[str, Any]:
@@ -230,7 +282,7 @@ class ClusterManager(Following, PanelQueries):
                                        return_exceptions=True)
         answers, unreachable = [], []
         for target, result in zip(targets, results):
-            if isinstance(result, UpstreamError):
+            if isinstance(result, (UpstreamError, AccessDeniedError)):
                 unreachable.append(target.id)
                 continue
             if isinstance(result, BaseException):
@@ -252,7 +304,8 @@ class ClusterManager(Following, PanelQueries):
                                        return_exceptions=True)
         hits = [(t, r) for t, r in zip(targets, results) if isinstance(r, dict)]
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, UpstreamError):
+            if isinstance(result, BaseException) and not isinstance(
+                    result, (UpstreamError, AccessDeniedError)):
                 raise result
         if not hits:
             down = [t.id for t, r in zip(targets, results) if isinstance(r, UpstreamError)]
@@ -277,7 +330,8 @@ class ClusterManager(Following, PanelQueries):
         """One job with its progress (step, steps/s, newest scalars)."""
         target, record = await self.locate(ref)
         progress = await self._follow(target, record)
-        return models.job_model(record, target.id, self._progress_model(progress, record["status"]))
+        return await self.job_view(target, record,
+                                   self._progress_model(progress, record["status"]))
 
     async def history(self, ref: str, since: int = 0, limit: int = 1000) -> dict[str, Any]:
         target, record = await self.locate(ref)
@@ -299,7 +353,7 @@ class ClusterManager(Following, PanelQueries):
             kwargs["timeout"] = self.action_timeout
         result = await self.call(target, action, job=record["id"],
                                  call_timeout=self.action_timeout + 5, **kwargs)
-        return models.job_model(result, target.id)
+        return await self.job_view(target, result)
 
     async def update(self, ref: str, changes: dict[str, Any]) -> dict[str, Any]:
         """``job.update(**changes)``: checked by the scheduler before any rank sees it (a

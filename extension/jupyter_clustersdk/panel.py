@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from clustersdk.errors import CheckpointError
+from clustersdk.errors import AccessDeniedError, CheckpointError
 
 from . import checkpoints, models
 from .errors import UpstreamError
@@ -48,7 +48,7 @@ class PanelQueries:
             busy = {s["job"] for s in inventory if s.get("job")}
             await _settled(*(self._follow(target, r) for r in records if r["id"] in followed))
             await _settled(*(self._follow_system(target, r) for r in records if r["id"] in busy))
-        except UpstreamError as e:
+        except (UpstreamError, AccessDeniedError) as e:
             return models.cluster_model(target, error=str(e)), []
         samples: dict[str, dict[str, Any]] = {}
         jobs = []
@@ -60,7 +60,7 @@ class PanelQueries:
             shown = None
             if record["id"] in followed and progress is not None:
                 shown = self._progress_model(progress, record["status"])
-            jobs.append(models.job_model(record, target.id, shown))
+            jobs.append(await self.job_view(target, record, shown))
         cluster = models.cluster_model(target, inventory=inventory, jobs=records, samples=samples,
                                        workers=identity.get("workers"),
                                        scheduler_id=identity.get("id"), detail=True)

@@ -63,7 +63,8 @@ export interface IActionState {
 }
 
 /**
- * Which buttons a job's state allows, and why the others are greyed out.
+ * Which buttons a job's state allows (and whether this user may change it at all),
+ * and why the others are greyed out.
  */
 export function actionStates(job: IJobJSON): Record<Action, IActionState> {
   const out = {} as Record<Action, IActionState>;
@@ -71,7 +72,10 @@ export function actionStates(job: IJobJSON): Record<Action, IActionState> {
   const hasDir = Boolean(job.spec && job.spec['checkpoint_dir']);
   for (const action of ACTIONS) {
     let reason = '';
-    if (!ALLOWED[action].includes(status)) {
+    if (job.may_change === false) {
+      // not this user's job: the control plane would refuse it (403), whatever its state
+      reason = job.refusal || `Job ${job.name} belongs to ${job.owner ?? 'someone else'}`;
+    } else if (!ALLOWED[action].includes(status)) {
       reason = isTerminal(status)
         ? `Job ${job.name} is ${status}: nothing more to ${action}`
         : `Job ${job.name} is ${status}; only a ${joinOr(ALLOWED[action])} job can ${action}`;

@@ -93,6 +93,10 @@ export interface IJobJSON {
   world_size: number | null;
   strategy: string | null;
   owner?: string | null;
+  /** Whether the Jupyter user may change it (its owner or an admin); false greys out
+   *  every button, with ``refusal`` as the tooltip. Absent: no identities (plain tcp). */
+  may_change?: boolean;
+  refusal?: string;
   submitted: number;
   started?: number | null;
   ended?: number | null;

@@ -94,6 +94,15 @@ describe('actionStates', () => {
     );
   });
 
+  test("someone else's job: every button greyed out, the owner named in the tooltip", () => {
+    const refusal = "this job belongs to 'alice'; only its owner or an admin may change it";
+    const s = actionStates(job({ owner: 'alice', may_change: false, refusal }));
+    assert.ok(Object.values(s).every(v => !v.enabled));
+    assert.equal(s.stop.reason, refusal);
+    // the owner (or an admin) gets the buttons the state allows
+    assert.equal(actionStates(job({ owner: 'alice', may_change: true })).stop.enabled, true);
+  });
+
   test('a refused action names the job, the HTTP status and the reason', () => {
     assert.equal(
       actionFailed('pause', 'train', 409, "job 'train' is FINISHED; it cannot pause"),
