@@ -179,6 +179,8 @@ class ClusterManager(Following, PanelQueries):
         """Whom requests to ``target`` act as (the control plane's answer, asked once per
         connection): name, role, and whether the rules are enforced."""
         key = self._key(target)
+        if not target.address.startswith("tls://"):  # plain tcp: no identities, nothing to ask
+            return {"name": "", "role": "user", "enforced": False}
         if key not in self._whoami:
             try:
                 self._whoami[key] = await self.call(target, Op.WHOAMI)

@@ -339,8 +339,13 @@ class TestConfiguredAddresses:
 
     @pytest.fixture
     def jp_server_config(self, sdk_cluster, tmp_path):
-        return extension_config(tmp_path / "none",
-                                addresses=(sdk_cluster.scheduler_address, self.DEAD))
+        import dask.config
+
+        # a configured TLS address: no registry here, so the server's own credentials come
+        # from the clustersdk.credentials setting (DASK_CLUSTERSDK__CREDENTIALS)
+        with dask.config.set({"clustersdk.credentials": sdk_cluster.credentials}):
+            yield extension_config(tmp_path / "none",
+                                   addresses=(sdk_cluster.scheduler_address, self.DEAD))
 
     async def test_configured_clusters_are_served_and_a_dead_one_is_reported(
             self, jp_fetch, sdk_cluster, spin_job):

@@ -62,12 +62,19 @@ def test_clusters_register_themselves_and_unregister_on_close(sdk_cluster, sdk_s
     (local,) = [e for e in registry.entries(sdk_state)
                 if e["address"] == sdk_cluster.scheduler_address]
     assert (local["kind"], local["local"]) == ("local", True)
+    # a TLS cluster's entry says where its creator's credentials and authority are
+    assert local["credentials"] == sdk_cluster.credentials
+    assert registry.credentials(sdk_cluster.scheduler_address, sdk_state) == local["credentials"]
+    assert os.path.exists(os.path.join(local["authority"], "ca.pem"))
 
-    attached = cs.Cluster.connect(sdk_cluster.scheduler_address, state_dir=str(tmp_path))
+    # another state directory knows nothing of it: its credentials are given
+    attached = cs.Cluster.connect(sdk_cluster.scheduler_address, state_dir=str(tmp_path),
+                                  credentials=sdk_cluster.credentials)
     try:
         (entry,) = registry.entries(tmp_path)
         assert (entry["address"], entry["kind"], entry["local"]) == \
             (sdk_cluster.scheduler_address, "connect", False)
+        assert entry["credentials"] == sdk_cluster.credentials and "authority" not in entry
     finally:
         attached.close()
     assert registry.entries(tmp_path) == []
