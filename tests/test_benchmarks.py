@@ -28,6 +28,20 @@ def test_launch_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_security_benchmark_smoke(tmp_path):
+    out = tmp_path / "security.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "security.py"), "--starts", "1", "--repeats",
+         "1", "--steps", "20", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TLS steps/s vs plain" in proc.stdout and "cluster start (s)" in proc.stdout
+    figures = json.loads(out.read_text())
+    assert set(figures["medians"]) == {"tls", "plain"} and len(figures["runs"]["tls"]["start_s"]) == 1
+
+
+@pytest.mark.slow
 def test_checkpoint_benchmark_smoke(tmp_path):
     out = tmp_path / "checkpoint.json"
     proc = subprocess.run(

@@ -307,3 +307,20 @@ def test_the_doctor_reports_readable_keys_and_certificates_near_their_end(tmp_pa
     os.chmod(ca.worker_file, 0o600)
     report.workers[0]["tls"] = file_facts([ca.ca_file, ca.worker_file, ca.crl_file])
     assert security_problems(report, now=0) == []
+
+
+def test_bobs_dashboard_of_alices_job_greys_every_button_out(alice, bob):
+    pytest.importorskip("ipywidgets")
+    from clustersdk.widgets.job import JobDashboard
+
+    job = alice.launch(workloads.spin, world_size=1, name="dashboards")
+    try:
+        wait_for(lambda: job.status is cs.JobStatus.RUNNING, timeout=60)
+        his = JobDashboard(cs.Job.attach(bob, "dashboards"))
+        assert all(b.disabled for b in his.buttons.values())
+        assert his.buttons["stop"].tooltip == ("This job belongs to 'alice'; only its owner or "
+                                               "an admin may change it (you are 'bob')")
+        hers = JobDashboard(job)
+        assert not hers.buttons["stop"].disabled and not hers.buttons["pause"].disabled
+    finally:
+        job.stop()

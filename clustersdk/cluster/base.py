@@ -332,11 +332,26 @@ class Cluster:
         rules in force: ``{"name", "role", "admin", "enforced", "hide_metrics"}``."""
         return self.sync(self.control.whoami)
 
-    def _identity(self) -> str | None:
-        """The name this process's certificate carries (None: no TLS), asked once."""
+    def _who(self) -> dict[str, Any]:
+        """:meth:`whoami`, asked once ({} on a cluster without TLS)."""
         if self._whoami is None:
             self._whoami = self.whoami() if self.scheduler_address.startswith("tls://") else {}
-        return self._whoami.get("name") if self._whoami.get("enforced") else None
+        return self._whoami
+
+    def _identity(self) -> str | None:
+        """The name this process's certificate carries (None: no TLS)."""
+        return self._who().get("name") if self._who().get("enforced") else None
+
+    def refusal(self, owner: str | None) -> str | None:
+        """Why this process may not change a job of ``owner`` (None: it may, as its owner,
+        an admin, or on a cluster without identities): what a dashboard greys out."""
+        who = self._who()
+        if not who.get("enforced"):
+            return None
+        from ..control.access import refusal
+        from ..security.identity import Identity
+
+        return refusal(Identity(who["name"], who["role"]), owner)
 
     def add_user(self, name: str, *, admin: bool = False, path: str | None = None) -> str:
         """Credentials for ``name`` (an admin's with ``admin=True``): a file holding their

@@ -247,7 +247,9 @@ class SSHNodes:
                 sftp.close()
         except (OSError, EOFError, paramiko_errors()) as e:
             raise StartError(f"host {target.label}: could not copy the cluster's TLS files "
-                             f"over SFTP: {type(e).__name__}: {e}", host=target.label) from e
+                             f"over SFTP ({type(e).__name__}: {e}): does its sshd offer the sftp "
+                             "subsystem? (or pass security= a Security whose files are already "
+                             "on every host)", host=target.label) from e
 
     def _remove_keys(self, target: Target) -> None:
         directory = self.key_dirs.pop(target, None)

@@ -28,7 +28,7 @@ from distributed import Security
 
 from .. import config
 from ..errors import SpecError
-from .pki import Authority, read_credentials
+from .pki import Authority, private, read_credentials
 
 __all__ = ["ClusterSecurity", "InsecureClusterWarning", "Prepared", "apply_crl",
            "cluster_only", "cluster_security", "credentials_security", "creator_name",
@@ -86,11 +86,8 @@ def apply_crl(server: Any, crl_pem: str) -> int:
     starts again there reads it); how many listeners took it."""
     security = getattr(server, "security", None)
     path = getattr(security, "tls_crl_file", None)
-    if path and os.path.isdir(os.path.dirname(path)):
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(crl_pem)
-        os.replace(tmp, path)
+    if path and os.path.isdir(os.path.dirname(path)) and _read(path) != crl_pem:
+        private(path, crl_pem)  # as the host's other TLS files: its owner's alone
     loaded = 0
     fd, tmp = tempfile.mkstemp(suffix=".crl.pem")
     try:
@@ -116,7 +113,11 @@ def own_subject(security: Any, role: str) -> tuple[str, str] | None:
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    data = path.encode() if "\n" in path else open(path, "rb").read()
+    if "\n" in path:
+        data = path.encode()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     cert = x509.load_pem_x509_certificate(_first_certificate(data))
     values = [cert.subject.get_attributes_for_oid(oid) for oid in
               (NameOID.COMMON_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME)]
@@ -161,6 +162,14 @@ def security_files(security: Any) -> list[str]:
                                                                        "worker")
                                               for k in ("cert", "key")))
     return [v for v in (getattr(security, n, None) for n in names) if isinstance(v, str) and v]
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def credentials_security(path: str) -> Security:

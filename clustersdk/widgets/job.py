@@ -64,6 +64,8 @@ class JobDashboard:
         self._rank_picked = False
         self.received: collections.deque = collections.deque(maxlen=10_000)
         self.delays: collections.deque = collections.deque(maxlen=10_000)  # ctx.log -> plot, seconds
+        # someone else's job (a TLS cluster): every button greyed out, saying whose it is
+        self._refusal = job.cluster.refusal(job.owner)
         self._build()
         job.on_event(self._on_event)  # first, so that nothing between the read and now is lost
         self.view = JobView.from_record(job.info())
@@ -271,7 +273,10 @@ class JobDashboard:
         status = self.view.status
         for action, button in self.buttons.items():
             available = job is not None and callable(getattr(job, action, None))
-            if action in ("checkpoint", "suspend") and not self.view.checkpoint_dir:
+            if self._refusal:
+                available = False
+                button.tooltip = self._refusal[0].upper() + self._refusal[1:]
+            elif action in ("checkpoint", "suspend") and not self.view.checkpoint_dir:
                 available = False
                 button.tooltip = f"{action.capitalize()} needs a job launched with checkpoint_dir=..."
             button.disabled = self._busy is not None or not available or status not in ACTIONS[action]

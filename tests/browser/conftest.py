@@ -7,6 +7,7 @@ missing browser or Playwright fails the test; elsewhere it skips.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -16,8 +17,10 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -81,27 +84,45 @@ class Lab:
 def jupyterlab(tmp_path):
     """JupyterLab on a free port, token-protected, in a temp root, with its own
     config, data and workspaces; shut down (kernels too) even if the test fails."""
+    with lab_server(tmp_path) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def lab_server(tmp_path: Path, config: dict | None = None,
+               env: dict[str, str] | None = None) -> Iterator[Lab]:
+    """The :func:`jupyterlab` fixture's server, with more ``config`` (merged into its
+    ``jupyter_server_config.json``) and ``env``. It loads this checkout's build of the
+    lab extension where there is one (``./dev setup`` makes it), else the installed one."""
     root, home = tmp_path / "root", tmp_path / "home"
     for d in (root, home / "config", home / "runtime", home / "workspaces", home / "settings",
-              home / "state"):
+              home / "state", home / "data" / "labextensions"):
         d.mkdir(parents=True)
-    (home / "config" / "jupyter_server_config.json").write_text(json.dumps({
+    server_config: dict = {
         # nothing reaches out to the internet: no news, no update check, no PyPI extension search
         "LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
                    "extension_manager": "readonly"},
         "ServerApp": {"allow_root": True},  # CI containers run as root
-    }))
+    }
+    for section, values in (config or {}).items():
+        server_config.setdefault(section, {}).update(values)
+    (home / "config" / "jupyter_server_config.json").write_text(json.dumps(server_config))
     # no "get Jupyter news?" prompt over the notebook
     news = home / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    built = ROOT / "extension" / "jupyter_clustersdk" / "labextension"
+    if (built / "package.json").exists():  # first on JUPYTER_PATH: it wins over the installed
+        (home / "data" / "labextensions" / "jupyterlab-clustersdk").symlink_to(built)
     env = {
         **os.environ,
         "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
         "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+        "JUPYTER_PATH": os.pathsep.join([str(home / "data"), os.environ.get("JUPYTER_PATH", "")]),
         "DASK_CLUSTERSDK__STATE_DIR": str(home / "state"),  # job journals of the notebook's cluster
         "PYTHONUNBUFFERED": "1",
+        **(env or {}),
     }
     port, token = _free_port(), secrets.token_hex(16)
     log = tmp_path / "jupyterlab.log"
@@ -119,7 +140,9 @@ def jupyterlab(tmp_path):
             if proc.poll() is not None:
                 raise AssertionError(f"JupyterLab exited with {proc.returncode}:\n{lab.log_tail()}")
             try:
-                lab.api("/api/status")
+                urllib.request.urlopen(f"{lab.url}/api/status", timeout=10).close()
+                break
+            except urllib.error.HTTPError:  # up (it wants a login): the server answers
                 break
             except OSError as e:
                 if time.monotonic() > deadline:

@@ -20,9 +20,14 @@ def need_bed() -> None:
 
 
 def ssh_options(b: netbed.Bed, **more) -> dict:
-    """What Cluster.ssh needs to log into the bed's hosts."""
-    return {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": sys.executable,
-            "connect_timeout": 5, **more}
+    """What Cluster.ssh needs to log into the bed's hosts (and, where this process has a
+    PYTHONPATH, e.g. a checkout tested beside an editable install, the same code there)."""
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    options = {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": sys.executable,
+               "connect_timeout": 5, **more}
+    if env:
+        options["env"] = {**env, **(more.get("env") or {})}
+    return options
 
 
 def addresses(b: netbed.Bed) -> list[str]:

@@ -138,6 +138,7 @@ class Bed:
             f"HostKey {key}", "PidFile none", f"AuthorizedKeysFile {self.key_file}.pub",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "LogLevel VERBOSE",
+            "Subsystem sftp internal-sftp",  # as Debian's own sshd_config has (Cluster.ssh's keys)
         ] + self.sshd_config.get(host.index, [])
         with open(os.path.join(host.dir, "sshd_config"), "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -57,6 +57,24 @@ def test_each_worker_job_asks_slurm_for_one_gpu(cluster):
     assert cluster.slots() == []  # nothing is allocated before a launch asks for it
 
 
+def test_a_slurm_cluster_is_tls_and_its_workers_read_a_private_directory(cluster):
+    import stat
+
+    assert cluster.scheduler_address.startswith("tls://")
+    assert cluster.whoami()["role"] == "admin"
+    script = cluster.dask_cluster.job_script()
+    key = script.split("--tls-key ", 1)[1].split()[0]
+    directory = os.path.dirname(key)
+    assert f"--tls-cert {key}" in script and "--protocol tls://" in script
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    # what a worker job can read there: its own key, the CA certificate, the revocation list
+    assert sorted(os.listdir(directory)) == ["ca.pem", "crl.pem", "worker.pem"]
+    job = cluster.launch(workloads.count_to, kwargs={"steps": 3}, world_size=1)
+    assert job.wait(timeout=180) == "done"
+    assert all(s["worker"].startswith("tls://") for s in cluster.slots())
+
+
 def test_a_two_rank_ddp_job_runs_on_two_slurm_allocations(cluster, slurm):
     job = cluster.launch(workloads.train_mlp, kwargs={"steps": 20}, world_size=2)
     wait_for(lambda: len(running(slurm)) == 2, timeout=120)  # squeue shows the allocation
@@ -104,3 +122,4 @@ def test_magic_cluster_slurm(slurm):
     finally:
         ip.run_line_magic("cluster", "close")
     assert "closed" in repr(cluster)
+
