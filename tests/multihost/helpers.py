@@ -20,14 +20,25 @@ def need_bed() -> None:
 
 
 def ssh_options(b: netbed.Bed, **more) -> dict:
-    """What Cluster.ssh needs to log into the bed's hosts (and, where this process has a
-    PYTHONPATH, e.g. a checkout tested beside an editable install, the same code there)."""
-    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-    options = {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": sys.executable,
-               "connect_timeout": 5, **more}
-    if env:
-        options["env"] = {**env, **(more.get("env") or {})}
-    return options
+    """What Cluster.ssh needs to log into the bed's hosts."""
+    return {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": python(b),
+            "connect_timeout": 5, **more}
+
+
+def python(b: netbed.Bed) -> str:
+    """This interpreter, for the hosts. Where this process has a PYTHONPATH (a checkout
+    tested beside an editable install of another), a wrapper that appends it to the
+    host's own, so that the hosts run the code under test too."""
+    path = os.environ.get("PYTHONPATH")
+    if not path:
+        return sys.executable
+    wrapper = os.path.join(b.dir, "python")
+    if not os.path.exists(wrapper):
+        with open(wrapper, "w") as f:
+            f.write(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{path}"\n'
+                    f'exec {sys.executable} "$@"\n')
+        os.chmod(wrapper, 0o755)
+    return wrapper
 
 
 def addresses(b: netbed.Bed) -> list[str]:

@@ -79,7 +79,7 @@ def test_each_host_brings_two_slots_at_its_own_address(cluster, bed):
     slots = cluster.slots()
     assert [s["host"] for s in slots] == sorted(addresses(bed) * 2)
     assert {s["kind"] for s in slots} == {"cpu"}
-    assert cluster.scheduler_address.startswith(f"tcp://{bed.hosts[0].address}:")
+    assert cluster.scheduler_address.startswith(f"tls://{bed.hosts[0].address}:")
 
 
 def test_ddp_at_world_size_6_across_three_hosts_equals_one_process(idle, bed):

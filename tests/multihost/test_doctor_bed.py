@@ -66,7 +66,7 @@ def sick(tmp_path_factory):
 def test_the_doctor_names_the_blocked_port_the_stray_version_and_the_slow_host(sick, tmp_path):
     bed, cluster = sick
     h1, h2, h3 = (h.address for h in bed.hosts)
-    assert cluster.scheduler_address.startswith(f"tcp://{bed.bridge_address}:")
+    assert cluster.scheduler_address.startswith(f"tls://{bed.bridge_address}:")
     assert [s["host"] for s in cluster.slots()] == [h1, h2, h3]  # listening on eth0
     report = cluster.doctor(checkpoint_dir=str(tmp_path / "ckpt"), max_size=1 << 20)
     found = {(p.host, p.check) for p in report.problems}
@@ -94,7 +94,8 @@ def test_clustersdk_doctor_address_prints_the_problems_and_fails(sick):
     h2 = bed.hosts[1].address
     proc = subprocess.run(
         [sys.executable, "-m", "clustersdk", "doctor", cluster.scheduler_address,
-         "--no-bandwidth"], capture_output=True, text=True, timeout=180)
+         "--no-bandwidth"], capture_output=True, text=True, timeout=180,
+        env={**os.environ, "DASK_CLUSTERSDK__CREDENTIALS": cluster.credentials})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"host {h2}: port {BLOCKED} of the rendezvous range" in proc.stdout
     assert "bus bandwidth" not in proc.stdout
