@@ -15,6 +15,8 @@ from typing import Iterable, Mapping
 from clustersdk import config, registry
 from clustersdk.errors import AccessDeniedError
 
+from .errors import SchedulerUnavailableError
+
 #: the Jupyter user name of the request being served (None: the server itself)
 JUPYTER_USER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "clustersdk_jupyter_user", default=None)
@@ -53,9 +55,9 @@ class Credentials:
         path = config.get("credentials")
         for state_dir in self.state_dirs:
             path = path or registry.credentials(address, state_dir)
-        if not path:
-            raise AccessDeniedError(
-                f"this server has no credentials for cluster {cluster} ({address}): set "
-                "DASK_CLUSTERSDK__CREDENTIALS, or ClusterSDKApp.credentials per Jupyter user",
-                None, None, user, "connect")
+        if not path:  # e.g. its creator closed it: its registry entry outlived its keys
+            raise SchedulerUnavailableError(
+                f"this server has no credentials for cluster {cluster} ({address}), so it "
+                "cannot reach it: set DASK_CLUSTERSDK__CREDENTIALS, or ClusterSDKApp.credentials "
+                "per Jupyter user")
         return path
