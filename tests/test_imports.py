@@ -27,7 +27,7 @@ PURE = [
     "clustersdk.control.live",
     "clustersdk.hparams",
     "clustersdk.diagnosis",
-    "clustersdk.control.signals",
+    "clustersdk.signals",
     "clustersdk.control.anomalies",
     "clustersdk.client",
 ]

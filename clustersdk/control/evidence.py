@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..protocol import EXIT_TOPIC, RankEvent, topic
 from . import events as ev
-from .signals import SpikeDetector, StepMeans, first_nonfinite
+from ..signals import SpikeDetector, StepMeans, first_nonfinite
 
 if TYPE_CHECKING:
     from .plugin import ControlPlane, Run

@@ -2,7 +2,7 @@
 what a failing rank tells of itself for a diagnosis (:func:`failure_facts`).
 
 At the end of each step the rank reads what it logged for that step (the
-watched scalars of :mod:`clustersdk.control.signals`: losses, ``grad_norm``)
+watched scalars of :mod:`clustersdk.signals`: losses, ``grad_norm``)
 and the gradient norm that ``clip_grad_norm`` computed. A NaN or Inf is
 reported to the control plane at once (it decides, and diagnoses) and raised
 in the rank's own control vector as ``Word.NONFINITE = 1 + step``; the ranks
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..control.signals import nonfinite_values
+from ..signals import nonfinite_values
 from ..protocol import RankEvent, Word, no_words
 
 if TYPE_CHECKING:
