@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
 from . import workloads
 from .helpers import checkpointed_at, kill_worker_of, step_reached, wait_for

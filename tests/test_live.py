@@ -12,7 +12,7 @@ import torch
 
 import clustersdk as cs
 from clustersdk.control.plugin import PLUGIN_NAME
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 from clustersdk.runtime import live as rank_live
 from clustersdk.runtime import tuning
 from clustersdk.runtime.context import TrainContext

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
 from . import workloads
 from .helpers import assert_same_run, wait_for

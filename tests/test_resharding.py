@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
 from . import workloads_parallel as W
 

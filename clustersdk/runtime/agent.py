@@ -24,9 +24,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
 from tornado.ioloop import PeriodicCallback
 
-from .. import config
+from .. import checkpoint_files, config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
-from . import capture, checkpoint, telemetry
+from . import capture, telemetry
 from .control import Control, JobSuspended
 from .nonfinite import failure_facts
 
@@ -305,9 +305,9 @@ def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
     root = spec.checkpoint_dir
     if not root:
         return None
-    checkpoint.check_writable(root)
+    checkpoint_files.check_writable(root)
     if rank == 0:
-        checkpoint.clean_leftovers(root)
+        checkpoint_files.clean_leftovers(root)
     return {"dir": root, "every": spec.checkpoint_every, "keep": spec.keep,
             "async": spec.async_checkpoint, "resume": spec.resume, "attempt": spec.attempt}
 

@@ -6,11 +6,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import config
+from .. import checkpoint_files, config
 from ..errors import CheckpointError, SpecError
 from ..layout import Layout
 from ..protocol import RankEvent, WireSpec
-from . import checkpoint, epochs as _epochs, rebind, resume, strategies
+from . import epochs as _epochs, rebind, resume, strategies
 from .breakpoints import Debugging
 from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
@@ -321,7 +321,7 @@ class TrainContext(Looping, Debugging, LiveContext):
             if self.rank == 0:
                 self._report(RankEvent.RESTORED, step=self.step, path=path)
         if self.rank == 0:
-            checkpoint.check_space(saver.root, 2 * saver.nbytes(self.stateful))
+            checkpoint_files.check_space(saver.root, 2 * saver.nbytes(self.stateful))
 
     # metrics -------------------------------------------------------------------
     def log(self, *, reduce: str | None = None, **scalars: Any) -> None:
