@@ -11,7 +11,7 @@ Pure (no Dask, no torch): importing it costs nothing, so every side can.
 - :class:`WireSpec`: the job spec as the scheduler and the ranks see it, a
   frozen dataclass sent as a plain dict (:meth:`WireSpec.as_dict`), versioned.
   Its field defaults are the defaults of every launch option (``keep=3``...).
-- :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control`).
+- :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control_words`).
 - :class:`Op` / :class:`WorkerOp`: the RPC operations, reached with :func:`op`.
 - :class:`RankEvent`, :class:`ExitStatus`: what a rank reports.
 - :func:`topic` and the message kinds published on it (``Message``).

@@ -20,7 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 import clustersdk as cs
 from clustersdk import widgets
 from clustersdk.protocol import RankEvent, Word, no_words
-from clustersdk.runtime import debugging
+from clustersdk.runtime import holds
 from clustersdk.runtime.context import TrainContext
 from clustersdk.widgets import render
 from clustersdk.widgets.model import JobView
@@ -55,7 +55,7 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     assert local["s"] == "5" and local["rank"] == "1"
     assert local["bad"].startswith("Tensor(shape=[4, 4], dtype=float32, device=cpu")
     assert "nan=True" in local["bad"]
-    assert local["secret"].startswith("'xxxx") and len(local["secret"]) <= debugging.VALUE_LIMIT
+    assert local["secret"].startswith("'xxxx") and len(local["secret"]) <= holds.VALUE_LIMIT
     assert local["ctx"].startswith("<TrainContext job='held' rank=1/2")
     assert local["net"].startswith("<") and "parameters on cpu>" in local["net"]
     assert all(not f["locals"] for f in post.frames if f["ours"])  # clustersdk's own: no locals
@@ -182,7 +182,7 @@ def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word(
         raise KeyError("missing")
     except KeyError as e:
         error = {"rank": 0, "type": "KeyError", "message": str(e), "traceback": ""}
-        holder = threading.Thread(target=debugging.hold, args=(ctx, e, error))
+        holder = threading.Thread(target=holds.hold, args=(ctx, e, error))
         holder.start()
         wait_for(lambda: reports, timeout=30)
         pause = no_words()
@@ -223,22 +223,22 @@ class Blocks:
 
 
 def test_reprs_that_raise_or_spin_are_named_and_long_ones_cut():
-    assert debugging.safe_repr(Raises()) == \
+    assert holds.safe_repr(Raises()) == \
         "<Raises object; its repr raised RuntimeError: no repr for you>"
-    assert debugging.safe_repr(Spins(), seconds=0.2) == \
+    assert holds.safe_repr(Spins(), seconds=0.2) == \
         "<Spins object; its repr took longer than 0.2 s>"
-    text = debugging.safe_repr({"k": ["a" * 1000] * 50})
-    assert len(text) <= debugging.VALUE_LIMIT and text.startswith("{'k': ['aaa")
-    assert debugging.safe_repr([torch.zeros(2, 1000)]) == \
+    text = holds.safe_repr({"k": ["a" * 1000] * 50})
+    assert len(text) <= holds.VALUE_LIMIT and text.startswith("{'k': ['aaa")
+    assert holds.safe_repr([torch.zeros(2, 1000)]) == \
         "[Tensor(shape=[2, 1000], dtype=float32, device=cpu, nan=False, min=0, max=0, mean=0)]"
-    assert "inf=True" in debugging.safe_repr(torch.tensor([1.0, float("inf")] * 4))
-    meta = debugging.safe_repr(torch.empty(8, 8, device="meta"))
+    assert "inf=True" in holds.safe_repr(torch.tensor([1.0, float("inf")] * 4))
+    meta = holds.safe_repr(torch.empty(8, 8, device="meta"))
     assert meta == "Tensor(shape=[8, 8], dtype=float32, device=meta)"
-    assert debugging.safe_repr("two\nlines") == "'two\\nlines'"
+    assert holds.safe_repr("two\nlines") == "'two\\nlines'"
 
 
 def test_a_repr_blocked_outside_python_is_abandoned(monkeypatch):
-    monkeypatch.setattr(debugging, "TOTAL_SECONDS", 1.0)
+    monkeypatch.setattr(holds, "TOTAL_SECONDS", 1.0)
 
     def fail(blocked, after):
         raise ValueError("boom")
@@ -246,7 +246,7 @@ def test_a_repr_blocked_outside_python_is_abandoned(monkeypatch):
     try:
         fail(Blocks(), 42)
     except ValueError as e:
-        frames = debugging.render_frames(e.__traceback__)
+        frames = holds.render_frames(e.__traceback__)
     finally:
         Blocks.gate.set()  # the abandoned rendering thread ends
     assert frames[-1]["locals"] == {
@@ -255,7 +255,7 @@ def test_a_repr_blocked_outside_python_is_abandoned(monkeypatch):
 
 
 def test_the_locals_of_every_frame_share_one_budget_the_failing_frame_first(monkeypatch):
-    monkeypatch.setattr(debugging, "TOTAL_LIMIT", 300)
+    monkeypatch.setattr(holds, "TOTAL_LIMIT", 300)
 
     def fail(a, b, c, d, e, f, g, h):
         raise ValueError("boom")
@@ -267,7 +267,7 @@ def test_the_locals_of_every_frame_share_one_budget_the_failing_frame_first(monk
     try:
         outer()
     except ValueError as err:
-        frames = debugging.render_frames(err.__traceback__)
+        frames = holds.render_frames(err.__traceback__)
     failing, caller = frames[-1], frames[-2]
     assert list(failing["locals"]) == ["a", "b", "c"] and failing["omitted"] == 5
     assert caller["function"] == "outer" and caller["locals"] == {}
@@ -292,7 +292,7 @@ def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
 def test_cuda_tensors_are_summarized_on_their_device():
     x = torch.ones(4, 4, device="cuda")
     x[0, 0] = float("nan")
-    text = debugging.safe_repr(x)
+    text = holds.safe_repr(x)
     assert text.startswith("Tensor(shape=[4, 4], dtype=float32, device=cuda:0, nan=True")
-    assert debugging.safe_repr(torch.ones(2, device="cuda")) == \
+    assert holds.safe_repr(torch.ones(2, device="cuda")) == \
         "Tensor(shape=[2], dtype=float32, device=cuda:0, values=[1.0, 1.0])"

@@ -27,8 +27,8 @@ from tornado.ioloop import PeriodicCallback
 from .. import checkpoint_files, config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from . import capture, telemetry
-from .control import Control, JobSuspended
-from .nonfinite import failure_facts
+from .anomalies import failure_facts
+from .control_words import Control, JobSuspended
 
 logger = logging.getLogger(__name__)
 
@@ -282,10 +282,10 @@ class RankThread(threading.Thread):
 
     def _hold(self, e: BaseException, error: dict[str, Any]) -> bool:
         """Under ``on_error="hold"``: report HELD and wait, alive, until told to stop
-        (:func:`.debugging.hold`); False when the failure takes the usual path."""
+        (:func:`.holds.hold`); False when the failure takes the usual path."""
         if self.spec.on_error != "hold" or self.ctx is None or self.control.words()[Word.STOP]:
             return False
-        from .debugging import hold
+        from .holds import hold
 
         hold(self.ctx, e, error)
         return True

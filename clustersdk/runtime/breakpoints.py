@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from ..errors import SpecError
 from ..protocol import RankEvent, Word
-from .debugging import serve
+from .holds import serve
 
 POLL_S = 0.2  # how often a waiting session looks at the control words (resume, stop)
 

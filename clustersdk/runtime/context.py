@@ -14,7 +14,7 @@ from . import epochs as _epochs, rebind, resume, strategies
 from .breakpoints import Debugging
 from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
-from .control import Control
+from .control_words import Control
 from .data import make_loader
 from .live import Live, LiveContext
 from .looping import Looping

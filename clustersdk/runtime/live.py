@@ -32,7 +32,7 @@ from dask.utils import format_bytes
 
 from ..protocol import RankEvent, Word
 from . import tuning
-from .control import JobSuspended
+from .control_words import JobSuspended
 
 if TYPE_CHECKING:
     from .context import TrainContext

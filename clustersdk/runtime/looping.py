@@ -15,9 +15,9 @@ import torch
 from ..errors import SpecError
 from ..protocol import RankEvent, Word, profile_request
 from . import epochs as _epochs
-from .control import ControlCheck, JobSuspended
+from .anomalies import NanGuard
+from .control_words import ControlCheck, JobSuspended
 from .data import make_loader
-from .nonfinite import NanGuard
 from .phases import Timed
 
 if TYPE_CHECKING:
