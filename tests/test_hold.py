@@ -19,9 +19,10 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import clustersdk as cs
 from clustersdk import widgets
-from clustersdk.protocol import RankEvent, Word, no_words
+from clustersdk.protocol import RankEvent, WireSpec, Word, no_words
 from clustersdk.runtime import holds
 from clustersdk.runtime.context import TrainContext
+from clustersdk.runtime.control_words import Control
 from clustersdk.widgets import render
 from clustersdk.widgets.model import JobView
 
@@ -173,25 +174,36 @@ def test_without_hold_a_rank_that_raises_fails_the_job_at_once(healed):
 # --- the hold, in process -----------------------------------------------------------------
 def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word():
     reports, served = [], []
+    spec = WireSpec(id="j", name="j", world_size=1, strategy="none")
+    control = Control()
+
+    def report(event, **data):
+        reports.append((event, data))
+
+    hold = holds.Hold(control=control, report=report, rank=0, timeout=spec.hold_timeout)
     ctx = TrainContext(job="j", name="j", rank=0, world_size=1, local_rank=0,
-                       device=torch.device("cpu"), strategy="none",
-                       report=lambda event, **data: reports.append((event, data)))
-    ctx._serve_live = lambda words: served.append((list(words), ctx.error))
+                       device=torch.device("cpu"), strategy="none", spec=spec,
+                       control=control, report=report, hold=hold)
     try:
         weights = torch.ones(3)  # noqa: F841 - a local of the failing frame
         raise KeyError("missing")
     except KeyError as e:
         error = {"rank": 0, "type": "KeyError", "message": str(e), "traceback": ""}
-        holder = threading.Thread(target=holds.hold, args=(ctx, e, error))
+
+        def serve_runs(words):
+            served.append((list(words), ctx.error))
+
+        holder = threading.Thread(target=hold.wait, args=(e, error),
+                                  kwargs={"step": ctx.step, "serve_runs": serve_runs})
         holder.start()
         wait_for(lambda: reports, timeout=30)
         pause = no_words()
         pause[Word.PAUSE] = 1
-        ctx._control.merge(pause)
+        control.merge(pause)
         wait_for(lambda: served, timeout=30)
         stop = no_words()
         stop[Word.STOP] = 1
-        ctx._control.merge(stop)
+        control.merge(stop)
         holder.join(timeout=30)
         assert not holder.is_alive()
         assert served == [(pause, e)]  # the hook saw the word, and ctx.error the exception

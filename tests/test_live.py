@@ -301,6 +301,11 @@ def _context(**hparams) -> TrainContext:
                         device=torch.device("cpu"), strategy="none", spec=spec)
 
 
+def tunables(ctx: TrainContext) -> tuning.Tunables:
+    """What job.update's optimizer keys change on ``ctx``'s rank."""
+    return tuning.Tunables(rank=ctx.rank, stateful=ctx.stateful, hparams=ctx.hparams)
+
+
 def test_lr_under_a_scheduler_sets_its_base_and_keeps_its_factor():
     ctx = _context()
     net = ctx.prepare(torch.nn.Linear(2, 1))
@@ -311,14 +316,14 @@ def test_lr_under_a_scheduler_sets_its_base_and_keeps_its_factor():
         opt.step()
         sched.step()
     factor = opt.param_groups[0]["lr"] / 1.0
-    [change] = tuning.plan(ctx, {"lr": 0.1}, None)
+    [change] = tuning.plan(tunables(ctx), {"lr": 0.1}, None)
     assert (change.key, change.old, change.new) == ("lr", 1.0, 0.1)
     change.apply()
     assert sched.base_lrs == [0.1] and opt.param_groups[0]["lr"] == pytest.approx(0.1 * factor)
     opt.step()
     sched.step()  # the schedule goes on from the new base
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * sched.lr_lambdas[0](3))
-    assert tuning.plan(ctx, {"lr": 0.1}, None) == []  # already in place: nothing to do
+    assert tuning.plan(tunables(ctx), {"lr": 0.1}, None) == []  # already in place: nothing to do
 
 
 def test_hparams_live_in_the_checkpoint_and_are_restored_in_place():
