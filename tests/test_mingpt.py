@@ -16,7 +16,7 @@ import clustersdk as cs
 from clustersdk.cluster import shipping
 from clustersdk.runtime import shipping as worker_shipping
 
-from .test_jobs import wait_for
+from .helpers import wait_for
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "mingpt")
 MODULES = ("main", "model", "trainer", "char_dataset")

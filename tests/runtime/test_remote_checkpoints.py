@@ -18,8 +18,8 @@ import pytest
 import clustersdk as cs
 from clustersdk import checkpoint_files as ckpt
 
-from . import workloads
-from .helpers import assert_same_run, wait_for
+from .. import workloads
+from ..helpers import assert_same_run, wait_for
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

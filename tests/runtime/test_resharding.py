@@ -14,7 +14,7 @@ import torch
 
 from clustersdk import checkpoint_files as ckpt
 
-from . import workloads_parallel as W
+from .. import workloads_parallel as W
 
 STEPS = 6
 # name -> launch options of the source job
