@@ -1,11 +1,20 @@
 """Importing is cheap: the package root, the pure modules and the server extension load
-neither torch nor (for the pure ones) Dask. Each check runs in a fresh interpreter."""
+neither torch nor (for the pure ones) Dask. Each check runs in a fresh interpreter.
+
+And the tiers hold, read from the source (imports inside functions count;
+``if TYPE_CHECKING:`` imports, for annotations only, do not): the runtime (in the
+workers) and the control plane (in the scheduler) never import each other, the base
+tier that every tier shares imports nothing above it, and no test module imports
+another test module.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +37,8 @@ PURE = [
     "clustersdk.hparams",
     "clustersdk.diagnosis",
     "clustersdk.signals",
+    "clustersdk.checkpoint_files",
+    "clustersdk.checkpoint_files.remote",
     "clustersdk.control.anomalies",
     "clustersdk.client",
 ]
@@ -56,3 +67,107 @@ def test_the_server_extension_does_not_import_torch():
 
 def test_a_public_name_loads_its_module_on_first_use():
     assert "torch" in loaded_after("import clustersdk; clustersdk.TrainContext")
+
+
+# --- the tiers, read from the source ------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+#: the base tier: pure rules every tier may import (modules, or packages with all they hold)
+BASE = ("clustersdk.protocol", "clustersdk.status", "clustersdk.errors", "clustersdk.layout",
+        "clustersdk.config", "clustersdk.hparams", "clustersdk.diagnosis", "clustersdk.signals",
+        "clustersdk.checkpoint_files", "clustersdk.options")
+
+
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(package: str, root: Path = ROOT) -> dict[str, Path]:
+    """Every module of ``package`` (a dotted name under ``root``), by name."""
+    top = root.joinpath(*package.split("."))
+    paths = sorted(top.rglob("*.py")) if top.is_dir() else [top.with_suffix(".py")]
+    return {module_of(p, root): p for p in paths if p.exists()}
+
+
+def imported(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
+    """The modules ``path`` imports (relative imports resolved; ``from m import name``
+    counts as ``m.name`` when that is a module of ``known``), leaving out what it imports
+    only under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    annotations_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                        and "TYPE_CHECKING" in ast.unparse(block.test)
+                        for stmt in block.body for node in ast.walk(stmt)}
+    here = module_of(path, root)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                found.add(name if name in known else base)
+    return found
+
+
+def offences(package: str, allowed, root: Path = ROOT) -> list[str]:
+    """``module -> imported`` for each import of a ``clustersdk`` module by a module of
+    ``package`` that ``allowed(imported)`` refuses."""
+    known = set(modules("clustersdk", root))
+    return sorted(f"{name} -> {target}" for name, path in modules(package, root).items()
+                  for target in imported(path, known, root)
+                  if target.split(".")[0] == "clustersdk" and not allowed(target))
+
+
+def under(name: str, *packages: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_the_runtime_never_imports_the_control_plane():
+    assert offences("clustersdk.runtime", lambda m: not under(m, "clustersdk.control")) == []
+
+
+def test_the_control_plane_never_imports_the_runtime():
+    assert offences("clustersdk.control", lambda m: not under(m, "clustersdk.runtime")) == []
+
+
+@pytest.mark.parametrize("package", [p for p in BASE if modules(p)])
+def test_the_base_tier_imports_only_the_base_tier(package):
+    assert offences(package, lambda m: under(m, *BASE)) == []
+
+
+def test_the_tier_checks_see_imports_inside_functions_but_not_annotation_only_ones(tmp_path):
+    """The reading above, on a package made for it (the checks must be able to fail)."""
+    for name in ("__init__", "runtime/__init__", "control/__init__", "control/journal",
+                 "control/plugin"):
+        (tmp_path / "clustersdk" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "clustersdk" / f"{name}.py").write_text("")
+    (tmp_path / "clustersdk" / "runtime" / "agent.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..control import plugin\n"
+        "def f():\n    from ..control.journal import Journal\n")
+    assert offences("clustersdk.runtime", lambda m: not under(m, "clustersdk.control"),
+                    root=tmp_path) == ["clustersdk.runtime.agent -> clustersdk.control.journal"]
+
+
+# test modules that still take helpers from another test module (tests/control/'s lifecycle
+# helpers, in test_lifecycle.py); each must be taken off this list once it no longer does
+KNOWN_TEST_IMPORTS = {"tests.control.test_diagnosis", "tests.control.test_hangs",
+                      "tests.control.test_holds"}
+
+
+def test_no_test_module_imports_another_test_module():
+    known = set(modules("tests"))
+    importers = {name for name, path in modules("tests").items()
+                 if name.rpartition(".")[2].startswith("test_")
+                 and any(t in known and t.rpartition(".")[2].startswith("test_")
+                         for t in imported(path, known))}
+    assert importers == KNOWN_TEST_IMPORTS
