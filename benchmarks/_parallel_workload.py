@@ -29,6 +29,9 @@ MEMORY_CONFIG = models.TransformerConfig(vocab=1024, d_model=256, n_heads=8, n_l
                                          seq_len=32)
 BATCH = 8            # samples per data-parallel rank per step
 WARMUP_STEPS = 5     # left out of steps/s
+# token budgets against fixed batches: longer sequences, most of them short
+TOKENS_CONFIG = models.TransformerConfig(vocab=256, d_model=64, n_heads=4, n_layers=2,
+                                         seq_len=128)
 
 
 def make_model(strategy: str, config: models.TransformerConfig = CONFIG) -> models.Transformer:
@@ -52,6 +55,67 @@ def train(ctx: Any, steps: int) -> dict[str, float]:
             t_warm = t_end
         done = step + 1
     return {"steps_per_s": (done - WARMUP_STEPS) / (t_end - t_warm)}
+
+
+class SkewedLengths(torch.utils.data.Dataset):
+    """``n`` token sequences whose lengths follow a long-tailed (log-normal) law: median
+    about a fifth of ``max_len``, a few up to ``max_len``. ``(inputs, targets)``."""
+
+    def __init__(self, n: int = 4096, max_len: int = 128, vocab: int = 256, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        raw = torch.exp(torch.randn(n, generator=g) * 0.8) * max_len / 5
+        self.lengths = raw.round().long().clamp(4, max_len).tolist()
+        start = torch.randint(0, vocab, (n, 1), generator=g)
+        stride = torch.randint(1, 8, (n, 1), generator=g)
+        self.tokens = (start + stride * torch.arange(max_len + 1)) % vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.lengths[i]
+        return self.tokens[i, :n], self.tokens[i, 1:n + 1]
+
+
+def train_tokens(ctx: Any, steps: int, budget: bool) -> dict[str, float] | None:
+    """The reference transformer on :class:`SkewedLengths`: fixed batches of ``BATCH``
+    samples, or (``budget``) batches of at most ``BATCH x seq_len`` padded tokens (the
+    same worst case). Rank 0 returns steps/s, real tokens/s of all ranks and the padding
+    fraction, after warm-up."""
+    from clustersdk.runtime.budget import pad_collate
+
+    torch.set_num_threads(1)
+    config = TOKENS_CONFIG
+    model = ctx.prepare(models.Transformer(config), loss_fn=models.lm_loss)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ctx.register(optimizer=opt)
+    data = SkewedLengths(max_len=config.seq_len, vocab=config.vocab)
+    if budget:
+        loader = ctx.shard(data, tokens_per_batch=BATCH * config.seq_len, pad=(0, -100))
+    else:
+        loader = ctx.shard(data, batch_size=BATCH, collate_fn=pad_collate((0, -100)))
+    real, padded = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    t_warm = t_end = 0.0
+    done = 0
+    for step, (x, y) in ctx.loop(loader, steps=steps):
+        ctx.log(loss=ctx.train_step(opt, x, y))
+        t_end = time.perf_counter()
+        if step == WARMUP_STEPS - 1:
+            t_warm = t_end
+        elif step >= WARMUP_STEPS:
+            real += (y != -100).sum()
+            padded += y.numel()
+        done = step + 1
+    totals = torch.stack([real, padded])
+    if ctx.world_size > 1:
+        dist.all_reduce(totals)
+    seconds = t_end - t_warm
+    if ctx.rank != 0:
+        return None
+    return {"steps_per_s": (done - WARMUP_STEPS) / seconds,
+            "tokens_per_s": float(totals[0]) / seconds,
+            "padding": 1 - float(totals[0] / totals[1]),
+            "tokens_per_step": float(totals[0]) / (done - WARMUP_STEPS)}
 
 
 def memory(ctx: Any, steps: int = 3) -> list[dict[str, int]] | None:

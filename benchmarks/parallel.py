@@ -1,10 +1,12 @@
-"""Model-parallel strategies: per-rank memory (DDP vs FSDP) and steps/s (clustersdk vs torchrun).
+"""Model-parallel strategies: per-rank memory (DDP vs FSDP), steps/s (clustersdk vs
+torchrun), and token-budget against fixed-size batches.
 
 * **memory**: bytes of parameters + gradients + AdamW state each rank holds at
   their peak in a step, DDP against FSDP at 2 and 4 ranks (FSDP should hold
   about 1/N of DDP). A ~3.7M-parameter reference transformer.
 * **steps/s**: every strategy (DDP, FSDP, TP, PP with GPipe, expert parallel
-  on 2 ranks; 2-D FSDP over TP on 4) trains the same reference transformer
+  on 2 ranks; 2-D FSDP over TP on 4; 3-D, pipeline stages over FSDP x TP on a
+  2 x 2 x 2 mesh, on 8) trains the same reference transformer
   through ``ctx.prepare`` / ``ctx.train_step`` under clustersdk (a job on a
   warm local cluster) and under torchrun (``_parallel_workload.py`` builds
   the ``TrainContext`` itself): the same code, another launcher. Each round
@@ -13,9 +15,17 @@
   rounds' paired ratios, printed with the target. ``--pair round`` pairs whole
   rounds instead (one torchrun start-up per round rather than per strategy:
   quicker, noisier).
+* **token budgets**: the reference transformer (sequences up to 128 tokens)
+  on a long-tailed length distribution (median ~26 tokens), DDP on 2 ranks,
+  with fixed batches of 8 samples (each padded to its longest) against
+  ``ctx.shard(data, tokens_per_batch=8 * 128)`` (the same worst case:
+  8 samples of 128): the padding fraction, real tokens per step and per
+  second, and the ratio of tokens/s. Under clustersdk only: the launcher is
+  not what differs.
 
     python benchmarks/parallel.py                          # 3 rounds of 150 steps
     python benchmarks/parallel.py --repeats 1 --steps 12 --two-ranks-only --pair round  # smoke
+    python benchmarks/parallel.py --only speed,tokens --cases 3-d   # the 3-D row and token budgets
 """
 
 from __future__ import annotations
@@ -49,7 +59,10 @@ CASES: dict[str, tuple[int, str, dict[str, Any]]] = {
     "pp (gpipe, 4 mb)": (2, "pp", {"microbatches": 4}),
     "ep (4 experts)": (2, "ep", {}),
     "fsdp 2x2 (dp x tp)": (4, "fsdp", {"mesh": {"dp": 2, "tp": 2}}),
+    "3-d 2x2x2 (pp x dp x tp)": (8, "fsdp", {"mesh": {"dp": 2, "tp": 2, "pp": 2}}),
 }
+SECTIONS = ("memory", "speed", "tokens")
+TOKENS_RANKS = 2
 MEMORY_CASES = [("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)]
 
 
@@ -62,8 +75,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pair", choices=("strategy", "round"), default="strategy",
                         help="run the two launchers back to back per strategy (default) or "
                              "per round")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} "
+                             "(default: all)")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated parts of the strategy names to time "
+                             "(default: every strategy), e.g. '3-d,ddp'")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args(argv)
+    args.only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = sorted(set(args.only) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--only: unknown section(s) {unknown}; choose from {list(SECTIONS)}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.steps <= work.WARMUP_STEPS + 1:
@@ -151,37 +174,88 @@ def summarize(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, fl
 
 
 def render_speed(med: dict[str, dict[str, float]]) -> str:
-    lines = [f"{'strategy':<22}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
+    lines = [f"{'strategy':<26}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
     for name, m in med.items():
-        lines.append(f"{name:<22}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
+        lines.append(f"{name:<26}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
                      f"{m['ratio']:>8.3f}")
     return "\n".join(lines)
+
+
+# --- token budgets against fixed batches ------------------------------------------------------
+def measure_tokens(cluster: Any, repeats: int, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Each way's figures per round (alternating which goes first)."""
+    runs: dict[str, dict[str, list[float]]] = {"fixed": {}, "budget": {}}
+    for way in runs:  # untimed: warm workers
+        cluster.launch(work.train_tokens, args=(work.WARMUP_STEPS + 2, way == "budget"),
+                       world_size=TOKENS_RANKS, strategy="ddp").wait()
+    for i in range(repeats):
+        for way in (["fixed", "budget"] if i % 2 == 0 else ["budget", "fixed"]):
+            got = cluster.launch(work.train_tokens, args=(steps, way == "budget"),
+                                 world_size=TOKENS_RANKS, strategy="ddp").wait()
+            for key, value in got.items():
+                runs[way].setdefault(key, []).append(value)
+        print(f"round {i + 1}/{repeats} (tokens/s fixed/budget): "
+              f"{runs['fixed']['tokens_per_s'][-1]:.0f}/{runs['budget']['tokens_per_s'][-1]:.0f}",
+              file=sys.stderr, flush=True)
+    return runs
+
+
+def render_tokens(runs: dict[str, dict[str, list[float]]]) -> tuple[str, float]:
+    """The table, and the median of the rounds' paired tokens/s ratios (budget / fixed)."""
+    budget = work.BATCH * work.TOKENS_CONFIG.seq_len
+    lines = [f"{'batches':<30}{'padding':>9}{'tokens/step':>13}{'steps/s':>9}{'tokens/s':>10}"]
+    labels = {"fixed": f"fixed, {work.BATCH} samples", "budget": f"token budget, {budget} tokens"}
+    for way, r in runs.items():
+        med = {k: statistics.median(v) for k, v in r.items()}
+        lines.append(f"{labels[way]:<30}{med['padding']:>9.3f}{med['tokens_per_step']:>13.0f}"
+                     f"{med['steps_per_s']:>9.1f}{med['tokens_per_s']:>10.0f}")
+    ratio = statistics.median(b / f for b, f in zip(runs["budget"]["tokens_per_s"],
+                                                     runs["fixed"]["tokens_per_s"]))
+    lines.append(f"\ntokens/s, token budget / fixed batches: {ratio:.2f} x")
+    return "\n".join(lines), ratio
 
 
 def main(argv: list[str] | None = None) -> None:
     import clustersdk as cs
 
     args = parse_args(argv)
-    names = [n for n in CASES if not (args.two_ranks_only and CASES[n][0] > 2)]
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    names = [n for n in CASES if not (args.two_ranks_only and CASES[n][0] > 2)
+             and (not wanted or any(w in n for w in wanted))] if "speed" in args.only else []
+    workers = max([CASES[n][0] for n in names] + [4 if "memory" in args.only else 0,
+                                                  TOKENS_RANKS if "tokens" in args.only else 0])
+    result: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
-        with cs.Cluster.local(workers=4, state_dir=os.path.join(tmp, "state")) as cluster:
-            memory = measure_memory(cluster)
-            runs = run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
-    med = summarize(runs)
-    print(f"\n{render_memory(memory)}\n")
-    print(f"steps/s, median of {args.repeats} runs of {args.steps} steps ({work.WARMUP_STEPS} "
-          f"warm-up), gloo on CPU, 1 torch thread per rank, batch {work.BATCH} per data-parallel "
-          "rank\n")
-    print(render_speed(med))
-    ratios = {n: m["ratio"] for n, m in med.items()}
-    worst = min(ratios, key=ratios.get)
-    met = ratios[worst] >= TARGET_STEPS_RATIO
-    print(f"\ntarget: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun for every strategy: "
-          f"lowest {ratios[worst]:.3f} x ({worst}) -> {'MET' if met else 'NOT MET'}")
+        with cs.Cluster.local(workers=workers, state_dir=os.path.join(tmp, "state")) as cluster:
+            memory = measure_memory(cluster) if "memory" in args.only else None
+            runs = (run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
+                    if names else {})
+            tokens = (measure_tokens(cluster, args.repeats, args.steps)
+                      if "tokens" in args.only else None)
+    if memory is not None:
+        print(f"\n{render_memory(memory)}\n")
+        result["memory_mib"] = memory
+    if names:
+        med = summarize(runs)
+        print(f"steps/s, median of {args.repeats} runs of {args.steps} steps "
+              f"({work.WARMUP_STEPS} warm-up), gloo on CPU, 1 torch thread per rank, batch "
+              f"{work.BATCH} per data-parallel rank\n")
+        print(render_speed(med))
+        ratios = {n: m["ratio"] for n, m in med.items()}
+        worst = min(ratios, key=ratios.get)
+        met = ratios[worst] >= TARGET_STEPS_RATIO
+        print(f"\ntarget: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun for every "
+              f"strategy: lowest {ratios[worst]:.3f} x ({worst}) -> {'MET' if met else 'NOT MET'}")
+        result.update(runs=runs, medians=med, target_met=met)
+    if tokens is not None:
+        table, ratio = render_tokens(tokens)
+        print(f"\ntoken budgets vs fixed batches, DDP on {TOKENS_RANKS} ranks, median of "
+              f"{args.repeats} runs of {args.steps} steps, lengths 4-128 (long-tailed)\n")
+        print(table)
+        result["tokens"] = {"runs": tokens, "tokens_per_s_ratio": ratio}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "repeats": args.repeats, "memory_mib": memory,
-                       "runs": runs, "medians": med, "target_met": met}, f, indent=2)
+            json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

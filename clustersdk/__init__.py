@@ -7,6 +7,11 @@
 Importing the package is cheap: each public name loads its module (Dask,
 torch...) on first use, so the pure parts (``clustersdk.protocol``,
 ``clustersdk.control.policy``...) and the server extension never pay for them.
+
+This face also wires the presentation (dashboards, the console, the queue's
+tables) and the doctor into the client API's hooks (:mod:`clustersdk.hooks`):
+``Cluster`` and ``Job`` never import the tiers above them. Each provider imports
+its module on first use.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import hooks
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "STRATEGIES": "spec",
+    "STRATEGIES": "options",
     "CapacityError": "errors",
     "CheckpointError": "errors",
     "Cluster": "cluster.base",
@@ -89,7 +96,8 @@ if TYPE_CHECKING:
     from .job import Job
     from .runtime.context import TrainContext
     from .runtime.training import warmup_cosine
-    from .spec import STRATEGIES, JobSpec
+    from .options import STRATEGIES
+    from .spec import JobSpec
     from .status import JobStatus
 
 
@@ -111,3 +119,48 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own typ
     from .magics import load_ipython_extension as load
 
     load(ipython)
+
+
+# hooks: what the client API asks of the tiers above it (see clustersdk.hooks) ---------------
+def _job_display(job: Job, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    from .widgets import job_mimebundle
+
+    return job_mimebundle(job, include=include, exclude=exclude)
+
+
+def _cluster_display(cluster: Cluster, include: Any = None, exclude: Any = None
+                     ) -> dict[str, Any]:
+    from .widgets import cluster_mimebundle
+
+    return cluster_mimebundle(cluster, include=include, exclude=exclude)
+
+
+def _job_console(job: Job, rank: int | None) -> Any:
+    from .widgets.console import console
+
+    return console(job, rank)
+
+
+def _queue_text(data: dict[str, Any]) -> str:
+    from .widgets.queue import queue_text
+
+    return queue_text(data)
+
+
+def _queue_html(data: dict[str, Any]) -> str:
+    from .widgets.queue import queue_html
+
+    return queue_html(data)
+
+
+def _doctor(client: Any, **options: Any) -> Any:
+    from .doctor import doctor
+
+    return doctor(client, **options)
+
+
+for _name, _provider in (("job_display", _job_display), ("cluster_display", _cluster_display),
+                         ("job_console", _job_console), ("queue_text", _queue_text),
+                         ("queue_html", _queue_html), ("doctor", _doctor)):
+    hooks.provide(_name, _provider)
+del _name, _provider

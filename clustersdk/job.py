@@ -1,33 +1,53 @@
-"""The client-side handle of a job.
+"""The client-side handle of a job: :class:`Job`, and :class:`Profile`, the handle of one
+``job.profile()`` request.
 
 A ``Job`` holds no state of its own that matters: the control plane in the
 scheduler is the truth, so a handle made by ``Job.attach`` in another process
 sees exactly what the launching one sees. A handle follows the job's event
 stream only while something needs it (``latest``, ``on_event``, a dashboard),
 and lets go of it when it is closed or garbage-collected.
+
+Everything a user does to a job is a method here, ``job.run`` and ``job.update``
+too: they ask the control plane, wait in slices, and turn its answers into results
+or errors (the control plane keeps the requests; the ranks pull them at their next
+step boundary).
+How a job shows itself (its notebook dashboard, ``job.console()``) is not here:
+the presentation provides it through :mod:`clustersdk.hooks`, since this client
+tier never imports the tier above it.
 """
 
 from __future__ import annotations
 
+import html
+import numbers
+import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import cloudpickle
 
-from .errors import InvalidTransitionError, JobFailedError, JobStoppedError, JobTimeoutError
+from . import hooks
+from .errors import (
+    InvalidTransitionError,
+    JobFailedError,
+    JobStoppedError,
+    JobTimeoutError,
+    RunError,
+    SpecError,
+)
+from .hparams import spec_changes
+from .postmortem import PostMortem
 from .protocol import WireSpec
 from .status import JobStatus
 
 if TYPE_CHECKING:
     from .cluster.base import Cluster, Subscription
-    from .postmortem import PostMortem
     from .diagnosis import Diagnosis
-    from .profile import Profile
-    from .widgets.console import Console
 
 WAIT_SLICE = 5.0  # seconds per server-side wait, so that Ctrl-C stays responsive
+RUN_WAITING = ("RUNNING", "PAUSED", "HUNG")  # a job.run's ranks may still answer
 
 
 class Job:
@@ -302,21 +322,17 @@ class Job:
         profile #1 of job 'a': 5 steps, complete
           rank 0: steps 120-124  21.4 ms: compute 93%, communication 5%, data wait 2% ...
         """
-        from .profile import Profile
-
         entry = self.cluster.sync(self.cluster.control.profile, self.id, steps, timeout=timeout,
                                   wait=wait)
         return Profile(self, entry)
 
     def profiles(self) -> list[Profile]:
         """Every profile taken of this job, oldest first."""
-        from .profile import Profile
-
         record = self.info()
         return [Profile(self, {**p, "status": record["status"]})
                 for p in record.get("profiles") or ()]
 
-    def run(self, fn: Callable[[Any], Any], ranks: int | list[int] | None = None,
+    def run(self, fn: Callable[[Any], Any], ranks: int | Iterable[int] | None = None,
             timeout: float | None = 60.0) -> dict[int, Any]:
         """Run ``fn(ctx)`` on ``ranks`` (default: every rank) of a RUNNING or PAUSED job,
         in each rank's own training thread, at its next step boundary (a PAUSED job's: at
@@ -335,9 +351,33 @@ class Job:
         >>> job.run(lambda ctx: float(ctx.exposed["loss"]))               # doctest: +SKIP
         {0: 0.4113, 1: 0.4372}
         """
-        from . import live
-
-        return live.run(self, fn, ranks, timeout)
+        if not callable(fn):
+            raise SpecError(f"job.run needs a function of ctx, got {fn!r}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, numbers.Real) or timeout <= 0):
+            raise SpecError(f"job.run(timeout={timeout!r}): give a positive number of seconds, "
+                            "or None to wait as long as it takes")
+        chosen = [ranks] if isinstance(ranks, int) and not isinstance(ranks, bool) else \
+            None if ranks is None else list(ranks)
+        try:
+            payload = cloudpickle.dumps(fn)
+        except Exception as e:
+            what = getattr(fn, "__qualname__", repr(fn))
+            raise SpecError(
+                f"job.run: the function {what} can't be pickled ({type(e).__name__}: {e}); it "
+                "must be picklable to reach the ranks — leave open files, locks, sockets or "
+                "clients out of it (the ranks' own objects are in ctx)") from e
+        seq = self.cluster.sync(self.cluster.control.run, self.id, payload, ranks=chosen)["seq"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+            entry = self.cluster.sync(self.cluster.control.run_wait, self.id, seq,
+                                      timeout=max(left, 0.0))
+            over = deadline is not None and time.monotonic() >= deadline
+            if not entry["found"] or entry["complete"] or entry["status"] not in RUN_WAITING \
+                    or over:
+                break
+        return _run_outcome(self.name, entry, timeout)
 
     def update(self, changes: dict[str, Any] | None = None, /, *, timeout: float | None = 60.0,
                **hparams: Any) -> int | None:
@@ -360,16 +400,27 @@ class Job:
         >>> job.update(lr=1e-4, warmup=200)                             # doctest: +SKIP
         1200
         """
-        from . import live
-
-        return live.update(self, {**(changes or {}), **hparams}, timeout)
+        record = self.cluster.sync(self.cluster.control.update, self.id,
+                                   {**(changes or {}), **hparams}, timeout=timeout)
+        error = record.get("error")
+        if error:
+            raise SpecError(f"job.update of job {self.name!r} was refused by rank "
+                            f"{error.get('rank')}: {error.get('message')}; nothing changed, the "
+                            "job keeps its state and step")
+        if record["step"] is None and record["timed_out"]:
+            raise JobTimeoutError(
+                f"job {self.name!r} reached no step boundary within {timeout} s; the update is "
+                "kept and its ranks apply it at their next one")
+        if spec_changes(record["changes"]):
+            self.info()  # job.spec shows the launch options' new values at once
+        return record["step"]
 
     def updates(self) -> list[dict[str, Any]]:
         """Every change ``job.update`` made, oldest first: ``seq``, ``step`` (applied before
         it), ``time`` and ``changes`` (key -> ``[old, new]``)."""
-        from . import live
-
-        return live.updates(self.events())
+        return [{"seq": e.get("seq"), "step": e.get("step"), "time": e.get("time"),
+                 "changes": {k: list(v) for k, v in (e.get("changes") or {}).items()}}
+                for e in self.events() if e.get("kind") == "updated"]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has.
@@ -396,8 +447,6 @@ class Job:
         >>> job.debug(1)                                                   # doctest: +SKIP
         rank 1 of job 'a' raised ValueError at step 12: bad batch (HELD) ...
         """
-        from .postmortem import PostMortem
-
         return PostMortem(self.cluster.sync(self.cluster.control.debug, self.id, rank=rank))
 
     def restart_from_checkpoint(self) -> JobStatus:
@@ -406,13 +455,12 @@ class Job:
         self._record = self.cluster.sync(self.cluster.control.restart_from_checkpoint, self.id)
         return JobStatus[self._record["status"]]
 
-    def console(self, rank: int | None = None) -> Console:
+    def console(self, rank: int | None = None) -> Any:
         """The notebook console of the job's ``ctx.breakpoint()`` pdb sessions (jobs
-        launched with ``debug=True``): a transcript, an input line and a Send button. The
+        launched with ``debug=True``): a transcript, an input line and a Send button
+        (a :class:`clustersdk.widgets.console.Console`, one per handle and ``rank``). The
         job's dashboard shows it by itself when a session opens. Needs ipywidgets."""
-        from .widgets.console import console
-
-        return console(self, rank)
+        return hooks.call("job_console", self, rank)
 
     # events ------------------------------------------------------------------------
     def _on_event(self, msg: dict[str, Any]) -> None:
@@ -434,11 +482,166 @@ class Job:
         self._latest[rank] = {"step": step, "time": when, **scalars}
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The live dashboard in Jupyter (plain HTML where ipywidgets is missing)."""
-        from .widgets import job_mimebundle
-
-        return job_mimebundle(self, include=include, exclude=exclude)
+        """The live dashboard in Jupyter (plain HTML where ipywidgets is missing), as the
+        presentation provides it (see :mod:`clustersdk.hooks`); the plain repr without one."""
+        if not hooks.provided("job_display"):
+            return {"text/plain": repr(self)}
+        return hooks.call("job_display", self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
         return (f"<Job {self.name!r} {self._record.get('status', '?')} "
                 f"world_size={self.world_size} strategy={self.strategy!r}>")
+
+
+def _run_outcome(name: str, entry: dict[str, Any], timeout: float | None) -> dict[int, Any]:
+    """``job.run``'s results from the control plane's ``entry``, or the :class:`RunError`
+    that names what each rank without a result did."""
+    if not entry["found"]:  # the job is over and forgot it
+        raise RunError(name, {}, {-1: {"type": "JobEnded", "traceback": "", "message": (
+            f"the job is {entry['status']}; the results of job.run were not kept")}})
+    results: dict[int, Any] = {}
+    errors = {int(r): dict(e) for r, e in entry["errors"].items()}
+    for key, data in entry["results"].items():
+        try:
+            results[int(key)] = cloudpickle.loads(data)
+        except Exception as e:  # e.g. a class that only the workers can import
+            errors[int(key)] = {"type": "UnpicklingError", "traceback": "", "message": (
+                f"its result can't be unpickled in this process ({type(e).__name__}: {e})")}
+    started = set(entry.get("started") or ())
+    for rank in entry["ranks"]:
+        if rank in results or rank in errors:
+            continue
+        if entry["status"] not in RUN_WAITING:
+            message = (f"the job became {entry['status']} before rank {rank} ran the function")
+            kind = "JobLeft"
+        elif rank in started:
+            message = (f"the function did not return within {timeout} s; the job is not "
+                       "affected: the rank goes on training once it returns")
+            kind = "Timeout"
+        else:
+            message = (f"the rank reached no step boundary within {timeout} s; it runs the "
+                       "function when it does")
+            kind = "Timeout"
+        errors[rank] = {"type": kind, "message": message, "traceback": ""}
+    if errors:
+        raise RunError(name, dict(sorted(results.items())), errors)
+    return dict(sorted(results.items()))
+
+
+class Profile:
+    """One profile request of a job (what ``job.profile(steps=N)`` returns): its ranks'
+    trace files and summaries, as far as they have come.
+
+    >>> profile = job.profile(steps=5)          # doctest: +SKIP
+    >>> profile                                 # per-rank table in a notebook    # doctest: +SKIP
+    >>> profile.traces                          # {rank: "/.../rank0.pt.trace.json"}  # doctest: +SKIP
+
+    Open a trace in https://ui.perfetto.dev (or ``chrome://tracing``), or point
+    TensorBoard at its directory (with the ``torch-tb-profiler`` plugin).
+    """
+
+    def __init__(self, job: Job, entry: dict[str, Any]):
+        self.job = job
+        self._entry = entry
+
+    @property
+    def seq(self) -> int:
+        return int(self._entry["seq"])
+
+    @property
+    def steps(self) -> int:
+        """How many steps were asked for."""
+        return int(self._entry["steps"])
+
+    @property
+    def complete(self) -> bool:
+        """Every rank wrote its trace."""
+        return bool(self._entry["complete"])
+
+    @property
+    def ranks(self) -> dict[int, dict[str, Any]]:
+        """Each reporting rank's summary: first_step, steps, path, wall_s, data_wait_s,
+        communication_s, compute_s, top_ops (or ``error``)."""
+        return {int(r["rank"]): r for r in self._entry["ranks"]}
+
+    @property
+    def traces(self) -> dict[int, str]:
+        """The Chrome trace JSON file of each rank (Perfetto and TensorBoard open them)."""
+        return {rank: r["path"] for rank, r in self.ranks.items() if r.get("path")}
+
+    @property
+    def directory(self) -> str | None:
+        paths = list(self.traces.values())
+        return os.path.dirname(paths[0]) if paths else None
+
+    def wait(self, timeout: float | None = None) -> Profile:
+        """Until every rank wrote its trace (or the job ended or restarted first)."""
+        cluster = self.job.cluster
+        self._entry = cluster.sync(cluster.control.profile_wait, self.job.id, self.seq,
+                                   timeout=timeout)
+        return self
+
+    # --- display ----------------------------------------------------------------------------
+    def summary(self, top: int = 5) -> str:
+        """Per rank: the split of the profiled steps' time and the top operators."""
+        lines = [self._headline()]
+        for rank, r in sorted(self.ranks.items()):
+            if r.get("error"):
+                lines.append(f"  rank {rank}: failed: {r['error']}")
+                continue
+            lines.append(f"  rank {rank}: steps {r['first_step']}-{r['first_step'] + r['steps'] - 1}"
+                         f"  {_split(r)}  trace {r['path']}")
+            for op in r.get("top_ops", [])[:top]:
+                lines.append(f"      {_ms(_self_time(op)):>9}  x{op['calls']:<5} {op['name']}")
+        return "\n".join(lines)
+
+    def _headline(self) -> str:
+        n, ws = len(self.ranks), int(self._entry.get("world_size", 0))
+        state = "complete" if self.complete else f"{n} of {ws} ranks reported"
+        waiting = ("; starts when the job resumes" if self._entry.get("status") == "PAUSED"
+                   and not n else "")
+        return f"profile #{self.seq} of job {self.job.name!r}: {self.steps} steps, {state}{waiting}"
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for rank, r in sorted(self.ranks.items()):
+            if r.get("error"):
+                rows.append(f"<tr><td>{rank}</td><td colspan='5'>failed: "
+                            f"{html.escape(r['error'])}</td></tr>")
+                continue
+            ops = "<br>".join(f"{_ms(_self_time(op))} &times;{op['calls']} "
+                              f"<code>{html.escape(op['name'])}</code>"
+                              for op in r.get("top_ops", [])[:5])
+            wall = r["wall_s"] or 1.0
+            bar = "".join(
+                f"<span title='{label} {_ms(r[key])}' style='display:inline-block;height:10px;"
+                f"width:{100 * r[key] / wall:.1f}px;background:{color}'></span>"
+                for key, label, color in _PARTS)
+            rows.append(f"<tr><td>{rank}</td><td>{r['first_step']}&ndash;"
+                        f"{r['first_step'] + r['steps'] - 1}</td><td>{bar}<br>"
+                        f"<small>{html.escape(_split(r))}</small></td><td>{ops}</td>"
+                        f"<td><code>{html.escape(r['path'])}</code></td></tr>")
+        return (f"<div><b>{html.escape(self._headline())}</b>"
+                "<table><tr><th>rank</th><th>steps</th><th>time</th><th>top ops (self time)</th>"
+                "<th>trace (Perfetto / TensorBoard)</th></tr>" + "".join(rows) + "</table></div>")
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+_PARTS = (("compute_s", "compute", "#2563eb"), ("communication_s", "communication", "#d97706"),
+          ("data_wait_s", "data wait", "#dc2626"))
+
+
+def _split(r: dict[str, Any]) -> str:
+    wall = r["wall_s"] or 1.0
+    return (f"{_ms(r['wall_s'])}: " + ", ".join(
+        f"{label} {100 * r[key] / wall:.0f}%" for key, label, _ in _PARTS))
+
+
+def _self_time(op: dict[str, Any]) -> float:
+    return op["device_s"] or op["self_s"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

@@ -6,8 +6,14 @@ rank computes its coordinates from it without a collective.
 A mesh is a dict of named dimensions, e.g. ``{"dp": 2, "tp": 2}``; one size
 may be ``-1`` ("the rest of the ranks"), so that a job can resume at another
 world size. Ranks are laid out row-major in the canonical order
-``dp, ep, pp, tp``: tensor-parallel peers are adjacent ranks (on GPUs, the
-same host's fast links).
+``pp, dp, ep, tp``: tensor-parallel peers are adjacent ranks (on GPUs, the
+same host's fast links), and pipeline stages are the outermost blocks of
+ranks (a stage sends only activations to the next, the lightest traffic, so
+it may cross hosts), as Megatron-LM and torchtitan lay them out.
+
+3-D: ``strategy="fsdp"`` with ``mesh={"dp": D, "tp": T, "pp": P}`` (or
+``{"dp", "pp"}``) pipelines the model over ``pp`` stages, each stage tensor
+parallel within its ``tp`` group and FSDP-sharded across ``dp``.
 
 What "global batch" means per layout: ``ctx.shard(dataset, batch_size)``
 gives each *data-parallel* rank ``batch_size`` samples, so one optimizer step
@@ -32,13 +38,14 @@ from typing import Any, Mapping
 
 from .errors import SpecError
 
-ORDER = ("dp", "ep", "pp", "tp")  # outermost first
+ORDER = ("pp", "dp", "ep", "tp")  # outermost first
 DATA_DIMS = ("dp", "ep")          # dims whose ranks read different samples
 
 # strategy -> the mesh layouts it accepts (sets of dim names); the first is its default
 LAYOUTS: dict[str, tuple[frozenset[str], ...]] = {
     "ddp": (frozenset({"dp"}),),
-    "fsdp": (frozenset({"dp"}), frozenset({"dp", "tp"})),
+    "fsdp": (frozenset({"dp"}), frozenset({"dp", "tp"}), frozenset({"dp", "pp"}),
+             frozenset({"dp", "tp", "pp"})),
     "tp": (frozenset({"tp"}),),
     "pp": (frozenset({"pp"}),),
     "ep": (frozenset({"ep"}),),
@@ -70,8 +77,12 @@ class Layout:
         names = frozenset(mesh)
         if strategy != "none" and names not in allowed:
             options = " or ".join(repr({n: "…" for n in _ordered(a)}) for a in allowed)
-            hint = ("; for FSDP over TP use strategy='fsdp' with mesh={'dp': ..., 'tp': ...}"
-                    if "tp" in names and "dp" in names else "")
+            hint = ""
+            if "pp" in names and "dp" in names:
+                hint = ("; for pipeline stages over FSDP (3-D) use strategy='fsdp' with "
+                        "mesh={'dp': ..., 'tp': ..., 'pp': ...}")
+            elif "tp" in names and "dp" in names:
+                hint = "; for FSDP over TP use strategy='fsdp' with mesh={'dp': ..., 'tp': ...}"
             raise SpecError(f"strategy={strategy!r} takes a mesh of {options}, got "
                             f"{dict(mesh)!r}{hint}")
         unknown = sorted(names - set(ORDER))
@@ -115,6 +126,11 @@ class Layout:
     def size(self, name: str) -> int:
         """The size of dimension ``name`` (1 when the mesh has no such dimension)."""
         return dict(self.dims).get(name, 1)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the model runs as pipeline stages (``pp``, or a mesh with a ``pp`` dim)."""
+        return "pp" in self.names
 
     def coords(self, rank: int) -> dict[str, int]:
         """``rank``'s coordinate along each dimension (row-major, last dim fastest)."""

@@ -21,19 +21,23 @@ is one line (``UsageError``), never a traceback from inside clustersdk.
 
 from __future__ import annotations
 
+import argparse
 import ast
-from typing import Any
+from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import (
     MagicHelpFormatter,
     argument,
+    argument_group,
     magic_arguments,
     parse_argstring,
 )
 
 import clustersdk as cs
+
+from . import options
 
 from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported from here
     RemoteFailure,
@@ -61,6 +65,69 @@ def _help(magic: Any, args: Any) -> bool:
         finally:
             parser.formatter_class = saved
     return bool(args.help)
+
+
+# --- %%distributed's launch flags ------------------------------------------------------------
+# One per launch option a command line can spell (a number, a string, a flag), from the
+# table in clustersdk.options, grouped as it groups them; None when not given, so that
+# launch's default (or setting) applies. Dicts, lists and Python objects (mesh, env,
+# model...) have no flag: call cluster.launch in the cell for those.
+_FLAG_NAMES = {"world_size": ("-n", "--world-size"), "preemptible": ("--not-preemptible",)}
+_FLAG_HELP = {"world_size": "ranks (default: every slot)"}
+
+
+def _int_or_str(text: str) -> int | str:
+    """``--priority``: a class name, or an int."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str,
+                                           "int | str": _int_or_str}
+
+
+def flag(option: options.Option) -> tuple[tuple[str, ...], dict[str, Any]] | None:
+    """The ``add_argument`` arguments of ``option``'s flag, or None (it has none)."""
+    kind = option.type.removesuffix(" | None")
+    names = _FLAG_NAMES.get(option.name, ("--" + option.name.replace("_", "-"),))
+    text = _FLAG_HELP.get(option.name, _flag_help(option)).replace("%", "%%")
+    common = {"dest": option.name, "default": None}
+    if option.type == "bool | None":
+        return names, {**common, "action": argparse.BooleanOptionalAction, "help": text}
+    if kind == "bool":
+        off = option.launch_default is True  # a flag turns it off
+        if off and option.name not in _FLAG_NAMES:
+            names = ("--no-" + option.name.replace("_", "-"),)
+        return names, {**common, "action": "store_false" if off else "store_true",
+                       "help": f"turn {option.name} off: {text}" if off else text}
+    if kind in _TYPES:
+        return names, {**common, "type": _TYPES[kind], "help": text}
+    return None
+
+
+def _flag_help(option: options.Option) -> str:
+    if option.setting is not None:
+        return f"{option.doc} (default: the clustersdk.{option.setting} setting)"
+    if option.launch_default is None or isinstance(option.launch_default, bool):
+        return option.doc
+    return f"{option.doc} (default: {option.launch_default})"
+
+
+FLAGS: tuple[str, ...] = tuple(o.name for o in options.OPTIONS if flag(o) is not None)
+
+
+def launch_flags(magic: Any) -> Any:
+    """Give ``magic`` (under ``@magic_arguments()``) the launch flags, one group per
+    option group, after its own flags in ``--help``."""
+    decorators: list[Any] = []  # in the order --help shows them
+    for group, (what, _) in options.GROUPS.items():
+        flags = [flag(o) for o in options.OPTIONS if o.group == group]
+        given = [f for f in flags if f is not None]
+        if given:
+            decorators.append(argument_group(f"{group} ({what})"))
+            decorators.extend(argument(*names, **kwargs) for names, kwargs in given)
+    for decorator in reversed(decorators):  # the nearest decorator comes first, like @...
+        magic = decorator(magic)
+    return magic
 
 
 @magics_class
@@ -167,25 +234,11 @@ class ClusterMagics(Magics):
     # %%distributed ------------------------------------------------------------------------
     @cell_magic("distributed")
     @magic_arguments()
-    @argument("-n", "--world-size", type=int, default=None, help="ranks (default: every slot)")
-    @argument("--strategy", default="ddp", help="ddp (default), none, or another of cs.STRATEGIES")
-    @argument("--name", default=None, help="the job's name (default: cell-<id>)")
-    @argument("--timeout", type=float, default=None, help="collective timeout in seconds")
-    @argument("--queue", default=None, help="the queue it runs in (default: the cluster's)")
-    @argument("--priority", default=None,
-              help="a priority class (low, normal, high) or an int; higher may preempt lower")
-    @argument("--not-preemptible", action="store_true",
-              help="never preempt it (needs priority normal or higher)")
-    @argument("--time-limit", type=float, default=None,
-              help="seconds it needs at most: lets the scheduler backfill around it")
-    @argument("--on-error", default="fail", choices=["fail", "hold"],
-              help="hold: a rank that raises keeps the job HELD for %%job debug")
-    @argument("--debug", action="store_true",
-              help="ctx.breakpoint() in the cell opens a pdb console (else it does nothing)")
     @argument("--no-wait", action="store_true",
               help="return the job at once and show its dashboard instead of streaming output")
     @argument("--cluster", default=None, help="the Cluster variable to run on")
     @argument("-h", "--help", action="store_true", help="show this help")
+    @launch_flags
     def distributed(self, line: str, cell: str | None = None) -> Any:
         """Run the cell as a training function on N ranks, with ctx bound.
 
@@ -197,16 +250,11 @@ class ClusterMagics(Magics):
             return None
         cluster = self._current(args.cluster)
         fn = cell_function(cell or "", self.shell.user_ns)
-        world_size = args.world_size if args.world_size is not None else len(cluster.slots())
+        chosen = {name: getattr(args, name) for name in FLAGS
+                  if getattr(args, name) is not None}  # the others: launch's defaults
+        chosen.setdefault("world_size", len(cluster.slots()))
         with one_line():
-            priority = args.priority
-            if priority is not None and priority.lstrip("-").isdigit():
-                priority = int(priority)
-            job = cluster.launch(fn, world_size=world_size, strategy=args.strategy, name=args.name,
-                                 timeout=args.timeout, queue=args.queue, priority=priority,
-                                 preemptible=not args.not_preemptible,
-                                 time_limit=args.time_limit, on_error=args.on_error,
-                                 debug=args.debug)
+            job = cluster.launch(fn, **chosen)
         if args.no_wait:
             return job
         return stream(job)

@@ -10,7 +10,8 @@ Pure (no Dask, no torch): importing it costs nothing, so every side can.
 
 - :class:`WireSpec`: the job spec as the scheduler and the ranks see it, a
   frozen dataclass sent as a plain dict (:meth:`WireSpec.as_dict`), versioned.
-  Its field defaults are the defaults of every launch option (``keep=3``...).
+  Its fields are the launch options that cross the wire (:mod:`clustersdk.options`
+  holds their defaults: a journal written before a field existed reads with it).
 - :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control_words`).
 - :class:`Op` / :class:`WorkerOp`: the RPC operations, reached with :func:`op`.
 - :class:`RankEvent`, :class:`ExitStatus`: what a rank reports.
@@ -24,6 +25,7 @@ import enum
 from typing import Any, Literal, Mapping, TypedDict, Union
 
 from .errors import ProtocolError
+from .options import spec_field
 
 VERSION = 1  # of WireSpec and the messages; a newer peer's spec is refused, an older one read
 
@@ -273,7 +275,8 @@ class WireSpec:
 
     Built by :meth:`clustersdk.JobSpec.to_wire` (which validates), kept in the
     journal, sent to each rank. A restart or resume makes a new one with
-    :meth:`replace`. The defaults here are the launch defaults.
+    :meth:`replace`. Each launch option's default is :mod:`clustersdk.options`'s (a
+    setting's, such as ``timeout``, read from the configuration when the spec is made).
 
     >>> spec = WireSpec(id="a1", name="a", world_size=2)
     >>> spec.keep, spec.replace(attempt=1).attempt
@@ -285,48 +288,49 @@ class WireSpec:
     id: str
     name: str
     world_size: int
-    fn: str = "job"                       # the training function's qualified name
-    owner: str | None = None              # who launched it (login name)
-    strategy: str = "ddp"
-    timeout: float = 60.0                 # process-group timeout, seconds
-    metrics_interval: float = 0.2         # how often ranks ship metrics and logs, seconds
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None   # steps between periodic checkpoints
-    keep: int = 3                         # committed checkpoints kept
-    async_checkpoint: bool = True
-    resume: str | None = None             # "auto" or a checkpoint path
-    tensorboard_dir: str | None = None
-    max_restarts: int = 0                 # gang restarts after a lost worker
-    attempt: int = 0                      # gang starts after the first (restarts, resumes)
-    mesh: dict[str, int] | None = None
-    precision: str = "fp32"
-    grad_accum: int = 1
-    clip_grad_norm: float | None = None
-    microbatches: int | None = None
-    schedule: str | None = None
-    split: list[str] | None = None
-    reshard_after_forward: bool | None = None
-    cpu_offload: bool | None = None
-    env: dict[str, str] | None = None     # each rank's environment (NCCL_*, GLOO_SOCKET_IFNAME...)
-    working_dir: str | None = None        # shipped code: the directory (the ranks' cwd)
-    py_modules: list[str] | None = None   # shipped code: the modules' names
+    fn: str = "job"                           # the training function's qualified name
+    owner: str | None = None                  # who launched it (login name)
+    # the launch options that cross the wire, their defaults clustersdk.options's
+    strategy: str = spec_field("strategy")
+    timeout: float = spec_field("timeout")    # process-group timeout, seconds
+    metrics_interval: float = spec_field("metrics_interval")  # ranks ship metrics, logs
+    checkpoint_dir: str | None = spec_field("checkpoint_dir")
+    checkpoint_every: int | None = spec_field("checkpoint_every")
+    keep: int = spec_field("keep")            # committed checkpoints kept
+    async_checkpoint: bool = spec_field("async_checkpoint")
+    resume: str | None = spec_field("resume")  # "auto" or a checkpoint path
+    tensorboard_dir: str | None = spec_field("tensorboard_dir")
+    max_restarts: int = spec_field("max_restarts")  # gang restarts after a lost worker
+    attempt: int = 0                          # gang starts after the first (restarts, resumes)
+    mesh: dict[str, int] | None = spec_field("mesh")
+    precision: str = spec_field("precision")
+    grad_accum: int = spec_field("grad_accum")
+    clip_grad_norm: float | None = spec_field("clip_grad_norm")
+    microbatches: int | None = spec_field("microbatches")
+    schedule: str | None = spec_field("schedule")
+    split: list[str] | None = spec_field("split")
+    reshard_after_forward: bool | None = spec_field("reshard_after_forward")
+    cpu_offload: bool | None = spec_field("cpu_offload")
+    env: dict[str, str] | None = spec_field("env")  # each rank's environment (NCCL_*...)
+    working_dir: str | None = spec_field("working_dir")  # shipped code: the ranks' cwd
+    py_modules: list[str] | None = spec_field("py_modules")  # shipped code: module names
     # sharing the cluster (control/scheduling): resolved by the control plane at submit
-    queue: str | None = None              # None: the default queue
-    priority: int | str | None = None     # a class name or an int; an int once admitted
-    preemptible: bool = True
-    time_limit: float | None = None       # the owner's estimate of the run time, seconds
-    min_world_size: int | None = None     # the fewest ranks it may start (or resume) on
-    asked_world_size: int | None = None   # running on fewer than asked: the size to grow back to
-    hang_timeout: float | None = None     # seconds without a finished step; None: derived
-    on_hang: str = "report"               # "report", "restart" or "fail"
-    profile_dir: str | None = None        # the control plane's state dir (job.profile's traces)
-    on_error: str = "fail"                # "fail", or "hold": a rank that raises waits (HELD)
-    hold_timeout: float = 1800.0          # seconds a HELD job waits before it fails
-    debug: bool = False                   # ctx.breakpoint() opens a pdb console (else a no-op)
-    hparams: dict[str, Any] | None = None  # ctx.hparams at launch: JSON scalars job.update may change
-    on_nan: str = "report"                # a non-finite loss: "report", "pause", "rollback", "fail"
-    on_spike: str = "report"              # a loss spike: "report" or "pause"
-    skip_steps: list[int] | None = None   # steps whose batch is drawn and dropped (rollbacks)
+    queue: str | None = spec_field("queue")   # None: the default queue
+    priority: int | str | None = spec_field("priority")  # an int once admitted
+    preemptible: bool = spec_field("preemptible")
+    time_limit: float | None = spec_field("time_limit")  # the owner's estimate, seconds
+    min_world_size: int | None = spec_field("min_world_size")  # fewest ranks to run on
+    asked_world_size: int | None = None       # running on fewer than asked: the size to regain
+    hang_timeout: float | None = spec_field("hang_timeout")  # None: derived from step times
+    on_hang: str = spec_field("on_hang")      # "report", "restart" or "fail"
+    profile_dir: str | None = None            # the control plane's state dir (profile traces)
+    on_error: str = spec_field("on_error")    # "fail", or "hold": a rank that raises waits (HELD)
+    hold_timeout: float = spec_field("hold_timeout")  # seconds a HELD job waits before it fails
+    debug: bool = spec_field("debug")         # ctx.breakpoint() opens a pdb console (else a no-op)
+    hparams: dict[str, Any] | None = spec_field("hparams")  # JSON scalars job.update may change
+    on_nan: str = spec_field("on_nan")        # "report", "pause", "rollback" or "fail"
+    on_spike: str = spec_field("on_spike")    # "report" or "pause"
+    skip_steps: list[int] | None = None       # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
 
     def as_dict(self) -> dict[str, Any]:
@@ -359,5 +363,3 @@ class WireSpec:
     def replace(self, **changes: Any) -> WireSpec:
         return dataclasses.replace(self, **changes)
 
-
-DEFAULTS = WireSpec(id="", name="", world_size=1)  # read launch defaults from here

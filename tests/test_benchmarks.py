@@ -69,10 +69,11 @@ def test_parallel_benchmark_smoke(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "parallel.py"), "--repeats", "1", "--steps", "12",
          "--two-ranks-only", "--pair", "round", "--json", str(out)],
-        capture_output=True, text=True, timeout=120,  # ~30 s; slack for a loaded machine
+        capture_output=True, text=True, timeout=180,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "per-rank memory" in proc.stdout and "clustersdk" in proc.stdout and "torchrun" in proc.stdout
+    assert "tokens/s, token budget / fixed batches" in proc.stdout
     result = json.loads(out.read_text())
     memory = result["memory_mib"]
     for ranks in (2, 4):  # FSDP holds about 1/N of what DDP holds
@@ -81,6 +82,8 @@ def test_parallel_benchmark_smoke(tmp_path):
         assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
     assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
     assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())
+    tokens = result["tokens"]["runs"]  # long-tailed lengths: fixed batches are mostly padding
+    assert tokens["budget"]["padding"][0] < 0.1 < 0.4 < tokens["fixed"]["padding"][0]
 
 
 @pytest.mark.slow
@@ -149,3 +152,81 @@ def test_live_overhead_benchmark_smoke(tmp_path):
     assert 0.5 < result["cluster_paired_ratio"] < 2 and 0.5 < result["in_process_ratio"] < 2
     assert all(0 < result[k] < 60 for k in ("run_running_s", "run_paused_s", "update_running_s",
                                             "update_paused_s"))
+
+
+GPU_CHECK = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def test_gpu_check_without_cuda_exits_at_once_naming_what_is_missing(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would run")
+    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert last.startswith("gpu_check: no CUDA device") and "--rehearse" in last
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing written
+
+
+def test_gpu_check_refuses_an_unknown_section_naming_the_known_ones(tmp_path):
+    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--rehearse", "--only", "nccl,gpus",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown section(s) gpus" in proc.stderr and "duplicate_gpu" in proc.stderr
+
+
+def test_gpu_check_pairs_telemetry_with_the_nearest_reference_read_in_steady_phases():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    marks = [{"name": "idle", "began": 100.0, "ended": 104.0},
+             {"name": "busy", "began": 104.0, "ended": 108.0}]
+    samples = [{"time": t, "gpu_util": u, "gpu_mem_used": m * 2**20}
+               for t, u, m in ((100.5, 0, 500), (102.0, 0, 500), (104.6, 90, 8500),
+                               (106.0, 100, 8700), (109.5, 0, 600))]
+    reads = [{"time": t, "util": u, "mem_mib": m}
+             for t, u, m in ((101.9, 1, 501), (102.3, 40, 900), (106.2, 97, 8700),
+                             (104.5, 30, 8400))]
+    pairs = gpu_check.pair_samples(samples, reads, marks, ("gpu_util", "gpu_mem_used"))
+    # 100.5 and 109.5 have no read within 0.35 s; 104.6 is paired but still settling
+    assert [(p["time"], p["ref_util"], p["steady"], p["phase"]) for p in pairs] == [
+        (102.0, 1, True, "idle"), (104.6, 30, False, None), (106.0, 97, True, "busy")]
+    assert pairs[2]["mem_mib"] == 8700 and pairs[2]["ref_mem_mib"] == 8700
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
+    """The whole script on this machine's CPU, stand-ins for the GPU: every section runs,
+    the JSON holds them all, marked as a rehearsal (100-200 s on a loaded 2-core VM: three
+    local clusters come up, and pytest in a process of its own)."""
+    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--rehearse", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "REHEARSAL: no GPU figures" in proc.stdout.strip().splitlines()[-1]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["mode"] == "rehearsal" and result["rehearsal"] is True
+    sections = result["sections"]
+    assert list(sections) == ["doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom",
+                              "duplicate_gpu", "gpu_tests"]
+    for name, section in sections.items():
+        assert section["status"] == "ok" and section["stand_in"], (name, section.get("error"))
+        failed = [k for k, c in section["checks"].items()
+                  if not c["ok"] and not c.get("informational")]
+        assert not failed, (name, failed)
+    nccl = sections["nccl"]["figures"]
+    assert nccl["ddp"]["backend"] == "gloo" and nccl["ddp"]["bitwise"]  # same CPU kernels
+    assert nccl["fsdp_cpu_offload"]["model_type"].startswith("FSDP")
+    assert sections["duplicate_gpu"]["figures"]["diagnosis"]["kind"] == "duplicate_gpu"
+    assert sections["cuda_oom"]["figures"]["diagnosis"]["kind"] == "host_oom"
+    assert sections["cuda_oom"]["figures"]["after"]["finite"]
+    assert sections["telemetry"]["figures"]["chart_points"]["rss"] >= 2
+    assert sections["bf16"]["figures"]["medians_steps_per_s"]["plain"] > 0
+    assert sections["checkpoint"]["figures"]["load_warm"]["resumed_at"] > 0
+    assert sections["gpu_tests"]["figures"]["counts"]["skipped"] == 3
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert all(f"== {name}: ok" in log for name in sections)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import cloudpickle
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 
 import clustersdk as cs
 from clustersdk import widgets
@@ -90,6 +89,10 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     # of a HELD job, job.run's default ranks are the held ones
     assert job.run(lambda ctx: type(ctx.error).__name__, timeout=30) == {
         0: job.debug(0).error["type"], 1: "ValueError"}
+
+    # imported here: the module's GPU test runs where IPython is not installed (the GPU
+    # machine of benchmarks/gpu_check.py)
+    from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()  # %job debug NAME RANK prints the same stack
     shell.run_line_magic("load_ext", "clustersdk")

@@ -5,7 +5,7 @@ And the tiers hold, read from the source (imports inside functions count;
 ``if TYPE_CHECKING:`` imports, for annotations only, do not): the runtime (in the
 workers) and the control plane (in the scheduler) never import each other, the base
 tier that every tier shares imports nothing above it, and no test module imports
-another test module.
+another test module; the client API imports no presentation and not the doctor.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,6 +23,7 @@ HEAVY = ("torch", "distributed", "dask", "numpy", "tornado")
 
 PURE = [
     "clustersdk.protocol",
+    "clustersdk.options",
     "clustersdk.errors",
     "clustersdk.status",
     "clustersdk.layout",
@@ -72,6 +74,82 @@ def test_a_public_name_loads_its_module_on_first_use():
 # --- the tiers, read from the source ------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def import_statements(source: str, path: Path, root: Path = ROOT
+                      ) -> Iterator[tuple[int, str, list[str] | None, bool]]:
+    """``(line, module, names, for_annotations)`` for each import of ``source`` (read as the
+    file at ``path`` under ``root``), at any depth: ``names`` is None for ``import module``,
+    what ``from module import ...`` takes otherwise; ``for_annotations``: the import is
+    under ``if TYPE_CHECKING:``. Relative imports are resolved."""
+    tree = ast.parse(source)
+    annotations_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                        and "TYPE_CHECKING" in ast.unparse(block.test)
+                        for stmt in block.body for node in ast.walk(stmt)}
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    package = parts[:-1]  # a package's __init__ is in its own package too
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, None, id(node) in annotations_only
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            yield (node.lineno, module, [alias.name for alias in node.names],
+                   id(node) in annotations_only)
+
+
+# the client tier never imports the tiers above it -------------------------------------------
+CLIENT = sorted([*(ROOT / "clustersdk" / "cluster").glob("*.py"),
+                 *(ROOT / "clustersdk" / name for name in (
+                     "job.py", "client.py", "spec.py", "registry.py", "hooks.py",
+                     "postmortem.py"))])
+ABOVE = ("clustersdk.widgets", "clustersdk.magics", "clustersdk.cells", "clustersdk.cli",
+         "clustersdk.doctor", "clustersdk.demo", "clustersdk.__main__",
+         "IPython", "ipywidgets", "bqplot", "jinja2")
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """Every module an import statement of ``path`` names (at any depth: inside functions
+    and under ``TYPE_CHECKING`` too), with its line; ``from a import b`` names ``a`` and
+    ``a.b``."""
+    return imported_names_of(path.read_text(encoding="utf-8"), path)
+
+
+def imported_names_of(source: str, path: Path) -> list[tuple[int, str]]:
+    """:func:`imported_names` of ``source``, as if it were the file at ``path``."""
+    found = []
+    for line, module, names, _annotations in import_statements(source, path):
+        found.append((line, module))
+        found += [(line, f"{module}.{name}") for name in names or ()]
+    return found
+
+
+def test_the_client_api_imports_no_presentation_and_not_the_doctor():
+    assert len(CLIENT) >= 15  # cluster/*, job, client, spec, registry, hooks, postmortem
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in CLIENT
+             for line, name in imported_names(path)
+             if any(name == above or name.startswith(above + ".") for above in ABOVE)]
+    assert wrong == []
+
+
+def test_imported_names_sees_relative_imports_inside_functions():
+    # the check above must be able to fail: a relative import in a method is caught
+    probe = ROOT / "clustersdk" / "cluster" / "base.py"  # only its path is used
+    names = [name for _, name in imported_names_of(
+        "class C:\n    def f(self):\n        from ..widgets import console\n", probe)]
+    assert names == ["clustersdk.widgets", "clustersdk.widgets.console"]
+
+
+def test_using_cluster_and_job_loads_no_presentation():
+    code = ("import sys, clustersdk.cluster.base, clustersdk.job\n"
+            "print([m for m in sys.modules if m.split('.')[:2] in (['clustersdk', 'widgets'], "
+            "['clustersdk', 'doctor'], ['clustersdk', 'magics'], ['clustersdk', 'cli'])])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+# the runtime and the control plane never import each other; the base tier nothing above it
 #: the base tier: pure rules every tier may import (modules, or packages with all they hold)
 BASE = ("clustersdk.protocol", "clustersdk.status", "clustersdk.errors", "clustersdk.layout",
         "clustersdk.config", "clustersdk.hparams", "clustersdk.diagnosis", "clustersdk.signals",
@@ -91,30 +169,18 @@ def modules(package: str, root: Path = ROOT) -> dict[str, Path]:
 
 
 def imported(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
-    """The modules ``path`` imports (relative imports resolved; ``from m import name``
-    counts as ``m.name`` when that is a module of ``known``), leaving out what it imports
-    only under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    annotations_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-                        and "TYPE_CHECKING" in ast.unparse(block.test)
-                        for stmt in block.body for node in ast.walk(stmt)}
-    here = module_of(path, root)
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    """The modules ``path`` imports (``from m import name`` counts as ``m.name`` when that
+    is a module of ``known``, else as ``m``), leaving out what it imports only under
+    ``if TYPE_CHECKING:``."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in annotations_only:
+    for _line, module, names, for_annotations in import_statements(
+            path.read_text(encoding="utf-8"), path, root):
+        if for_annotations:
             continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([node.module] if node.module else []))
-            for alias in node.names:
-                name = f"{base}.{alias.name}"
-                found.add(name if name in known else base)
+        if names is None:
+            found.add(module)
+        for name in names or ():
+            found.add(f"{module}.{name}" if f"{module}.{name}" in known else module)
     return found
 
 

@@ -38,6 +38,18 @@ def test_ranks_that_share_a_data_coordinate_share_batches(strategy, mesh, ws, dp
     assert [layout.dp_rank(r) for r in range(ws)] == dp_ranks
 
 
+def test_three_d_mesh_puts_stages_outermost_and_tp_peers_adjacent():
+    layout = Layout.resolve("fsdp", {"dp": 2, "tp": 2, "pp": 2}, 8)
+    assert layout.dims == (("pp", 2), ("dp", 2), ("tp", 2)) and layout.pipelined
+    assert [layout.coords(r)["pp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [layout.coords(r)["tp"] for r in range(8)] == [0, 1] * 4
+    # every stage reads the same two data-parallel shards; TP peers and stages share them
+    assert layout.dp_size == 2
+    assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert Layout.resolve("fsdp", {"dp": -1, "pp": 2}, 6).dims == (("pp", 2), ("dp", 3))
+    assert not Layout.resolve("fsdp", {"dp": 2, "tp": 2}, 4).pipelined
+
+
 def test_minus_one_takes_the_rest_so_a_job_can_resume_at_another_size():
     assert Layout.resolve("fsdp", {"dp": -1, "tp": 2}, 8).dims == (("dp", 4), ("tp", 2))
     assert Layout.resolve("fsdp", {"dp": -1, "tp": 2}, 2).dims == (("dp", 1), ("tp", 2))
@@ -51,6 +63,9 @@ def test_minus_one_takes_the_rest_so_a_job_can_resume_at_another_size():
     ("fsdp", {"dp": 2.0}, 2, "mesh['dp'] must be a positive int or -1 (the rest), got 2.0"),
     ("tp", {"dp": 2, "tp": 2}, 4, "for FSDP over TP use strategy='fsdp'"),
     ("ddp", {"pp": 2}, 2, "strategy='ddp' takes a mesh of {'dp': '…'}, got {'pp': 2}"),
+    ("pp", {"dp": 2, "pp": 2}, 4, "for pipeline stages over FSDP (3-D) use strategy='fsdp'"),
+    ("fsdp", {"dp": 2, "tp": 2, "pp": 2}, 4,
+     "mesh {'dp': 2, 'tp': 2, 'pp': 2} has 8 ranks (2 x 2 x 2) but world_size=4"),
     ("none", {"xx": 2}, 2, "mesh dimension(s) ['xx'] unknown"),
     ("fsdp", [2], 2, "mesh must be a dict of dimension sizes"),
 ])

@@ -20,6 +20,26 @@ def data() -> models.SyntheticText:
     return models.SyntheticText(n=N_SAMPLES, seq_len=16, vocab=64, seed=0)
 
 
+class SkewedText(torch.utils.data.Dataset):
+    """``n`` token sequences of 2 to ``max_len`` tokens, most of them short (a long tail,
+    as real text has): ``(inputs, targets, index)``, the targets shifted by one."""
+
+    def __init__(self, n: int = 200, max_len: int = 16, vocab: int = 64, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(n, generator=g)
+        self.lengths = (2 + ((max_len - 1) * u ** 4).long()).clamp(max=max_len).tolist()
+        start = torch.randint(0, vocab, (n, 1), generator=g)
+        stride = torch.randint(1, 8, (n, 1), generator=g)
+        self.tokens = (start + stride * torch.arange(max_len + 1)) % vocab
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        n = self.lengths[i]
+        return self.tokens[i, :n], self.tokens[i, 1:n + 1], torch.tensor(i)
+
+
 def make_model(n_experts: int = 0, n_layers: int = 2) -> models.Transformer:
     return models.Transformer(n_layers=n_layers, n_experts=n_experts)
 
@@ -105,3 +125,36 @@ def train_own_loop(ctx, steps: int = 3) -> None:
         models.lm_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+
+
+def read_budget(ctx, steps: int | None = None, epochs: int = 1, budget: int = 48) -> list | None:
+    """Token-budget batches of :class:`SkewedText`, no model: every rank's sample ids per
+    step, gathered to rank 0 (a checkpoint holds the loader's position alone)."""
+    import torch.distributed as dist
+
+    data = ctx.shard(SkewedText(n=120), tokens_per_batch=budget, pad=(0, -100, -1))
+    seen = []
+    for _step, (_x, _y, idx) in ctx.loop(data, steps=steps, epochs=epochs):
+        seen.append(idx.tolist())
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, seen)
+    return everyone if ctx.rank == 0 else None
+
+
+def train_budget(ctx, steps: int = 6, budget: int = 128) -> list | None:
+    """The reference transformer on token-budget batches of :class:`SkewedText` (whose
+    lengths vary from batch to batch) through ``ctx.train_step``: each rank's batch sizes
+    and sequence lengths, gathered to rank 0."""
+    import torch.distributed as dist
+
+    model = ctx.prepare(make_model(), loss_fn=models.lm_loss)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ctx.register(optimizer=opt)
+    data = ctx.shard(SkewedText(n=200), tokens_per_batch=budget, pad=(0, -100, -1))
+    shapes = []
+    for _step, (x, y, _idx) in ctx.loop(data, steps=steps):
+        ctx.log(loss=ctx.train_step(opt, x, y))
+        shapes.append(tuple(x.shape))
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, shapes)
+    return everyone if ctx.rank == 0 else None

@@ -1,4 +1,9 @@
-"""``Cluster``: a Dask client plus the clustersdk control plane on its scheduler."""
+"""``Cluster``: a Dask client plus the clustersdk control plane on its scheduler.
+
+Like :class:`~clustersdk.Job`, a ``Cluster`` does not import the tiers above it:
+its notebook dashboard, ``cluster.queue()``'s tables and ``cluster.doctor()`` come
+from the hooks that :mod:`clustersdk` provides (see :mod:`clustersdk.hooks`).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,13 @@ from typing import Any, Callable, Sequence
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
 
-from .. import config, registry
+from .. import config, hooks, options, registry
 from ..client import ControlClient
 from ..errors import PluginMissingError, SpecError
 from ..job import Job
-from ..protocol import DEFAULTS, topic
-from ..spec import JobSpec, check_env
+from ..options import check_env, default
+from ..protocol import topic
+from ..spec import JobSpec
 from . import shipping
 
 
@@ -121,25 +127,25 @@ class Cluster:
     # jobs ------------------------------------------------------------------------
     def launch(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[..., Any] | JobSpec,
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         *,
-        world_size: int,
-        strategy: str = DEFAULTS.strategy,
+        world_size: int | None = None,
+        strategy: str = default("strategy"),
         name: str | None = None,
         timeout: float | None = None,
         metrics_interval: float | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None,
-        keep: int = DEFAULTS.keep,
-        async_checkpoint: bool = DEFAULTS.async_checkpoint,
+        keep: int = default("keep"),
+        async_checkpoint: bool = default("async_checkpoint"),
         resume: str | None = None,
         tensorboard_dir: str | None = None,
         max_restarts: int | None = None,
         mesh: dict[str, int] | None = None,
-        precision: str = DEFAULTS.precision,
-        grad_accum: int = DEFAULTS.grad_accum,
+        precision: str = default("precision"),
+        grad_accum: int = default("grad_accum"),
         clip_grad_norm: float | None = None,
         microbatches: int | None = None,
         schedule: str | None = None,
@@ -153,121 +159,64 @@ class Cluster:
         py_modules: list[Any] | None = None,
         queue: str | None = None,
         priority: int | str | None = None,
-        preemptible: bool = True,
+        preemptible: bool = default("preemptible"),
         time_limit: float | None = None,
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
-        on_hang: str = "report",
-        on_error: str = DEFAULTS.on_error,
+        on_hang: str = default("on_hang"),
+        on_error: str = default("on_error"),
         hold_timeout: float | None = None,
-        debug: bool = DEFAULTS.debug,
+        debug: bool = default("debug"),
         hparams: dict[str, Any] | None = None,
-        on_nan: str = DEFAULTS.on_nan,
-        on_spike: str = DEFAULTS.on_spike,
+        on_nan: str = default("on_nan"),
+        on_spike: str = default("on_spike"),
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
         The job is queued until ``world_size`` slots are free, then all start at
-        once. ``timeout`` bounds every collective (seconds). With
-        ``checkpoint_dir``, the job can be checkpointed (every
-        ``checkpoint_every`` steps, or on ``job.checkpoint()``), suspended and
-        resumed; the newest ``keep`` checkpoints are kept. ``resume="auto"``
-        continues from the newest checkpoint in ``checkpoint_dir``, if any.
-        ``tensorboard_dir`` receives every ``ctx.log`` scalar as TensorBoard
-        events: one run per rank (``rank-N/``) and their mean per step (the
-        directory itself), written by the control plane. When a worker of the
-        job is lost, the job restarts (state RESTARTING, then QUEUED) on
-        whatever slots it can get, from its newest checkpoint (or from the
-        start without ``checkpoint_dir``), at most ``max_restarts`` times
-        (default: the ``clustersdk.max-restarts`` setting, 0); after that it fails.
+        once. ``cluster.launch(spec)`` runs a :class:`~clustersdk.JobSpec` instead
+        (each launch is a new job; give nothing else). ``timeout``,
+        ``metrics_interval``, ``max_restarts`` and ``hold_timeout`` left at None take
+        the ``clustersdk.*`` setting of that name. ``env`` adds to the cluster's.
 
-        Model parallelism (``strategy`` is one of :data:`~clustersdk.STRATEGIES`):
-        ``mesh`` names the ranks' layout, e.g. ``{"dp": 2, "tp": 2}`` for FSDP
-        over tensor parallel (one size may be -1: the rest). ``pp`` takes
-        ``microbatches``, ``schedule`` ("gpipe" or "1f1b") and ``split`` (the
-        module names where stages 1.. begin); ``fsdp`` takes
-        ``reshard_after_forward`` and ``cpu_offload``; ``tp`` (and 2-D) a
-        ``plan``, else the model's ``tp_plan(tp)``. ``model`` (a module, or a
-        function that builds one) is checked against the layout now, on the
-        meta device, and built by ``ctx.prepare()``.
+        Refused here, before any slot is taken, with a message naming the cause: a bad
+        option (:class:`~clustersdk.SpecError`), a module the workers can't import and
+        ``working_dir`` or ``py_modules`` does not ship, ``precision="fp16"`` without
+        CUDA, an unwritable ``checkpoint_dir``, a job its queue's limits can never fit,
+        more ranks than the cluster can ever hold (:class:`~clustersdk.CapacityError`).
 
-        Training features, applied by ``ctx.train_step`` under every strategy:
-        ``precision`` "bf16" (autocast) or "fp16" (autocast and a grad scaler;
-        every slot must be a GPU), ``grad_accum`` micro-batches per step, and
-        ``clip_grad_norm`` (of the whole model, however it is sharded).
+        The options by group, with the README section that explains them
+        (``print(clustersdk.options.describe())``: each one's default and doc):
 
-        ``env`` is set in every rank's environment before its process group comes up,
-        on top of the cluster's ``env`` (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``,
-        ``NCCL_IB_DISABLE``, ``NCCL_DEBUG``, ``NCCL_BUFFSIZE``...); what a job sets is
-        undone before the next job on the same workers. Unset socket interfaces default
-        to the one each rank reaches rank 0's address through.
-
-        Sharing the cluster (see README "Sharing a cluster"): ``queue`` (default: the
-        configured default queue), ``priority`` (a class name, ``"low"``,
-        ``"normal"`` (default) or ``"high"``, or an int; higher runs first and may
-        preempt lower), ``preemptible`` (a job with ``checkpoint_dir`` is then
-        suspended for a higher-priority one and resumes by itself afterwards; one
-        without is stopped and starts over), ``time_limit`` (an estimate in
-        seconds, for backfill) and ``min_world_size`` (it may start on fewer
-        ranks). A job that can never fit its queue's limits is refused here.
-
-        Hangs: when no rank has finished a step for ``hang_timeout`` seconds
-        (default: max(60 s, 20x the slowest recent step); time in a checkpoint or
-        a pause does not count) the job is HUNG and ``job.stacks()`` shows where
-        every rank is; ``on_hang`` then decides: ``"report"`` (keep waiting),
-        ``"restart"`` (from the newest checkpoint, within ``max_restarts``) or
-        ``"fail"``. A rank stuck for good is ended by restarting its worker.
-
-        Debugging: with ``on_error="hold"`` a rank that raises does not tear the job
-        down: the job is HELD (its slots kept, the other ranks paused), ``job.debug(rank)``
-        shows the failing frames with their locals, and ``job.stop()`` (the job then
-        ends FAILED) or ``job.restart_from_checkpoint()`` ends the hold, as does
-        ``hold_timeout`` (default: the ``clustersdk.hold-timeout`` setting, 1800 s).
-        ``debug=True`` makes ``ctx.breakpoint()`` pause the job and open a pdb console
-        in the notebook (``job.console()``); without it the call does nothing.
-        Diagnosis (``job.diagnosis``): a NaN or Inf in a logged loss (a scalar named
-        ``loss`` or ``*_loss``) or ``grad_norm``, or in the gradient norm of
-        ``clip_grad_norm``, makes ``on_nan`` decide: ``"report"`` (a diagnosis, the job
-        goes on), ``"pause"`` (every rank pauses at the next step boundary),
-        ``"rollback"`` (restart from the newest checkpoint, dropping that step's batch;
-        needs ``checkpoint_dir``) or ``"fail"``; all but ``"report"`` agree on control
-        words at every step. A loss spike (a robust z-score over the recent steps) is
-        reported, and with ``on_spike="pause"`` pauses the job.
-
-        Code: functions defined in ``__main__`` or a notebook travel by value;
-        modules the workers can't import are an error here, naming them, unless
-        shipped: ``working_dir`` (a directory whose modules and files go to
-        every worker and become the ranks' current directory) and
-        ``py_modules`` (modules or names; a package goes whole). See
-        :mod:`clustersdk.cluster.shipping`.
+        - core ("In a notebook"): world_size strategy name timeout metrics_interval
+        - checkpointing ("Pause, checkpoint, suspend, resume"): checkpoint_dir
+          checkpoint_every keep async_checkpoint resume tensorboard_dir
+        - faults ("When things go wrong"): max_restarts hang_timeout on_hang
+        - parallelism ("Model parallel"): mesh microbatches schedule split
+          reshard_after_forward cpu_offload model plan
+        - training ("Model parallel"): precision grad_accum clip_grad_norm
+        - code ("As a script"): env working_dir py_modules
+        - sharing ("Sharing a cluster"): queue priority preemptible time_limit
+          min_world_size
+        - debugging ("Debugging"): on_error hold_timeout debug
+        - live ("Looking inside a running job"): hparams
+        - diagnosis ("Diagnosis"): on_nan on_spike
 
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
-        Live changes: ``hparams`` (names to numbers, strings or booleans) is the
-        training function's ``ctx.hparams``; ``job.update(name=value)`` changes one
-        while the job runs (so do ``lr=``, ``clip_grad_norm=``... see :meth:`Job.update`).
-
-        >>> cluster.launch(train, world_size=2, working_dir="src/")        # doctest: +SKIP
+        >>> spec = cs.JobSpec(train, world_size=2, checkpoint_dir="runs/a")  # doctest: +SKIP
+        >>> first, second = cluster.launch(spec), cluster.launch(spec)     # doctest: +SKIP
         """
-        spec = JobSpec(
-            fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
-            world_size=world_size, strategy=strategy, name=name,
-            timeout=config.get("timeout") if timeout is None else timeout,
-            metrics_interval=(config.get("metrics-interval") if metrics_interval is None
-                              else metrics_interval),
-            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, keep=keep,
-            async_checkpoint=async_checkpoint, resume=resume, tensorboard_dir=tensorboard_dir,
-            max_restarts=config.get("max-restarts") if max_restarts is None else max_restarts,
-            mesh=mesh, precision=precision, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
-            microbatches=microbatches, schedule=schedule, split=split,
-            reshard_after_forward=reshard_after_forward, cpu_offload=cpu_offload, model=model,
-            plan=plan, env={**self.env, **(env or {})} or None, working_dir=working_dir,
-            py_modules=py_modules, queue=queue, priority=priority, preemptible=preemptible,
-            time_limit=time_limit, min_world_size=min_world_size,
-            hang_timeout=hang_timeout, on_hang=on_hang, on_error=on_error,
-            hold_timeout=config.get("hold-timeout") if hold_timeout is None else hold_timeout,
-            debug=debug, hparams=hparams, on_nan=on_nan, on_spike=on_spike,
-        )
+        # every option as given, by name: the signature above is where they are spelled
+        given = {k: v for k, v in locals().items() if k in options.OPTIONS_BY_NAME}
+        if isinstance(fn, JobSpec):
+            spec = self._renewed(fn, args, kwargs, given)
+        else:
+            if world_size is None:  # what Python says when a required keyword is missing
+                raise TypeError("Cluster.launch() missing 1 required keyword-only argument: "
+                                "'world_size'")
+            spec = JobSpec(fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
+                           **{**given, "env": {**self.env, **(env or {})} or None})
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
@@ -288,6 +237,22 @@ class Cluster:
             raise
         return job
 
+    def _renewed(self, spec: JobSpec, args: tuple, kwargs: dict[str, Any] | None,
+                 given: dict[str, Any]) -> JobSpec:
+        """``launch(spec)``: the spec as a new job, with the cluster's ``env`` under its
+        own. Anything given beside it is an error: which of the two should win?"""
+        extra = [f"{k}={v!r}" for k, v in given.items() if _differs(v, k)]
+        if kwargs:
+            extra.insert(0, f"kwargs={kwargs!r}")
+        if args:
+            extra.insert(0, f"args={args!r}")
+        if extra:
+            raise SpecError(
+                f"launch(spec) takes every option from the JobSpec, but was also given "
+                f"{', '.join(extra)}; change the spec instead, e.g. "
+                f"cluster.launch(dataclasses.replace(spec, {', '.join(extra)}))")
+        return spec.renewed(env={**self.env, **(spec.env or {})} or None)
+
     def _check_fp16(self, world_size: int) -> None:
         """fp16's grad scaler needs CUDA: refuse before any slot is taken."""
         kinds = sorted({s["kind"] for s in self.slots()})
@@ -303,14 +268,13 @@ class Cluster:
         """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
 
         Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
-        lists what to fix, one line each). See :mod:`clustersdk.doctor`.
+        lists what to fix, one line each). See :mod:`clustersdk.doctor`, which sits
+        above this client and is reached through the ``doctor`` hook.
 
         >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
         """
-        from ..doctor import doctor
-
-        return doctor(self.client, checkpoint_dir=checkpoint_dir, bandwidth=bandwidth,
-                      max_size=max_size, timeout=timeout)
+        return hooks.call("doctor", self.client, checkpoint_dir=checkpoint_dir,
+                          bandwidth=bandwidth, max_size=max_size, timeout=timeout)
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
@@ -330,16 +294,13 @@ class Cluster:
         return self.sync(self.control.job, job=job, name=name)
 
     # sharing -----------------------------------------------------------------------
-    def queue(self) -> Any:
+    def queue(self) -> QueueView:
         """The queues: who holds what, what waits and why, estimated starts (a
-        :class:`~clustersdk.widgets.queue.QueueView`: a table in a notebook, ``.data``
-        for code).
+        :class:`QueueView`: a table in a notebook, ``.data`` for code).
 
         >>> cluster.queue().waiting()[0]["reason"]          # doctest: +SKIP
         "waiting behind job 'big' (priority high, 8 slots), first in queue 'default'..."
         """
-        from ..widgets.queue import QueueView
-
         return QueueView(self.sync(self.control.queue))
 
     def configure_scheduling(self, changes: dict[str, Any]) -> dict[str, Any]:
@@ -404,10 +365,11 @@ class Cluster:
         self.close()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The cluster dashboard in Jupyter (plain HTML where ipywidgets is missing)."""
-        from ..widgets import cluster_mimebundle
-
-        return cluster_mimebundle(self, include=include, exclude=exclude)
+        """The cluster dashboard in Jupyter (plain HTML where ipywidgets is missing), as the
+        presentation provides it (see :mod:`clustersdk.hooks`); the plain repr without one."""
+        if not hooks.provided("cluster_display"):
+            return {"text/plain": repr(self)}
+        return hooks.call("cluster_display", self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
         if self._closed:
@@ -420,6 +382,12 @@ class Cluster:
                 f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>")
 
 
+def _differs(value: Any, name: str) -> bool:
+    """Whether launch's keyword ``name`` was given a value other than its default."""
+    default = options.OPTIONS_BY_NAME[name].launch_default
+    return value is not None if default is None else value != default
+
+
 class Subscription:
     """A callback on a job's messages; :meth:`close` releases it (idempotent)."""
 
@@ -428,6 +396,41 @@ class Subscription:
 
     def close(self) -> None:
         self.cluster._unsubscribe(self)
+
+
+class QueueView:
+    """Per queue: who holds what, what waits and why, estimated starts (what
+    ``cluster.queue()`` returns). ``data`` is the plain model the control plane answers
+    (what ``GET /clustersdk/api/queue`` serves too); its text and its table in a
+    notebook come from the presentation (the ``queue_text`` and ``queue_html`` hooks).
+
+    >>> cluster.queue()            # doctest: +SKIP
+    16 slots, 4 free · queue default (rest of the slots): 12 in use
+    """
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    @property
+    def queues(self) -> list[dict[str, Any]]:
+        return self.data["queues"]
+
+    def waiting(self) -> list[dict[str, Any]]:
+        """Every waiting job, queue by queue, in the order they would start."""
+        return [j for q in self.queues for j in q["waiting"]]
+
+    def holding(self) -> list[dict[str, Any]]:
+        """Every job that holds slots, queue by queue."""
+        return [j for q in self.queues for j in q["holding"]]
+
+    def _repr_html_(self) -> str | None:
+        return hooks.call("queue_html", self.data) if hooks.provided("queue_html") else None
+
+    def __repr__(self) -> str:
+        if hooks.provided("queue_text"):
+            return hooks.call("queue_text", self.data)
+        return (f"<QueueView {len(self.queues)} queue(s), {len(self.holding())} holding, "
+                f"{len(self.waiting())} waiting>")
 
 
 def install(client: Client, state_dir: str) -> None:

@@ -62,7 +62,7 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
             "dashboard": False, "silence_logs": silence_logs,
             **({"memory_limit": limit} if limit is not None else {}),
         }}
-    with dask.config.set(_nanny_environ()):
+    with dask.config.set(nanny_environ()):
         dask_cluster = _slots_class()(workers=specs, scheduler=scheduler, name="clustersdk-local",
                               silence_logs=silence_logs)
     try:
@@ -115,8 +115,10 @@ def _slots_class() -> type:
     return Slots
 
 
-def _nanny_environ() -> dict[str, Any]:
-    """Dask's pre-spawn MALLOC_TRIM_THRESHOLD_=65536 costs about 25% of training steps/s."""
+def nanny_environ() -> dict[str, Any]:
+    """The Dask config of a worker's nanny, without Dask's pre-spawn
+    MALLOC_TRIM_THRESHOLD_=65536: it costs about 25% of training steps/s (local and SSH
+    workers both start with it)."""
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
     environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     return {"distributed.nanny.pre-spawn-environ": environ}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .. import network
 from ..client import ControlClient
 from ..errors import SpecError, StartError
-from ..spec import check_env
+from ..options import check_env
 from ..status import JobStatus
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .. import network
 from ..errors import SpecError, StartError
-from ..spec import check_env
+from ..options import check_env
 
 if TYPE_CHECKING:
     from .base import Cluster
@@ -142,11 +142,11 @@ class _Plan:
 
     def command(self, mode: str, **flags: Any) -> str:
         """The remote command line: the workers' environment, then the launcher."""
-        from .local import _nanny_environ
+        from .local import nanny_environ
         from .remote import command
         from .sshconn import quote_env
 
-        config = {**_nanny_environ(), "clustersdk.rendezvous-ports": network.format_ports(
+        config = {**nanny_environ(), "clustersdk.rendezvous-ports": network.format_ports(
             self.ports) if self.ports else None}
         args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not None]
         args.append(f"--config={json.dumps(config)}")

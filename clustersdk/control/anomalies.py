@@ -1,6 +1,6 @@
 """Diagnoses in a job's life: failures explained, non-finite losses, loss spikes, versions.
 
-Pure, a part of :class:`~.lifecycle.Lifecycle`. Every diagnosis (see
+Pure; :class:`Anomalies` is the part of :class:`~.lifecycle.Lifecycle` that keeps them. Every diagnosis (see
 :mod:`.diagnosis`) leaves as one :class:`~.events.Diagnosed` action: the
 control plane keeps it as the job's newest (``job.diagnosis``), as a durable
 event (``job.diagnoses()``), as a line of the job's log and of the
@@ -27,24 +27,25 @@ scheduler's, and publishes it to the dashboards.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import diagnosis as dx
 from ..protocol import Word
 from ..status import JobStatus
-from .. import diagnosis as dx
 from . import events as ev
-from . import faults
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 MAX_ROLLBACKS = 3  # the default of clustersdk.diagnosis.max-rollbacks
 KEPT = 100  # diagnoses a lifecycle keeps in memory (the journal keeps them all)
 LIVE = frozenset({JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
 
 
-class AnomalyBook:
-    """What one job's diagnoses rules remember (per gang start where it says so)."""
+class Anomalies:
+    """What one job's diagnosis rules remember (per gang start where it says so).
+
+    >>> Anomalies(max_rollbacks=2).restart_label(1)
+    'restart 1'
+    """
 
     def __init__(self, max_rollbacks: int = MAX_ROLLBACKS):
         self.max_rollbacks = max_rollbacks
@@ -57,8 +58,8 @@ class AnomalyBook:
         self.reported: int | None = None  # the non-finite step "report" diagnosed
         self.spike_steps: set[int] = set()
 
-    def of(self, attempt: int) -> AnomalyBook:
-        """This book, its per-gang-start memory emptied when ``attempt`` is a new one."""
+    def _of(self, attempt: int) -> Anomalies:
+        """This object, its per-gang-start memory emptied when ``attempt`` is a new one."""
         if attempt != self._attempt:
             self._attempt = attempt
             self.versions, self.nonfinite_steps, self.spike_steps = {}, set(), set()
@@ -70,105 +71,98 @@ class AnomalyBook:
         note, self.rollback_note = self.rollback_note, ""
         return note or f"restart {restarts}"
 
+    def diagnosed(self, job: JobView, found: dx.Diagnosis) -> dx.Diagnosis:
+        """Keep ``found`` (with its rank's worker and host, and the time) and send it out."""
+        if found.rank is not None and 0 <= found.rank < len(job.ranks):
+            slot = job.ranks[found.rank]
+            found = found.at(worker=slot.worker, host=slot.host)
+        found = found.at(time=job.now)
+        self.entries = [*self.entries[-(KEPT - 1):], found]
+        job.emit(ev.Diagnosed(found.as_dict()))
+        return found
 
-def diagnosed(job: Lifecycle, found: dx.Diagnosis) -> dx.Diagnosis:
-    """Keep ``found`` (with its rank's worker and host, and the time) and send it out."""
-    if found.rank is not None and 0 <= found.rank < len(job.ranks):
-        slot = job.ranks[found.rank]
-        found = found.at(worker=slot.worker, host=slot.host)
-    found = found.at(time=job._now)
-    book = job.anomalies
-    book.entries = [*book.entries[-(KEPT - 1):], found]
-    job._out.append(ev.Diagnosed(found.as_dict()))
-    return found
+    def on_failure(self, job: JobView, err: dict[str, Any]) -> dict[str, Any]:
+        """``err`` (the cause of a failure or restart) with its diagnosis, when it has one."""
+        if err.get("diagnosis") is not None:
+            return err
+        found = dx.diagnose(err)
+        if found is None:
+            return err
+        return {**err, "diagnosis": self.diagnosed(job, found).as_dict()}
 
+    # --- events ---------------------------------------------------------------------------
+    def started(self, job: JobView, e: ev.Started) -> None:
+        """Compare the versions of the gang's ranks once every one has started."""
+        book = self._of(job.attempt)
+        if e.versions is None or e.rank in book.versions:
+            return
+        book.versions[e.rank] = dict(e.versions)
+        if len(book.versions) == job.world_size:
+            hosts = {i: slot.host for i, slot in enumerate(job.ranks)}
+            found = dx.version_mismatch(book.versions, hosts)
+            if found is not None:
+                self.diagnosed(job, found)
 
-def on_failure(job: Lifecycle, err: dict[str, Any]) -> dict[str, Any]:
-    """``err`` (the cause of a failure or restart) with its diagnosis, when it has one."""
-    if err.get("diagnosis") is not None:
-        return err
-    found = dx.diagnose(err)
-    if found is None:
-        return err
-    return {**err, "diagnosis": diagnosed(job, found).as_dict()}
+    def nonfinite(self, job: JobView, e: ev.NonFinite) -> None:
+        book = self._of(job.attempt)
+        if job.status not in LIVE or e.step in book.nonfinite_steps:
+            return
+        policy = job.spec.on_nan
+        book.nonfinite_steps.add(e.step)
+        if policy == "report":
+            # once a loss is NaN the next ones usually are too: say it once, unless the rows
+            # of an earlier step come later (the ranks' rows arrive in any order)
+            if book.reported is None or e.step < book.reported:
+                book.reported = e.step
+                self.diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
+        elif policy == "pause":
+            self.diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
+            if job.status is JobStatus.RUNNING:
+                job.pause()
+        elif policy == "fail":
+            self._fail(job, e, dx.nonfinite(e.rank, e.step, e.values, policy), "")
+        else:
+            self._rollback(job, e)
 
+    def _rollback(self, job: JobView, e: ev.NonFinite) -> None:
+        skipped = list(job.spec.skip_steps or [])
+        found = dx.nonfinite(e.rank, e.step, e.values, "rollback")
+        if e.step in skipped:
+            self._fail(job, e, found, f"; step {e.step} is non-finite again although its batch "
+                                      "was dropped: the data is not the cause")
+            return
+        if self.rollbacks >= self.max_rollbacks:
+            self._fail(job, e, found,
+                       f"; all {self.max_rollbacks} rollback(s) of the job are used up")
+            return
+        self.rollbacks += 1
+        resume = (f"checkpoint {job.checkpoint} (step {job.checkpoint_step})" if job.checkpoint
+                  else "the start (no checkpoint yet)")
+        note = (f"rollback {self.rollbacks} of {self.max_rollbacks} after a non-finite value at "
+                f"step {e.step} on rank {e.rank}")
+        self.diagnosed(job, found)
+        job.replace_spec(skip_steps=sorted({*skipped, e.step}))
+        job.transition(JobStatus.RESTARTING, reason=f"{note}: the ranks stop, then it continues "
+                                                    f"from {resume} without step {e.step}'s batch")
+        self.rollback_note = note
+        job.record("rolled back", f"{note}; continues from {resume}", rank=e.rank,
+                   nonfinite_step=e.step)
+        job.ask(Word.STOP, 1)
 
-def started(job: Lifecycle, e: ev.Started) -> None:
-    """Compare the versions of the gang's ranks once every one has started."""
-    book = job.anomalies.of(job.attempt)
-    if e.versions is None or e.rank in book.versions:
-        return
-    book.versions[e.rank] = dict(e.versions)
-    if len(book.versions) == job.world_size:
-        hosts = {i: slot.host for i, slot in enumerate(job.ranks)}
-        found = dx.version_mismatch(book.versions, hosts)
-        if found is not None:
-            diagnosed(job, found)
+    def _fail(self, job: JobView, e: ev.NonFinite, found: dx.Diagnosis, why: str) -> None:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(e.values.items()))
+        message = f"non-finite {shown} at step {e.step} (on_nan={job.spec.on_nan!r}){why}"
+        found = self.diagnosed(job, found)
+        job.fail({**ev.error_record(e.rank, "NonFiniteLoss", message),
+                  "diagnosis": found.as_dict()})
 
-
-def nonfinite(job: Lifecycle, e: ev.NonFinite) -> None:
-    book = job.anomalies.of(job.attempt)
-    if job.status not in LIVE or e.step in book.nonfinite_steps:
-        return
-    policy = job.spec.on_nan
-    book.nonfinite_steps.add(e.step)
-    if policy == "report":
-        # once a loss is NaN the next ones usually are too: say it once, unless the rows of
-        # an earlier step come later (the ranks' rows arrive in any order)
-        if book.reported is None or e.step < book.reported:
-            book.reported = e.step
-            diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
-    elif policy == "pause":
-        diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
-        if job.status is JobStatus.RUNNING and job.words[Word.PAUSE] <= job.words[Word.RESUME]:
-            job._pause(ev.PauseRequested())
-    elif policy == "fail":
-        _fail(job, e, dx.nonfinite(e.rank, e.step, e.values, policy), "")
-    else:
-        _rollback(job, e)
-
-
-def _rollback(job: Lifecycle, e: ev.NonFinite) -> None:
-    skipped = list(job.spec.skip_steps or [])
-    book = job.anomalies
-    found = dx.nonfinite(e.rank, e.step, e.values, "rollback")
-    if e.step in skipped:
-        _fail(job, e, found, f"; step {e.step} is non-finite again although its batch was "
-                             "dropped: the data is not the cause")
-        return
-    if book.rollbacks >= book.max_rollbacks:
-        _fail(job, e, found, f"; all {book.max_rollbacks} rollback(s) of the job are used up")
-        return
-    book.rollbacks += 1
-    resume = (f"checkpoint {job.checkpoint} (step {job.checkpoint_step})" if job.checkpoint
-              else "the start (no checkpoint yet)")
-    note = (f"rollback {book.rollbacks} of {book.max_rollbacks} after a non-finite value at step "
-            f"{e.step} on rank {e.rank}")
-    diagnosed(job, found)
-    job.spec = job.spec.replace(skip_steps=sorted({*skipped, e.step}))
-    job.restart_paused = False
-    job._transition(JobStatus.RESTARTING, reason=f"{note}: the ranks stop, then it continues "
-                                                 f"from {resume} without step {e.step}'s batch")
-    book.rollback_note = note
-    faults.record(job, "rolled back", f"{note}; continues from {resume}", rank=e.rank,
-                  nonfinite_step=e.step)
-    job._ask(Word.STOP, 1)
-
-
-def _fail(job: Lifecycle, e: ev.NonFinite, found: dx.Diagnosis, why: str) -> None:
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(e.values.items()))
-    message = f"non-finite {shown} at step {e.step} (on_nan={job.spec.on_nan!r}){why}"
-    found = diagnosed(job, found)
-    job._fail({**faults.error(e.rank, "NonFiniteLoss", message), "diagnosis": found.as_dict()})
-
-
-def spike(job: Lifecycle, e: ev.LossSpike) -> None:
-    book = job.anomalies.of(job.attempt)
-    if job.status not in LIVE or e.step in book.spike_steps:
-        return
-    book.spike_steps.add(e.step)
-    pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
-    diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score, e.window,
-                                 paused=pause, mean=e.mean, ranks=e.ranks))
-    if pause and job.words[Word.PAUSE] <= job.words[Word.RESUME]:
-        job._pause(ev.PauseRequested())
+    def spike(self, job: JobView, e: ev.LossSpike) -> None:
+        book = self._of(job.attempt)
+        if job.status not in LIVE or e.step in book.spike_steps:
+            return
+        book.spike_steps.add(e.step)
+        pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
+        self.diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score,
+                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks))
+        if pause:
+            job.pause()

@@ -1,6 +1,6 @@
 """Breakpoints: ``ctx.breakpoint()`` pauses the whole job and opens a pdb session on the
-chosen rank(s), whose input and output go through the notebook (pure; a part of
-:class:`~.lifecycle.Lifecycle`).
+chosen rank(s), whose input and output go through the notebook (pure;
+:class:`Breakpoints` is the part of :class:`~.lifecycle.Lifecycle` that keeps them).
 
 Every rank counts its ``ctx.breakpoint()`` calls (``k``). A chosen rank reports
 ``BreakpointHit(k, step)`` and runs pdb on the caller's frame; the others wait inside
@@ -25,22 +25,20 @@ asked). The rules:
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol import ConsoleMessage, Word
 from ..status import JobStatus
 from . import events as ev
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 MAX_CHUNKS = 1000  # console messages a job keeps for a console opened later
 
 
-class Sessions:
+class Breakpoints:
     """The open pdb sessions of one gang start and the console's transcript.
 
-    >>> book = Sessions()
+    >>> book = Breakpoints()
     >>> book.open[0] = {"k": 1, "step": 4}
     >>> book.add(0, 1, "(Pdb) ", True)["seq"]
     1
@@ -68,57 +66,52 @@ class Sessions:
         return {"sessions": {str(r): dict(s) for r, s in sorted(self.open.items())},
                 "chunks": list(self.chunks)}
 
+    def of(self, attempt: int) -> Breakpoints:
+        """This object, for gang start ``attempt``: a restart's ranks count their
+        breakpoints from 0 again (the transcript and its numbering go on)."""
+        if self.attempt != attempt:
+            self.attempt, self.open, self.k, self.pausing = attempt, {}, 0, False
+        return self
 
-def book(job: Lifecycle) -> Sessions:
-    """The sessions of the current gang start: a restart's ranks count their breakpoints
-    from 0 again (the transcript and its numbering go on)."""
-    sessions = job.breaks
-    if sessions.attempt != job.attempt:
-        sessions.attempt, sessions.open, sessions.k, sessions.pausing = job.attempt, {}, 0, False
-    return sessions
+    # --- events ---------------------------------------------------------------------------
+    def hit(self, job: JobView, e: ev.BreakpointHit) -> None:
+        """A chosen rank reached breakpoint ``k``: the job pauses, its session opens."""
+        self.of(job.attempt)
+        self.k = max(self.k, e.k)
+        if job.status is JobStatus.RUNNING:
+            job.transition(JobStatus.PAUSED, paused_at=e.step, reason=(
+                f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
+                "(job.console()); 'c' or job.resume() continues"))
+            self.pausing = True
+        elif not (job.status is JobStatus.PAUSED and self.pausing):
+            self.pausing = False
+            job.emit(ev.Publish(self.add(e.rank, e.k, (
+                f"(job is {job.status.name}: breakpoint {e.k} on rank {e.rank} is skipped)\n"),
+                False)))
+            job.ask(Word.RELEASE, e.k)
+            return
+        self.open[e.rank] = {"k": e.k, "step": e.step}
+        job.emit(ev.Publish(self.add(e.rank, e.k, (
+            f"[rank {e.rank}: ctx.breakpoint() #{e.k} at step {e.step}]\n"), True)))
 
+    def output(self, job: JobView, e: ev.ConsoleOutput) -> None:
+        """What a session printed; its end releases the breakpoint once no session is left."""
+        self.of(job.attempt)
+        if e.text or e.closed:
+            job.emit(ev.Publish(self.add(e.rank, e.k, e.text, not e.closed)))
+        if not e.closed:
+            return
+        self.open.pop(e.rank, None)
+        if any(s["k"] == e.k for s in self.open.values()):
+            return  # another chosen rank still debugs this breakpoint
+        if job.status is JobStatus.PAUSED and self.pausing:
+            job.transition(JobStatus.RUNNING, reason="")
+        self.pausing = False
+        job.ask(Word.RELEASE, e.k)
 
-# --- the lifecycle's rules ----------------------------------------------------------------
-def hit(job: Lifecycle, e: ev.BreakpointHit) -> None:
-    """A chosen rank reached breakpoint ``k``: the job pauses, its session opens."""
-    sessions = book(job)
-    sessions.k = max(sessions.k, e.k)
-    if job.status is JobStatus.RUNNING:
-        job._transition(JobStatus.PAUSED, paused_at=e.step, reason=(
-            f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
-            "(job.console()); 'c' or job.resume() continues"))
-        sessions.pausing = True
-    elif not (job.status is JobStatus.PAUSED and sessions.pausing):
-        sessions.pausing = False
-        job._out.append(ev.Publish(sessions.add(e.rank, e.k, (
-            f"(job is {job.status.name}: breakpoint {e.k} on rank {e.rank} is skipped)\n"),
-            False)))
-        job._ask(Word.RELEASE, e.k)
-        return
-    sessions.open[e.rank] = {"k": e.k, "step": e.step}
-    job._out.append(ev.Publish(sessions.add(e.rank, e.k, (
-        f"[rank {e.rank}: ctx.breakpoint() #{e.k} at step {e.step}]\n"), True)))
-
-
-def output(job: Lifecycle, e: ev.ConsoleOutput) -> None:
-    """What a session printed; its end releases the breakpoint once no session is left."""
-    sessions = book(job)
-    if e.text or e.closed:
-        job._out.append(ev.Publish(sessions.add(e.rank, e.k, e.text, not e.closed)))
-    if not e.closed:
-        return
-    sessions.open.pop(e.rank, None)
-    if any(s["k"] == e.k for s in sessions.open.values()):
-        return  # another chosen rank still debugs this breakpoint
-    if job.status is JobStatus.PAUSED and sessions.pausing:
-        job._transition(JobStatus.RUNNING, reason="")
-    sessions.pausing = False
-    job._ask(Word.RELEASE, e.k)
-
-
-def resumed(job: Lifecycle) -> None:
-    """``job.resume()`` of a job a breakpoint paused: every session continues."""
-    sessions = book(job)
-    if sessions.pausing or sessions.open:
-        sessions.pausing = False
-        job._ask(Word.RELEASE, sessions.k)
+    def resumed(self, job: JobView) -> None:
+        """``job.resume()`` of a job a breakpoint paused: every session continues."""
+        self.of(job.attempt)
+        if self.pausing or self.open:
+            self.pausing = False
+            job.ask(Word.RELEASE, self.k)

@@ -446,3 +446,11 @@ Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequ
 
 def status_message(status: str, attempt: int) -> StatusMessage:
     return {"kind": "status", "status": status, "attempt": attempt}
+
+
+def error_record(rank: int | None, exc_type: str, message: str, traceback: str = "",
+                 facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A job's error record (``JobFailedError.from_record`` reads it); ``facts`` of a lost
+    worker (how its process ended) are what its diagnosis rests on."""
+    err = {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
+    return {**err, "facts": {"worker": facts}} if facts else err

@@ -24,15 +24,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import config
-from ..protocol import EXIT_TOPIC, RankEvent, topic
-from . import events as ev
+from ..protocol import EXIT_TOPIC, RankEvent
 from ..signals import SpikeDetector, StepMeans, first_nonfinite
-
-if TYPE_CHECKING:
-    from .plugin import ControlPlane, Run
+from . import events as ev
+from .plane import Plane, Run
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +42,7 @@ FRESH = 60.0          # seconds a report stays a worker's
 class Evidence:
     """The facts one control plane keeps for diagnoses."""
 
-    def __init__(self, plane: ControlPlane):
+    def __init__(self, plane: Plane):
         self.plane = plane
         self.wait = float(config.get("diagnosis.exit-report-wait", 1.0))
         self.exits: dict[str, dict[str, Any]] = {}          # worker -> its nanny's report
@@ -59,7 +57,7 @@ class Evidence:
             self._feed_lost(run, event)
             return
         self.pending[event.worker] = (run, event)
-        self.plane.scheduler.loop.call_later(self.wait, self._expire, event.worker)
+        self.plane.call_later(self.wait, self._expire, event.worker)
 
     def heard(self, name: str, msg: Any) -> None:
         """An event logged on the scheduler (every topic passes here: return fast)."""
@@ -155,9 +153,9 @@ class Evidence:
                           {"diagnosis": d})
         rank = d["rank"] if d.get("rank") is not None else 0
         journal.add_logs(run.id, [(rank, now, "log", line)])
-        publish = self.plane.scheduler.log_event
-        publish(topic(run.id), {"kind": "diagnosis", "diagnosis": d})
-        publish(topic(run.id), {"kind": "metrics", "rank": rank, "attempt": run.machine.attempt,
+        publish = self.plane.publish
+        publish(run.id, {"kind": "diagnosis", "diagnosis": d})
+        publish(run.id, {"kind": "metrics", "rank": rank, "attempt": run.machine.attempt,
                                 "sent": now, "event": "diagnosis", "rows": [],
                                 "logs": [(rank, now, "log", line)], "system": [], "phases": []})
 

@@ -1,12 +1,13 @@
 """Faults: which of a failing job's errors is the one to report, and what a lost worker
 does (restart within the budget, else fail).
 
-Pure, a part of :class:`~.lifecycle.Lifecycle` (its ``Failed`` and
-``GraceExpired`` events). When a worker dies, its peers fail in their next
-collective (``Connection reset by peer``, a gloo or NCCL error) and, on a
-loaded machine, their errors often reach the scheduler before Dask's notice
-that the worker left. So a rank's failure is **held back** until every rank
-of the gang is out, a worker of the job is lost, or ``failure_grace`` passes:
+Pure; :class:`Faults` is the part of :class:`~.lifecycle.Lifecycle` that handles
+``Failed`` and ``GraceExpired`` and the losses the lifecycle hands it. When a
+worker dies, its peers fail in their next collective (``Connection reset by
+peer``, a gloo or NCCL error) and, on a loaded machine, their errors often
+reach the scheduler before Dask's notice that the worker left. So a rank's
+failure is **held back** until every rank of the gang is out, a worker of the
+job is lost, or ``failure_grace`` passes:
 
 - a lost worker (or a rank that could not be started) is then the cause; the
   held errors are its *consequences*, kept in the error record;
@@ -23,15 +24,13 @@ Every cause, and every restart, is also kept as a durable event of the job
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol import ExitStatus, Word
 from ..status import JobStatus
-from . import anomalies
 from . import events as ev
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .anomalies import Anomalies
+from .view import JobView
 
 # a job whose failure is held back, and that restarts (not fails) after a lost worker
 HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
@@ -60,108 +59,134 @@ def brief(err: dict[str, Any]) -> dict[str, Any]:
             "message": message[0][:500] if message else ""}
 
 
-def failed(job: Lifecycle, e: ev.Failed) -> None:
-    # while RESTARTING, the other ranks fail for want of the lost one: not news
-    if job.status.terminal or job.status is JobStatus.RESTARTING:
-        return
-    if job.status is JobStatus.HELD:  # a peer of a held rank failed outright: weighed alike
-        from .holds import weigh
+class Faults:
+    """The cause held back for one gang start, its consequences, and the restart budget.
 
-        weigh(job, e.rank, e.error)
-        return
-    if job.status is JobStatus.STOPPING and (is_communication_error(e.error) or any(
-            status is ExitStatus.LOST for status in job.exited.values())
-            or job.holds.ranks):  # a held job's stop: its cause is chosen already
-        job.consequences.append(brief(e.error))  # a peer's broken link on the way out
-        return
-    if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
-        job._fail(e.error)
-        return
-    if job.held_failure is None:  # was it a peer's lost worker? wait and see
-        job.held_failure = e.error
-        job._out.append(ev.StartTimer(job.failure_grace, ev.GraceExpired(job.attempt)))
-        if job.restarts >= job.spec.max_restarts:
-            job._ask(Word.STOP, 1)  # it fails either way: the others stop now
-        return
-    if is_communication_error(job.held_failure) and not is_communication_error(e.error):
-        job.consequences.append(brief(job.held_failure))  # this one is the cause
-        job.held_failure = e.error
-    else:
-        job.consequences.append(brief(e.error))
+    >>> faults = Faults(failure_grace=3.0, restarts=0, anomalies=Anomalies())
+    >>> faults.weigh({"type": "DistBackendError", "message": "Connection reset by peer"})
+    True
+    >>> faults.weigh({"type": "ValueError", "message": "bad batch"})  # the real cause
+    True
+    >>> faults.cause["type"], [c["type"] for c in faults.consequences]
+    ('ValueError', ['DistBackendError'])
+    """
 
+    def __init__(self, failure_grace: float, restarts: int, anomalies: Anomalies):
+        self.failure_grace = failure_grace
+        self.restarts = restarts          # gang restarts used (max_restarts is the budget)
+        self.anomalies = anomalies        # a cause's diagnosis, a rollback's restart label
+        self.restart_paused = False       # it was PAUSED when it lost a worker
+        self.restart_note: str | None = None  # why the next restart happens, when not a loss
+        self.new_gang()
 
-def caused(err: dict[str, Any], job: Lifecycle) -> dict[str, Any]:
-    """``err`` with the errors it caused (held back meanwhile) as its consequences."""
-    held = ([brief(job.held_failure)] if job.held_failure is not None
-            and job.held_failure is not err else [])
-    consequences = (held + job.consequences)[:MAX_CONSEQUENCES]
-    return {**err, "consequences": consequences} if consequences else err
+    def new_gang(self) -> None:
+        self.cause: dict[str, Any] | None = None  # the error held back so far
+        self.consequences: list[dict[str, Any]] = []  # the errors held back beside it
 
+    # --- weighing errors ------------------------------------------------------------------
+    def weigh(self, err: dict[str, Any]) -> bool:
+        """Keep ``err`` as the cause or as a consequence; True when it is the cause now:
+        the first error, or the first one that is not a communication error."""
+        if self.cause is None:
+            self.cause = err
+            return True
+        if is_communication_error(self.cause) and not is_communication_error(err):
+            self.consequences.append(brief(self.cause))
+            self.cause = err
+            return True
+        self.consequences.append(brief(err))
+        return False
 
-def fail_held(job: Lifecycle) -> None:
-    """No worker of the job was lost after all: the held-back failure is the job's."""
-    err = job.held_failure
-    assert err is not None
-    job._fail(caused(err, job))
+    def add_consequence(self, err: dict[str, Any]) -> None:
+        self.consequences.append(brief(err))
 
+    def take(self, err: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``err`` (by default the cause held back) with the errors held back beside it as
+        its consequences; nothing is held back any more."""
+        cause = self.cause if err is None else err
+        assert cause is not None
+        held = [brief(self.cause)] if self.cause is not None and self.cause is not cause else []
+        consequences = (held + self.consequences)[:MAX_CONSEQUENCES]
+        self.new_gang()
+        return {**cause, "consequences": consequences} if consequences else cause
 
-# --- a lost worker: restart within the budget, else fail -------------------------------------
-def error(rank: int | None, exc_type: str, message: str, traceback: str = "",
-          facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A job's error record (``JobFailedError.from_record`` reads it); ``facts`` of a lost
-    worker (how its process ended) are what its diagnosis rests on."""
-    err = {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}
-    return {**err, "facts": {"worker": facts}} if facts else err
+    def blame(self, loss: dict[str, Any]) -> dict[str, Any]:
+        """A lost worker explains the cause held back (a communication error, or none):
+        ``loss`` is the cause, the old one its only consequence."""
+        consequences = [brief(self.cause)] if self.cause is not None else []
+        self.new_gang()
+        return {**loss, "consequences": consequences} if consequences else loss
 
+    def note_restart(self, note: str) -> None:
+        """Why the next restart happens (it is not a lost worker's)."""
+        self.restart_note = note
 
-def lost(job: Lifecycle, rank: int | None, exc_type: str, message: str,
-         facts: dict[str, Any] | None = None) -> None:
-    """Rank ``rank``'s worker is gone (or could not start it): restart the gang
-    while the restart budget lasts, else fail the job."""
-    budget = job.spec.max_restarts
-    if job.status is JobStatus.RESTARTING:
-        return  # another worker of the gang (a whole host went): part of the same restart
-    if job.status in HOLDABLE and job.restarts < budget:
-        # the peers of the lost rank failed for want of it: consequences, not causes
-        cause = caused(error(rank, exc_type, message, facts=facts), job)
-        job.held_failure, job.consequences = None, []
-        anomalies.on_failure(job, cause)  # e.g. out of memory: worth knowing before it recurs
-        job.restarts += 1
-        job.restart_paused = job.status is JobStatus.PAUSED
-        job._transition(JobStatus.RESTARTING, restarts=job.restarts, reason=(
-            f"{message}; restart {job.restarts} of {budget}: the other ranks stop first"))
-        record(job, "restarted", f"{message}; restart {job.restarts} of {budget}",
-               rank=rank, attempt=job.attempt, consequences=cause.get("consequences", []))
-        job._ask(Word.STOP, 1)
-    elif not job.status.terminal:
-        if budget and job.status in HOLDABLE:
-            message += f" (all {budget} restart(s) of the job are used up)"
-        cause = caused(error(rank, exc_type, message, facts=facts), job)
-        job.held_failure, job.consequences = None, []
-        job._fail(cause)
+    # --- events ---------------------------------------------------------------------------
+    def failed(self, job: JobView, e: ev.Failed) -> None:
+        # while RESTARTING, the other ranks fail for want of the lost one: not news
+        if job.status.terminal or job.status is JobStatus.RESTARTING:
+            return
+        if job.status is JobStatus.STOPPING and (is_communication_error(e.error) or any(
+                status is ExitStatus.LOST for status in job.exited.values())
+                or job.held_ranks):  # a held job's stop: its cause is chosen already
+            self.add_consequence(e.error)  # a peer's broken link on the way out
+            return
+        if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
+            job.fail(e.error)
+            return
+        if self.cause is None:  # was it a peer's lost worker? wait and see
+            self.cause = e.error
+            job.emit(ev.StartTimer(self.failure_grace, ev.GraceExpired(job.attempt)))
+            if self.restarts >= job.spec.max_restarts:
+                job.ask(Word.STOP, 1)  # it fails either way: the others stop now
+            return
+        self.weigh(e.error)
 
+    def grace_expired(self, job: JobView, e: ev.GraceExpired) -> bool:
+        """No worker of the job was lost after all: the held-back failure is the job's
+        (True when it failed the job)."""
+        if (self.cause is not None and e.attempt == job.attempt
+                and not job.status.terminal and job.status is not JobStatus.RESTARTING
+                and job.status is not JobStatus.HELD):  # a hold is ended by its owner
+            self.fail_held(job)
+            return True
+        return False
 
-def restart(job: Lifecycle) -> None:
-    """Every rank of the lost gang is out: queue again, first in line, to continue
-    from the newest committed checkpoint (or from the start without one)."""
-    resume = job.checkpoint or job.spec.resume
-    # the history goes on from where the new run begins (its Restored event trims
-    # it again if an explicit resume= loads an older step)
-    job._out.append(ev.TruncateHistory(job.checkpoint_step if job.checkpoint else 0))
-    job._reset_ranks()
-    job.spec = job.spec.replace(resume=resume, attempt=job.attempt + 1)
-    if job.restart_paused:
-        job.words[Word.PAUSE] = 1
-    where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
-    # why: a lost worker's restart N, a rollback (anomalies), the owner's restart (holds)
-    note = job.restart_note or job.anomalies.restart_label(job.restarts)
-    job.restart_note = None
-    job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
-    job._transition(JobStatus.QUEUED, reason=f"{note}: {where}")
-    job._out.append(ev.Enqueue(front=True))
+    def fail_held(self, job: JobView) -> None:
+        """The held-back failure is the job's."""
+        job.fail(self.take())
 
+    # --- a lost worker: restart within the budget, else fail ---------------------------------
+    def lost(self, job: JobView, rank: int | None, exc_type: str, message: str,
+             facts: dict[str, Any] | None = None) -> None:
+        """Rank ``rank``'s worker is gone (or could not start it): restart the gang
+        while the restart budget lasts, else fail the job."""
+        budget = job.spec.max_restarts
+        if job.status is JobStatus.RESTARTING:
+            return  # another worker of the gang (a whole host went): part of the same restart
+        if job.status in HOLDABLE and self.restarts < budget:
+            # the peers of the lost rank failed for want of it: consequences, not causes
+            cause = self.take(ev.error_record(rank, exc_type, message, facts=facts))
+            self.anomalies.on_failure(job, cause)  # e.g. out of memory: worth knowing now
+            self.restarts += 1
+            self.restart_paused = job.status is JobStatus.PAUSED
+            job.transition(JobStatus.RESTARTING, restarts=self.restarts, reason=(
+                f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"))
+            job.record("restarted", f"{message}; restart {self.restarts} of {budget}",
+                       rank=rank, attempt=job.attempt,
+                       consequences=cause.get("consequences", []))
+            job.ask(Word.STOP, 1)
+        elif not job.status.terminal:
+            if budget and job.status in HOLDABLE:
+                message += f" (all {budget} restart(s) of the job are used up)"
+            job.fail(self.take(ev.error_record(rank, exc_type, message, facts=facts)))
 
-def record(job: Lifecycle, kind: str, message: str, **data: Any) -> None:
-    """A durable event of the job (``job.events()``): a restart, a failure, a change of
-    world size, a preemption; the control plane stamps it with the time and step."""
-    job._out.append(ev.Record(kind, message, data))
+    def restart(self, job: JobView) -> None:
+        """Every rank of the leaving gang is out: queue again, first in line, to continue
+        from the newest committed checkpoint (or from the start without one)."""
+        resume = job.resume_point
+        where = f"from checkpoint {resume}" if resume else "from the start (no checkpoint)"
+        # why: a lost worker's restart N, a rollback (anomalies), the owner's restart (holds)
+        note = self.restart_note or self.anomalies.restart_label(self.restarts)
+        paused, self.restart_note, self.restart_paused = self.restart_paused, None, False
+        job.requeue(f"{note}: {where}", front=True, paused=paused)

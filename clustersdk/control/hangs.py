@@ -12,7 +12,7 @@ it or after it: a function that never calls it is not watched). A deadlocked col
 frozen process (SIGSTOP) all look alike here: no step ends; ``job.stacks()``
 tells them apart.
 
-The lifecycle's side (:func:`detected`, :func:`progressed`, :func:`overdue`):
+The lifecycle's side (:class:`Hangs`):
 RUNNING becomes HUNG (its reason says for how long and where each rank is,
 its stacks are collected), then the job's ``on_hang`` applies: ``"report"``
 keeps waiting, ``"restart"`` restarts the gang from its newest checkpoint
@@ -26,22 +26,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..protocol import ExitStatus
 from ..status import JobStatus
 from . import events as ev
-from . import faults
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 MIN_DEFAULT = 60.0      # the default hang_timeout is never shorter ...
 STEP_FACTOR = 20.0      # ... and at least this many times the slowest recent step
 RECENT_STEPS = 50       # steps that define "recent"
 EXEMPT = frozenset({"checkpoint", "paused"})  # phases whose time is not waiting
-OUTSIDE = frozenset({"setup", "done"})
-LEAVING = frozenset({JobStatus.STOPPING, JobStatus.RESTARTING, JobStatus.FAILED})         # before or after ctx.loop: no steps to count
+OUTSIDE = frozenset({"setup", "done"})  # before or after ctx.loop: no steps to count
+# the states in which ranks that did not get out in time are ended
+LEAVING = frozenset({JobStatus.STOPPING, JobStatus.RESTARTING, JobStatus.FAILED})
 
 
 @dataclasses.dataclass
@@ -112,51 +110,55 @@ class Watch:
         return ", ".join(parts) or "no rank has reported yet"
 
 
-# --- the lifecycle's rules -------------------------------------------------------------
-def detected(job: Lifecycle, e: ev.HangDetected) -> None:
-    if job.status is not JobStatus.RUNNING:
-        return
-    message = (f"hung: no rank has finished a step for {e.idle_for:.0f} s (hang_timeout "
-               f"{e.timeout:.0f} s); {e.where}; job.stacks() shows where each rank is")
-    job.hang_grace = e.grace
-    job._transition(JobStatus.HUNG, reason=message)
-    faults.record(job, "hung", message, idle_for=round(e.idle_for, 3))
-    job._out.append(ev.CollectStacks())
-    policy = job.spec.on_hang
-    if policy == "restart":
-        job._lost(None, "Hang", message)
-    elif policy == "fail":
-        job._fail({"rank": None, "type": "Hang", "message": message, "traceback": ""})
-    if job.status is not JobStatus.HUNG:  # leaving: ranks that never get out are ended
-        job._out.append(ev.StartTimer(e.grace, ev.StopOverdue(job.attempt, e.grace)))
+class Hangs:
+    """The lifecycle's side of hangs: HUNG, ``on_hang``, and ranks that never stop.
 
+    ``grace`` is how long the ranks of a leaving hung (or held) gang may take to get
+    out before their workers are restarted (the plane's ``hang-stop-grace``).
+    """
 
-def progressed(job: Lifecycle, e: ev.Progressed) -> None:
-    if job.status is JobStatus.HUNG:
-        job._transition(JobStatus.RUNNING, reason="")
-        faults.record(job, "recovered", "a step finished again: running")
+    def __init__(self, grace: float = 10.0):
+        self.grace = grace
 
+    def detected(self, job: JobView, e: ev.HangDetected) -> None:
+        if job.status is not JobStatus.RUNNING:
+            return
+        message = (f"hung: no rank has finished a step for {e.idle_for:.0f} s (hang_timeout "
+                   f"{e.timeout:.0f} s); {e.where}; job.stacks() shows where each rank is")
+        self.grace = e.grace
+        job.transition(JobStatus.HUNG, reason=message)
+        job.record("hung", message, idle_for=round(e.idle_for, 3))
+        job.emit(ev.CollectStacks())
+        policy = job.spec.on_hang
+        if policy == "restart":
+            job.lose(None, "Hang", message)
+        elif policy == "fail":
+            job.fail(ev.error_record(None, "Hang", message))
+        if job.status is not JobStatus.HUNG:  # leaving: ranks that never get out are ended
+            self.stopping(job)
 
-def stopping(job: Lifecycle) -> None:
-    """A user's stop of a HUNG job: the ranks that never reach a boundary are ended."""
-    job._out.append(ev.StartTimer(job.hang_grace, ev.StopOverdue(job.attempt, job.hang_grace)))
+    def progressed(self, job: JobView, e: ev.Progressed) -> None:
+        if job.status is JobStatus.HUNG:
+            job.transition(JobStatus.RUNNING, reason="")
+            job.record("recovered", "a step finished again: running")
 
+    def stopping(self, job: JobView) -> None:
+        """A hung (or held) gang is leaving: the ranks that never reach a boundary are
+        ended after the grace."""
+        job.emit(ev.StartTimer(self.grace, ev.StopOverdue(job.attempt, self.grace)))
 
-def overdue(job: Lifecycle, e: ev.StopOverdue) -> None:
-    """Ranks of the hung gang still out: restart their workers, free their slots."""
-    if e.attempt != job.attempt or job.status not in LEAVING:
-        return  # an earlier gang's, or the job came back to life and goes on
-    stuck = [rank for rank in sorted(job.held) if rank not in job.exited]
-    for rank in stuck:
-        worker = job.ranks[rank].worker
-        job._out.append(ev.RestartWorker(worker, f"rank {rank} of job {job.name!r} hung and "
-                                                 "did not stop"))
-        job.exited[rank] = ExitStatus.LOST
-        job._free(rank)
-    if stuck:
-        faults.record(job, "ended", f"rank(s) {', '.join(map(str, stuck))} did not stop within "
-                      f"{e.grace:.0f} s: their workers are restarted", ranks=stuck)
-    job._maybe_done()
+    def overdue(self, job: JobView, e: ev.StopOverdue) -> None:
+        """Ranks of the hung gang still out: restart their workers, free their slots."""
+        if e.attempt != job.attempt or job.status not in LEAVING:
+            return  # an earlier gang's, or the job came back to life and goes on
+        stuck = [rank for rank in range(len(job.ranks)) if rank not in job.exited]
+        for rank in stuck:
+            job.emit(ev.RestartWorker(job.ranks[rank].worker, f"rank {rank} of job "
+                                      f"{job.name!r} hung and did not stop"))
+        if stuck:
+            job.record("ended", f"rank(s) {', '.join(map(str, stuck))} did not stop within "
+                       f"{e.grace:.0f} s: their workers are restarted", ranks=stuck)
+        job.end_ranks(stuck, ExitStatus.LOST)
 
 
 def worth_watching(status: JobStatus) -> bool:

@@ -28,17 +28,23 @@ The rules, by event:
   resume); **Profiled**: a rank's trace and summary, journaled with the
   request under ``profiles``; once every rank reported, a ``profile`` message.
 - **RunRequested / UpdateRequested** (``job.run``, ``job.update``): kept in the job's
-  :class:`~.live.LiveBook` and pulled by the ranks at their next agreed boundary; a
+  :class:`~.live.LiveRequests` and pulled by the ranks at their next agreed boundary; a
   new gang starts with every change so far (see :mod:`.live`).
 - Requests (stop, pause, resume, checkpoint, suspend, profile) check the state first
   and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
   ``SpecError``) before changing anything.
 
-Rules of their own live beside this module, as functions of a ``Lifecycle``:
-:mod:`.faults` (held failures, lost workers, restarts, durable events),
-:mod:`.hangs` (HUNG), :mod:`.sharing` (preemption, idle reclaim, growing back),
-:mod:`.profiles` (``job.profile``), :mod:`.holds` (HELD: ``on_error="hold"``) and
-:mod:`.breakpoints` (``ctx.breakpoint()`` and its console).
+Each concern with rules of its own is an object beside this module that owns its
+state (as h11 keeps one small state machine per party): :class:`~.faults.Faults`
+(held failures, lost workers, restarts), :class:`~.hangs.Hangs` (HUNG),
+:class:`~.holds.Holds` (HELD: ``on_error="hold"``), :class:`~.breakpoints.Breakpoints`
+(``ctx.breakpoint()`` and its console), :class:`~.anomalies.Anomalies` (diagnoses,
+non-finite losses, spikes), :class:`~.live.LiveRequests` (``job.run``, ``job.update``),
+:class:`~.profiling.Profiles` (``job.profile``) and :class:`~.sharing.Sharing`
+(preemption, idle reclaim, growing back). The lifecycle composes them: it routes
+each event to its handler, hands it the job as a :class:`~.view.JobView` (the facts,
+read-only, and a few commands), and is the only writer of the job's status, spec,
+gang and control words.
 
 Slots: every rank of an allocated gang is freed exactly once (:class:`FreeSlot`,
 on its exit, its worker's loss or its failed start), and a job is released
@@ -48,18 +54,35 @@ Events of an earlier gang start (``attempt``) are ignored.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InvalidTransitionError, SpecError
 from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
 from . import events as ev
-from . import anomalies, breakpoints, faults, hangs, holds, live, profiles, sharing
-from .breakpoints import Sessions
-from .faults import error
-from .live import LiveBook
-from .profiles import ProfileBook
+from .anomalies import MAX_ROLLBACKS, Anomalies
+from .breakpoints import Breakpoints
+from .faults import Faults
+from .hangs import Hangs
+from .holds import Holds
+from .live import LiveRequests
+from .profiling import Profiles
+from .sharing import Sharing
+
+
+@dataclasses.dataclass
+class Gang:
+    """One gang start of a job: where its ranks run and what each has said."""
+
+    ranks: tuple[ev.RankSlot, ...] = ()
+    held: set[int] = dataclasses.field(default_factory=set)   # ranks whose slot is the job's
+    started: set[int] = dataclasses.field(default_factory=set)
+    exited: dict[int, ExitStatus] = dataclasses.field(default_factory=dict)
+    paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step it waits at
+    words: list[int] = dataclasses.field(default_factory=no_words)
+    result: bytes | None = None  # rank 0's pickled return value
 
 
 class Lifecycle:
@@ -74,61 +97,141 @@ class Lifecycle:
     """
 
     def __init__(self, spec: WireSpec, *, failure_grace: float,
-                 status: JobStatus = JobStatus.QUEUED, restarts: int = 0,
-                 checkpoint: str | None = None, checkpoint_step: int | None = None):
-        self.spec = spec
-        self.status = status
-        self.failure_grace = failure_grace
-        self.restarts = restarts
-        self.checkpoint, self.checkpoint_step = checkpoint, checkpoint_step  # newest committed
+                 max_rollbacks: int = MAX_ROLLBACKS, status: JobStatus = JobStatus.QUEUED,
+                 restarts: int = 0, checkpoint: str | None = None,
+                 checkpoint_step: int | None = None):
+        self._spec = spec
+        self._status = status
+        self._checkpoint, self._checkpoint_step = checkpoint, checkpoint_step  # newest committed
         self.checkpoint_seq = 0          # newest CHECKPOINT request committed
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
-        self.restart_paused = False      # it was PAUSED when it lost a worker
-        self.hang_grace = 10.0           # how long a hung gang may take to stop
-        self.grow_to: int | None = None  # leaving to come back at this world size
-        self.preempted = False           # leaving for another job: queues again when out
-        self.preempt_reason = ""         # ... and why (its reason while QUEUED again)
-        self.leave_reason = ""           # why it was reclaimed (kept once it is out)
-        self.profiles = ProfileBook()    # job.profile requests and the ranks' reports
-        self.breaks = Sessions(spec.attempt)  # ctx.breakpoint() sessions and their console
-        self.restart_note: str | None = None  # why the next restart happens, when not a loss
-        self.live = LiveBook()           # job.run / job.update requests and the ranks' reports
-        self.anomalies = anomalies.AnomalyBook()  # diagnoses, rollbacks (see anomalies.py)
         self.released = False
+        self.gang = Gang()
         self._out: list[ev.Action] = []
         self._now = 0.0
-        self._reset_ranks()
+        # the concerns, each with its own state (see the module's docstring)
+        self.anomalies = Anomalies(max_rollbacks)
+        self.faults = Faults(failure_grace, restarts, self.anomalies)
+        self.hangs = Hangs()
+        self.holds = Holds(self.faults, self.hangs)
+        self.breakpoints = Breakpoints(spec.attempt)
+        self.live = LiveRequests()
+        self.profiles = Profiles()
+        self.sharing = Sharing()
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            ev.Allocated: self._allocated,
+            ev.Started: self._started,
+            ev.Paused: self._paused,
+            ev.Resumed: self._resumed,
+            ev.LoopStarted: self._loop_started,
+            ev.Restored: self._restored,
+            ev.CheckpointCommitted: self._checkpoint_committed,
+            ev.CheckpointFailed: self._checkpoint_failed,
+            ev.Failed: self._failed,
+            ev.Exited: self._exited,
+            ev.StartFailed: self._start_failed,
+            ev.WorkerLost: self._worker_lost,
+            ev.GraceExpired: self._grace_expired,
+            ev.StopRequested: self._stop,
+            ev.PauseRequested: self._pause,
+            ev.PauseWithdrawn: self._pause_withdrawn,
+            ev.ResumeRequested: self._resume,
+            ev.CheckpointRequested: self._checkpoint_requested,
+            ev.SuspendRequested: self._suspend,
+            ev.SchedulerClosing: self._closing,
+            ev.Profiled: self._to(self.profiles.profiled),
+            ev.ProfileRequested: self._to(self.profiles.requested),
+            ev.HangDetected: self._to(self.hangs.detected),
+            ev.Progressed: self._to(self.hangs.progressed),
+            ev.StopOverdue: self._to(self.hangs.overdue),
+            ev.Preempted: self._to(self.sharing.preempt),
+            ev.Reclaimed: self._to(self.sharing.reclaim),
+            ev.Grow: self._to(self.sharing.grow),
+            ev.Held: self._to(self.holds.held),
+            ev.HoldExpired: self._to(self.holds.expired),
+            ev.RestartRequested: self._to(self.holds.restart),
+            ev.BreakpointHit: self._to(self.breakpoints.hit),
+            ev.ConsoleOutput: self._to(self.breakpoints.output),
+            ev.RunRequested: self._to(self.live.run_requested),
+            ev.Ran: self._to(self.live.ran),
+            ev.UpdateRequested: self._to(self.live.update_requested),
+            ev.Updated: self._to(self.live.updated),
+            ev.Tunable: self._to(self.live.tunable),
+            ev.NonFinite: self._to(self.anomalies.nonfinite),
+            ev.LossSpike: self._to(self.anomalies.spike),
+        }
 
-    def _reset_ranks(self) -> None:
-        self.ranks: tuple[ev.RankSlot, ...] = ()
-        self.held: set[int] = set()          # ranks whose slot is still the job's
-        self.started: set[int] = set()
-        self.exited: dict[int, ExitStatus] = {}
-        self.paused: dict[int, int] = {}     # rank -> step it waits before
-        self.words = no_words()
-        self.held_failure: dict[str, Any] | None = None  # the cause so far (see faults.py)
-        self.consequences: list[dict[str, Any]] = []     # the errors held back beside it
-        self.result: bytes | None = None
-        self.holds = holds.HoldBook()  # the ranks held under on_error="hold"
+    def _to(self, handler: Callable[[Lifecycle, Any], None]) -> Callable[[Any], None]:
+        return lambda event: handler(self, event)
 
-    # --- properties ------------------------------------------------------------------
+    # --- the facts (a JobView) ---------------------------------------------------------------
     @property
     def id(self) -> str:
-        return self.spec.id
+        return self._spec.id
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self._spec.name
+
+    @property
+    def spec(self) -> WireSpec:
+        return self._spec
+
+    @property
+    def status(self) -> JobStatus:
+        return self._status
 
     @property
     def attempt(self) -> int:
-        return self.spec.attempt
+        return self._spec.attempt
 
     @property
     def world_size(self) -> int:
-        return self.spec.world_size
+        return self._spec.world_size
 
-    # --- the one entry point ----------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def ranks(self) -> tuple[ev.RankSlot, ...]:
+        return self.gang.ranks
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The ranks of the gang whose slot is still the job's."""
+        return frozenset(self.gang.held)
+
+    @property
+    def exited(self) -> Mapping[int, ExitStatus]:
+        return self.gang.exited
+
+    @property
+    def words(self) -> Sequence[int]:
+        return tuple(self.gang.words)
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self._checkpoint
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        return self._checkpoint_step
+
+    @property
+    def resume_point(self) -> str | None:
+        return self._checkpoint or self._spec.resume
+
+    @property
+    def held_ranks(self) -> list[int]:
+        return self.holds.ranks
+
+    @property
+    def restarts(self) -> int:
+        """Gang restarts used (of ``spec.max_restarts``)."""
+        return self.faults.restarts
+
+    # --- the one entry point --------------------------------------------------------------
     def handle(self, event: ev.Event, now: float) -> list[ev.Action]:
         """Apply ``event`` (at time ``now``); return the actions, in order.
 
@@ -140,41 +243,116 @@ class Lifecycle:
         if isinstance(event, ev.RankEventBase) and event.attempt != self.attempt:
             return []
         self._out, self._now = [], now
-        _DISPATCH[type(event)](self, event)
+        self._dispatch[type(event)](event)
         return self._out
 
+    # --- the commands (a JobView) ------------------------------------------------------------
+    def transition(self, status: JobStatus, **fields: Any) -> None:
+        check_transition(self.name, self._status, status)
+        self._status = status
+        self._out.append(ev.Journal({"status": status.name, **fields}))
+        self._out.append(ev.Publish(ev.status_message(status.name, self.attempt)))
+
+    def ask(self, word: Word, value: int) -> None:
+        words = self.gang.words
+        words[word] = max(words[word], value)
+        workers = tuple(r.worker for i, r in enumerate(self.gang.ranks)
+                        if i not in self.gang.exited)
+        if workers:
+            self._out.append(ev.SendControl(tuple(words), self.attempt, workers))
+
+    def pause(self) -> None:
+        words = self.gang.words
+        if words[Word.PAUSE] <= words[Word.RESUME]:
+            self.gang.paused.clear()
+            self.ask(Word.PAUSE, words[Word.RESUME] + 1)
+
+    def emit(self, *actions: ev.Action) -> None:
+        self._out.extend(actions)
+
+    def record(self, kind: str, message: str, **data: Any) -> None:
+        self._out.append(ev.Record(kind, message, data))
+
+    def fail(self, err: dict[str, Any]) -> None:
+        err = self.anomalies.on_failure(self, err)  # with its diagnosis, when it has one
+        rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
+        self.record("failed", f"{rank}{err.get('type')}: {err.get('message')}",
+                    rank=err.get("rank"), consequences=err.get("consequences", []))
+        self._finish(JobStatus.FAILED, error=err, reason="")
+        self.ask(Word.STOP, 1)
+
+    def lose(self, rank: int | None, exc_type: str, message: str,
+             facts: dict[str, Any] | None = None) -> None:
+        if self._status is JobStatus.HELD:
+            self.holds.lost(self, rank, exc_type, message, facts)
+        else:
+            self.faults.lost(self, rank, exc_type, message, facts)
+
+    def end_ranks(self, ranks: Sequence[int], status: ExitStatus) -> None:
+        for rank in ranks:
+            self.gang.exited[rank] = status
+            self._free(rank)
+        self._maybe_done()
+
+    def replace_spec(self, **changes: Any) -> None:
+        self._spec = self._spec.replace(**changes)
+        self._out.append(ev.Journal({"spec": self._spec.as_dict()}))
+
+    def requeue(self, reason: str, *, front: bool = False, paused: bool = False,
+                world_size: int | None = None) -> None:
+        resume = self.resume_point
+        # the history goes on from where the new run begins (its Restored event trims
+        # it again if an explicit resume= loads an older step)
+        self._out.append(ev.TruncateHistory(self._checkpoint_step if self._checkpoint else 0))
+        self._new_gang()
+        changes: dict[str, Any] = {"resume": resume, "attempt": self.attempt + 1}
+        if world_size:
+            changes.update(world_size=world_size, asked_world_size=None)
+        self.replace_spec(**changes)
+        if paused:
+            self.gang.words[Word.PAUSE] = 1
+        self.transition(JobStatus.QUEUED, reason=reason)
+        self._out.append(ev.Enqueue(front=front))
+
     # --- the gang ----------------------------------------------------------------------
+    def _new_gang(self) -> None:
+        self.gang = Gang()
+        self.faults.new_gang()
+        self.holds.new_gang()
+
     def _allocated(self, e: ev.Allocated) -> None:
-        asked = self.spec.asked_world_size or self.world_size
+        asked = self._spec.asked_world_size or self.world_size
         n = len(e.ranks)
         if n != self.world_size:  # the policy started it on fewer (min_world_size), or all again
-            faults.record(self, "resized", f"started on {n} of the {asked} ranks asked for "
-                          "(min_world_size allows it)" if n < asked else
-                          f"back on all {asked} ranks asked for", world_size=n,
-                          was=self.world_size, asked=asked)
-            self.spec = self.spec.replace(world_size=n, asked_world_size=asked if n < asked else None)
-            self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
-        self.ranks = e.ranks
-        self.held = set(range(len(e.ranks)))
+            self.record("resized", f"started on {n} of the {asked} ranks asked for "
+                        "(min_world_size allows it)" if n < asked else
+                        f"back on all {asked} ranks asked for", world_size=n,
+                        was=self.world_size, asked=asked)
+            self.replace_spec(world_size=n, asked_world_size=asked if n < asked else None)
+        gang = self.gang
+        gang.ranks = e.ranks
+        gang.held = set(range(len(e.ranks)))
         ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
                  for i, r in enumerate(e.ranks)]
-        self._transition(JobStatus.STARTING, ranks=ranks, reason="")
-        live.gang_started(self)  # the changes of job.update so far reach the new gang
-        self._out.append(ev.StartGang(self.attempt, tuple(self.words)))
+        self.transition(JobStatus.STARTING, ranks=ranks, reason="")
+        update = self.live.gang_started(self.attempt)  # job.update's changes so far go along
+        if update:
+            gang.words[Word.UPDATE] = update
+        self._out.append(ev.StartGang(self.attempt, tuple(gang.words)))
 
     def _started(self, e: ev.Started) -> None:
-        self.started.add(e.rank)
-        anomalies.started(self, e)
-        if self.status is JobStatus.STARTING and len(self.started) == self.world_size:
-            self._transition(JobStatus.RUNNING, started=self._now, reason="")
+        self.gang.started.add(e.rank)
+        self.anomalies.started(self, e)
+        if self._status is JobStatus.STARTING and len(self.gang.started) == self.world_size:
+            self.transition(JobStatus.RUNNING, started=self._now, reason="")
 
     def _paused(self, e: ev.Paused) -> None:
-        self.paused[e.rank] = e.step
-        if self.status is JobStatus.RUNNING and len(self.paused) == self.world_size:
-            self._transition(JobStatus.PAUSED, paused_at=max(self.paused.values()))
+        self.gang.paused[e.rank] = e.step
+        if self._status is JobStatus.RUNNING and len(self.gang.paused) == self.world_size:
+            self.transition(JobStatus.PAUSED, paused_at=max(self.gang.paused.values()))
 
     def _resumed(self, e: ev.Resumed) -> None:
-        self.paused.pop(e.rank, None)
+        self.gang.paused.pop(e.rank, None)
 
     def _loop_started(self, e: ev.LoopStarted) -> None:
         self._out.append(ev.Journal({"total_steps": e.total_steps}))
@@ -187,7 +365,7 @@ class Lifecycle:
 
     def _checkpoint_committed(self, e: ev.CheckpointCommitted) -> None:
         self.checkpoint_seq = max(self.checkpoint_seq, e.seq)
-        self.checkpoint, self.checkpoint_step = e.path, e.step
+        self._checkpoint, self._checkpoint_step = e.path, e.step
         self._out.append(ev.Journal({"checkpoint": e.path, "checkpoint_step": e.step,
                                      "checkpoint_error": None}))
         self._out.append(ev.Publish({"kind": "checkpoint", "path": e.path, "step": e.step}))
@@ -198,238 +376,165 @@ class Lifecycle:
         self._out.append(ev.Publish({"kind": "checkpoint_failed", "step": e.step,
                                      "message": e.message}))
 
+    def _failed(self, e: ev.Failed) -> None:
+        if self._status is JobStatus.HELD:  # a peer of a held rank failed outright
+            self.holds.failed(self, e)
+        else:
+            self.faults.failed(self, e)
+
     def _exited(self, e: ev.Exited) -> None:
-        self.exited[e.rank] = e.status
+        self.gang.exited[e.rank] = e.status
         if e.rank == 0 and e.result is not None:
-            self.result = e.result
+            self.gang.result = e.result
         self._free(e.rank)
         self._maybe_done()
 
     def _start_failed(self, e: ev.StartFailed) -> None:
-        if e.rank >= len(self.ranks):
+        if e.rank >= len(self.gang.ranks):
             return  # not a rank of this gang
         self._free(e.rank)  # it never reports an exit; the ranks that did start will
-        self.exited.setdefault(e.rank, ExitStatus.NOT_STARTED)
-        if self.status is not JobStatus.RESTARTING:
-            worker = self.ranks[e.rank].worker
-            self._lost(e.rank, e.exc_type, f"could not start rank {e.rank} on worker {worker}: "
-                                           f"{e.message}")
+        self.gang.exited.setdefault(e.rank, ExitStatus.NOT_STARTED)
+        if self._status is not JobStatus.RESTARTING:
+            worker = self.gang.ranks[e.rank].worker
+            self.lose(e.rank, e.exc_type, f"could not start rank {e.rank} on worker {worker}: "
+                                          f"{e.message}")
         self._maybe_done()
 
     def _worker_lost(self, e: ev.WorkerLost) -> None:
-        if e.rank not in self.held:
+        if e.rank not in self.gang.held:
             return
-        self.exited[e.rank] = ExitStatus.LOST
+        self.gang.exited[e.rank] = ExitStatus.LOST
         self._free(e.rank)
-        self._lost(e.rank, "WorkerLost",
-                   f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
-                   facts=e.facts)
+        self.lose(e.rank, "WorkerLost",
+                  f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
+                  facts=e.facts)
         self._maybe_done()
 
     def _grace_expired(self, e: ev.GraceExpired) -> None:
         """No worker of the job was lost after all: the held-back failure is the job's."""
-        if (self.held_failure is not None and e.attempt == self.attempt
-                and not self.status.terminal and self.status is not JobStatus.RESTARTING
-                and self.status is not JobStatus.HELD):  # a hold is ended by its owner
-            faults.fail_held(self)
+        if self.faults.grace_expired(self, e):
             self._maybe_done()
 
     # --- requests -------------------------------------------------------------------------
     def _stop(self, e: ev.StopRequested) -> None:
-        if self.status.terminal:
+        status = self._status
+        if status.terminal:
             raise InvalidTransitionError(
-                f"job {self.name!r} is {self.status.name}; there is nothing to stop")
-        if self.status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
-            if self.status is JobStatus.QUEUED:
+                f"job {self.name!r} is {status.name}; there is nothing to stop")
+        if status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
+            if status is JobStatus.QUEUED:
                 self._out.append(ev.Dequeue())
-            self._finish(JobStatus.STOPPED, reason=f"stopped while {self.status.name}")
-        elif self.status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
-            self.preempted = False  # the user's stop wins over a preemption
-            hung = self.status is JobStatus.HUNG
-            held = self.status is JobStatus.HELD
-            self._transition(JobStatus.STOPPING, reason="stop requested")
-            self._ask(Word.STOP, 1)
-            if hung:
-                hangs.stopping(self)
-            if held:
-                holds.stopping(self)
+            self._finish(JobStatus.STOPPED, reason=f"stopped while {status.name}")
+        elif status is not JobStatus.STOPPING:  # a RESTARTING job then stops for good
+            self.sharing.stopped_by_user()  # the user's stop wins over a preemption
+            self.transition(JobStatus.STOPPING, reason="stop requested")
+            self.ask(Word.STOP, 1)
+            if status is JobStatus.HUNG:
+                self.hangs.stopping(self)
+            elif status is JobStatus.HELD:
+                self.holds.stopping(self)
 
     def _pause(self, e: ev.PauseRequested) -> None:
-        check_transition(self.name, self.status, JobStatus.PAUSED)
-        if self.words[Word.PAUSE] <= self.words[Word.RESUME]:
-            self.paused.clear()
-            self._ask(Word.PAUSE, self.words[Word.RESUME] + 1)
+        check_transition(self.name, self._status, JobStatus.PAUSED)
+        self.pause()
 
     def _pause_withdrawn(self, e: ev.PauseWithdrawn) -> None:
-        if self.status is JobStatus.RUNNING:
-            self._ask(Word.RESUME, self.words[Word.PAUSE])
+        if self._status is JobStatus.RUNNING:
+            self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
 
     def _resume(self, e: ev.ResumeRequested) -> None:
-        if self.status is JobStatus.PAUSED:
+        if self._status is JobStatus.PAUSED:
             if e.world_size not in (None, self.world_size):
                 raise SpecError(
                     f"job {self.name!r} is PAUSED and keeps its process group of "
                     f"{self.world_size} ranks; to resume at world_size={e.world_size}, suspend "
                     "it first")
-            self._transition(JobStatus.RUNNING, reason="")
-            self._ask(Word.RESUME, self.words[Word.PAUSE])
-            breakpoints.resumed(self)  # a breakpoint's sessions continue too
-        elif self.status is JobStatus.SUSPENDED:
+            self.transition(JobStatus.RUNNING, reason="")
+            self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
+            self.breakpoints.resumed(self)  # a breakpoint's sessions continue too
+        elif self._status is JobStatus.SUSPENDED:
             ws = self.world_size if e.world_size is None else e.world_size
             if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
                 raise SpecError(f"world_size must be a positive int, got {ws!r}")
-            Layout.resolve(self.spec.strategy, self.spec.mesh, ws)  # a mesh that fits ws
-            self._reset_ranks()
-            self.spec = self.spec.replace(world_size=ws, resume=self.checkpoint,
-                                          attempt=self.attempt + 1, asked_world_size=None)
-            self._out.append(ev.Journal({"spec": self.spec.as_dict()}))
-            self._transition(JobStatus.QUEUED, reason="")
+            Layout.resolve(self._spec.strategy, self._spec.mesh, ws)  # a mesh that fits ws
+            self._new_gang()
+            self.replace_spec(world_size=ws, resume=self._checkpoint,
+                              attempt=self.attempt + 1, asked_world_size=None)
+            self.transition(JobStatus.QUEUED, reason="")
             self._out.append(ev.Enqueue())
         else:
             raise InvalidTransitionError(
-                f"job {self.name!r} is {self.status.name}; only a PAUSED or SUSPENDED job can be "
-                "resumed")
+                f"job {self.name!r} is {self._status.name}; only a PAUSED or SUSPENDED job can "
+                "be resumed")
 
-    def _checkpoint(self, e: ev.CheckpointRequested) -> None:
+    def _checkpoint_requested(self, e: ev.CheckpointRequested) -> None:
         self._need_checkpoint_dir("checkpoint")
-        if self.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+        if self._status not in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
-                f"job {self.name!r} is {self.status.name}; a checkpoint needs a RUNNING or "
+                f"job {self.name!r} is {self._status.name}; a checkpoint needs a RUNNING or "
                 "PAUSED job")
-        self._ask(Word.CHECKPOINT, self.words[Word.CHECKPOINT] + 1)
+        self.ask(Word.CHECKPOINT, self.gang.words[Word.CHECKPOINT] + 1)
 
     def _suspend(self, e: ev.SuspendRequested) -> None:
         self._need_checkpoint_dir("suspend")
-        check_transition(self.name, self.status, JobStatus.SUSPENDING)
-        self._transition(JobStatus.SUSPENDING, reason="suspend requested")
-        self._ask(Word.SUSPEND, 1)
+        check_transition(self.name, self._status, JobStatus.SUSPENDING)
+        self.transition(JobStatus.SUSPENDING, reason="suspend requested")
+        self.ask(Word.SUSPEND, 1)
 
     def _closing(self, e: ev.SchedulerClosing) -> None:
         # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it), and
         # so does a QUEUED one: a scheduler restarted at the same address takes both over
-        if self.status is JobStatus.QUEUED:
+        if self._status is JobStatus.QUEUED:
             self._out.append(ev.Journal({"reason": (
                 "the scheduler shut down before the job started; a scheduler restarted at "
                 "the same address with the same state directory queues it again")}))
-        elif JobStatus.FAILED in TRANSITIONS[self.status]:
-            self._finish(JobStatus.FAILED, error=error(
+        elif JobStatus.FAILED in TRANSITIONS[self._status]:
+            self._finish(JobStatus.FAILED, error=ev.error_record(
                 None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
 
     def _need_checkpoint_dir(self, action: str) -> None:
-        if not self.spec.checkpoint_dir:
+        if not self._spec.checkpoint_dir:
             raise SpecError(f"job {self.name!r} has no checkpoint_dir, so it cannot {action}; "
                             "launch it with checkpoint_dir=...")
 
-    # --- the rules behind them ---------------------------------------------------------------
-    def _lost(self, rank: int | None, exc_type: str, message: str,
-              facts: dict[str, Any] | None = None) -> None:
-        if self.status is JobStatus.HELD:
-            holds.lost(self, rank, exc_type, message, facts)
-            return
-        faults.lost(self, rank, exc_type, message, facts)
-
+    # --- how a gang ends -------------------------------------------------------------------
     def _maybe_done(self) -> None:
-        if len(self.exited) < self.world_size:
+        exited = self.gang.exited
+        if len(exited) < self.world_size:
             return
-        if self.status is JobStatus.RESTARTING:
-            faults.restart(self)
+        if self._status is JobStatus.RESTARTING:
+            self.faults.restart(self)
             return
-        if self.preempted and self.exited and all(
-                s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in self.exited.values()):
-            sharing.requeue(self)
+        if self.sharing.comes_back(self):
+            self.sharing.requeue(self)
             return
-        if self.held_failure is not None and not self.status.terminal:
-            faults.fail_held(self)  # every rank is out and no worker was lost
-        if self.status is JobStatus.SUSPENDING and all(
-                s is ExitStatus.SUSPENDED for s in self.exited.values()):
-            self._transition(JobStatus.SUSPENDED,
-                             reason=self.leave_reason or "suspended: resume() to continue")
+        if self.faults.cause is not None and not self._status.terminal:
+            self.faults.fail_held(self)  # every rank is out and no worker was lost
+        if self._status is JobStatus.SUSPENDING and all(
+                s is ExitStatus.SUSPENDED for s in exited.values()):
+            self.transition(JobStatus.SUSPENDED, reason=self.sharing.leave_reason
+                            or "suspended: resume() to continue")
             self._out.append(ev.CloseBoard())
             return  # stays, with its payload, for resume()
-        if not self.status.terminal:
-            final = JobStatus.STOPPED if self.status is JobStatus.STOPPING else JobStatus.FINISHED
-            self._finish(final, reason=self.leave_reason if final is JobStatus.STOPPED else "")
+        if not self._status.terminal:
+            final = JobStatus.STOPPED if self._status is JobStatus.STOPPING else JobStatus.FINISHED
+            self._finish(final, reason=self.sharing.leave_reason
+                         if final is JobStatus.STOPPED else "")
         self._release()
 
-    def _fail(self, err: dict[str, Any]) -> None:
-        """The job fails with ``err``; the other ranks are told to stop and will exit."""
-        err = anomalies.on_failure(self, err)  # with its diagnosis, when it has one
-        rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
-        faults.record(self, "failed", f"{rank}{err.get('type')}: {err.get('message')}",
-                      rank=err.get("rank"), consequences=err.get("consequences", []))
-        self._finish(JobStatus.FAILED, error=err, reason="")
-        self._ask(Word.STOP, 1)
-
     def _finish(self, status: JobStatus, **fields: Any) -> None:
-        self._transition(status, ended=self._now, **fields)
+        self.transition(status, ended=self._now, **fields)
         self._release()
 
     def _release(self) -> None:
         """Once terminal and holding no slot (nobody will report an exit): over."""
-        if self.released or self.held or not self.status.terminal:
+        if self.released or self.gang.held or not self._status.terminal:
             return
         self.released = True
         self._out.append(ev.CloseBoard())
-        self._out.append(ev.Release(self.result))
+        self._out.append(ev.Release(self.gang.result))
 
     def _free(self, rank: int) -> None:
-        if rank in self.held:
-            self.held.discard(rank)
-            self._out.append(ev.FreeSlot(self.ranks[rank].worker))
-
-    def _ask(self, word: Word, value: int) -> None:
-        """Raise one control word and send the vector to every rank still running."""
-        self.words[word] = max(self.words[word], value)
-        workers = tuple(r.worker for i, r in enumerate(self.ranks) if i not in self.exited)
-        if workers:
-            self._out.append(ev.SendControl(tuple(self.words), self.attempt, workers))
-
-    def _transition(self, status: JobStatus, **fields: Any) -> None:
-        check_transition(self.name, self.status, status)
-        self.status = status
-        self._out.append(ev.Journal({"status": status.name, **fields}))
-        self._out.append(ev.Publish(ev.status_message(status.name, self.attempt)))
-
-
-_DISPATCH: dict[type, Callable[[Lifecycle, Any], None]] = {
-    ev.Allocated: Lifecycle._allocated,
-    ev.Started: Lifecycle._started,
-    ev.Paused: Lifecycle._paused,
-    ev.Resumed: Lifecycle._resumed,
-    ev.LoopStarted: Lifecycle._loop_started,
-    ev.Restored: Lifecycle._restored,
-    ev.CheckpointCommitted: Lifecycle._checkpoint_committed,
-    ev.CheckpointFailed: Lifecycle._checkpoint_failed,
-    ev.Failed: faults.failed,
-    ev.Exited: Lifecycle._exited,
-    ev.StartFailed: Lifecycle._start_failed,
-    ev.Profiled: profiles.profiled,
-    ev.ProfileRequested: profiles.requested,
-    ev.WorkerLost: Lifecycle._worker_lost,
-    ev.GraceExpired: Lifecycle._grace_expired,
-    ev.StopRequested: Lifecycle._stop,
-    ev.PauseRequested: Lifecycle._pause,
-    ev.PauseWithdrawn: Lifecycle._pause_withdrawn,
-    ev.ResumeRequested: Lifecycle._resume,
-    ev.CheckpointRequested: Lifecycle._checkpoint,
-    ev.SuspendRequested: Lifecycle._suspend,
-    ev.SchedulerClosing: Lifecycle._closing,
-    ev.HangDetected: hangs.detected,
-    ev.Progressed: hangs.progressed,
-    ev.StopOverdue: hangs.overdue,
-    ev.Preempted: sharing.preempted,
-    ev.Reclaimed: sharing.reclaimed,
-    ev.Grow: sharing.grow,
-    ev.Held: holds.held,
-    ev.HoldExpired: holds.expired,
-    ev.RestartRequested: holds.restart,
-    ev.BreakpointHit: breakpoints.hit,
-    ev.ConsoleOutput: breakpoints.output,
-    ev.RunRequested: live.run_requested,
-    ev.Ran: live.ran,
-    ev.UpdateRequested: live.update_requested,
-    ev.Updated: live.updated,
-    ev.Tunable: live.tunable,
-    ev.NonFinite: anomalies.nonfinite,
-    ev.LossSpike: anomalies.spike,
-}
+        if rank in self.gang.held:
+            self.gang.held.discard(rank)
+            self._out.append(ev.FreeSlot(self.gang.ranks[rank].worker))

@@ -1,11 +1,11 @@
 """``job.run`` and ``job.update`` requests of one job, and what its ranks reported (pure;
-kept by the lifecycle as ``job.live``).
+kept by the lifecycle as ``job.live``, a :class:`LiveRequests`).
 
 The control vector carries ints only, so requests are *pulled*: each request
 gets a sequence number (one counter for both kinds), the control plane keeps
 it here and raises the RUN or UPDATE word to it; at the next point where the
 ranks agree on the vector, a rank that sees a number beyond what it did asks
-for the requests up to the agreed number (:meth:`LiveBook.pending`) and
+for the requests up to the agreed number (:meth:`LiveRequests.pending`) and
 carries them out in order (:mod:`clustersdk.runtime.live`). Bounding by the
 agreed number gives every rank the same list, also when a newer request
 arrives between their questions.
@@ -21,7 +21,7 @@ arrives between their questions.
   checkpoint taken after the change, or in the spec) are left as they are, so a
   new gang never misses a change, and repeating one changes nothing.
 
->>> book = LiveBook()
+>>> book = LiveRequests()
 >>> book.ask_run(b"fn", [0, 1], now=0.0, attempt=0, limit=1024)
 1
 >>> [e["seq"] for e in book.pending(0, 1, runs=(0, 1), updates=(0, 0))]
@@ -30,17 +30,14 @@ arrives between their questions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import hparams
 from ..errors import InvalidTransitionError, SpecError
 from ..protocol import Word
 from ..status import JobStatus
 from . import events as ev
-from .. import hparams
-from . import faults
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 #: The states in which job.update reaches the ranks (they agree on a step boundary).
 LIVE_STATES = frozenset({JobStatus.RUNNING, JobStatus.PAUSED})
@@ -50,7 +47,9 @@ RUN_STATES = LIVE_STATES | {JobStatus.HELD}
 KEEP_RESULTS = 16  # run requests whose results are kept for a (late) reader
 
 
-class LiveBook:
+class LiveRequests:
+    """One job's run and update requests, and what its ranks reported."""
+
     def __init__(self) -> None:
         self.seq = 0                             # the newest request, of either kind
         self.runs: dict[int, dict[str, Any]] = {}
@@ -71,7 +70,7 @@ class LiveBook:
                 self.runs.pop(old)
         return self.seq
 
-    def ran(self, seq: int, rank: int, result: bytes | None, error: dict | None) -> bool:
+    def ran_by(self, seq: int, rank: int, result: bytes | None, error: dict | None) -> bool:
         """Rank ``rank`` ran request ``seq``; True once every chosen rank has."""
         entry = self.runs.get(seq)
         if entry is None or entry["complete"] or rank not in entry["ranks"]:
@@ -91,8 +90,8 @@ class LiveBook:
                                   "old": {}, "ranks": set(), "error": None}
         return self.seq
 
-    def updated(self, seq: int, rank: int, step: int | None, changes: dict[str, list],
-                error: dict | None) -> list[dict[str, Any]]:
+    def updated_by(self, seq: int, rank: int, step: int | None, changes: dict[str, list],
+                   error: dict | None) -> list[dict[str, Any]]:
         """Rank ``rank`` applied update ``seq`` (or the carried one) before ``step``, or
         refused it; the entries this report applied for the first time."""
         carried = self.carry is not None and seq == self.carry["seq"]
@@ -173,70 +172,58 @@ class LiveBook:
         self.carry = {"seq": self.seq, "attempt": attempt, "changes": net, "seqs": seqs}
         return self.seq
 
+    # --- events ---------------------------------------------------------------------------
+    def run_requested(self, job: JobView, e: ev.RunRequested) -> None:
+        """A function for ``e.ranks`` (None: every rank; of a HELD job, its held ranks), at
+        their next agreed boundary (a held rank: at once)."""
+        _check_live(job, "job.run", RUN_STATES)
+        if e.ranks is None and job.status is JobStatus.HELD:
+            ranks = job.held_ranks
+        else:
+            ranks = list(range(job.world_size)) if e.ranks is None else list(e.ranks)
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)
+               or not 0 <= r < job.world_size]
+        if bad or not ranks or len(set(ranks)) != len(ranks):
+            raise SpecError(f"job.run(ranks={e.ranks!r}): name distinct ranks from 0 to "
+                            f"{job.world_size - 1} (job {job.name!r} has {job.world_size}), or "
+                            "None for every rank")
+        seq = self.ask_run(e.fn, sorted(ranks), now=job.now, attempt=job.attempt, limit=e.limit)
+        job.ask(Word.RUN, seq)
 
-# --- the lifecycle's rules -----------------------------------------------------------------
-def _check_live(job: Lifecycle, what: str, states: frozenset = LIVE_STATES) -> None:
+    def ran(self, job: JobView, e: ev.Ran) -> None:
+        self.ran_by(e.seq, e.rank, e.result, e.error)  # a waiting job.run: the plane wakes it
+
+    def update_requested(self, job: JobView, e: ev.UpdateRequested) -> None:
+        """Changes for every rank, applied before one step (checked first: see
+        :mod:`clustersdk.hparams`)."""
+        _check_live(job, "job.update")
+        changes = hparams.check(e.changes, job.spec, self.info)
+        seq = self.ask_update(changes, now=job.now, attempt=job.attempt)
+        job.ask(Word.UPDATE, seq)
+
+    def updated(self, job: JobView, e: ev.Updated) -> None:
+        """A rank applied (or refused) an update; the first report of a change is its
+        durable event, its loss-chart marker and, for launch options, the spec's new
+        value."""
+        for entry in self.updated_by(e.seq, e.rank, e.step, e.changes, e.error):
+            old_new = {k: [entry["old"][k][0] if k in entry["old"] else None, v]
+                       for k, v in entry["changes"].items()}
+            job.record("updated", f"{hparams.describe(old_new)} (before step {e.step})",
+                       seq=entry["seq"], step=e.step, changes=old_new)
+            job.emit(ev.Publish({"kind": "updated", "seq": entry["seq"], "step": e.step,
+                                 "changes": old_new}))
+            options = hparams.spec_changes(entry["changes"])
+            if options:
+                job.replace_spec(**options)
+
+    def tunable(self, job: JobView, e: ev.Tunable) -> None:
+        self.info[e.rank] = e.info
+
+
+def _check_live(job: JobView, what: str, states: frozenset = LIVE_STATES) -> None:
     if job.status not in states:
         names = [s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD)
                  if s in states]
         allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         raise InvalidTransitionError(f"job {job.name!r} is {job.status.name}; {what} needs a "
                                      f"{allowed} job")
-
-
-def run_requested(job: Lifecycle, e: ev.RunRequested) -> None:
-    """A function for ``e.ranks`` (None: every rank; of a HELD job, its held ranks), at
-    their next agreed boundary (a held rank: at once)."""
-    _check_live(job, "job.run", RUN_STATES)
-    if e.ranks is None and job.status is JobStatus.HELD:
-        ranks = sorted(job.holds.ranks)
-    else:
-        ranks = list(range(job.world_size)) if e.ranks is None else list(e.ranks)
-    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)
-           or not 0 <= r < job.world_size]
-    if bad or not ranks or len(set(ranks)) != len(ranks):
-        raise SpecError(f"job.run(ranks={e.ranks!r}): name distinct ranks from 0 to "
-                        f"{job.world_size - 1} (job {job.name!r} has {job.world_size}), or "
-                        "None for every rank")
-    seq = job.live.ask_run(e.fn, sorted(ranks), now=job._now, attempt=job.attempt,
-                           limit=e.limit)
-    job._ask(Word.RUN, seq)
-
-
-def ran(job: Lifecycle, e: ev.Ran) -> None:
-    job.live.ran(e.seq, e.rank, e.result, e.error)  # a waiting job.run is woken by the plane
-
-
-def update_requested(job: Lifecycle, e: ev.UpdateRequested) -> None:
-    """Changes for every rank, applied before one step (checked first: see :mod:`.hparams`)."""
-    _check_live(job, "job.update")
-    changes = hparams.check(e.changes, job.spec, job.live.info)
-    seq = job.live.ask_update(changes, now=job._now, attempt=job.attempt)
-    job._ask(Word.UPDATE, seq)
-
-
-def updated(job: Lifecycle, e: ev.Updated) -> None:
-    """A rank applied (or refused) an update; the first report of a change is its durable
-    event, its loss-chart marker and, for launch options, the spec's new value."""
-    for entry in job.live.updated(e.seq, e.rank, e.step, e.changes, e.error):
-        old_new = {k: [entry["old"][k][0] if k in entry["old"] else None, v]
-                   for k, v in entry["changes"].items()}
-        faults.record(job, "updated", f"{hparams.describe(old_new)} (before step {e.step})",
-                      seq=entry["seq"], step=e.step, changes=old_new)
-        job._out.append(ev.Publish({"kind": "updated", "seq": entry["seq"], "step": e.step,
-                                    "changes": old_new}))
-        options = hparams.spec_changes(entry["changes"])
-        if options:
-            job.spec = job.spec.replace(**options)
-            job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
-
-
-def tunable(job: Lifecycle, e: ev.Tunable) -> None:
-    job.live.info[e.rank] = e.info
-
-
-def gang_started(job: Lifecycle) -> None:
-    """A gang starts (its words were reset): it starts with the carried update, if any."""
-    word = job.live.gang_started(job.attempt)
-    if word:
-        job.words[Word.UPDATE] = word

@@ -2,24 +2,24 @@
 
 :class:`Placement` keeps a :class:`~.scheduling.Scheduler` in step with the
 jobs' lifecycles (submissions, slots, progress, checkpoints, pauses, releases)
-and turns its decisions into lifecycle events: a gang to start
-(``Allocated``), a victim to preempt (``Preempted``), an idle job to reclaim
-(``Reclaimed``), and for every waiting job the line its ``reason`` shows. The
-rules themselves are all in :mod:`.scheduling` (pure); this is bookkeeping.
+and turns its decisions into lifecycle events, which the plane feeds: a gang to
+start (``Allocated``), a victim to preempt (``Preempted``), an idle job to
+reclaim (``Reclaimed``), a job to grow back (``Grow``); and it journals, for every
+waiting job, the line its ``reason`` shows. The rules themselves are all in
+:mod:`.scheduling` (pure); this is bookkeeping.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..protocol import WireSpec
 from ..status import JobStatus
 from . import events as ev
+from .journal import Journal
+from .plane import Run
 from .scheduling import PolicyConfig, Request, Scheduler, Slot, admit
-
-if TYPE_CHECKING:
-    from .plugin import ControlPlane, Run
 
 # what the policy's holdings say for a lifecycle state
 _HOLD = {JobStatus.PAUSED: "paused", JobStatus.SUSPENDING: "suspending",
@@ -29,8 +29,8 @@ _HOLD = {JobStatus.PAUSED: "paused", JobStatus.SUSPENDING: "suspending",
 class Placement:
     """Which job runs where, and why the others wait, for one control plane."""
 
-    def __init__(self, plane: ControlPlane, config: PolicyConfig):
-        self.plane = plane
+    def __init__(self, journal: Journal, config: PolicyConfig):
+        self.journal = journal
         self.scheduler = Scheduler(config)
         self.seqs: dict[str, tuple[int, float]] = {}   # job -> (submission order, time)
         self.reasons: dict[str, str] = {}              # the wait reason last journaled
@@ -96,7 +96,7 @@ class Placement:
             self.scheduler.paused(job, now)
         elif before is JobStatus.PAUSED and after is JobStatus.RUNNING:
             self.scheduler.resumed(job, now)
-        elif after is JobStatus.SUSPENDING and not run.machine.preempted:
+        elif after is JobStatus.SUSPENDING and not run.machine.sharing.preempted:
             self.scheduler.suspending(job, now)  # the user's: it won't come back by itself
 
     def progress(self, job: str, step: int, now: float) -> None:
@@ -108,27 +108,28 @@ class Placement:
             self.scheduler.checkpointed(job, now, step=step)
 
     # --- deciding ----------------------------------------------------------------------------
-    def decide(self, now: float) -> None:
-        """One decision of the policy, carried out."""
-        plane = self.plane
+    def decide(self, now: float, runs: Mapping[str, Run], note: str = ""
+               ) -> list[tuple[Run, ev.Event]]:
+        """One decision of the policy: the events it means for the jobs of ``runs``, in
+        order (``note``: what else queued jobs wait for, e.g. Slurm's pending reason)."""
         decision = self.scheduler.decide(now)
+        out: list[tuple[Run, ev.Event]] = []
         for start in decision.start:
-            run = plane.runs[start.job]
             self.reasons.pop(start.job, None)
             self.preempted.pop(start.job, None)
-            plane.allocate(run, start.slots)
+            out.append((runs[start.job], ev.Allocated(tuple(
+                ev.RankSlot(s.worker, s.host, _device(s)) for s in start.slots))))
         for preempt in decision.preempt:
-            run = plane.runs.get(preempt.job)
-            if run is not None:
+            if preempt.job in runs:
                 if not preempt.overdue:
                     self.preempted[preempt.job] = preempt.reason
-                plane.feed(run, ev.Preempted(preempt.how, preempt.reason, preempt.overdue))
+                out.append((runs[preempt.job],
+                            ev.Preempted(preempt.how, preempt.reason, preempt.overdue)))
         for reclaim in decision.reclaim:
-            run = plane.runs.get(reclaim.job)
-            if run is not None:
-                plane.feed(run, ev.Reclaimed(reclaim.how, reclaim.reason))
-        self._grow(decision)
-        note = f"; {plane.note}" if plane.note else ""
+            if reclaim.job in runs:
+                out.append((runs[reclaim.job], ev.Reclaimed(reclaim.how, reclaim.reason)))
+        out += self._grow(decision, runs)
+        note = f"; {note}" if note else ""
         for job in list(self.scheduler.queued):
             wait = decision.waiting.get(job)
             if wait is None:
@@ -138,23 +139,25 @@ class Placement:
                 reason = f"{self.preempted[job]} ({reason})"
             if self.reasons.get(job) != reason:
                 self.reasons[job] = reason
-                plane.journal.update(job, reason=reason,
-                                     estimated_start=wait.estimated_start)
+                self.journal.update(job, reason=reason, estimated_start=wait.estimated_start)
+        return out
 
-    def _grow(self, decision: Any) -> None:
+    def _grow(self, decision: Any, runs: Mapping[str, Run]) -> list[tuple[Run, ev.Event]]:
         """A job running on fewer ranks than it asked for grows back when the slots it
         lacks are free and nobody waits for them."""
         if self.scheduler.queued or decision.start:
-            return
+            return []
         free = len(self.scheduler.inventory) - sum(
             len(h.slots) for h in self.scheduler.holdings.values())
-        for run in list(self.plane.runs.values()):
+        out: list[tuple[Run, ev.Event]] = []
+        for run in runs.values():
             spec, machine = run.machine.spec, run.machine
             if (spec.asked_world_size and machine.status is JobStatus.RUNNING
-                    and not machine.preempted and spec.checkpoint_dir
+                    and not machine.sharing.preempted and spec.checkpoint_dir
                     and free >= spec.asked_world_size - spec.world_size):
                 free -= spec.asked_world_size - spec.world_size
-                self.plane.feed(run, ev.Grow(spec.asked_world_size))
+                out.append((run, ev.Grow(spec.asked_world_size)))
+        return out
 
     # --- admin and views ------------------------------------------------------------------------
     def configure(self, changes: Mapping[str, Any]) -> PolicyConfig:
@@ -213,3 +216,7 @@ def _job(req: Request, names: Mapping[str, str], config: PolicyConfig) -> dict[s
 def slot_of(slot: Any) -> Slot:
     """The policy's slot for the plane's (the same fields)."""
     return slot if isinstance(slot, Slot) else Slot(**dataclasses.asdict(slot))
+
+
+def _device(slot: Slot) -> str:
+    return f"cuda:{slot.index}" if slot.kind == "cuda" else "cpu"

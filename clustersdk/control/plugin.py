@@ -7,33 +7,46 @@ worker left, timers) into :mod:`.events` for each job's
 :class:`~.lifecycle.Lifecycle`, then carries out the actions that come back:
 journal writes, topic messages, control words, gang starts, freed slots.
 Every method runs on the scheduler's event loop, so no locks are needed.
-The client-facing handlers are in :mod:`.requests`.
+Its parts (:mod:`.requests`: the client-facing handlers; :mod:`.evidence`,
+:mod:`.watchdog`, :mod:`.placement`, :mod:`.restore`) see it through the narrow
+:class:`~.plane.Plane` interface.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
 from ..errors import ClusterSDKError
-from ..protocol import ExitStatus, MetricsMessage, Op, RankEvent, WireSpec, WorkerOp, op, topic
+from ..protocol import (
+    ExitStatus,
+    Message,
+    MetricsMessage,
+    Op,
+    RankEvent,
+    WireSpec,
+    WorkerOp,
+    op,
+    topic,
+)
 from ..status import JobStatus
 from . import events as ev
-from . import hangs, policy, watchdog
+from . import policy
 from .evidence import Evidence
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .placement import Placement
+from .plane import Run
 from .requests import Requests
 from .restore import adopt, scheduling_config
+from .watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -41,32 +54,9 @@ PLUGIN_NAME = "clustersdk-control"
 TICK_MS = 1000  # how often the policy looks again without an event (grace, idle timeouts)
 
 
-@dataclasses.dataclass
-class Run:
-    """A job that isn't released yet: its lifecycle and what the shell keeps beside it."""
-
-    machine: Lifecycle
-    payload: bytes
-    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    changed: asyncio.Condition = dataclasses.field(default_factory=asyncio.Condition)
-    board: Any = None  # TensorBoard writers, with tensorboard_dir
-    step: int | None = None  # the furthest step a rank logged (what events are stamped with)
-    watch: hangs.Watch = dataclasses.field(default_factory=lambda: hangs.Watch(time.time()))
-    losses: Any = None    # each step's mean loss over the ranks (signals.StepMeans) ...
-    detector: Any = None  # ... and its SpikeDetector, made on the first rows
-
-    @property
-    def id(self) -> str:
-        return self.machine.id
-
-    def close_board(self) -> None:
-        if self.board is not None:
-            self.board.close()  # flushed before wait() returns
-            self.board = None
-
-
 class ControlPlane(SchedulerPlugin):
-    """Job registry, slot inventory and gang allocation, inside the scheduler."""
+    """Job registry, slot inventory and gang allocation, inside the scheduler (a
+    :class:`~.plane.Plane` to its parts)."""
 
     name = PLUGIN_NAME
     idempotent = True  # a second client must not replace the live registry
@@ -86,9 +76,10 @@ class ControlPlane(SchedulerPlugin):
         # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
         # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
         self.capacity, self.note = 0, ""
-        self.placement = Placement(self, scheduling_config(self.journal))
+        self.placement = Placement(self.journal, scheduling_config(self.journal))
         self._scheduling = self._again = False
-        self.requests = Requests(self)
+        self.watchdog = Watchdog(self)
+        self.requests = Requests(self, self.placement, self.watchdog)
         self.evidence = Evidence(self)  # for diagnoses: how lost workers ended, where ranks were
         handlers: dict[Op, Callable] = {
             **self.requests.handlers(),
@@ -99,7 +90,7 @@ class ControlPlane(SchedulerPlugin):
         }
         for operation, handler in handlers.items():
             scheduler.handlers[operation.handler] = handler
-        adopt(self)
+        adopt(self, self.placement)
         # grace periods and idle timeouts run out between events
         self._ticker = PeriodicCallback(self._tick, TICK_MS)
         self._ticker.start()
@@ -127,19 +118,35 @@ class ControlPlane(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         self.evidence.heard(topic, msg)  # a nanny's report of a worker's end
 
-    # --- feeding the lifecycles ---------------------------------------------------------
-    def add_run(self, run: Run, seq: int | None = None) -> Run:
+    # --- the Plane its parts see -----------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return self.scheduler.address
+
+    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None,
+               **state: Any) -> Run:
         """A job the plane follows from now on; queued if its lifecycle says so."""
-        self.runs[run.id] = run
-        if run.machine.status is JobStatus.QUEUED:
-            self.placement.submit(run.machine.spec, time.time(), seq)
+        machine = Lifecycle(spec, failure_grace=float(config.get("failure-grace")),
+                            max_rollbacks=int(config.get("diagnosis.max-rollbacks")), **state)
+        run = self.runs[machine.id] = Run(machine, payload)
+        if machine.status is JobStatus.QUEUED:
+            self.placement.submit(machine.spec, time.time(), seq)
         self.schedule()
         return run
 
-    def new_run(self, spec: WireSpec, payload: bytes, **state: Any) -> Run:
-        machine = Lifecycle(spec, failure_grace=float(config.get("failure-grace")), **state)
-        machine.anomalies.max_rollbacks = int(config.get("diagnosis.max-rollbacks"))
-        return Run(machine, payload)
+    def publish(self, job: str, message: Message) -> None:
+        self.scheduler.log_event(topic(job), message)
+
+    def call_worker(self, worker: str, operation: WorkerOp, **kwargs: Any) -> Awaitable[Any]:
+        return op(self.scheduler.rpc(worker), operation)(**kwargs)
+
+    def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        self.scheduler.loop.call_later(delay, fn, *args)
+
+    def worker_pid(self, worker: str) -> int | None:
+        return getattr(self.scheduler.workers.get(worker), "pid", None)
+
+    # --- feeding the lifecycles ---------------------------------------------------------
 
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out what it asks for."""
@@ -160,7 +167,7 @@ class ControlPlane(SchedulerPlugin):
 
     def _tick(self) -> None:
         self.schedule()
-        watchdog.check(self)
+        self.watchdog.check()
 
     def schedule(self) -> None:
         """One decision of the scheduling policy, carried out (once at a time: what the
@@ -173,16 +180,13 @@ class ControlPlane(SchedulerPlugin):
             self._again = True
             while self._again:
                 self._again = False
-                self.placement.decide(time.time())
+                for run, event in self.placement.decide(time.time(), self.runs, self.note):
+                    if isinstance(event, ev.Allocated):  # rank i on the i-th slot
+                        for slot in event.ranks:
+                            self.busy[slot.worker] = run.id
+                    self.feed(run, event)
         finally:
             self._scheduling = False
-
-    def allocate(self, run: Run, gang: tuple[policy.Slot, ...]) -> None:
-        """Start ``run`` on ``gang`` (rank i on ``gang[i]``), as the policy decided."""
-        for slot in gang:
-            self.busy[slot.worker] = run.id
-        self.feed(run, ev.Allocated(tuple(ev.RankSlot(s.worker, s.host, _device(s))
-                                          for s in gang)))
 
     # --- what agents and deployers send ------------------------------------------------------
     def _set_capacity(self, slots: int, note: str = "") -> None:
@@ -220,7 +224,7 @@ class ControlPlane(SchedulerPlugin):
         phases = data.pop("phases", None) or []
         if attempt != run.machine.attempt:
             rows, phases, beacon = [], [], None
-        watchdog.heard(self, run, rank, beacon)
+        self.watchdog.heard(run, rank, beacon)
         if not (rows or logs or system or phases):
             return
         if rows:
@@ -241,7 +245,7 @@ class ControlPlane(SchedulerPlugin):
                                    "sent": data.pop("sent", time.time()), "event": kind.value,
                                    "rows": rows, "logs": logs, "system": system,
                                    "phases": phases}
-        self.scheduler.log_event(topic(run.id), message)
+        self.publish(run.id, message)
 
     def _board(self, run: Run) -> Any:
         """The job's TensorBoard writers, opened on its first rows (None without a dir)."""
@@ -259,7 +263,7 @@ class ControlPlane(SchedulerPlugin):
         self.journal.update(run.id, **action.fields)
 
     def _publish(self, run: Run, action: ev.Publish) -> None:
-        self.scheduler.log_event(topic(run.id), action.message)
+        self.publish(run.id, action.message)
 
     def _start_gang(self, run: Run, action: ev.StartGang) -> None:
         self.scheduler.loop.add_callback(self._start, run, action.attempt, action.words)
@@ -289,7 +293,7 @@ class ControlPlane(SchedulerPlugin):
     def _truncate(self, run: Run, action: ev.TruncateHistory) -> None:
         self.journal.truncate_history(run.id, action.step)
         run.step = None if run.step is None else min(run.step, action.step)
-        self.scheduler.log_event(topic(run.id), {"kind": "rollback", "step": action.step})
+        self.publish(run.id, {"kind": "rollback", "step": action.step})
 
     def _close_board(self, run: Run, action: ev.CloseBoard) -> None:
         run.close_board()
@@ -299,13 +303,13 @@ class ControlPlane(SchedulerPlugin):
                                action.data)
 
     def _collect_stacks(self, run: Run, action: ev.CollectStacks) -> None:
-        self.scheduler.loop.add_callback(watchdog.keep_stacks, self, run)
+        self.scheduler.loop.add_callback(self.watchdog.keep_stacks, run)
 
     def _restart_worker(self, run: Run, action: ev.RestartWorker) -> None:
         # no new gang may land on it meanwhile: it comes back as a new worker
         self.slots.pop(action.worker, None)
         self.placement.scheduler.remove_slot(action.worker)
-        self.scheduler.loop.add_callback(watchdog.restart_worker, self, action.worker,
+        self.scheduler.loop.add_callback(self._restart_worker_process, action.worker,
                                          action.reason)
 
     def _release(self, run: Run, action: ev.Release) -> None:
@@ -315,19 +319,31 @@ class ControlPlane(SchedulerPlugin):
         run.done.set()
 
     # --- talking to agents ---------------------------------------------------------------
+    async def _restart_worker_process(self, worker: str, reason: str) -> None:
+        """End a stuck rank by restarting its worker process (its nanny kills it, also
+        when SIGSTOP froze it); without a nanny, take the worker out of the cluster."""
+        logger.warning("clustersdk: restarting worker %s: %s", worker, reason)
+        stimulus = f"clustersdk-hung-{time.time()}"
+        try:
+            await self.scheduler.restart_workers([worker], timeout=30, wait_for_workers=False,
+                                                 on_error="raise", stimulus_id=stimulus)
+        except Exception as e:  # noqa: BLE001 - no nanny, or it did not make it in time
+            logger.warning("clustersdk: could not restart worker %s (%s); removing it", worker, e)
+            await self.scheduler.remove_worker(worker, stimulus_id=stimulus, close=True)
+
     async def _start(self, run: Run, attempt: int, words: tuple[int, ...]) -> None:
         machine = run.machine
         spec, ranks = machine.spec, machine.ranks
         try:
-            port = await op(self.scheduler.rpc(ranks[0].worker), WorkerOp.OPEN_STORE)(
-                job=run.id, world_size=spec.world_size, timeout=spec.timeout)
+            port = await self.call_worker(ranks[0].worker, WorkerOp.OPEN_STORE, job=run.id,
+                                          world_size=spec.world_size, timeout=spec.timeout)
         except Exception as e:  # the worker of rank 0 vanished: no rank starts
             results: list[Any] = [e] * len(ranks)
         else:
             results = await asyncio.gather(*(
-                op(self.scheduler.rpc(slot.worker), WorkerOp.START_RANK)(
-                    job=run.id, rank=rank, spec=spec.as_dict(), payload=run.payload,
-                    master_addr=ranks[0].host, master_port=port, words=list(words))
+                self.call_worker(slot.worker, WorkerOp.START_RANK, job=run.id, rank=rank,
+                                 spec=spec.as_dict(), payload=run.payload,
+                                 master_addr=ranks[0].host, master_port=port, words=list(words))
                 for rank, slot in enumerate(ranks)
             ), return_exceptions=True)
         for rank, result in enumerate(results):
@@ -338,8 +354,8 @@ class ControlPlane(SchedulerPlugin):
 
     async def _control(self, worker: str, job: str, words: list[int], attempt: int) -> None:
         try:
-            await op(self.scheduler.rpc(worker), WorkerOp.CONTROL)(job=job, words=words,
-                                                                    attempt=attempt)
+            await self.call_worker(worker, WorkerOp.CONTROL, job=job, words=words,
+                                   attempt=attempt)
         except Exception:  # the worker is gone; remove_worker deals with it
             logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
 
@@ -428,8 +444,4 @@ def _quiet_expected_errors() -> None:
     core = logging.getLogger("distributed.core")
     if not any(isinstance(f, _ExpectedErrors) for f in core.filters):
         core.addFilter(_ExpectedErrors())
-
-
-def _device(slot: policy.Slot) -> str:
-    return f"cuda:{slot.index}" if slot.kind == "cuda" else "cpu"
 

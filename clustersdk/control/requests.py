@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from dask.utils import parse_bytes
 
-from .. import config
+from .. import config, hparams
 from ..errors import (
     CapacityError,
     CheckpointError,
@@ -24,24 +24,24 @@ from ..errors import (
     JobTimeoutError,
     SpecError,
 )
-from ..protocol import Op, WireSpec, Word, WorkerOp, op
+from ..protocol import Op, WireSpec, Word, WorkerOp
 from ..status import JobStatus
-from . import breakpoints
 from . import events as ev
-from .journal import PRIVATE
-from .. import hparams
 from . import policy
+from .journal import PRIVATE, Journal
 from .live import RUN_STATES
-
-if TYPE_CHECKING:
-    from .plugin import ControlPlane, Run
+from .placement import Placement
+from .plane import Plane, Run
+from .watchdog import Watchdog
 
 
 class Requests:
-    """The client-facing handlers of one :class:`~.plugin.ControlPlane`."""
+    """The client-facing handlers of one control plane."""
 
-    def __init__(self, plane: ControlPlane):
+    def __init__(self, plane: Plane, placement: Placement, watchdog: Watchdog):
         self.plane = plane
+        self.placement = placement
+        self.watchdog = watchdog
 
     def handlers(self) -> dict[Op, Callable]:
         return {
@@ -56,7 +56,7 @@ class Requests:
         }
 
     @property
-    def journal(self) -> Any:
+    def journal(self) -> Journal:
         return self.plane.journal
 
     # --- the cluster -----------------------------------------------------------------------
@@ -80,7 +80,7 @@ class Requests:
         wire = WireSpec.from_dict(spec)
         self._check_capacity(wire.world_size)
         # its queue and priority resolved; refused (naming the limit) if it can never fit
-        wire = plane.placement.admit(wire, max(len(plane.slots), plane.capacity))
+        wire = self.placement.admit(wire, max(len(plane.slots), plane.capacity))
         if wire.profile_dir is None:  # job.profile's traces go beside the journal
             wire = wire.replace(profile_dir=plane.state_dir)
         clash = self.journal.find(plane.id, wire.name)
@@ -88,13 +88,13 @@ class Requests:
             raise SpecError(f"a job named {wire.name!r} is already {clash['status']}; stop it or "
                             "pick another name")
         now = time.time()
-        seq = plane.placement.scheduler.next_seq()
+        seq = self.placement.scheduler.next_seq()
         self.journal.add_job({
             "id": wire.id, "name": wire.name, "scheduler": plane.id,
-            "address": plane.scheduler.address, "status": JobStatus.QUEUED.name,
+            "address": plane.address, "status": JobStatus.QUEUED.name,
             "spec": wire.as_dict(), "submitted": now, "seq": seq, "payload": payload,
         })
-        plane.add_run(plane.new_run(wire, payload), seq)
+        plane.follow(wire, payload, seq)
         return self._record(wire.id)
 
     def job(self, job: str | None = None, name: str | None = None) -> dict:
@@ -139,9 +139,7 @@ class Requests:
         record = self._record(job)
         run = self.plane.runs.get(job)
         if run is not None and run.machine.ranks and run.machine.held:
-            from . import watchdog
-
-            return await watchdog.stacks(self.plane, run, all_threads)
+            return await self.watchdog.stacks(run, all_threads)
         return record.get("stacks") or {}
 
     # --- sharing the cluster ------------------------------------------------------------
@@ -149,11 +147,11 @@ class Requests:
         """Per queue: who holds what, what waits and why, estimated starts."""
         plane = self.plane
         names = {job: run.machine.name for job, run in plane.runs.items()}
-        return plane.placement.view(names, time.time())
+        return self.placement.view(names, time.time())
 
     def configure(self, changes: dict) -> dict:
         """An admin's change of the scheduling settings; the settings now in force."""
-        config = self.plane.placement.configure(changes)
+        config = self.placement.configure(changes)
         self.journal.put_setting("scheduling", config.to_dict())
         self.plane.schedule()
         return config.to_dict()
@@ -286,7 +284,7 @@ class Requests:
                                              "no debugger session is open")
             return {"sessions": {}, "chunks": [], "status": record["status"]}
         machine = run.machine
-        book = breakpoints.book(machine)
+        book = machine.breakpoints.of(machine.attempt)
         if text is not None:
             if not isinstance(text, str):
                 raise SpecError(f"console input must be a str (a pdb command), got {text!r}")
@@ -298,8 +296,8 @@ class Requests:
                 raise InvalidTransitionError(
                     f"job {machine.name!r} has no debugger session open{where}; "
                     "ctx.breakpoint() opens one in a job launched with debug=True")
-            await op(self.plane.scheduler.rpc(machine.ranks[rank].worker), WorkerOp.CONSOLE)(
-                job=job, text=text, attempt=machine.attempt)
+            await self.plane.call_worker(machine.ranks[rank].worker, WorkerOp.CONSOLE,
+                                         job=job, text=text, attempt=machine.attempt)
         return {**book.state(), "status": machine.status.name}
 
     # --- job.run and job.update (see control/live.py) -------------------------------------

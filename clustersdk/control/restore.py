@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
-
 from .. import config
 from ..errors import ProtocolError
 from ..protocol import WireSpec
 from ..status import JobStatus
 from .journal import Journal
+from .placement import Placement
+from .plane import Plane
 from .scheduling import PolicyConfig
-
-if TYPE_CHECKING:
-    from .plugin import ControlPlane
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +29,11 @@ def scheduling_config(journal: Journal) -> PolicyConfig:
     return PolicyConfig.from_dict(saved if saved is not None else config.get("scheduling"))
 
 
-def adopt(plane: ControlPlane) -> list[str]:
+def adopt(plane: Plane, placement: Placement) -> list[str]:
     """Follow the jobs an earlier scheduler at this address left queued or suspended;
     their ids. A record that can't be taken over (no payload, another release's spec)
     is marked FAILED, saying why; so is a job the earlier scheduler died running."""
-    address, adopted = plane.scheduler.address, []
+    address, adopted = plane.address, []
     for record in plane.journal.orphaned(address, plane.id):  # it died without closing them
         plane.journal.update(record["id"], scheduler=plane.id, status=JobStatus.FAILED.name,
                              payload=None, reason="", ended=time.time(), error={
@@ -49,7 +46,7 @@ def adopt(plane: ControlPlane) -> list[str]:
             spec = WireSpec.from_dict(record["spec"])
             if not record.get("payload"):
                 raise ProtocolError("its function was not kept")
-            spec = plane.placement.admit(spec, 0)  # the settings may have changed meanwhile
+            spec = placement.admit(spec, 0)  # the settings may have changed meanwhile
         except Exception as e:  # noqa: BLE001 - one bad record must not stop the others
             plane.journal.update(record["id"], status=JobStatus.FAILED.name, reason="",
                                  error={"rank": None, "type": type(e).__name__, "traceback": "",
@@ -57,11 +54,10 @@ def adopt(plane: ControlPlane) -> list[str]:
                                                    f"job over: {e}"})
             continue
         plane.journal.update(record["id"], scheduler=plane.id)
-        run = plane.new_run(spec, record["payload"], status=status,
-                            restarts=int(record.get("restarts") or 0),
-                            checkpoint=record.get("checkpoint"),
-                            checkpoint_step=record.get("checkpoint_step"))
-        plane.add_run(run, seq=record.get("seq"))
+        plane.follow(spec, record["payload"], seq=record.get("seq"), status=status,
+                     restarts=int(record.get("restarts") or 0),
+                     checkpoint=record.get("checkpoint"),
+                     checkpoint_step=record.get("checkpoint_step"))
         adopted.append(record["id"])
     if adopted:
         logger.info("clustersdk: took over %d queued or suspended job(s) of an earlier "

@@ -1,7 +1,7 @@
 """The lifecycle rules of a shared cluster: a job preempted, or reclaimed when idle.
 
-Pure, a part of :class:`~.lifecycle.Lifecycle` (its ``Preempted`` and
-``Reclaimed`` events). The scheduling policy (:mod:`.scheduling`) decides who
+Pure; :class:`Sharing` is the part of :class:`~.lifecycle.Lifecycle` that handles
+``Preempted``, ``Reclaimed`` and ``Grow``. The scheduling policy (:mod:`.scheduling`) decides who
 leaves; these rules say what leaving means for the job:
 
 - **Preempted, suspend**: SUSPENDING (a checkpoint at the next step boundary);
@@ -19,77 +19,78 @@ during a preemption wins: the job then does not queue again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..protocol import Word
+from ..protocol import ExitStatus, Word
 from ..status import JobStatus
 from . import events as ev
-from . import faults
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 LEAVABLE = frozenset({JobStatus.RUNNING, JobStatus.PAUSED})
 
 
-def preempted(job: Lifecycle, e: ev.Preempted) -> None:
-    if e.overdue:
-        if job.status is JobStatus.SUSPENDING and job.preempted:
-            job._transition(JobStatus.STOPPING, reason=e.reason)
-            job.preempt_reason = e.reason
-            job._ask(Word.STOP, 1)
-        return
-    if job.status not in LEAVABLE:
-        return  # already leaving, or gone: nothing to ask
-    job.preempted, job.preempt_reason = True, e.reason
-    faults.record(job, "preempted", e.reason, how=e.how)
-    _leave(job, e.how, e.reason)
+class Sharing:
+    """Why one job is leaving its slots for others, and where it comes back."""
 
+    def __init__(self) -> None:
+        self.preempted = False            # leaving for another job: queues again when out
+        self.preempt_reason = ""          # ... and why (its reason while QUEUED again)
+        self.leave_reason = ""            # why it was reclaimed (kept once it is out)
+        self.grow_to: int | None = None   # leaving to come back at this world size
 
-def reclaimed(job: Lifecycle, e: ev.Reclaimed) -> None:
-    if job.status not in LEAVABLE:
-        return
-    job.leave_reason = e.reason
-    faults.record(job, "reclaimed", e.reason, how=e.how)
-    _leave(job, e.how, e.reason)
+    def stopped_by_user(self) -> None:
+        """The user's stop or suspend wins over a preemption: the job won't queue again."""
+        self.preempted = False
 
+    def comes_back(self, job: JobView) -> bool:
+        """Whether the job, every rank out, is a preempted one that queues again."""
+        return self.preempted and bool(job.exited) and all(
+            s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in job.exited.values())
 
-def _leave(job: Lifecycle, how: str, reason: str) -> None:
-    """Suspend (a checkpoint at the next step boundary) or, without a checkpoint_dir, stop."""
-    if how == "suspend" and job.spec.checkpoint_dir:
-        job._transition(JobStatus.SUSPENDING, reason=reason)
-        job._ask(Word.SUSPEND, 1)
-    else:
-        job._transition(JobStatus.STOPPING, reason=reason)
-        job._ask(Word.STOP, 1)
+    # --- events ---------------------------------------------------------------------------
+    def preempt(self, job: JobView, e: ev.Preempted) -> None:
+        if e.overdue:
+            if job.status is JobStatus.SUSPENDING and self.preempted:
+                job.transition(JobStatus.STOPPING, reason=e.reason)
+                self.preempt_reason = e.reason
+                job.ask(Word.STOP, 1)
+            return
+        if job.status not in LEAVABLE:
+            return  # already leaving, or gone: nothing to ask
+        self.preempted, self.preempt_reason = True, e.reason
+        job.record("preempted", e.reason, how=e.how)
+        self._leave(job, e.how, e.reason)
 
+    def reclaim(self, job: JobView, e: ev.Reclaimed) -> None:
+        if job.status not in LEAVABLE:
+            return
+        self.leave_reason = e.reason
+        job.record("reclaimed", e.reason, how=e.how)
+        self._leave(job, e.how, e.reason)
 
-def grow(job: Lifecycle, e: ev.Grow) -> None:
-    """Back to the asked world size: suspend (a checkpoint at the next step boundary),
-    then queue again at ``e.world_size``, resharding from that checkpoint."""
-    if job.status is not JobStatus.RUNNING or not job.spec.checkpoint_dir \
-            or e.world_size <= job.world_size:
-        return
-    job.preempted, job.grow_to = True, e.world_size
-    job.preempt_reason = f"growing from {job.world_size} back to {e.world_size} ranks"
-    faults.record(job, "resized", f"{job.preempt_reason}: slots are free again; it "
-                  "checkpoints and continues from there", world_size=e.world_size,
-                  was=job.world_size)
-    job._transition(JobStatus.SUSPENDING, reason=job.preempt_reason)
-    job._ask(Word.SUSPEND, 1)
+    def _leave(self, job: JobView, how: str, reason: str) -> None:
+        """Suspend (a checkpoint at the next step boundary) or, without a checkpoint_dir,
+        stop."""
+        if how == "suspend" and job.spec.checkpoint_dir:
+            job.transition(JobStatus.SUSPENDING, reason=reason)
+            job.ask(Word.SUSPEND, 1)
+        else:
+            job.transition(JobStatus.STOPPING, reason=reason)
+            job.ask(Word.STOP, 1)
 
+    def grow(self, job: JobView, e: ev.Grow) -> None:
+        """Back to the asked world size: suspend (a checkpoint at the next step boundary),
+        then queue again at ``e.world_size``, resharding from that checkpoint."""
+        if job.status is not JobStatus.RUNNING or not job.spec.checkpoint_dir \
+                or e.world_size <= job.world_size:
+            return
+        self.preempted, self.grow_to = True, e.world_size
+        self.preempt_reason = f"growing from {job.world_size} back to {e.world_size} ranks"
+        job.record("resized", f"{self.preempt_reason}: slots are free again; it checkpoints "
+                   "and continues from there", world_size=e.world_size, was=job.world_size)
+        job.transition(JobStatus.SUSPENDING, reason=self.preempt_reason)
+        job.ask(Word.SUSPEND, 1)
 
-def requeue(job: Lifecycle) -> None:
-    """Every rank of a preempted job is out: queue it again, to continue from its newest
-    committed checkpoint (the one its suspend just wrote), or from the start."""
-    resume = job.checkpoint or job.spec.resume
-    job._out.append(ev.TruncateHistory(job.checkpoint_step if job.checkpoint else 0))
-    job._reset_ranks()
-    job.preempted = False
-    job.spec = job.spec.replace(resume=resume, attempt=job.attempt + 1)
-    if job.grow_to:
-        job.spec = job.spec.replace(world_size=job.grow_to, asked_world_size=None)
-        job.grow_to = None
-    job._out.append(ev.Journal({"spec": job.spec.as_dict()}))
-    job._transition(JobStatus.QUEUED, reason=job.preempt_reason)
-    job._out.append(ev.Enqueue())
+    def requeue(self, job: JobView) -> None:
+        """Every rank of a preempted job is out: queue it again, to continue from its newest
+        committed checkpoint (the one its suspend just wrote), or from the start."""
+        grow_to, self.grow_to, self.preempted = self.grow_to, None, False
+        job.requeue(self.preempt_reason, world_size=grow_to)

@@ -144,7 +144,7 @@ class TrainContext:
         self._metrics = Metrics(rank, world_size, control_group)
         self._phases = PhaseClock(enabled=bool(config.get("phase-timing", True)))
         self._profiler = Profiler(rank=rank, device_type=device.type, report=self._report)
-        self._rebinder = rebind.Rebinder(strategy)
+        self._rebinder = rebind.Rebinder(strategy, pipelined=self.layout.pipelined)
         self._batches: _epochs.Batches | None = None
         self._shards: list[str] = []  # the keys of the loaders ctx.shard made, in order
         self._paused = False
@@ -159,7 +159,7 @@ class TrainContext:
         if options.get("dir"):
             self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
                                 report=self._report, rank=rank, world_size=world_size, job=job,
-                                device=device, pipeline=strategy == "pp",
+                                device=device, pipeline=self.layout.pipelined,
                                 attempt=options.get("attempt", 0))
             self._async = options.get("async", True)
             # known from the start, so that ctx.shard restores its position at once
@@ -214,7 +214,7 @@ class TrainContext:
 
     @property
     def stage_index(self) -> int:
-        """This rank's pipeline stage (0 unless ``strategy="pp"``)."""
+        """This rank's pipeline stage (0 unless the mesh has a ``pp`` dimension)."""
         return self.layout.coords(self.rank).get("pp", 0)
 
     # model and state -------------------------------------------------------
@@ -250,7 +250,7 @@ class TrainContext:
         self._rebinder.after(before, model)  # optimizers built before this now train `model`
         steps = self._steps
         steps.model, steps.loss_fn = model, loss_fn
-        if self.strategy == "pp":
+        if self.layout.pipelined:
             from .strategies.pipeline import Pipeline
 
             steps.pipeline = Pipeline(model, self, loss_fn)
@@ -266,8 +266,10 @@ class TrainContext:
         model = self.stateful.get("model")
         if model is None:
             raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
+        coords = self.layout.coords(self.rank)
+        first_of_stage = all(v == 0 for k, v in coords.items() if k != "pp")
         return full_state_dict(model, optimizer, rank=self.rank, world_size=self.world_size,
-                               pipeline=self.strategy == "pp")
+                               pipeline=self.layout.pipelined, sends=first_of_stage)
 
     # training steps ----------------------------------------------------------
     def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
@@ -324,7 +326,7 @@ class TrainContext:
             self.stateful[key] = obj
 
     # data ----------------------------------------------------------------------
-    def shard(self, dataset: Any, batch_size: int, **options: Any) -> Any:
+    def shard(self, dataset: Any, batch_size: int | None = None, **options: Any) -> Any:
         """This rank's share of every global batch (``batch_size`` samples per
         data-parallel rank; ranks that differ only in their ``tp`` or ``pp``
         coordinate get the same samples, see :mod:`clustersdk.layout`).
@@ -341,7 +343,25 @@ class TrainContext:
         ``collate_fn``, ``num_workers`` (map-style), ``prefetch`` (batches
         read ahead by a background thread: 2 for streams and Parquet, 0 for
         map-style), ``columns`` and ``lanes`` (Parquet).
+
+        Token budgets, for samples of different lengths (map-style):
+        ``ctx.shard(data, tokens_per_batch=4096, length=...)`` instead of
+        ``batch_size`` gives each data-parallel rank whole samples padded to
+        the longest, at most 4096 padded tokens per batch, and logs each
+        step's ``padding`` fraction and ``tokens``; ``length`` is one int per
+        sample, a function of a sample or a key (default: the first
+        dimension of its first tensor); ``pad`` the fill value, one or one
+        per field (``(0, -100)`` for ids and targets). Each batch holds a
+        multiple of the micro-batches a step cuts it into (``grad_accum``,
+        and a pipeline's ``microbatches``). See :mod:`clustersdk.runtime.budget`.
         """
+        if "tokens_per_batch" in options:
+            options["log"] = self.log
+            # every batch must cut into the step's equal micro-batches
+            pieces = self.options["grad_accum"]
+            if self.layout.pipelined:
+                pieces *= self.options["microbatches"] or self.layout.size("pp")
+            options.setdefault("multiple_of", pieces)
         loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
         key, n = "data", 0
         while key in self.stateful:
@@ -657,7 +677,7 @@ class TrainContext:
                       "checkpoint_every": self._every,
                       "metrics_interval": self.spec.metrics_interval},
             set_option=self._set_option, called=frozenset(steps.called),
-            pipeline=self.strategy == "pp", checkpoints=self._saver is not None)
+            pipeline=self.layout.pipelined, checkpoints=self._saver is not None)
 
     def _set_option(self, key: str, value: Any) -> None:
         """A launch option ``job.update`` changed (planned and checked by :mod:`.tuning`):

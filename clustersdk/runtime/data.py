@@ -2,8 +2,10 @@
 
 :func:`make_loader` picks the loader for what it is given: Parquet files or a
 pyarrow dataset (:mod:`.parquet`), a stream such as an ``IterableDataset``
-(:mod:`.streams`), or, here, a map-style dataset (``len`` and indexing: a
-torch ``Dataset``, a Hugging Face ``datasets.Dataset``, a list).
+(:mod:`.streams`), token-budget batches of variable-length samples
+(``tokens_per_batch=``, :mod:`.budget`), or, here, a map-style dataset
+(``len`` and indexing: a torch ``Dataset``, a Hugging Face
+``datasets.Dataset``, a list).
 
 A map-style dataset is permuted once per epoch (seeded, identical on every rank);
 global batch ``b`` is ``perm[b*G:(b+1)*G]`` with ``G = batch_size * world_size``
@@ -22,12 +24,35 @@ from torch.utils.data import DataLoader, IterableDataset
 from .streams import Prefetcher, split_global_batch, to_device
 
 
-def make_loader(dataset: Any, batch_size: int, rank: int, world_size: int, device: torch.device,
-                **options: Any) -> Any:
-    """The loader for ``dataset``: Parquet, stream or map-style (see the module docstring)."""
+def make_loader(dataset: Any, batch_size: int | None, rank: int, world_size: int,
+                device: torch.device, **options: Any) -> Any:
+    """The loader for ``dataset``: Parquet, stream or map-style (see the module docstring),
+    or token-budget batches of a map-style dataset with ``tokens_per_batch=`` (see
+    :mod:`.budget`). ``log``: where a loader logs its per-step figures (``ctx.log``)."""
+    from .parquet import ParquetLoader, is_parquet
+
+    tokens = options.pop("tokens_per_batch", None)
+    log = options.pop("log", None)
+    if tokens is not None:
+        if batch_size is not None:
+            raise ValueError(f"give batch_size= (samples) or tokens_per_batch= (a token budget) "
+                             f"per batch, not both: got batch_size={batch_size!r}, "
+                             f"tokens_per_batch={tokens!r}")
+        if is_parquet(dataset) or is_stream(dataset):
+            raise ValueError("tokens_per_batch= plans each epoch from every sample's length: it "
+                             f"needs a map-style dataset (len and indexing), not "
+                             f"{type(dataset).__name__}")
+        from .budget import TokenBudgetLoader
+
+        return TokenBudgetLoader(dataset, tokens, rank, world_size, device, log=log, **options)
+    for name in ("length", "pad"):
+        if name in options:
+            raise ValueError(f"{name}= goes with tokens_per_batch= (token-budget batches)")
+    if batch_size is None:
+        raise ValueError("ctx.shard needs batch_size= (samples per data-parallel rank) or "
+                         "tokens_per_batch= (a token budget per batch, with length=)")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    from .parquet import ParquetLoader, is_parquet
 
     if is_parquet(dataset):
         return ParquetLoader(dataset, batch_size, rank, world_size, device, **options)

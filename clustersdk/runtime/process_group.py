@@ -55,9 +55,14 @@ def join_store(host: str, port: int, world_size: int, timeout: float) -> dist.TC
 
 
 def rank_device(kind: str) -> torch.device:
-    """The worker owns one GPU, visible as cuda:0; otherwise the CPU."""
+    """The worker owns one GPU, visible as cuda:0; otherwise the CPU.
+
+    On a GPU the peak-memory counters start again: a warm worker has run other jobs, and
+    a failing rank's diagnosis (CUDA out of memory) must report this job's peak.
+    """
     if kind == "cuda":
         torch.cuda.set_device(0)
+        torch.cuda.reset_peak_memory_stats(0)
         return torch.device("cuda", 0)
     return torch.device("cpu")
 
@@ -118,7 +123,8 @@ def init(store: dist.Store, rank: int, world_size: int, device: torch.device, ti
 
 
 def teardown() -> None:
-    """Destroy every group so that the next job starts clean on this worker."""
+    """Destroy every group, and give the job's cached GPU memory back, so that the next
+    job starts clean on this worker."""
     gc.collect()  # drop DDP reducers and their pending work before the groups go
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -130,6 +136,11 @@ def teardown() -> None:
         world = getattr(dist.distributed_c10d, "_world", None)
         if world is not None and hasattr(world, "group_count"):
             world.group_count = 0
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # The job's cached blocks go back to the device: an idle worker would otherwise
+        # keep its last job's memory, which nvidia-smi, the dashboards and every other
+        # process on the GPU see as used.
+        torch.cuda.empty_cache()
 
 
 def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]

@@ -40,8 +40,10 @@ def clean(name: str) -> str:
 class Rebinder:
     """The parameters ``ctx.prepare`` replaced, and the optimizers already seen."""
 
-    def __init__(self, strategy: str):
+    def __init__(self, strategy: str, pipelined: bool | None = None):
         self.strategy = strategy
+        # a pipeline stage holds only some of the parameters: the others are dropped
+        self.pipelined = strategy == "pp" if pipelined is None else pipelined
         self._old: dict[int, tuple[weakref.ref, str]] = {}  # id -> (the old parameter, its name)
         # weak: a finished job's model must not live on in the thread
         self._new: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -88,7 +90,7 @@ class Rebinder:
                 "stepped on them already: build it after model = ctx.prepare(model), from "
                 "model.parameters()")
         lost = [name for _, name in stale if name not in self._new]
-        if lost and self.strategy != "pp":
+        if lost and not self.pipelined:
             raise SpecError(
                 f"the {kind} optimizer was built before ctx.prepare and holds parameters that "
                 f"the prepared model has no counterpart for ({', '.join(lost[:3])}): build it "

@@ -69,8 +69,9 @@ class Steps:
             scaler.unscale_(optimizer)
         if self.clip is not None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            replicated = 1 if self.ctx.strategy == "pp" else self.ctx.world_size
-            norm = training.clip_grad_norm_(params, self.clip, replicated, self.ctx.device)
+            # the ranks that hold each parameter: all, or (pipelines) those of its stage
+            holders = self.ctx.world_size // self.ctx.layout.size("pp")
+            norm = training.clip_grad_norm_(params, self.clip, holders, self.ctx.device)
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()
@@ -120,7 +121,7 @@ class Steps:
             f"precision={self.precision.name!r}": NEEDS.get(self.precision.name, set()),
             f"grad_accum={self.accum}": NEEDS["grad_accum"] if self.accum > 1 else set(),
             f"clip_grad_norm={self.clip}": NEEDS["clip_grad_norm"] if self.clip is not None else set(),
-            "strategy='pp'": NEEDS["pp"] if self.pipeline is not None else set(),
+            self._pipeline_name(): NEEDS["pp"] if self.pipeline is not None else set(),
         }
         for option, needs in wanted.items():
             missing = sorted(needs - self.called)
@@ -130,7 +131,14 @@ class Steps:
                                 "function did not call in its first step; use "
                                 "loss = ctx.train_step(optimizer, inputs, target)")
 
+    def _pipeline_name(self) -> str:
+        """How the launch asked for a pipeline: ``strategy='pp'`` or a mesh with ``pp``."""
+        if self.ctx.strategy == "pp":
+            return "strategy='pp'"
+        return f"mesh={self.ctx.options['mesh']!r}"
+
     def _not_pipeline(self, what: str) -> None:
         if self.pipeline is not None:
-            raise SpecError(f"{what} can't be used with strategy='pp': its schedule runs forward "
-                            "and backward; use loss = ctx.train_step(optimizer, inputs, target)")
+            raise SpecError(f"{what} can't be used with {self._pipeline_name()}: its pipeline "
+                            "schedule runs forward and backward; use "
+                            "loss = ctx.train_step(optimizer, inputs, target)")

@@ -4,12 +4,17 @@ NVML comes from the nvidia-ml-py package (``import pynvml``). Without a GPU,
 ``nvmlInit`` raises ``NVMLError_LibraryNotFound`` and samples come from psutil
 instead, labelled ``source="psutil"`` so that no chart passes CPU numbers off
 as GPU numbers.
+
+GPU memory is read as ``nvidia-smi`` shows it: ``nvmlDeviceGetMemoryInfo_v2``,
+whose ``used`` leaves out what the driver reserves (the first version counts it,
+several hundred MiB more on every GPU); the first version where the driver or
+nvidia-ml-py has no second.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class Sampler:
@@ -24,6 +29,7 @@ class Sampler:
 
                 pynvml.nvmlInit()
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(max(index, 0))
+                self._memory = _memory_reader(pynvml, self._handle)
                 self._nvml = pynvml
             except Exception:  # no NVML library, no package, or no such device
                 self._nvml = None
@@ -40,7 +46,7 @@ class Sampler:
     def _gpu(self) -> dict[str, Any]:
         nv, h = self._nvml, self._handle
         util = nv.nvmlDeviceGetUtilizationRates(h)
-        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        mem = self._memory()
         out: dict[str, Any] = {
             "source": "nvml", "gpu_util": float(util.gpu),
             "gpu_mem_used": float(mem.used), "gpu_mem_total": float(mem.total),
@@ -71,3 +77,17 @@ class Sampler:
             out["net_recv_per_s"] = (net.bytes_recv - self._net.bytes_recv) / dt
         self._net, self._net_time = net, now
         return out
+
+
+def _memory_reader(nv: Any, handle: Any) -> Callable[[], Any]:
+    """How to read the device's memory: NVML's second version if it answers here, else
+    the first (see the module docstring)."""
+    version = getattr(nv, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+        except Exception:  # an older driver (NVMLError_FunctionNotFound) or binding
+            pass
+        else:
+            return lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+    return lambda: nv.nvmlDeviceGetMemoryInfo(handle)

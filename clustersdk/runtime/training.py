@@ -107,11 +107,14 @@ def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float,
     most ``max_norm``; return that norm (same on every rank, same as one process).
 
     Each rank adds the squares of the gradient elements it holds, divided by
-    how many ranks hold the same elements: a DTensor is counted once per
-    shard, a plain tensor is held by ``replicated`` ranks (the world size when
-    every rank has a full copy, 1 when ranks hold different parameters, as
-    pipeline stages do). One all-reduce adds the parts of all ranks, on
-    ``device`` (the rank's; needed when it holds no gradient at all).
+    how many ranks hold the same elements. ``replicated`` ranks hold each
+    parameter, whole or in pieces: the world size when every rank has (a
+    share of) every parameter, 1 under a pipeline of single ranks, the ranks
+    of a stage under 3-D. A plain tensor is a whole copy on each of them; a
+    DTensor's pieces are spread over them, so each element is held by
+    ``replicated / pieces`` ranks (FSDP over TP: parameters that TP leaves whole
+    are copied on every TP peer). One all-reduce adds the parts of all ranks,
+    on ``device`` (the rank's; needed when it holds no gradient at all).
     """
     grads = [p.grad for p in parameters if p.grad is not None]
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -120,7 +123,7 @@ def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float,
     total = torch.zeros((), dtype=torch.float32, device=device)
     for grad in grads:
         local = _local(grad)
-        copies = world / _shards(grad) if hasattr(grad, "placements") else replicated
+        copies = replicated / _shards(grad) if hasattr(grad, "placements") else replicated
         total += local.detach().float().pow(2).sum().to(device) / copies  # CPU-offloaded too
     if world > 1:
         dist.all_reduce(total)

@@ -1,6 +1,8 @@
 """Notebook displays of jobs and clusters.
 
-``Job._repr_mimebundle_`` and ``Cluster._repr_mimebundle_`` come here. In a
+``Job._repr_mimebundle_`` and ``Cluster._repr_mimebundle_`` come here, through the
+``job_display`` and ``cluster_display`` hooks that :mod:`clustersdk` provides (the
+client never imports this package; see :mod:`clustersdk.hooks`). In a
 Jupyter kernel with ipywidgets, the bundle holds the live dashboard (one per
 ``Job``/``Cluster`` handle: re-displaying shows the same widget), plus static
 ``text/html`` and ``text/plain`` for renderers that can't run widgets

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .render import rank_color
+from .format import rank_color
 
 MAX_LEGEND = 8  # more ranks than this: colours only, the legend would hide the lines
 MARKER_COLOR = "#7c3aed"  # job.update's changes on the loss chart

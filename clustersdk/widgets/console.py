@@ -1,4 +1,5 @@
-"""The notebook console of a job's ``ctx.breakpoint()`` pdb sessions (``job.console()``).
+"""The notebook console of a job's ``ctx.breakpoint()`` pdb sessions (``job.console()``,
+through the ``job_console`` hook that :mod:`clustersdk` provides).
 
 A transcript, an input line and a Send button, bound to the remote pdb: a line typed
 and sent (Enter or the button) goes to the control plane (``Op.CONSOLE``), which hands

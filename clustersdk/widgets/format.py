@@ -1,4 +1,5 @@
-"""How numbers read on the dashboards: durations, scalars, bytes, the progress line.
+"""How numbers read on the dashboards: durations, scalars, bytes, the progress line,
+and each rank's colour.
 
 >>> fmt_duration(185)
 '3 min 05 s'
@@ -10,6 +11,15 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+#: One colour per rank (cycled), shared by the live charts and the static HTML.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def rank_color(rank: int) -> str:
+    """The colour of rank ``rank``'s lines and dots."""
+    return PALETTE[rank % len(PALETTE)]
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -1,7 +1,9 @@
-"""``cluster.queue()``: the queues of a shared cluster, as data, text and HTML.
+"""``cluster.queue()``'s text and table: the queues of a shared cluster.
 
 Pure: it renders the model the control plane answers (see
-:func:`clustersdk.control.placement.queue_view`).
+:func:`clustersdk.control.placement.queue_view`), which a
+:class:`clustersdk.cluster.base.QueueView` carries; ``clustersdk`` provides these
+as the ``queue_text`` and ``queue_html`` hooks.
 """
 
 from __future__ import annotations
@@ -9,37 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .render import _env, badge
-
-
-class QueueView:
-    """Per queue: who holds what, what waits and why, estimated starts.
-
-    ``data`` is the plain model (what ``GET /clustersdk/api/queue`` serves too).
-
-    >>> cluster.queue()            # doctest: +SKIP
-    16 slots, 4 free · queue default (rest of the slots): 12 in use
-    """
-
-    def __init__(self, data: dict[str, Any]):
-        self.data = data
-
-    @property
-    def queues(self) -> list[dict[str, Any]]:
-        return self.data["queues"]
-
-    def waiting(self) -> list[dict[str, Any]]:
-        """Every waiting job, queue by queue, in the order they would start."""
-        return [j for q in self.queues for j in q["waiting"]]
-
-    def holding(self) -> list[dict[str, Any]]:
-        return [j for q in self.queues for j in q["holding"]]
-
-    def _repr_html_(self) -> str:
-        return queue_html(self.data)
-
-    def __repr__(self) -> str:
-        return queue_text(self.data)
+from .render import badge, template
 
 
 def _summary(data: dict[str, Any]) -> str:
@@ -84,7 +56,7 @@ def queue_html(data: dict[str, Any], now: float | None = None) -> str:
     queues = [{"name": q["name"], "quota": _quota(q),
                "rows": [{**row, "badge": badge(row["status"])} for row in _rows(q, now)]}
               for q in data["queues"]]
-    return _env.get_template("queue.html.j2").render(summary=_summary(data), queues=queues)
+    return template("queue.html.j2").render(summary=_summary(data), queues=queues)
 
 
 def queue_text(data: dict[str, Any], now: float | None = None) -> str:

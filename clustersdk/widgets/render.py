@@ -15,13 +15,9 @@ from typing import Any, Iterable
 import jinja2
 from markupsafe import Markup, escape
 
-from .format import fmt_bytes, fmt_duration, fmt_number, progress_text
+from .format import fmt_bytes, fmt_duration, fmt_number, progress_text, rank_color
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, diagnosis_line, event_lines
 from .straggler import phases_html
-
-#: One colour per rank (cycled), shared by the live charts and the static HTML.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
@@ -30,8 +26,9 @@ _env = jinja2.Environment(
 )
 
 
-def rank_color(rank: int) -> str:
-    return PALETTE[rank % len(PALETTE)]
+def template(name: str) -> jinja2.Template:
+    """The Jinja template ``templates/<name>`` (e.g. ``"queue.html.j2"``)."""
+    return _env.get_template(name)
 
 
 def badge(status: str) -> Markup:
@@ -63,7 +60,7 @@ def job_html(view: JobView) -> str:
             "system": [_sample_text(sample, field, unit) for _c, field, _t, unit, _s in charts],
         })
     progress = view.progress()
-    return _env.get_template("job.html.j2").render(
+    return template("job.html.j2").render(
         name=view.name, badge=badge(view.status), color=STATUS_COLORS.get(view.status, "#6b7280"),
         strategy=view.strategy, world_size=view.world_size,
         device=" · ".join(p for p in (view.device, view.sharing) if p),
@@ -199,7 +196,7 @@ def _sample_text(sample: dict, field: str, unit: str) -> str:
 # clusters --------------------------------------------------------------------------------
 def jobs_html(records: Iterable[dict[str, Any]], now: float | None = None) -> str:
     """A table of job records (``cluster.jobs()``'s records), oldest first."""
-    return _env.get_template("jobs.html.j2").render(jobs=[_job_row(r, now) for r in records])
+    return template("jobs.html.j2").render(jobs=[_job_row(r, now) for r in records])
 
 
 def jobs_text(records: Iterable[dict[str, Any]], now: float | None = None) -> str:
@@ -295,7 +292,7 @@ def _bar(percent: float, text: str) -> dict[str, Any]:
 def cluster_html(model: dict[str, Any]) -> str:
     gpu = model["gpu"]
     slots = [{**s, "badge": badge(s["status"]) if s["status"] else ""} for s in model["slots"]]
-    return _env.get_template("cluster.html.j2").render(
+    return template("cluster.html.j2").render(
         **{**model, "slots": slots},
         util_label="GPU utilisation" if gpu else "CPU (no GPU)",
         mem_label="GPU memory" if gpu else "host memory (no GPU)",

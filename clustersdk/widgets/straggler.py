@@ -11,6 +11,7 @@ from __future__ import annotations
 from markupsafe import escape
 
 from ..protocol import PHASES
+from .format import rank_color
 from .phases import PhaseView
 
 WIDTH, HEIGHT = 180, 56
@@ -58,8 +59,6 @@ def _band_svg(view: PhaseView, phase: str) -> str:
 
 
 def _lines_svg(view: PhaseView, phase: str) -> str:
-    from .render import rank_color
-
     lines = view.lines(phase)
     values = [y for _, ys in lines.values() for y in ys]
     if not values:

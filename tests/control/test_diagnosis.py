@@ -343,7 +343,7 @@ def test_a_step_non_finite_again_after_its_batch_was_dropped_fails_the_job():
 
 def test_rollbacks_are_bounded():
     job = running(2, on_nan="rollback", checkpoint_dir="/c")
-    job.anomalies.max_rollbacks = 1
+    job.anomalies.max_rollbacks = 1  # (its constructor takes max_rollbacks=)
     rolled_back(job, 7)
     job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w1", "h1", "cpu"))),
                6.0)

@@ -52,9 +52,9 @@ def test_a_peer_s_collective_timeout_is_a_consequence_and_a_later_own_error_the_
     job = running(3, on_error="hold")
     assert is_communication_error(LINK)
     job.handle(ev.Held(0, 0, LINK, [], step=12), 3.0)  # the symptom comes first
-    assert job.status is S.HELD and job.holds.cause == 0
+    assert job.status is S.HELD and job.holds.book.cause == 0
     actions = job.handle(ev.Held(1, 0, OWN, FRAMES, step=12), 3.5)
-    assert job.holds.cause == 1 and "rank 1 raised ValueError" in journaled(actions, "reason")[0]
+    assert job.holds.book.cause == 1 and "rank 1 raised ValueError" in journaled(actions, "reason")[0]
     job.handle(ev.Held(2, 0, {**LINK, "rank": 2}, [], step=12), 4.0)
     job.handle(ev.StopRequested(), 5.0)
     actions = exit_all(job, ExitStatus.FAILED)
@@ -102,7 +102,7 @@ def test_restart_from_checkpoint_continues_from_the_newest_checkpoint_without_a_
     assert journaled(actions, "reason") == [
         "restarted from its checkpoint (job.restart_from_checkpoint()): from checkpoint "
         "/ck/step-8"]
-    assert job.holds.ranks == {} and job.held_failure is None  # the new gang starts clean
+    assert job.holds.ranks == [] and job.faults.cause is None  # the new gang starts clean
 
 
 def test_restart_needs_a_held_job_and_a_checkpoint_and_a_refusal_changes_nothing():
@@ -144,7 +144,7 @@ def test_a_held_report_while_the_job_leaves_is_a_failure_and_the_rank_is_told_to
 def test_a_plain_failure_while_held_does_not_end_the_hold():
     job, _ = held()
     assert statuses(job.handle(ev.Failed(0, 0, LINK), 4.0)) == []
-    assert job.status is S.HELD and job.consequences[-1]["rank"] == 0
+    assert job.status is S.HELD and job.faults.consequences[-1]["rank"] == 0
     assert job.handle(ev.GraceExpired(0), 7.0) == [] and job.status is S.HELD
 
 
@@ -167,7 +167,7 @@ def test_a_breakpoint_pauses_the_job_and_continue_releases_every_rank():
     actions = job.handle(ev.ConsoleOutput(0, 0, k=1, text="c\n", closed=True), 3.0)
     assert statuses(actions) == ["RUNNING"]
     assert of(actions, ev.SendControl)[-1].words[Word.RELEASE] == 1
-    assert [c["seq"] for c in job.breaks.state()["chunks"]] == [1, 2, 3]
+    assert [c["seq"] for c in job.breakpoints.state()["chunks"]] == [1, 2, 3]
 
 
 def test_two_chosen_ranks_release_once_both_sessions_end_and_resume_ends_them_all():

@@ -327,7 +327,7 @@ def test_a_refused_request_changes_nothing(request_, match):
     job = make(2)
     with pytest.raises((InvalidTransitionError, SpecError), match=match):
         job.handle(request_, 1.0)
-    assert job.status is S.QUEUED and job.words == no_words()
+    assert job.status is S.QUEUED and list(job.words) == no_words()
 
 
 def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
@@ -354,7 +354,7 @@ def test_a_preempted_job_suspends_then_queues_again_from_its_checkpoint():
     assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(12)]
     assert (job.spec.resume, job.attempt, job.restarts) == ("/ck/step-12", 1, 0)
     assert of(actions, ev.Journal)[-1].fields["reason"] == "preempted for big (priority 100)"
-    assert not job.preempted
+    assert not job.sharing.preempted
     assert of(job.handle(gang(3), 4.0), ev.StartGang)[0].attempt == 1
 
 

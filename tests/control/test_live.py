@@ -203,7 +203,7 @@ def test_a_refused_update_changes_nothing_in_the_job():
     words = list(job.words)
     with pytest.raises(SpecError):
         job.handle(ev.UpdateRequested({"lr": -1.0}), 2.0)
-    assert job.live.seq == 0 and job.words == words and job.status is S.RUNNING
+    assert job.live.seq == 0 and list(job.words) == words and job.status is S.RUNNING
 
 
 def test_merged_changes_keep_the_newest_value_of_each_key():

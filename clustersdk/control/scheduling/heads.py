@@ -12,7 +12,7 @@ import heapq
 from typing import TYPE_CHECKING, Iterator
 
 from . import reasons
-from .holds import GiveUp
+from .slot_holds import GiveUp
 from .model import Holding, Request, Slot
 
 if TYPE_CHECKING:

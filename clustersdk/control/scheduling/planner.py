@@ -18,7 +18,7 @@ from .config import PolicyConfig
 from .gangs import FreeSlots, rank_order
 from .model import ACTIVE, Decision, Holding, Preempt, Request, Reservation, Slot, Start, Wait
 from .heads import blocked
-from .holds import GiveUp, Hold
+from .slot_holds import GiveUp, Hold
 from .ledger import Ledger
 from .preemption import preempt_for
 from .quota import Block

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from . import reasons
-from .holds import GiveUp
+from .slot_holds import GiveUp
 from .model import Holding, Preempt, Request, Slot
 from .victims import choose, may_preempt
 

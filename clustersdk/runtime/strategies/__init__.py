@@ -6,6 +6,7 @@ strategy   what each rank holds                                             modu
 ddp        the whole model; gradients averaged                              ddp.py
 fsdp       1/N of every block's parameters (FSDP2 ``fully_shard``)          fsdp.py
 fsdp 2-D   mesh ``{"dp", "tp"}``: FSDP over tensor parallel                 hybrid.py
+fsdp 3-D   mesh ``{"dp", "tp", "pp"}``: a pipeline stage, TP then FSDP      threed.py
 tp         its columns/rows of the planned layers (``parallelize_module``)  tensor.py
 pp         a contiguous slice of layers, run by a pipeline schedule         pipeline.py
 ep         the dense layers whole, 1/N of every MoE layer's experts         expert.py
@@ -39,6 +40,10 @@ def wrap(strategy: str, model: torch.nn.Module, ctx: TrainContext, *, plan: Any 
         from . import pipeline
 
         return pipeline.wrap(model, ctx, stage=stage)
+    if strategy == "fsdp" and ctx.layout.pipelined:
+        from . import threed
+
+        return threed.wrap(model, ctx, plan=plan, policy=policy, stage=stage)
     model = model.to(ctx.device)
     if strategy == "ddp":
         from .ddp import wrap as wrap_ddp
@@ -74,7 +79,7 @@ def check(layout: Layout, model: torch.nn.Module, *, plan: Any = None,
 
         size = layout.size("tp")
         tensor.check(model, tensor.plan_for(model, plan, size), size)
-    if layout.strategy == "pp":
+    if layout.pipelined:
         from . import pipeline
 
         pipeline.stage_names(model, layout.size("pp"), split)

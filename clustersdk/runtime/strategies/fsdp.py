@@ -27,11 +27,15 @@ if TYPE_CHECKING:
 
 
 def wrap(model: nn.Module, ctx: TrainContext, *, policy: WrapPolicy = None,
-         mesh: Any = None) -> nn.Module:
+         mesh: Any = None, reshard_after_forward: bool | None = None) -> nn.Module:
+    """Shard ``model`` over ``mesh`` (default: the job's); ``reshard_after_forward``
+    overrides the job's option (default True)."""
     mesh = mesh if mesh is not None else ctx.mesh
+    if reshard_after_forward is None:
+        reshard_after_forward = ctx.options.get("reshard_after_forward", True)
     options = {
         "mesh": mesh,
-        "reshard_after_forward": ctx.options.get("reshard_after_forward", True),
+        "reshard_after_forward": reshard_after_forward,
         # pinned memory needs an accelerator; on a CPU rank offloading is a no-op anyway
         "offload_policy": (CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
                            if ctx.options.get("cpu_offload") else OffloadPolicy()),

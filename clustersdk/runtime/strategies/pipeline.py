@@ -14,6 +14,9 @@ pass ``ctx.prepare(stage_module, stage=True)``.
 Running. ``ctx.train_step`` feeds the batch to the first stage and the
 targets to the last; the schedule (``schedule="gpipe"`` or ``"1f1b"``) cuts
 the batch into ``microbatches`` and runs forward and backward of all of them.
+Batches may change shape from step to step (token budgets): the schedule then
+infers the shapes its stages exchange again, at the cost of one more
+micro-batch forward and backward.
 The loss is known on the last stage only: ``train_step`` returns it there
 and ``None`` elsewhere, and ``ctx.log`` drops ``None`` values, so the job's
 history holds one loss per step.
@@ -25,6 +28,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -149,13 +153,39 @@ class Pipeline:
         self.loss_fn = loss_fn
         group = ctx.mesh.get_group("pp") if stages < ctx.world_size else None
         self.stage = PipelineStage(stage, ctx.stage_index, stages, ctx.device, group=group)
-        schedule = SCHEDULES[ctx.options.get("schedule") or "gpipe"]
-        # grads are scaled by our loss (1 / (microbatches * grad_accum)), not by the schedule,
-        # which would divide again at every step of an accumulation
-        self.schedule = schedule(self.stage, self.microbatches, loss_fn=self._loss, scale_grads=False)
+        self._kind = SCHEDULES[ctx.options.get("schedule") or "gpipe"]
+        self.schedule = self._schedule()
+        # the ranks of this stage that read other batches (its FSDP peers under 3-D): they
+        # must learn of a new batch shape together (see _follow_shapes)
+        self._peers = ctx.mesh.get_group("dp") if ctx.layout.size("dp") > 1 else None
+        self._device = ctx.device
+        self._shapes: Any = None
         self._computed: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._divide = 1
         self._precision: Precision | None = None
+
+    def _schedule(self) -> Any:
+        # grads are scaled by our loss (1 / (microbatches * grad_accum)), not by the schedule,
+        # which would divide again at every step of an accumulation
+        return self._kind(self.stage, self.microbatches, loss_fn=self._loss, scale_grads=False)
+
+    def _follow_shapes(self, chunks: list[tuple[Any, Any]]) -> None:
+        """A fresh schedule when the batch's shapes changed (token-budget batches do).
+
+        A schedule infers the shapes its stages exchange on its first step (running
+        a micro-batch forward and backward) and keeps them. Under FSDP that inference
+        gathers parameters across ``dp``, whose ranks read other batches: they agree
+        (one all-reduce) so that all of them infer again, or none.
+        """
+        shapes = _shapes(chunks[0])
+        changed = self._shapes is not None and shapes != self._shapes
+        if self._peers is not None:
+            flag = torch.tensor([int(changed)], device=self._device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._peers)
+            changed = bool(flag.item())
+        if changed:
+            self.schedule = self._schedule()
+        self._shapes = shapes
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         loss = self.loss_fn(output, target)
@@ -169,6 +199,7 @@ class Pipeline:
         """Forward and backward of every micro-batch of ``chunks`` (grad accumulation pieces);
         the mean loss on the last stage, None on the others."""
         self._precision, self._divide = precision, self.microbatches * len(chunks)
+        self._follow_shapes(chunks)
         losses: list[torch.Tensor] = []
         for inputs, target in chunks:
             size = len(target) if isinstance(target, torch.Tensor) else None
@@ -186,3 +217,14 @@ class Pipeline:
             losses.extend(raw for scaled, raw in self._computed if id(scaled) in real)
         self._computed = []
         return torch.stack(losses).mean() if self.stage.is_last else None
+
+
+def _shapes(value: Any) -> list[tuple[int, ...]]:
+    """The shapes of the tensors in ``value`` (nested tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [tuple(value.shape)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [shape for item in value for shape in _shapes(item)]
+    return []

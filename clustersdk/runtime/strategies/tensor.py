@@ -53,6 +53,14 @@ def plan_for(model: nn.Module, plan: Any, size: int) -> dict[str, Any]:
     return plan
 
 
+def restrict(plan: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """The entries of ``plan`` that name some module of ``model`` (a pipeline stage holds
+    only some of the layers the whole model's plan names)."""
+    names = [name for name, _ in model.named_modules()]
+    return {key: value for key, value in plan.items()
+            if any(_matches(name, key) for name in names)}
+
+
 def style(value: Any, key: str = "") -> ParallelStyle:
     if isinstance(value, ParallelStyle):
         return value

@@ -1,4 +1,5 @@
-"""The profile requests of one job and what its ranks reported (pure; kept by the lifecycle).
+"""The profile requests of one job and what its ranks reported (pure; :class:`Profiles` is
+the part of :class:`~.lifecycle.Lifecycle` that keeps them).
 
 Each ``job.profile(steps=N)`` is an entry: ``seq``, ``steps``, when it was
 asked, the gang start (``attempt``) and world size it was asked of, the
@@ -6,7 +7,7 @@ ranks' reports (their trace path and summary, see
 :mod:`clustersdk.runtime.profiling`) and whether every rank has reported
 (``complete``). The list is journaled whole under the job's ``profiles``.
 
->>> book = ProfileBook()
+>>> book = Profiles()
 >>> book.request(5, now=0.0, attempt=0, world_size=1)
 1
 >>> book.report(1, 0, {"path": "/p/rank0.pt.trace.json"})
@@ -15,18 +16,18 @@ True
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InvalidTransitionError, SpecError
 from ..protocol import MAX_PROFILE_STEPS, Word, profile_word
 from ..status import JobStatus
 from . import events as ev
-
-if TYPE_CHECKING:
-    from .lifecycle import Lifecycle
+from .view import JobView
 
 
-class ProfileBook:
+class Profiles:
+    """One job's ``job.profile`` requests and its ranks' reports."""
+
     def __init__(self) -> None:
         self.seq = 0  # the newest request
         self.entries: list[dict[str, Any]] = []
@@ -60,26 +61,24 @@ class ProfileBook:
     def entry(self, seq: int) -> dict[str, Any] | None:
         return next((p for p in self.entries if p["seq"] == seq), None)
 
+    # --- events ---------------------------------------------------------------------------
+    def requested(self, job: JobView, e: ev.ProfileRequested) -> None:
+        """A profile of the next ``e.steps`` steps, asked of every rank with one control
+        word."""
+        self.check(e.steps)
+        if job.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+            raise InvalidTransitionError(
+                f"job {job.name!r} is {job.status.name}; only a RUNNING or PAUSED job can be "
+                "profiled")
+        seq = self.request(e.steps, now=job.now, attempt=job.attempt, world_size=job.world_size)
+        job.emit(ev.Journal({"profiles": self.entries}))
+        job.ask(Word.PROFILE, profile_word(seq, e.steps))
 
-# --- the lifecycle's rules (events ProfileRequested and Profiled) ---------------------------
-def requested(job: Lifecycle, e: ev.ProfileRequested) -> None:
-    """A profile of the next ``e.steps`` steps, asked of every rank with one control word."""
-    job.profiles.check(e.steps)
-    if job.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
-        raise InvalidTransitionError(
-            f"job {job.name!r} is {job.status.name}; only a RUNNING or PAUSED job can be "
-            "profiled")
-    seq = job.profiles.request(e.steps, now=job._now, attempt=job.attempt,
-                               world_size=job.world_size)
-    job._out.append(ev.Journal({"profiles": job.profiles.entries}))
-    job._ask(Word.PROFILE, profile_word(seq, e.steps))
-
-
-def profiled(job: Lifecycle, e: ev.Profiled) -> None:
-    """A rank wrote its trace; once every rank has, the profile is complete."""
-    if job.profiles.entry(e.seq) is None:
-        return
-    complete = job.profiles.report(e.seq, e.rank, e.profile)
-    job._out.append(ev.Journal({"profiles": job.profiles.entries}))
-    if complete:
-        job._out.append(ev.Publish({"kind": "profile", "seq": e.seq}))
+    def profiled(self, job: JobView, e: ev.Profiled) -> None:
+        """A rank wrote its trace; once every rank has, the profile is complete."""
+        if self.entry(e.seq) is None:
+            return
+        complete = self.report(e.seq, e.rank, e.profile)
+        job.emit(ev.Journal({"profiles": self.entries}))
+        if complete:
+            job.emit(ev.Publish({"kind": "profile", "seq": e.seq}))

@@ -1,4 +1,4 @@
-"""What a pass holds for waiting jobs."""
+"""What a pass holds for waiting jobs: slots set aside (not a HELD job: see control/holds.py)."""
 
 from __future__ import annotations
 
