@@ -28,9 +28,9 @@ from typing import Any
 
 from .. import config
 from ..protocol import EXIT_TOPIC, RankEvent
+from ..signals import SpikeDetector, StepMeans, first_nonfinite
 from . import events as ev
 from .plane import Plane, Run
-from .signals import SpikeDetector, StepMeans, first_nonfinite
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import socket
 import time
 from typing import Any
 
-from ..runtime.checkpoint.remote import filesystem, is_url
+from ..checkpoint_files import is_url
+from ..checkpoint_files.remote import filesystem
 
 _listeners: dict[str, list[socket.socket]] = {}  # token -> sockets held open between calls
 MARKER = ".clustersdk-doctor-{token}-{host}"

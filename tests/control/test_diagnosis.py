@@ -11,7 +11,7 @@ import pytest
 
 from clustersdk.control import events as ev
 from clustersdk.diagnosis import Diagnosis, diagnose, version_mismatch
-from clustersdk.control.signals import (
+from clustersdk.signals import (
     SpikeDetector,
     StepMeans,
     first_nonfinite,
