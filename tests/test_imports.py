@@ -224,16 +224,10 @@ def test_the_tier_checks_see_imports_inside_functions_but_not_annotation_only_on
                     root=tmp_path) == ["clustersdk.runtime.agent -> clustersdk.control.journal"]
 
 
-# test modules that still take helpers from another test module (tests/control/'s lifecycle
-# helpers, in test_lifecycle.py); each must be taken off this list once it no longer does
-KNOWN_TEST_IMPORTS = {"tests.control.test_diagnosis", "tests.control.test_hangs",
-                      "tests.control.test_holds"}
-
-
 def test_no_test_module_imports_another_test_module():
     known = set(modules("tests"))
     importers = {name for name, path in modules("tests").items()
                  if name.rpartition(".")[2].startswith("test_")
                  and any(t in known and t.rpartition(".")[2].startswith("test_")
                          for t in imported(path, known))}
-    assert importers == KNOWN_TEST_IMPORTS
+    assert importers == set()
