@@ -153,7 +153,8 @@ def test_using_cluster_and_job_loads_no_presentation():
 #: the base tier: pure rules every tier may import (modules, or packages with all they hold)
 BASE = ("clustersdk.protocol", "clustersdk.status", "clustersdk.errors", "clustersdk.layout",
         "clustersdk.config", "clustersdk.hparams", "clustersdk.diagnosis", "clustersdk.signals",
-        "clustersdk.checkpoint_files", "clustersdk.options")
+        "clustersdk.checkpoint_files", "clustersdk.options", "clustersdk.network",
+        "clustersdk.version")
 
 
 def module_of(path: Path, root: Path = ROOT) -> str:
@@ -197,12 +198,18 @@ def under(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def test_the_runtime_never_imports_the_control_plane():
-    assert offences("clustersdk.runtime", lambda m: not under(m, "clustersdk.control")) == []
+def test_the_runtime_imports_only_itself_the_base_tier_and_the_reference_models():
+    allowed = (*BASE, "clustersdk.runtime", "clustersdk.models")
+    assert offences("clustersdk.runtime", lambda m: under(m, *allowed)) == []
 
 
-def test_the_control_plane_never_imports_the_runtime():
-    assert offences("clustersdk.control", lambda m: not under(m, "clustersdk.runtime")) == []
+def test_the_control_plane_imports_only_itself_and_the_base_tier():
+    assert offences("clustersdk.control",
+                    lambda m: under(m, *BASE, "clustersdk.control")) == []
+
+
+def test_the_reference_models_import_only_themselves_and_the_base_tier():
+    assert offences("clustersdk.models", lambda m: under(m, *BASE, "clustersdk.models")) == []
 
 
 @pytest.mark.parametrize("package", [p for p in BASE if modules(p)])

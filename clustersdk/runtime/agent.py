@@ -364,7 +364,7 @@ def _exit_without_finalizers() -> None:
 
 
 def _versions() -> dict[str, Any]:
-    from ..doctor.probes import versions
+    from .versions import versions
 
     return versions()
 
