@@ -70,7 +70,7 @@ def reason_problems(events: list[dict[str, Any]], killed: list[str]) -> list[str
 def leftover_dirs(checkpoint_dir: str) -> list[str]:
     """What the checkpoint package leaves besides committed ``step-*`` directories:
     a ``.tmp-step-*`` staging directory is an interrupted save nobody cleaned up."""
-    from clustersdk.runtime.checkpoint import files
+    from clustersdk import checkpoint_files as files
 
     committed = {os.path.basename(p) for _, p in files.committed(checkpoint_dir)}
     return sorted(name for name in os.listdir(checkpoint_dir)

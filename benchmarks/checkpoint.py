@@ -110,7 +110,7 @@ def time_pauses(cluster: Any, workload: dict[str, int]) -> dict[str, Any]:
 
 def time_saves(cluster: Any, model: dict[str, int], is_async: bool, root: str) -> dict[str, Any]:
     """One run with a checkpoint every EVERY steps, none deleted; rank 0's loop times."""
-    from clustersdk.runtime import checkpoint as ckpt
+    from clustersdk import checkpoint_files as ckpt
 
     directory = tempfile.mkdtemp(prefix="ckpt-", dir=root)
     job = cluster.launch(work.train, kwargs={**model, "steps": EVERY * (SAVES + 1)},

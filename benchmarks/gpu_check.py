@@ -85,7 +85,8 @@ BUDGET_S = {"doctor": 45, "nccl": 100, "telemetry": 60, "bf16": 150, "checkpoint
 DEADLINE_S = 420
 # tests/multihost/test_cluster_ssh.py's gpu test is left out: it needs the namespace bed
 # (root, openssh-server, paramiko), which the GPU machine does not have
-GPU_TEST_FILES = ("tests/test_gpu.py", "tests/test_hold.py", "tests/test_parallel.py")
+GPU_TEST_FILES = ("tests/test_gpu.py", "tests/runtime/test_holds.py",
+                  "tests/runtime/test_parallel.py")
 
 # Losses of the same model, data and kernels in the same order are expected bitwise equal
 # (``bitwise`` in the figures says whether they were): DDP at one rank is the plain model; a
@@ -762,7 +763,7 @@ def section_bf16(run: Run, sec: Section) -> None:
 
 def section_checkpoint(run: Run, sec: Section) -> None:
     """Loop time blocked by async and sync saves from device memory; save and load GB/s."""
-    from clustersdk.runtime import checkpoint as ckpt
+    from clustersdk import checkpoint_files as ckpt
 
     s = run.sizes["checkpoint"]
     steps = s["every"] * s["saves"] + 1

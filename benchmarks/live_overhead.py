@@ -66,7 +66,7 @@ def set_hooks(on: bool) -> None:
         live.Live.due, live.Live.first_step = original
     else:
         live.Live.due = lambda self, words: False
-        live.Live.first_step = lambda self, batch: None
+        live.Live.first_step = lambda self, *args: None
 
 
 def cluster_round(cluster: Any, on: bool, steps: int) -> float:
@@ -79,10 +79,12 @@ def cluster_round(cluster: Any, on: bool, steps: int) -> float:
 class _Inert:
     """The hooks taken out: a rank with nothing to ask and nothing to report."""
 
+    phase = None  # never running a job.run function
+
     def due(self, words: list[int]) -> bool:
         return False
 
-    def first_step(self, batch: Any) -> None:
+    def first_step(self, *args: Any) -> None:
         pass
 
 

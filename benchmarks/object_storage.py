@@ -69,7 +69,7 @@ def one_round(fs: Any, root: str, tensors: dict[str, Any], step: int) -> dict[st
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from clustersdk.runtime.checkpoint import files
+    from clustersdk import checkpoint_files as files
     from clustersdk.runtime.checkpoint.storage import storage
 
     place = storage(root)

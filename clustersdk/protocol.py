@@ -12,7 +12,7 @@ Pure (no Dask, no torch): importing it costs nothing, so every side can.
   frozen dataclass sent as a plain dict (:meth:`WireSpec.as_dict`), versioned.
   Its fields are the launch options that cross the wire (:mod:`clustersdk.options`
   holds their defaults: a journal written before a field existed reads with it).
-- :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control`).
+- :class:`Word`: the control vector's entries (see :mod:`clustersdk.runtime.control_words`).
 - :class:`Op` / :class:`WorkerOp`: the RPC operations, reached with :func:`op`.
 - :class:`RankEvent`, :class:`ExitStatus`: what a rank reports.
 - :func:`topic` and the message kinds published on it (``Message``).

@@ -176,7 +176,7 @@ def owner() -> str:
 def _checkpoint_root(value: str) -> str:
     """A local directory, absolute (``file://`` is one too), or an fsspec URL as given
     (``s3://bucket/run``: every worker reaches it with its own credentials)."""
-    from .runtime.checkpoint.remote import is_url
+    from .checkpoint_files import is_url
 
     if value.startswith("file://"):
         value = value[len("file://"):]

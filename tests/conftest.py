@@ -1,4 +1,22 @@
-"""Shared fixtures: one warm local cluster per test module, cleaned up always."""
+"""Shared fixtures: one warm local cluster per test module, cleaned up always.
+
+Where tests live (they mirror the code):
+
+- ``tests/runtime/``: the runtime's modules (what runs in the ranks: data, epochs,
+  metrics, capture, checkpoints, strategies, training features), in one process or on
+  a local cluster when what they check is decided on the ranks;
+- ``tests/control/``: the control plane's rules, without a cluster;
+- ``tests/extension/``: the server extension; ``tests/browser/``, ``tests/multihost/``:
+  what needs a browser or several hosts;
+- ``tests/`` itself: the job's life as a user drives it through every tier (launch,
+  pause and resume, restarts, hangs, holds, breakpoints, ``job.run``, profiles,
+  sharing, diagnoses, dashboards, magics, the CLI) and the SDK's own modules (spec,
+  status, errors, layout, network, models).
+
+Helpers shared by test modules live in plain helper modules (``helpers.py``, the
+``workloads*.py`` the ranks run, ``control/helpers.py``) or in fixtures here; a test
+module never imports another test module (``tests/test_imports.py`` checks it).
+"""
 
 from __future__ import annotations
 

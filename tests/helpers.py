@@ -63,6 +63,31 @@ def assert_same_run(a: dict, b: dict, exact: bool) -> None:
         assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
 
 
+def rows(job) -> dict[tuple[int, int], float]:
+    """Every logged loss by (rank, step); a step logged twice by one rank fails."""
+    out: dict[tuple[int, int], float] = {}
+    for row in job.history():
+        key = (row["rank"], row["step"])
+        assert key not in out, f"rank {key[0]} logged step {key[1]} twice"
+        out[key] = row["loss"]
+    return out
+
+
+def assert_bitwise(got: dict, want: dict, steps: int) -> None:
+    """Two results of ``workloads.train_exact`` after ``steps`` steps: parameters,
+    optimizer moments and step counts, and hyperparameters: the same bits."""
+    assert got["step"] == want["step"] == steps
+    got, want = got["state"], want["state"]
+    assert got["model"].keys() == want["model"].keys()
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), (key, (got["model"][key] - value).abs().max())
+    assert got["optim"]["state"].keys() == want["optim"]["state"].keys()
+    for key, moments in want["optim"]["state"].items():
+        for moment, value in moments.items():
+            assert torch.equal(got["optim"]["state"][key][moment], value), (key, moment)
+    assert got["optim"]["param_groups"] == want["optim"]["param_groups"]
+
+
 def checkpointed_at(job, step: int) -> bool:
     return (job.info().get("checkpoint_step") or 0) >= step
 

@@ -12,7 +12,7 @@ import pytest
 
 import clustersdk as cs
 from clustersdk import widgets
-from clustersdk.runtime.breakpoints import Debugging
+from clustersdk.runtime.context import TrainContext
 
 from . import workloads, workloads_debug
 from .helpers import Statuses, losses, wait_for
@@ -112,13 +112,13 @@ def test_without_debug_the_call_is_one_attribute_check():
     class Spec:
         debug = False
 
-    class Probe(Debugging):
+    class Probe:
         spec = Spec()
 
         def __getattr__(self, name):  # anything beyond the check would land here
             raise AssertionError(f"ctx.breakpoint() touched ctx.{name}")
 
-    Probe().breakpoint(ranks=[0])  # no report, no control words, no frame
+    TrainContext.breakpoint(Probe(), ranks=[0])  # no report, no control words, no frame
 
 
 def test_bad_ranks_fail_the_job_naming_them_and_input_without_a_session_is_refused(idle):

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import clustersdk as cs
-from clustersdk.runtime.checkpoint import files
+from clustersdk import checkpoint_files as files
 
 from . import workloads
 from .helpers import kill_worker_of, wait_for, wait_idle

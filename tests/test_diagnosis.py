@@ -140,7 +140,7 @@ def test_small_batches_make_no_spike_of_the_jobs_loss_though_their_slices_would(
     its ranks' at each step, which the control plane judges, does not."""
     import torch
 
-    from clustersdk.control.signals import SpikeDetector, StepMeans
+    from clustersdk.signals import SpikeDetector, StepMeans
 
     data, net = workloads.dataset(), workloads.model()
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)

@@ -27,10 +27,17 @@ import pytest
 import torch
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
 from . import workloads
-from .helpers import checkpointed_at, kill_worker_of, step_reached, wait_for
+from .helpers import (
+    assert_bitwise,
+    checkpointed_at,
+    kill_worker_of,
+    rows,
+    step_reached,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,30 +61,6 @@ def launch(cluster, name: str, world_size: int, *, kwargs: dict | None = None, *
     job_kwargs = {"steps": STEPS, "global_batch": GLOBAL_BATCH, **workload, **(kwargs or {})}
     return cluster.launch(workloads.train_exact, kwargs=job_kwargs, world_size=world_size,
                           **strategy, **options)
-
-
-def rows(job) -> dict[tuple[int, int], float]:
-    """Every logged loss by (rank, step); a step logged twice by one rank fails."""
-    out: dict[tuple[int, int], float] = {}
-    for row in job.history():
-        key = (row["rank"], row["step"])
-        assert key not in out, f"rank {key[0]} logged step {key[1]} twice"
-        out[key] = row["loss"]
-    return out
-
-
-def assert_bitwise(got: dict, want: dict) -> None:
-    """Parameters, optimizer moments and step counts, and hyperparameters: the same bits."""
-    assert got["step"] == want["step"] == STEPS
-    got, want = got["state"], want["state"]
-    assert got["model"].keys() == want["model"].keys()
-    for key, value in want["model"].items():
-        assert torch.equal(got["model"][key], value), (key, (got["model"][key] - value).abs().max())
-    assert got["optim"]["state"].keys() == want["optim"]["state"].keys()
-    for key, moments in want["optim"]["state"].items():
-        for moment, value in moments.items():
-            assert torch.equal(got["optim"]["state"][key][moment], value), (key, moment)
-    assert got["optim"]["param_groups"] == want["optim"]["param_groups"]
 
 
 def assert_close(got: dict, want: dict, atol: float = 1e-6) -> None:
@@ -138,7 +121,7 @@ def ready(cluster4):
 def test_a_checkpoint_of_an_earlier_cluster_resumes_bitwise(earlier, ready, reference, name, ws):
     want, want_rows = reference(name, ws)
     job = launch(ready, name, ws, checkpoint_dir=earlier[name, ws], resume="auto")
-    assert_bitwise(job.wait(timeout=120), want)
+    assert_bitwise(job.wait(timeout=120), want, STEPS)
     assert "at step 7" in job.logs(0)
     assert rows(job) == {k: v for k, v in want_rows.items() if k[1] >= 7}
 
@@ -155,7 +138,7 @@ def test_pause_and_suspend_resume_bitwise(ready, reference, tmp_path, name, ws):
     job.suspend()
     assert job.status is cs.JobStatus.SUSPENDED
     job.resume()
-    assert_bitwise(job.wait(timeout=120), want)
+    assert_bitwise(job.wait(timeout=120), want, STEPS)
     assert rows(job) == want_rows
 
 
@@ -168,7 +151,7 @@ def test_a_lost_worker_restarts_the_job_bitwise(ready, reference, tmp_path, name
     kill_worker_of(ready, job, rank=ws - 1)
     got = job.wait(timeout=120)
     assert job.restarts == 1
-    assert_bitwise(got, want)
+    assert_bitwise(got, want, STEPS)
     # the history is the run that counts: every step once per rank, the killed rank's
     # unsent rows and the survivors' rolled-back ones included, equal to the reference
     assert rows(job) == want_rows
@@ -213,7 +196,7 @@ def test_ddp_at_four_ranks_resumes_bitwise_from_a_checkpoint(ready, reference, t
     launch(ready, "ddp", 4, kwargs={"stop_at": 5}, checkpoint_dir=str(tmp_path),
            checkpoint_every=5).wait(timeout=120)
     job = launch(ready, "ddp", 4, checkpoint_dir=str(tmp_path), resume="auto")
-    assert_bitwise(job.wait(timeout=120), want)
+    assert_bitwise(job.wait(timeout=120), want, STEPS)
 
 
 # the other model-parallel layouts at four ranks: name -> launch options, workload options
@@ -237,7 +220,7 @@ def test_every_layout_resumes_bitwise_at_four_ranks(ready, tmp_path, layout):
     assert first[0] == 7
     job = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4,
                        checkpoint_dir=str(tmp_path / "resumed"), resume=first[1], **options)
-    assert_bitwise(job.wait(timeout=120), want)
+    assert_bitwise(job.wait(timeout=120), want, STEPS)
 
 
 @pytest.fixture
@@ -257,4 +240,4 @@ def test_ddp_at_eight_ranks_pauses_and_suspends_bitwise(cluster8, tmp_path):
     wait_for(lambda: step_reached(job, 9), timeout=60)
     job.suspend()
     job.resume()
-    assert_bitwise(job.wait(timeout=180), want)
+    assert_bitwise(job.wait(timeout=180), want, STEPS)

@@ -1,5 +1,5 @@
-"""Post-mortem on a failed rank: ``on_error="hold"`` end to end, and the safe rendering of
-the failing frames' locals.
+"""Post-mortem on a failed rank: ``on_error="hold"`` end to end (the hold in one process and
+the safe rendering of the failing frames' locals: ``tests/runtime/test_holds.py``).
 
 A rank that raises under hold keeps the job HELD: ``job.debug(rank)`` shows its failing
 stack with its locals, ``job.stop()`` ends it (FAILED with the original error) and frees
@@ -10,17 +10,12 @@ collective has its worker restarted.
 
 from __future__ import annotations
 
-import threading
-
 import cloudpickle
 import pytest
-import torch
 
 import clustersdk as cs
 from clustersdk import widgets
-from clustersdk.protocol import RankEvent, Word, no_words
-from clustersdk.runtime import debugging
-from clustersdk.runtime.context import TrainContext
+from clustersdk.runtime import holds
 from clustersdk.widgets import render
 from clustersdk.widgets.model import JobView
 
@@ -54,7 +49,7 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     assert local["s"] == "5" and local["rank"] == "1"
     assert local["bad"].startswith("Tensor(shape=[4, 4], dtype=float32, device=cpu")
     assert "nan=True" in local["bad"]
-    assert local["secret"].startswith("'xxxx") and len(local["secret"]) <= debugging.VALUE_LIMIT
+    assert local["secret"].startswith("'xxxx") and len(local["secret"]) <= holds.VALUE_LIMIT
     assert local["ctx"].startswith("<TrainContext job='held' rank=1/2")
     assert local["net"].startswith("<") and "parameters on cpu>" in local["net"]
     assert all(not f["locals"] for f in post.frames if f["ours"])  # clustersdk's own: no locals
@@ -177,110 +172,7 @@ def test_without_hold_a_rank_that_raises_fails_the_job_at_once(healed):
         job.debug(1)
 
 
-# --- the hold, in process -----------------------------------------------------------------
-def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word():
-    reports, served = [], []
-    ctx = TrainContext(job="j", name="j", rank=0, world_size=1, local_rank=0,
-                       device=torch.device("cpu"), strategy="none",
-                       report=lambda event, **data: reports.append((event, data)))
-    ctx._serve_live = lambda words: served.append((list(words), ctx.error))
-    try:
-        weights = torch.ones(3)  # noqa: F841 - a local of the failing frame
-        raise KeyError("missing")
-    except KeyError as e:
-        error = {"rank": 0, "type": "KeyError", "message": str(e), "traceback": ""}
-        holder = threading.Thread(target=debugging.hold, args=(ctx, e, error))
-        holder.start()
-        wait_for(lambda: reports, timeout=30)
-        pause = no_words()
-        pause[Word.PAUSE] = 1
-        ctx._control.merge(pause)
-        wait_for(lambda: served, timeout=30)
-        stop = no_words()
-        stop[Word.STOP] = 1
-        ctx._control.merge(stop)
-        holder.join(timeout=30)
-        assert not holder.is_alive()
-        assert served == [(pause, e)]  # the hook saw the word, and ctx.error the exception
-    (event, data), = reports
-    assert event is RankEvent.HELD and data["error"] is error and ctx.phase == "held"
-    frame = data["frames"][-1]
-    assert frame["function"] == "test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word"
-    assert frame["locals"]["weights"] == "Tensor(shape=[3], dtype=float32, device=cpu, values=[1.0, 1.0, 1.0])"
-
-
-# --- rendering locals safely ----------------------------------------------------------------
-class Raises:
-    def __repr__(self):
-        raise RuntimeError("no repr for you")
-
-
-class Spins:
-    def __repr__(self):
-        while True:
-            pass
-
-
-class Blocks:
-    gate = threading.Event()
-
-    def __repr__(self):
-        self.gate.wait()  # blocked outside Python code, until the test lets it go
-        return "let go"
-
-
-def test_reprs_that_raise_or_spin_are_named_and_long_ones_cut():
-    assert debugging.safe_repr(Raises()) == \
-        "<Raises object; its repr raised RuntimeError: no repr for you>"
-    assert debugging.safe_repr(Spins(), seconds=0.2) == \
-        "<Spins object; its repr took longer than 0.2 s>"
-    text = debugging.safe_repr({"k": ["a" * 1000] * 50})
-    assert len(text) <= debugging.VALUE_LIMIT and text.startswith("{'k': ['aaa")
-    assert debugging.safe_repr([torch.zeros(2, 1000)]) == \
-        "[Tensor(shape=[2, 1000], dtype=float32, device=cpu, nan=False, min=0, max=0, mean=0)]"
-    assert "inf=True" in debugging.safe_repr(torch.tensor([1.0, float("inf")] * 4))
-    meta = debugging.safe_repr(torch.empty(8, 8, device="meta"))
-    assert meta == "Tensor(shape=[8, 8], dtype=float32, device=meta)"
-    assert debugging.safe_repr("two\nlines") == "'two\\nlines'"
-
-
-def test_a_repr_blocked_outside_python_is_abandoned(monkeypatch):
-    monkeypatch.setattr(debugging, "TOTAL_SECONDS", 1.0)
-
-    def fail(blocked, after):
-        raise ValueError("boom")
-
-    try:
-        fail(Blocks(), 42)
-    except ValueError as e:
-        frames = debugging.render_frames(e.__traceback__)
-    finally:
-        Blocks.gate.set()  # the abandoned rendering thread ends
-    assert frames[-1]["locals"] == {
-        "blocked": "<not rendered: the locals took longer than 1 s>",
-        "after": "<not rendered: the locals took longer than 1 s>"}
-
-
-def test_the_locals_of_every_frame_share_one_budget_the_failing_frame_first(monkeypatch):
-    monkeypatch.setattr(debugging, "TOTAL_LIMIT", 300)
-
-    def fail(a, b, c, d, e, f, g, h):
-        raise ValueError("boom")
-
-    def outer():
-        kept = "o" * 100  # noqa: F841 - the outer frame comes after the failing one
-        fail(*["v" * 100] * 8)
-
-    try:
-        outer()
-    except ValueError as err:
-        frames = debugging.render_frames(err.__traceback__)
-    failing, caller = frames[-1], frames[-2]
-    assert list(failing["locals"]) == ["a", "b", "c"] and failing["omitted"] == 5
-    assert caller["function"] == "outer" and caller["locals"] == {}
-    assert caller["omitted"] == 2  # kept, and fail (a free variable of outer)
-
-
+# --- the static view ------------------------------------------------------------------------
 def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
     frames = [{"file": "train.py", "line": 9, "function": "train", "code": "raise ValueError(s)",
                "ours": False, "locals": {"s": "'<b>'"}, "omitted": 0}]
@@ -293,13 +185,3 @@ def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
     assert ">HELD<" in html and "held: rank 1 raised ValueError" in html
     assert "Held: rank 1's failing frames" in html and "raise ValueError(s)" in html
     assert "&#x27;&lt;b&gt;&#x27;" in html  # the locals are escaped
-
-
-@pytest.mark.gpu
-def test_cuda_tensors_are_summarized_on_their_device():
-    x = torch.ones(4, 4, device="cuda")
-    x[0, 0] = float("nan")
-    text = debugging.safe_repr(x)
-    assert text.startswith("Tensor(shape=[4, 4], dtype=float32, device=cuda:0, nan=True")
-    assert debugging.safe_repr(torch.ones(2, device="cuda")) == \
-        "Tensor(shape=[2], dtype=float32, device=cuda:0, values=[1.0, 1.0])"

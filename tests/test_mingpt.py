@@ -14,9 +14,9 @@ import torch
 
 import clustersdk as cs
 from clustersdk.cluster import shipping
-from clustersdk.runtime import code
+from clustersdk.runtime import shipping as worker_shipping
 
-from .test_jobs import wait_for
+from .helpers import wait_for
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "mingpt")
 MODULES = ("main", "model", "trainer", "char_dataset")
@@ -35,7 +35,7 @@ def mingpt():
     for name in MODULES:
         sys.modules.pop(name, None)
     for package in shipping._packed.values():  # what the local workers unpacked
-        shutil.rmtree(os.path.join(code.cache_dir(), package.digest), ignore_errors=True)
+        shutil.rmtree(os.path.join(worker_shipping.cache_dir(), package.digest), ignore_errors=True)
 
 
 def config(mingpt, epochs: int = 2):

@@ -15,7 +15,7 @@ import pytest
 import clustersdk as cs
 from clustersdk.control.journal import Journal
 from clustersdk.runtime.agent import Agent
-from clustersdk.runtime.control import Control
+from clustersdk.runtime.control_words import Control
 from clustersdk.widgets.model import JobView
 
 from . import workloads

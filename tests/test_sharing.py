@@ -14,8 +14,7 @@ import pytest
 import clustersdk as cs
 
 from . import workloads
-from .helpers import Statuses, step_reached, wait_for
-from .test_exactness import assert_bitwise, rows
+from .helpers import Statuses, assert_bitwise, rows, step_reached, wait_for
 
 KW = {"kind": "mlp", "steps": 20, "global_batch": 24}
 
@@ -49,7 +48,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_comes_back_by_itself_bitwi
     got = low.wait(timeout=120)
     assert seen.after("RUNNING")[:3] == ["RUNNING", "SUSPENDING", "QUEUED"]
     assert low.restarts == 0  # a preemption is not a failure: the restart budget is untouched
-    assert_bitwise(got, want_state)
+    assert_bitwise(got, want_state, KW["steps"])
     assert rows(low) == want_rows  # every step once per rank, across the preemption
 
 

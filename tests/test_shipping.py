@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_jobs import wait_for
+from .helpers import wait_for
 
 HELPERS = '''
 VERSION = {version}

@@ -11,6 +11,7 @@ import time
 import torch
 from torch import nn
 
+from clustersdk.checkpoint_files import is_url
 from clustersdk.runtime.checkpoint import storage
 from clustersdk.runtime.checkpoint.storage import FileStorage, ObjectStorage, Writer
 
@@ -272,7 +273,7 @@ class FaultyObjectStorage(FaultyCommits, ObjectStorage):
 
 def faulty_storage(root: str):
     """The storage of ``root`` (a directory or a URL), dying where ``inject_fault`` said."""
-    return FaultyObjectStorage() if storage.files.is_url(root) else FaultyStorage()
+    return FaultyObjectStorage() if is_url(root) else FaultyStorage()
 
 
 def raise_once(marker: str | None, rank: int, step: int) -> None:

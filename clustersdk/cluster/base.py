@@ -230,7 +230,7 @@ class Cluster:
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
-            from ..runtime.checkpoint import check_writable
+            from ..checkpoint_files import check_writable
 
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
         if self._scaler is not None:

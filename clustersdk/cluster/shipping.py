@@ -13,7 +13,7 @@ The fix is to ship it: ``working_dir`` (a directory: its modules and files,
 which becomes the ranks' current directory) and ``py_modules`` (modules or
 their names: a package goes whole) are packed into one zip archive named by
 the hash of its content and carried in the job's payload; the worker side
-is :mod:`clustersdk.runtime.code`.
+is :mod:`clustersdk.runtime.shipping`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def payload(spec: JobSpec, client: Client) -> bytes:
     check_importable(client, needed - shipped, getattr(spec.fn, "__qualname__", "the function"))
     if package is None:
         return inner
-    from ..runtime.code import Shipped
+    from ..runtime.shipping import Shipped
 
     runner = Shipped(inner, package.archive, package.digest, list(package.modules),
                      package.chdir, getattr(spec.fn, "__name__", "job"))
@@ -134,7 +134,7 @@ def check_importable(client: Client, names: set[str], what: str) -> None:
                  if n.isidentifier())
     if not ask:
         return
-    from ..runtime.code import missing_modules
+    from ..runtime.shipping import missing_modules
 
     # a worker that can't answer (it is dying, say) is left out: it can't run the job either
     answers = client.run(missing_modules, ask, on_error="ignore")

@@ -180,7 +180,7 @@ class NonFinite(RankEventBase):
 @dataclasses.dataclass(frozen=True)
 class LossSpike(RankEventBase):
     """The job's loss at ``step`` (``mean``, over ``ranks`` ranks) is a spike (see
-    :mod:`.signals`); ``rank`` had the highest loss of that step, ``value``."""
+    :mod:`clustersdk.signals`); ``rank`` had the highest loss of that step, ``value``."""
 
     step: int
     value: float

@@ -12,8 +12,8 @@
   watchdog's beacons: step and phase), for a collective timeout's diagnosis.
 - **Rows.** With ``on_nan="report"`` the ranks check nothing: the first row
   with a NaN or Inf loss in a batch is found here. The mean ``loss`` of each
-  step over the ranks (:class:`~.signals.StepMeans`) goes through a
-  :class:`~.signals.SpikeDetector`.
+  step over the ranks (:class:`~clustersdk.signals.StepMeans`) goes through a
+  :class:`~clustersdk.signals.SpikeDetector`.
 - **Diagnosed** (the action): the newest diagnosis in the job's record, a
   durable event of kind ``diagnosis``, a line in the job's log and in the
   scheduler's, a message to the dashboards.
@@ -28,9 +28,9 @@ from typing import Any
 
 from .. import config
 from ..protocol import EXIT_TOPIC, RankEvent
+from ..signals import SpikeDetector, StepMeans, first_nonfinite
 from . import events as ev
 from .plane import Plane, Run
-from .signals import SpikeDetector, StepMeans, first_nonfinite
 
 logger = logging.getLogger(__name__)
 

@@ -17,19 +17,24 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
 from tornado.ioloop import PeriodicCallback
 
-from .. import config
+from .. import checkpoint_files, config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
-from . import capture, checkpoint, telemetry
-from .control import Control, JobSuspended
-from .nonfinite import failure_facts
+from . import capture, telemetry
+from .anomalies import failure_facts
+from .breakpoints import Console
+from .control_words import Control, JobSuspended
+from .holds import Hold
+
+if TYPE_CHECKING:
+    from .live import Live
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +143,9 @@ class Agent(WorkerPlugin):
     def console(self, job: str, text: str, attempt: int = 0) -> bool:
         """A line for the pdb session of the job's rank here (``ctx.breakpoint()``)."""
         rank = self.ranks.get(job)
-        ctx = rank.ctx if rank is not None and rank.attempt == attempt else None
-        if ctx is None:
+        if rank is None or rank.attempt != attempt or rank.ctx is None:
             return False
-        ctx._console_feed(text)
+        rank.console.feed(text)
         return True
 
     # what ranks report -------------------------------------------------------------
@@ -197,6 +201,9 @@ class RankThread(threading.Thread):
         self._last_sample = 0.0
         self.ctx = None
         self.control = Control()  # may receive words before the context exists
+        self.console = Console()  # the input of a pdb session at ctx.breakpoint()
+        self.live: Live | None = None  # job.run / job.update, once the context exists
+        self.hold: Hold | None = None  # on_error="hold"
         self._last_flush = 0.0
         self.last_sent = 0.0  # monotonic time of the last message to the control plane
 
@@ -230,6 +237,7 @@ class RankThread(threading.Thread):
     def run(self) -> None:
         from . import process_group as pg
         from .context import TrainContext
+        from .live import Live
 
         capture.bind(self.sink)
         spec, rank, ws = self.spec, self.rank, self.spec.world_size
@@ -242,12 +250,16 @@ class RankThread(threading.Thread):
             self.store = None
             control_group, checkpoint_group = pg.init(store, rank, ws, device, spec.timeout)
             fn, args, kwargs, objects = cloudpickle.loads(self.payload)
+            self.live = Live(fetch=self._fetch, report=self._report, group=control_group,
+                             rank=rank, world_size=ws, hparams=spec.hparams)
+            self.hold = Hold(control=self.control, report=self._report, rank=rank,
+                             timeout=spec.hold_timeout)
             self.ctx = TrainContext(
                 job=self.job, name=spec.name, rank=rank, world_size=ws, local_rank=0,
                 device=device, strategy=spec.strategy, control=self.control,
                 control_group=control_group, checkpoint_group=checkpoint_group,
                 checkpoint=_checkpoint_options(spec, rank), report=self._report, spec=spec,
-                objects=objects, fetch=self._fetch,
+                objects=objects, console=self.console, live=self.live, hold=self.hold,
             )
             self.agent.report(self, RankEvent.STARTED,
                               versions=getattr(self.agent, "versions", None))
@@ -274,7 +286,7 @@ class RankThread(threading.Thread):
             if self.ctx is not None:  # its last rows go with the exit report
                 self.leftover.extend(self.ctx.drain_rows())
                 self.leftover_phases.extend(self.ctx.drain_phases())
-            self.ctx = None
+            self.ctx = self.live = self.hold = None  # what they hold is the job's
             fn = args = kwargs = objects = result = None  # noqa: F841 - drop the job's objects
             try:
                 pg.teardown()
@@ -290,12 +302,13 @@ class RankThread(threading.Thread):
 
     def _hold(self, e: BaseException, error: dict[str, Any]) -> bool:
         """Under ``on_error="hold"``: report HELD and wait, alive, until told to stop
-        (:func:`.debugging.hold`); False when the failure takes the usual path."""
-        if self.spec.on_error != "hold" or self.ctx is None or self.control.words()[Word.STOP]:
+        (:meth:`.holds.Hold.wait`), serving ``job.run`` meanwhile; False when the failure
+        takes the usual path."""
+        ctx, live, hold = self.ctx, self.live, self.hold
+        if self.spec.on_error != "hold" or ctx is None or live is None or hold is None \
+                or self.control.words()[Word.STOP]:
             return False
-        from .debugging import hold
-
-        hold(self.ctx, e, error)
+        hold.wait(e, error, step=ctx.step, serve_runs=lambda words: live.act_alone(words, ctx))
         return True
 
     def _fetch(self, **ranges: Any) -> list[dict[str, Any]]:
@@ -313,9 +326,9 @@ def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
     root = spec.checkpoint_dir
     if not root:
         return None
-    checkpoint.check_writable(root)
+    checkpoint_files.check_writable(root)
     if rank == 0:
-        checkpoint.clean_leftovers(root)
+        checkpoint_files.clean_leftovers(root)
     return {"dir": root, "every": spec.checkpoint_every, "keep": spec.keep,
             "async": spec.async_checkpoint, "resume": spec.resume, "attempt": spec.attempt}
 
@@ -359,7 +372,7 @@ def _exit_without_finalizers() -> None:
 
 
 def _versions() -> dict[str, Any]:
-    from ..doctor.probes import versions
+    from .versions import versions
 
     return versions()
 

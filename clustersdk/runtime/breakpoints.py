@@ -1,12 +1,12 @@
 """``ctx.breakpoint()``: the whole job pauses, and a pdb session on the chosen rank talks
-to the notebook (a part of :class:`~.context.TrainContext`).
+to the notebook. :class:`Breakpoints` is one rank's side of it.
 
 Off unless the job was launched with ``debug=True``: then the call is one attribute
 check and nothing else. With it, every rank counts its calls (``k``). A chosen rank
 reports ``BREAK`` (the control plane pauses the job) and runs a :class:`RemotePdb` on
 the caller's frame: its output goes out as ``CONSOLE`` reports, through the control
 plane to the job's topic, and its input comes from the kernel through the control
-plane and this worker's agent into a queue that the session's stdin reads. The
+plane and this worker's agent into a :class:`Console` that the session's stdin reads. The
 other ranks wait inside their call, phase ``paused`` (the hang watchdog does not
 count it), until the control word ``RELEASE`` reaches ``k`` (the session ended:
 ``continue``, ``quit``, or ``job.resume()``), or a stop or suspend is asked (they
@@ -22,65 +22,94 @@ the job runs on.
 
 from __future__ import annotations
 
+import contextlib
 import pdb
 import queue
-import sys
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import SpecError
 from ..protocol import RankEvent, Word
-from .debugging import serve
+from .holds import serve
+
+if TYPE_CHECKING:
+    from .control_words import Control
 
 POLL_S = 0.2  # how often a waiting session looks at the control words (resume, stop)
 
 
-class Debugging:
-    """``ctx.breakpoint()``, ``ctx.error`` and the held rank's hook (mixed into
-    :class:`~.context.TrainContext`, which provides the attributes used here)."""
+class Console:
+    """The lines the notebook sends to this rank's pdb session, in order (fed by the
+    worker's event loop, read by the session in the rank's thread)."""
 
-    _held: BaseException | None = None  # what the rank is held for (on_error="hold")
-    _breaks = 0                         # ctx.breakpoint() calls so far (debug=True)
-    _console_input: queue.Queue | None = None
+    def __init__(self) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
 
-    @property
-    def error(self) -> BaseException | None:
-        """The exception this rank is held for (``on_error="hold"``), with its traceback
-        and frames, or None: what a function run on a held rank inspects."""
-        return self._held
-
-    def breakpoint(self, ranks: int | Iterable[int] = (0,)) -> None:
-        """Pause the whole job here and open a pdb console in the notebook for ``ranks``.
-
-        A no-op (one attribute check) unless the job was launched with ``debug=True``.
-        Every rank must call it at the same point; the others wait in it until the
-        session ends (``c``, ``q`` or ``job.resume()``).
-
-        >>> for step, (x, y) in ctx.loop(loader, steps=100):      # doctest: +SKIP
-        ...     loss = loss_fn(model(x), y)
-        ...     if step == 50:
-        ...         ctx.breakpoint(ranks=[0])  # pdb on rank 0, in the notebook
-        """
-        if not self.spec.debug:
-            return
-        stop_here(self, ranks, sys._getframe(1))
-
-    def _serve_live(self, words: list[int]) -> None:
-        """Called with every new control vector while this rank waits (held, or at a
-        breakpoint): ``job.run`` requests for it run here, in its own thread (see
-        :meth:`.live.Live.act_alone`)."""
-        live = getattr(self, "_live", None)
-        if live is not None:
-            live.act_alone(words)
-
-    def _console_queue(self) -> queue.Queue:
-        if self._console_input is None:
-            self._console_input = queue.Queue()
-        return self._console_input
-
-    def _console_feed(self, text: str) -> None:
-        """A line (or lines) for this rank's pdb session (from the worker's event loop)."""
+    def feed(self, text: str) -> None:
+        """A line (or lines) for the session."""
         for line in str(text).splitlines() or [""]:
-            self._console_queue().put(line)
+            self._lines.put(line)
+
+    def next(self, timeout: float) -> str | None:
+        """The next line, or None if none came within ``timeout`` seconds."""
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def clear(self) -> None:
+        """Drop what was sent to an earlier session."""
+        while not self._lines.empty():
+            self._lines.get_nowait()
+
+
+class Breakpoints:
+    """One rank's ``ctx.breakpoint()`` calls under ``debug=True``: counted, debugged on the
+    chosen ranks, waited out on the others.
+
+    What it needs of its rank: ``control`` (the control words: release, stop, suspend),
+    ``report`` (BREAK and CONSOLE reports to the control plane), ``console`` (the
+    session's input) and ``serve_runs(words)`` (the ``job.run`` requests of a rank that
+    waits here). ``phase`` is ``"paused"`` while it waits for a person or for the release
+    (``job.stacks()`` and the hang watchdog see it), else None.
+    """
+
+    def __init__(self, *, rank: int, world_size: int, control: Control,
+                 report: Callable[..., None], console: Console,
+                 serve_runs: Callable[[list[int]], None]):
+        self.rank, self.world_size = rank, world_size
+        self.control, self.report, self.console = control, report, console
+        self.serve_runs = serve_runs
+        self.count = 0  # breakpoints reached so far: the k of the newest
+        self.phase: str | None = None
+
+    def stop_here(self, ranks: Any, frame: Any, step: int) -> None:
+        """Breakpoint ``k`` of this rank at ``step``: debug ``frame`` (a chosen rank) or wait
+        for the release."""
+        chosen = check_ranks(ranks, self.world_size)
+        self.count += 1
+        k = self.count
+        words = self.control.words()
+        if words[Word.STOP] or words[Word.SUSPEND]:
+            return  # the job is leaving: it goes on to its next step boundary
+        if self.rank in chosen:
+            self.report(RankEvent.BREAK, k=k, step=step)
+            RemotePdb(self, k).set_trace(frame)  # stops at the caller's next line
+            return
+        with self.waiting():
+            while not released(words, k):
+                if self.control.wait_beyond(words, 1.0):
+                    words = self.control.words()
+                    serve(self.serve_runs, words, self.rank)
+                words = self.control.words()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Phase ``paused`` inside the block: waiting for a person, not hung."""
+        before, self.phase = self.phase, "paused"
+        try:
+            yield
+        finally:
+            self.phase = before
 
 
 def check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
@@ -97,29 +126,6 @@ def check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
     return chosen
 
 
-def stop_here(ctx: Any, ranks: Any, frame: Any) -> None:
-    """Breakpoint ``k`` of this rank: debug it (a chosen rank) or wait for the release."""
-    chosen = check_ranks(ranks, ctx.world_size)
-    ctx._breaks += 1
-    k = ctx._breaks
-    words = ctx._control.words()
-    if words[Word.STOP] or words[Word.SUSPEND]:
-        return  # the job is leaving: it goes on to its next step boundary
-    if ctx.rank in chosen:
-        ctx._report(RankEvent.BREAK, k=k, step=ctx.step)
-        RemotePdb(ctx, k).set_trace(frame)  # stops at the caller's next line
-        return
-    before, ctx.phase = ctx.phase, "paused"
-    try:
-        while not released(words, k):
-            if ctx._control.wait_beyond(words, 1.0):
-                words = ctx._control.words()
-                serve(ctx, words)
-            words = ctx._control.words()
-    finally:
-        ctx.phase = before
-
-
 def released(words: list[int], k: int) -> bool:
     """Whether breakpoint ``k`` no longer holds the ranks: released, or the job leaves."""
     return words[Word.RELEASE] >= k or bool(words[Word.STOP] or words[Word.SUSPEND])
@@ -128,8 +134,8 @@ def released(words: list[int], k: int) -> bool:
 class ConsoleOut:
     """The session's stdout: what pdb prints, sent to the notebook at each prompt."""
 
-    def __init__(self, ctx: Any, k: int):
-        self.ctx, self.k = ctx, k
+    def __init__(self, report: Callable[..., None], k: int):
+        self.report, self.k = report, k
         self._parts: list[str] = []
 
     def write(self, text: str) -> int:
@@ -139,27 +145,23 @@ class ConsoleOut:
     def flush(self, closed: bool = False) -> None:
         text, self._parts = "".join(self._parts), []
         if text or closed:
-            self.ctx._report(RankEvent.CONSOLE, k=self.k, text=text, closed=closed)
+            self.report(RankEvent.CONSOLE, k=self.k, text=text, closed=closed)
 
 
 class ConsoleIn:
     """The session's stdin: lines the notebook sends; ``quit`` by itself once the
     breakpoint is released (``job.resume()``) or the job leaves (stop, suspend)."""
 
-    def __init__(self, ctx: Any, k: int, out: ConsoleOut):
-        self.ctx, self.k, self.out = ctx, k, out
-        pending = ctx._console_queue()
-        while not pending.empty():  # input sent to an earlier session is not for this one
-            pending.get_nowait()
+    def __init__(self, console: Console, control: Control, k: int, out: ConsoleOut):
+        self.console, self.control, self.k, self.out = console, control, k, out
+        console.clear()  # input sent to an earlier session is not for this one
 
     def readline(self) -> str:
         self.out.flush()
-        pending = self.ctx._console_queue()
         while True:
-            try:
-                line = pending.get(timeout=POLL_S)
-            except queue.Empty:
-                words = self.ctx._control.words()
+            line = self.console.next(POLL_S)
+            if line is None:
+                words = self.control.words()
                 if released(words, self.k):
                     why = "job.resume()" if words[Word.RELEASE] >= self.k else "the job is leaving"
                     self.out.write(f"quit  # {why}\n")
@@ -172,20 +174,18 @@ class ConsoleIn:
 class RemotePdb(pdb.Pdb):
     """pdb on a rank thread, its stdin and stdout the notebook's console."""
 
-    def __init__(self, ctx: Any, k: int):
-        self.ctx, self.k = ctx, k
-        self.console_out = ConsoleOut(ctx, k)
-        super().__init__(stdin=ConsoleIn(ctx, k, self.console_out), stdout=self.console_out,
-                         skip=["clustersdk.*"], nosigint=True, readrc=False)
-        self.prompt = f"(Pdb rank {ctx.rank}) "
+    def __init__(self, breakpoints: Breakpoints, k: int):
+        self.breakpoints, self.k = breakpoints, k
+        self.console_out = ConsoleOut(breakpoints.report, k)
+        stdin = ConsoleIn(breakpoints.console, breakpoints.control, k, self.console_out)
+        super().__init__(stdin=stdin, stdout=self.console_out, skip=["clustersdk.*"],
+                         nosigint=True, readrc=False)
+        self.prompt = f"(Pdb rank {breakpoints.rank}) "
         self._closed = False
 
     def interaction(self, frame: Any, tb: Any) -> None:
-        before, self.ctx.phase = self.ctx.phase, "paused"  # waiting for a person, not hung
-        try:
+        with self.breakpoints.waiting():  # waiting for a person, not hung
             super().interaction(frame, tb)
-        finally:
-            self.ctx.phase = before
 
     def set_continue(self) -> None:
         super().set_continue()

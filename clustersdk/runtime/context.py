@@ -1,30 +1,57 @@
-"""``TrainContext``: what a training function gets as its first argument."""
+"""``TrainContext``: what a training function gets as its first argument.
+
+One object, the rank's view of its job: its layout, the model and what a
+checkpoint holds, the data, the step loop and what the ranks do together at
+its step boundaries. The concerns a step boundary or a waiting rank serves
+are objects of their own, each given what it needs rather than the context:
+
+- :class:`~.steps.Steps`: one optimizer step under the job's training options;
+- :class:`~.metrics.Metrics` and :class:`~.phases.PhaseClock`: what ``ctx.log``
+  records and where each step's time goes;
+- :class:`~.checkpoint.saver.Saver`: saves and restores;
+- :class:`~.live.Live`: ``job.run`` / ``job.update`` (what an update may change,
+  :class:`~.tuning.Tunables`, is made here);
+- :class:`~.anomalies.NanGuard`: ``on_nan`` checks;
+- :class:`~.profiling.Profiler`: ``job.profile``;
+- :class:`~.breakpoints.Breakpoints`: ``ctx.breakpoint()``;
+- :class:`~.holds.Hold`: a failed rank held under ``on_error="hold"`` (``ctx.error``).
+
+The worker's agent makes what it drives from outside the rank's thread and
+hands it in: the control words (:class:`~.control_words.Control`), the
+breakpoint console's input (:class:`~.breakpoints.Console`), ``job.run`` /
+``job.update`` (:class:`~.live.Live`) and the hold.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import sys
+import types
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from .. import config
+from .. import checkpoint_files, config
 from ..errors import CheckpointError, SpecError
 from ..layout import Layout
-from ..protocol import RankEvent, WireSpec
-from . import checkpoint, epochs as _epochs, rebind, resume, strategies
-from .breakpoints import Debugging
+from ..protocol import RankEvent, WireSpec, Word
+from . import epochs as _epochs, rebind, resume, strategies
+from .anomalies import NanGuard
+from .breakpoints import Breakpoints, Console
 from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
-from .control import Control
+from .control_words import Control, ControlCheck, JobSuspended
 from .data import make_loader
-from .live import Live, LiveContext
-from .looping import Looping
+from .holds import Hold
+from .live import HPARAMS_KEY, INTERNAL, HParams, Live
 from .metrics import RESERVED, Metrics  # noqa: F401 - RESERVED: the names every row has
 from .phases import PhaseClock, Timed
+from .profiling import Profiler
 from .steps import Steps
 from .training import TrainingState
+from .tuning import Tunables
 
 
-class TrainContext(Looping, Debugging, LiveContext):
+class TrainContext:
     """The rank's view of its job.
 
     >>> def train(ctx):
@@ -51,6 +78,20 @@ class TrainContext(Looping, Debugging, LiveContext):
     ...     for step, (x, y) in ctx.loop(ctx.shard(data, batch_size=8), steps=100):
     ...         ctx.log(loss=ctx.train_step(opt, x, y))
     ...     return ctx.full_state_dict(opt)
+
+    ``job.run``'s functions get the same ``ctx``: the live model, what was
+    registered, and what the training function exposed.
+
+    >>> def train(ctx):                                       # doctest: +SKIP
+    ...     model = ctx.prepare(Net())
+    ...     opt = torch.optim.AdamW(model.parameters(), lr=ctx.hparams["lr0"])
+    ...     ctx.register(optimizer=opt)
+    ...     for step, (x, y) in ctx.loop(ctx.shard(data, batch_size=32), steps=1000):
+    ...         loss = loss_fn(model(x), y)
+    ...         ctx.expose(last_batch=(x, y), loss=loss)      # for job.run to look at
+    ...         loss.backward(); opt.step(); opt.zero_grad()
+    >>> job.run(lambda ctx: ctx.exposed["loss"].item())      # doctest: +SKIP
+    {0: 0.41, 1: 0.43}
     """
 
     def __init__(
@@ -70,7 +111,9 @@ class TrainContext(Looping, Debugging, LiveContext):
         checkpoint_group: Any = None,
         spec: WireSpec | None = None,
         objects: dict[str, Any] | None = None,
-        fetch: Callable[..., list] | None = None,
+        console: Console | None = None,
+        live: Live | None = None,
+        hold: Hold | None = None,
     ):
         self.job = job
         self.name = name
@@ -89,9 +132,9 @@ class TrainContext(Looping, Debugging, LiveContext):
         self._steps = Steps(self)
         self.step = 0
         self.epoch = 0  # of the data ctx.loop walks, at the step it yielded last
-        # where the rank is, for the hang watchdog: setup, data, step (the user's code),
+        # where the rank is (see the phase property): setup, data, step (the user's code),
         # control (agreeing at a boundary), checkpoint, evaluate, paused, done
-        self.phase = "setup"
+        self._phase = "setup"
         self.ticks = 0  # steps and evaluation batches done: what the watchdog counts
         self.stopped = False
         self.stateful: dict[str, Any] = {}
@@ -100,13 +143,13 @@ class TrainContext(Looping, Debugging, LiveContext):
         self._report = report or (lambda event, **data: None)
         self._metrics = Metrics(rank, world_size, control_group)
         self._phases = PhaseClock(enabled=bool(config.get("phase-timing", True)))
-        self._capture = None  # the running profile (job.profile), if any
-        self._profiles_done = 0  # the newest profile request acted on
+        self._profiler = Profiler(rank=rank, device_type=device.type, report=self._report)
         self._rebinder = rebind.Rebinder(strategy, pipelined=self.layout.pipelined)
         self._batches: _epochs.Batches | None = None
         self._shards: list[str] = []  # the keys of the loaders ctx.shard made, in order
         self._paused = False
         self._checkpoints_done = 0  # the newest CHECKPOINT request acted on
+        self._nonfinite_done = 0  # the newest NONFINITE word acted on (on_nan)
         self._begun = False
         options = checkpoint or {}
         self._every = options.get("every")
@@ -122,13 +165,31 @@ class TrainContext(Looping, Debugging, LiveContext):
             # known from the start, so that ctx.shard restores its position at once
             self._resume_path = resume.resolve(self._resume, options["dir"], world_size,
                                                control_group)
-        # job.run / job.update; fetch: the agent's bridge to the control plane's requests
-        self._live = Live(self, fetch)
+        self._nan_guard = NanGuard(self.spec.on_nan, metrics=self._metrics, steps=self._steps,
+                                   report=self._report, control=self._control)
+        # job.run / job.update (the agent's Live fetches the control plane's requests)
+        self._live = live or Live(fetch=None, report=self._report, group=control_group,
+                                  rank=rank, world_size=world_size, hparams=self.spec.hparams)
+        if self._live.hparams:  # ctx.hparams, saved in checkpoints and restored in place
+            self.stateful[HPARAMS_KEY] = HParams(self._live.hparams)
+        self._hold = hold or Hold(control=self._control, report=self._report, rank=rank,
+                                  timeout=self.spec.hold_timeout)
+        self._breakpoints = Breakpoints(rank=rank, world_size=world_size, control=self._control,
+                                        report=self._report, console=console or Console(),
+                                        serve_runs=self._serve_runs)
 
     def __repr__(self) -> str:
         return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
                 f"device={self.device} strategy={self.strategy!r} mesh={self.layout} "
                 f"step={self.step}>")
+
+    @property
+    def phase(self) -> str:
+        """Where the rank is, for the hang watchdog and ``job.stacks()``: ``setup``,
+        ``data``, ``step`` (the training function's code), ``control`` (the ranks agreeing
+        at a step boundary), ``checkpoint``, ``evaluate``, ``paused``, ``run`` (a
+        ``job.run`` function), ``held`` or ``done``."""
+        return self._live.phase or self._hold.phase or self._breakpoints.phase or self._phase
 
     # layout ----------------------------------------------------------------------
     @property
@@ -341,7 +402,221 @@ class TrainContext(Looping, Debugging, LiveContext):
             if self.rank == 0:
                 self._report(RankEvent.RESTORED, step=self.step, path=path)
         if self.rank == 0:
-            checkpoint.check_space(saver.root, 2 * saver.nbytes(self.stateful))
+            checkpoint_files.check_space(saver.root, 2 * saver.nbytes(self.stateful))
+
+    # the loop --------------------------------------------------------------------
+    def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
+             epochs: int | None = None) -> Iterator[tuple[int, Any]]:
+        """Yield ``(step, batch)`` until ``steps`` steps or ``epochs`` passes over
+        ``data`` are done (whichever comes first), or the job is stopped.
+
+        ``ctx.epoch`` is the epoch of the batch just yielded and
+        ``ctx.epoch_end`` says whether it was its epoch's last. With a length
+        (a loader of ``ctx.shard``), the loop's total is ``epochs *
+        len(data)`` from the start, and epoch boundaries stay at the same
+        steps across a resume at another world size; a stream without one
+        ends an epoch when it runs out. At step boundaries the ranks agree on
+        the control vector (see :mod:`.control_words`), so that they all pause,
+        checkpoint, suspend or stop at the same step. On the first call of a
+        resumed job, everything that was registered is restored from the
+        checkpoint before the first step.
+        """
+        _epochs.check_target(data, steps, epochs)
+        first = not self._begun
+        if first:
+            self._begin()
+        total = _epochs.total_steps(data, steps, epochs)
+        if first and self.rank == 0 and total is not None:  # for progress bars and ETAs
+            self._report(RankEvent.LOOP, total_steps=total)
+        limit = total if total is not None else steps  # None: until the stream's epochs end
+        batches = self._batches = _epochs.Batches(data, epochs, self.step) if data is not None else None
+        # on_nan other than "report": every step checked, and agreed on before any save
+        guard = self._nan_guard if self.spec.on_nan != "report" else None
+        skip = frozenset(self.spec.skip_steps or ())  # steps whose batch a rollback drops
+        check = ControlCheck(self._control, self.step, self.world_size, self._control_group,
+                             every_step=guard is not None)
+        start = self.step
+        clock, profiler = self._phases, self._profiler
+        clock.bind()
+        try:
+            while limit is None or self.step < limit:
+                clock.begin_step()
+                if guard is not None and check.due(self.step):  # a NaN step is never saved
+                    self._phase = "control"
+                    if not self._act(check, check.agree(self.step), self.step):
+                        self.stopped = True
+                        return
+                if self._every and self.step % self._every == 0 and self.step != start:
+                    self._phase = "checkpoint"
+                    self._save(self._checkpoints_done, blocking=not self._async)
+                if check.due(self.step):
+                    self._phase = "control"
+                    if not self._act(check, check.agree(self.step), self.step):
+                        self.stopped = True
+                        return
+                clock.before_data()
+                batch = None
+                if batches is not None:
+                    self._phase = "data"
+                    if self.step in skip and self._drop_batch(batches) is _epochs.END:
+                        break
+                    capture = profiler.capture
+                    if capture is not None:
+                        with capture.data():
+                            batch = batches.next()
+                    else:
+                        batch = batches.next()
+                    if batch is _epochs.END:
+                        break
+                    self.epoch = batches.epoch
+                clock.after_data()
+                self._phase = "step"
+                yield self.step, batch
+                clock.resumed(self.step)
+                if guard is not None:
+                    guard.after_step(self.step)
+                if self.step == start:
+                    self._first_step_done()
+                    self._live.first_step(batch, self._tunables())  # what job.update may change
+                if profiler.capture is not None:
+                    profiler.step_done()
+                self._metrics.end_step()
+                self.step += 1
+                self.ticks += 1
+                if self.stopped:  # an evaluation in that step was told to stop
+                    return
+            if self._every and self.step % self._every == 0 and self.step != start:
+                self._phase = "checkpoint"
+                self._save(self._checkpoints_done, blocking=not self._async)
+        finally:
+            self._phase = "done"
+            clock.abandon()
+            profiler.finish()  # stopped, suspended or out of data: what it has, if any
+            self._metrics.end_step()
+            if batches is not None:
+                batches.close()
+            self._batches = None
+            if self._saver is not None:
+                self._saver.close()
+
+    @property
+    def epoch_end(self) -> bool:
+        """Whether the batch ``ctx.loop`` yielded last is its epoch's last (evaluate now)."""
+        return self._batches is not None and self._batches.end_of_epoch()
+
+    def evaluate(self, data: Any, batch_size: int | None = None, **options: Any) -> Iterator[Any]:
+        """One pass over ``data``, under the job's control but not counted as steps.
+
+        ``data`` is an iterable of batches (a loader of ``ctx.shard``), or a
+        dataset with ``batch_size``: sharded as ``ctx.shard`` does, not
+        shuffled, not saved in checkpoints. Every rank must get as many
+        batches. ``ctx.log(..., reduce="mean")`` inside the pass accumulates;
+        when the pass ends, the figures of every call on every rank are
+        reduced and logged once, in the row of the current training step.
+        Between batches the ranks agree on control words: a stop ends the
+        evaluation (and ``ctx.loop`` before its next step), a pause holds
+        it; a checkpoint or suspend asked meanwhile is taken at the next
+        step boundary, after the evaluation.
+        """
+        if batch_size is not None:
+            options.setdefault("shuffle", False)
+            data = make_loader(data, batch_size, self.dp_rank, self.dp_size, self.device, **options)
+        elif options:
+            raise SpecError(f"ctx.evaluate({', '.join(options)}=...) needs batch_size= too")
+        with self._metrics.evaluating() as evaluation:
+            check = ControlCheck(self._control, 0, self.world_size, self._control_group)
+            batches, index = iter(data), 0
+            try:
+                while True:
+                    if check.due(index) and not self._act(check, check.agree(index), index,
+                                                          evaluating=True):
+                        self.stopped = True
+                        return
+                    self._phase = "evaluate"
+                    batch = next(batches, _epochs.END)
+                    if batch is _epochs.END:
+                        break
+                    yield batch
+                    index += 1
+                    self.ticks += 1  # an evaluation batch done is progress too
+            finally:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+            self._metrics.finish(self.step, evaluation)
+
+    def _drop_batch(self, batches: _epochs.Batches) -> Any:
+        """Draw the batch of a step that a rollback skips, and drop it."""
+        dropped = batches.next()
+        if self.rank == 0 and dropped is not _epochs.END:
+            print(f"step {self.step}: its batch is dropped (it gave a non-finite value before "
+                  "a rollback, on_nan='rollback')")
+        return dropped
+
+    def _first_step_done(self) -> None:
+        """Misuse that only the first step shows: options left unused, a stale scheduler."""
+        self._steps.check_used()
+        optimizers = [o for o in self.stateful.values() if isinstance(o, torch.optim.Optimizer)]
+        self._rebinder.check_schedulers(self.stateful, optimizers)
+        if self.rank == 0:
+            for note in self._rebinder.notes:
+                print(note)
+        self._rebinder.notes.clear()
+
+    def _act(self, check: ControlCheck, words: list[int], at: int, evaluating: bool = False
+             ) -> bool:
+        """Carry out the agreed control vector; False means: leave the loop.
+
+        ``at`` is the check's position (the step; in an evaluation, the batch).
+        An evaluation runs inside a step, whose state is not a checkpoint's:
+        a checkpoint or suspend waits for the next step boundary.
+        """
+        with self._metrics.holding():  # the step's row is not complete yet
+            return self._act_on(check, words, at, evaluating)
+
+    def _act_on(self, check: ControlCheck, words: list[int], at: int, evaluating: bool) -> bool:
+        while True:
+            if words[Word.STOP]:
+                return False
+            if words[Word.NONFINITE] > self._nonfinite_done:  # a rank saw a NaN or Inf
+                self._nonfinite_done = words[Word.NONFINITE]
+                if not self._nan_guard.act(words):
+                    return False  # rollback or fail: the control plane takes it from here
+            if words[Word.SUSPEND] and evaluating:
+                return True  # finish the evaluation; suspend at the next step boundary
+            if words[Word.SUSPEND]:
+                self._need_saver("suspend")
+                self._phase = "checkpoint"
+                self._save(words[Word.CHECKPOINT], blocking=True)
+                raise JobSuspended(f"suspended at step {self.step}")
+            if words[Word.CHECKPOINT] > self._checkpoints_done and not evaluating:
+                self._checkpoints_done = words[Word.CHECKPOINT]
+                self._need_saver("checkpoint")
+                self._phase = "checkpoint"
+                self._save(words[Word.CHECKPOINT], blocking=not self._async)
+            if self._live.due(words):  # job.run / job.update: a PAUSED job's too, at once
+                self._live.act(words, self, self._tunables)
+            if words[Word.PAUSE] <= words[Word.RESUME]:
+                if self._paused:
+                    self._paused = False
+                    self._report(RankEvent.RESUMED, step=self.step)
+                if not evaluating:
+                    self._profiler.start(words[Word.PROFILE], self.step, self.spec)
+                return True
+            with Timed(self._phases, "paused"):
+                if not self._paused:
+                    self._paused = True
+                    if self._saver is not None:
+                        self._saver.wait()  # a paused job's last checkpoint is committed
+                    self._report(RankEvent.PAUSED, step=self.step)
+                self._phase = "paused"
+                self._control.wait_beyond(words)
+                self._phase = "control"
+                words = check.agree(at)
+
+    def _need_saver(self, action: str) -> None:
+        if self._saver is None:
+            raise SpecError(f"cannot {action}: this job has no checkpoint_dir")
 
     # metrics -------------------------------------------------------------------
     def log(self, *, reduce: str | None = None, **scalars: Any) -> None:
@@ -363,6 +638,84 @@ class TrainContext(Looping, Debugging, LiveContext):
     def drain_phases(self) -> list[list[float]]:
         """Phase rows (``[step, *PHASES]``) of the steps finished since the last drain."""
         return self._phases.rows()
+
+    # job.run / job.update ----------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The model ``ctx.prepare`` returned (wrapped for the strategy), or None before."""
+        return self.stateful.get("model")
+
+    @property
+    def registered(self) -> Mapping[str, Any]:
+        """What ``ctx.register`` got (``optimizer``, ``scheduler``...) and ``model``: read-only."""
+        return types.MappingProxyType({k: v for k, v in self.stateful.items()
+                                       if k not in INTERNAL and k not in self._shards})
+
+    def expose(self, **objects: Any) -> None:
+        """Make ``objects`` reachable to ``job.run``'s functions as ``ctx.exposed[name]``
+        (the newest value of each name; nothing is copied or sent anywhere)."""
+        self._live.exposed.update(objects)
+
+    @property
+    def exposed(self) -> Mapping[str, Any]:
+        """What the training function passed to :meth:`expose`, by name: read-only."""
+        return types.MappingProxyType(self._live.exposed)
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The launch's ``hparams={...}``, as changed by ``job.update`` since. Read it where
+        the value is used (each step), so that a change takes effect; it is saved in
+        checkpoints and restored when the job resumes."""
+        return self._live.hparams
+
+    def _tunables(self) -> Tunables:
+        """What ``job.update`` may change on this rank now."""
+        steps = self._steps
+        return Tunables(
+            rank=self.rank, stateful=self.stateful, hparams=self._live.hparams,
+            settings={"clip_grad_norm": steps.clip, "grad_accum": steps.accum,
+                      "checkpoint_every": self._every,
+                      "metrics_interval": self.spec.metrics_interval},
+            set_option=self._set_option, called=frozenset(steps.called),
+            pipeline=self.layout.pipelined, checkpoints=self._saver is not None)
+
+    def _set_option(self, key: str, value: Any) -> None:
+        """A launch option ``job.update`` changed (planned and checked by :mod:`.tuning`):
+        in the spec, and where the rank uses it (the agent reads ``metrics_interval``
+        from the spec)."""
+        self.spec = self.spec.replace(**{key: value})
+        if key in self.options:
+            self.options[key] = value
+            self._steps.retune(self.options)
+        if key == "checkpoint_every":
+            self._every = value
+
+    def _serve_runs(self, words: list[int]) -> None:
+        """The ``job.run`` requests up to ``words``, for a rank that waits alone."""
+        self._live.act_alone(words, self)
+
+    # debugging -----------------------------------------------------------------------
+    @property
+    def error(self) -> BaseException | None:
+        """The exception this rank is held for (``on_error="hold"``), with its traceback
+        and frames, or None: what a function run on a held rank inspects."""
+        return self._hold.error
+
+    def breakpoint(self, ranks: int | Iterable[int] = (0,)) -> None:
+        """Pause the whole job here and open a pdb console in the notebook for ``ranks``.
+
+        A no-op (one attribute check) unless the job was launched with ``debug=True``.
+        Every rank must call it at the same point; the others wait in it until the
+        session ends (``c``, ``q`` or ``job.resume()``).
+
+        >>> for step, (x, y) in ctx.loop(loader, steps=100):      # doctest: +SKIP
+        ...     loss = loss_fn(model(x), y)
+        ...     if step == 50:
+        ...         ctx.breakpoint(ranks=[0])  # pdb on rank 0, in the notebook
+        """
+        if not self.spec.debug:
+            return
+        self._breakpoints.stop_here(ranks, sys._getframe(1), self.step)
 
 
 # the training options of a job's spec, and their values when the spec leaves them out

@@ -15,15 +15,15 @@ in order:
   agree that every one of them can take it (one all-reduce), and each applies it
   before the same step (:mod:`.tuning`), reporting old and new values.
 
-:class:`LiveContext` gives ``TrainContext`` its part: ``ctx.model``,
-``ctx.registered``, ``ctx.expose`` / ``ctx.exposed`` and ``ctx.hparams``.
+A :class:`Live` holds what those functions may see besides ``ctx``
+(``ctx.expose`` / ``ctx.exposed``) and the hyperparameters updates change
+(``ctx.hparams``).
 """
 
 from __future__ import annotations
 
 import json
 import traceback
-import types
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import cloudpickle
@@ -32,10 +32,11 @@ from dask.utils import format_bytes
 
 from ..protocol import RankEvent, Word
 from . import tuning
-from .control import JobSuspended
+from .control_words import JobSuspended
 
 if TYPE_CHECKING:
     from .context import TrainContext
+    from .tuning import Tunables
 
 HPARAMS_KEY = "clustersdk_hparams"  # ctx.hparams in a checkpoint (when the launch had some)
 INTERNAL = frozenset({"training", HPARAMS_KEY})  # stateful entries the user did not register
@@ -59,26 +60,32 @@ class Live:
     """One rank's side of ``job.run`` and ``job.update``.
 
     ``fetch(runs=[done, upto], updates=[done, upto])`` asks the control plane for the
-    requests in those ranges (the agent's bridge; None outside a cluster).
+    requests in those ranges (the agent's bridge; None outside a cluster); ``report``
+    tells it what they did; ``group`` (the control group) is where the ranks agree that
+    every one of them can take an update. ``phase`` is ``"run"`` while a function runs
+    (``job.stacks()`` and the hang watchdog see it), else None.
     """
 
-    def __init__(self, ctx: TrainContext, fetch: Callable[..., list] | None):
-        self.ctx = ctx
-        self.fetch = fetch
+    def __init__(self, *, fetch: Callable[..., list] | None, report: Callable[..., None],
+                 group: Any, rank: int, world_size: int,
+                 hparams: Mapping[str, Any] | None = None):
+        self.fetch, self.report, self.group = fetch, report, group
+        self.rank, self.world_size = rank, world_size
         self.runs_done = 0      # the newest RUN request carried out
         self.updates_done = 0   # the newest UPDATE request carried out
         self.exposed: dict[str, Any] = {}
-        self.hparams: dict[str, Any] = dict(ctx.spec.hparams or {})
+        self.hparams: dict[str, Any] = dict(hparams or {})
         self.batch: int | None = None  # this rank's batch, seen at its first step
+        self.phase: str | None = None
         self._told = False
-        if self.hparams:
-            ctx.stateful[HPARAMS_KEY] = HParams(self.hparams)
 
     def due(self, words: list[int]) -> bool:
         return words[Word.RUN] > self.runs_done or words[Word.UPDATE] > self.updates_done
 
-    def act(self, words: list[int]) -> None:
-        """Carry out the requests up to the agreed words, in order."""
+    def act(self, words: list[int], ctx: TrainContext,
+            tunables: Callable[[], Tunables]) -> None:
+        """Carry out the requests up to the agreed words, in order: runs are called with
+        ``ctx``, updates change what ``tunables()`` offers."""
         if self.fetch is None:
             return
         entries = self.fetch(runs=[self.runs_done, words[Word.RUN]],
@@ -87,11 +94,11 @@ class Live:
         self.updates_done = max(self.updates_done, words[Word.UPDATE])
         for entry in entries:
             if entry["kind"] == "run":
-                self._run(entry)
+                self._run(entry, ctx)
             else:
-                self._update(entry)
+                self._update(entry, ctx.step, tunables())
 
-    def act_alone(self, words: list[int]) -> None:
+    def act_alone(self, words: list[int], ctx: TrainContext) -> None:
         """While this rank waits alone (held, or at another rank's breakpoint): the runs
         up to what it knows, not the updates (their ranks agree on one step boundary;
         they wait for the next agreed one)."""
@@ -102,58 +109,55 @@ class Live:
         self.runs_done = max(self.runs_done, words[Word.RUN])
         for entry in entries:
             if entry["kind"] == "run":
-                self._run(entry)
+                self._run(entry, ctx)
 
     # --- job.run ---------------------------------------------------------------------------
-    def _run(self, entry: dict[str, Any]) -> None:
-        ctx, seq = self.ctx, entry["seq"]
-        phase, ctx.phase = ctx.phase, "run"  # job.stacks() and the hang watchdog see it
+    def _run(self, entry: dict[str, Any], ctx: TrainContext) -> None:
+        phase, self.phase = self.phase, "run"  # job.stacks() and the hang watchdog see it
         try:
             outcome = call(entry["fn"], ctx, entry["limit"])
         finally:
-            ctx.phase = phase
-        ctx._report(RankEvent.RAN, seq=seq, **outcome)
+            self.phase = phase
+        self.report(RankEvent.RAN, seq=entry["seq"], **outcome)
 
     # --- job.update --------------------------------------------------------------------------
-    def _update(self, entry: dict[str, Any]) -> None:
-        ctx, error = self.ctx, None
+    def _update(self, entry: dict[str, Any], step: int, tunables: Tunables) -> None:
+        error = None
         try:
-            changes = tuning.plan(ctx, entry["changes"], self.batch)
+            changes = tuning.plan(tunables, entry["changes"], self.batch)
         except Exception as e:  # noqa: BLE001 - refused on this rank: nobody applies it
-            changes, error = [], {"rank": ctx.rank, "type": type(e).__name__, "message": str(e),
-                                  "cause": True}
+            changes, error = [], {"rank": self.rank, "type": type(e).__name__,
+                                  "message": str(e), "cause": True}
         if not self._everyone_can(error is None):
-            error = error or {"rank": ctx.rank, "type": "Refused", "message": "another rank "
+            error = error or {"rank": self.rank, "type": "Refused", "message": "another rank "
                               "refused the update"}
-            ctx._report(RankEvent.UPDATED, seq=entry["seq"], step=ctx.step, error=error)
+            self.report(RankEvent.UPDATED, seq=entry["seq"], step=step, error=error)
             return
         for change in changes:
             change.apply()
-        ctx._report(RankEvent.UPDATED, seq=entry["seq"], step=ctx.step,
+        self.report(RankEvent.UPDATED, seq=entry["seq"], step=step,
                     changes={c.key: [c.old, c.new] for c in changes})
 
     def _everyone_can(self, ok: bool) -> bool:
         """Whether every rank can apply the update (one MIN all-reduce): all or none do."""
-        ctx = self.ctx
-        if ctx.world_size == 1 or ctx._control_group is None:
+        if self.world_size == 1 or self.group is None:
             return ok
         import torch.distributed as dist
 
         flag = torch.tensor([int(ok)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ctx._control_group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
     # --- what the control plane's checks need -------------------------------------------------
-    def first_step(self, batch: Any) -> None:
+    def first_step(self, batch: Any, tunables: Tunables) -> None:
         """After the rank's first step: tell the control plane what job.update may change."""
         if self._told:
             return
         self._told = True
         self.batch = batch_size(batch)
-        ctx = self.ctx
-        info = {"optimizers": tuning.optimizers_info(ctx), "batch": self.batch,
-                "calls": sorted(ctx._steps.called)}
-        ctx._report(RankEvent.TUNABLE, info=info)
+        info = {"optimizers": tuning.optimizers_info(tunables.stateful), "batch": self.batch,
+                "calls": sorted(tunables.called)}
+        self.report(RankEvent.TUNABLE, info=info)
 
 
 def call(payload: bytes, ctx: Any, limit: int) -> dict[str, Any]:
@@ -205,51 +209,3 @@ def batch_size(batch: Any) -> int | None:
             if size is not None:
                 return size
     return None
-
-
-class LiveContext:
-    """What ``job.run``'s function (and the training function) reach through ``ctx``.
-
-    >>> def train(ctx):                                       # doctest: +SKIP
-    ...     model = ctx.prepare(Net())
-    ...     opt = torch.optim.AdamW(model.parameters(), lr=ctx.hparams["lr0"])
-    ...     ctx.register(optimizer=opt)
-    ...     for step, (x, y) in ctx.loop(ctx.shard(data, batch_size=32), steps=1000):
-    ...         loss = loss_fn(model(x), y)
-    ...         ctx.expose(last_batch=(x, y), loss=loss)      # for job.run to look at
-    ...         loss.backward(); opt.step(); opt.zero_grad()
-    >>> job.run(lambda ctx: ctx.exposed["loss"].item())      # doctest: +SKIP
-    {0: 0.41, 1: 0.43}
-    """
-
-    stateful: dict[str, Any]
-    _live: Live
-    _shards: list[str]
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The model ``ctx.prepare`` returned (wrapped for the strategy), or None before."""
-        return self.stateful.get("model")
-
-    @property
-    def registered(self) -> Mapping[str, Any]:
-        """What ``ctx.register`` got (``optimizer``, ``scheduler``...) and ``model``: read-only."""
-        return types.MappingProxyType({k: v for k, v in self.stateful.items()
-                                       if k not in INTERNAL and k not in self._shards})
-
-    def expose(self, **objects: Any) -> None:
-        """Make ``objects`` reachable to ``job.run``'s functions as ``ctx.exposed[name]``
-        (the newest value of each name; nothing is copied or sent anywhere)."""
-        self._live.exposed.update(objects)
-
-    @property
-    def exposed(self) -> Mapping[str, Any]:
-        """What the training function passed to :meth:`expose`, by name: read-only."""
-        return types.MappingProxyType(self._live.exposed)
-
-    @property
-    def hparams(self) -> dict[str, Any]:
-        """The launch's ``hparams={...}``, as changed by ``job.update`` since. Read it where
-        the value is used (each step), so that a change takes effect; it is saved in
-        checkpoints and restored when the job resumes."""
-        return self._live.hparams

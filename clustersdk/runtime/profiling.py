@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from .. import config
-from ..protocol import WireSpec
+from ..protocol import RankEvent, WireSpec, profile_request
 
 TOP_OPS = 15
 DATA_WAIT = "clustersdk.data_wait"  # the record_function around the loader's next()
@@ -41,6 +41,51 @@ def trace_dir(spec: WireSpec, seq: int) -> str:
     else:
         base = os.path.join(spec.profile_dir or config.state_dir(), "profiles", spec.name)
     return os.path.join(base, f"{spec.id[:8]}-{seq:04d}")
+
+
+class Profiler:
+    """One rank's side of ``job.profile``: the capture running (``capture``, or None) and
+    the newest request acted on. ``report`` tells the control plane each rank's result."""
+
+    def __init__(self, *, rank: int, device_type: str, report: Callable[..., None]):
+        self.rank, self.device_type, self.report = rank, device_type, report
+        self.capture: Capture | None = None
+        self.done = 0  # the newest PROFILE request acted on
+
+    def start(self, word: int, step: int, spec: WireSpec) -> None:
+        """Start the capture a newer PROFILE word asks for (after the running one), at
+        ``step``."""
+        seq, steps = profile_request(word)
+        if seq <= self.done or self.capture is not None or steps < 1:
+            return
+        self.done = seq
+        try:
+            self.capture = Capture(seq, steps, step, self.rank, trace_dir(spec, seq),
+                                   self.device_type)
+        except Exception as e:  # e.g. the training function runs a profiler of its own
+            self.report(RankEvent.PROFILED, seq=seq, profile={
+                "rank": self.rank, "seq": seq, "first_step": step, "steps": 0,
+                "asked": steps, "error": f"{type(e).__name__}: {e}"})
+
+    def step_done(self) -> None:
+        """A step is over: finish the capture once it has all its steps."""
+        capture = self.capture
+        if capture is not None and capture.step_done():
+            self.finish()
+
+    def finish(self) -> None:
+        """Write this rank's trace and report it (also after fewer steps: the loop ended);
+        a profile that fails never fails the job."""
+        capture, self.capture = self.capture, None
+        if capture is None:
+            return
+        try:
+            profile = capture.finish()
+        except Exception as e:  # e.g. the disk is full
+            profile = {"rank": self.rank, "seq": capture.seq, "first_step": capture.first,
+                       "steps": capture.done, "asked": capture.steps,
+                       "error": f"{type(e).__name__}: {e}"}
+        self.report(RankEvent.PROFILED, seq=capture.seq, profile=profile)
 
 
 class Capture:

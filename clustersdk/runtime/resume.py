@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from . import checkpoint
+from .. import checkpoint_files
 from .checkpoint.storage import storage
 
 
@@ -23,7 +23,7 @@ def resolve(resume: str | None, root: str, world_size: int, group: Any) -> str |
     under ``root`` (rank 0's choice: every rank must load the same one). Every rank calls it."""
     if resume != "auto":
         return resume
-    path = checkpoint.latest(root)
+    path = checkpoint_files.latest(root)
     if world_size > 1:
         chosen = [path]
         dist.broadcast_object_list(chosen, src=0, group=group)

@@ -11,7 +11,7 @@ and backward of the micro-batches instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -101,6 +101,18 @@ class Steps:
             loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         self.optimizer_step(optimizer)
         return loss
+
+    # --- what job.update and on_nan use ------------------------------------------------
+    def retune(self, options: Mapping[str, Any]) -> None:
+        """Take ``clip_grad_norm`` and ``grad_accum`` from the job's options (as
+        ``job.update`` left them)."""
+        self.clip = options["clip_grad_norm"]
+        self.accum = options["grad_accum"]
+
+    def take_norm(self) -> torch.Tensor | None:
+        """The gradient norm of the last clipping, once (None when none happened since)."""
+        norm, self.last_norm = self.last_norm, None
+        return norm
 
     # --- misuse -------------------------------------------------------------------------
     def check_used(self) -> None:

@@ -1,7 +1,7 @@
 """A job's committed checkpoints, read from its ``checkpoint_dir`` on this server's disk.
 
 The SDK writes each checkpoint as ``<checkpoint_dir>/step-XXXXXXXX/`` with a
-``manifest.json`` written last (see :mod:`clustersdk.runtime.checkpoint`);
+``manifest.json`` written last (see :mod:`clustersdk.checkpoint_files`);
 this reads that layout through the SDK's own functions, so that what the panel
 lists is what ``resume="auto"`` would consider. It works where the server sees
 the directory the ranks write to (a local cluster, a shared filesystem, an
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clustersdk.runtime.checkpoint import committed, committed_at, read_manifest
+from clustersdk.checkpoint_files import committed, committed_at, read_manifest
 
 
 def scan(directory: str) -> list[dict[str, Any]]:

@@ -1,11 +1,16 @@
-"""Helpers for the control-plane tests: small clusters, scheduling configs, requests."""
+"""Helpers for the control-plane tests: lifecycles of small gangs and what they return;
+small clusters, scheduling configs, requests."""
 
 from __future__ import annotations
 
 import itertools
 from typing import Any
 
+from clustersdk.control import events as ev
+from clustersdk.control.lifecycle import Lifecycle
 from clustersdk.control.scheduling import PolicyConfig, Request, Scheduler, Slot
+from clustersdk.protocol import ExitStatus, WireSpec, Word, no_words
+from clustersdk.status import JobStatus
 
 _seq = itertools.count(1)
 
@@ -38,3 +43,50 @@ def scheduler(slots: list[Slot] | None = None, cfg: PolicyConfig | None = None,
 def started(decision) -> dict[str, int]:
     """job -> world size, for the jobs a decision starts."""
     return {s.job: s.world_size for s in decision.start}
+
+
+# --- lifecycles -------------------------------------------------------------------------
+def make(world_size: int = 2, **options) -> Lifecycle:
+    return Lifecycle(WireSpec(id="j1", name="j", world_size=world_size, **options),
+                     failure_grace=3.0)
+
+
+def gang(n: int) -> ev.Allocated:
+    return ev.Allocated(tuple(ev.RankSlot(f"w{i}", f"h{i}", "cpu") for i in range(n)))
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def of(actions, kind) -> list:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def statuses(actions) -> list[str]:
+    return [a.fields["status"] for a in of(actions, ev.Journal) if "status" in a.fields]
+
+
+def vector(**words: int) -> tuple[int, ...]:
+    """A control vector with these words raised (the others 0)."""
+    out = no_words()
+    for name, value in words.items():
+        out[Word[name.upper()]] = value
+    return tuple(out)
+
+
+def running(world_size: int = 2, **options) -> Lifecycle:
+    job = make(world_size, **options)
+    job.handle(gang(world_size), 0.0)
+    for rank in range(world_size):
+        job.handle(ev.Started(rank, job.attempt), 1.0)
+    assert job.status is JobStatus.RUNNING
+    return job
+
+
+def exit_all(job: Lifecycle, status: ExitStatus = ExitStatus.OK, ranks=None) -> list:
+    actions = []
+    for rank in ranks if ranks is not None else range(job.world_size):
+        actions += job.handle(ev.Exited(rank, job.attempt, status,
+                                        b"result" if rank == 0 else None), 5.0)
+    return actions

@@ -11,7 +11,7 @@ import pytest
 
 from clustersdk.control import events as ev
 from clustersdk.diagnosis import Diagnosis, diagnose, version_mismatch
-from clustersdk.control.signals import (
+from clustersdk.signals import (
     SpikeDetector,
     StepMeans,
     first_nonfinite,
@@ -22,7 +22,7 @@ from clustersdk.protocol import ExitStatus, Word
 from clustersdk.spec import JobSpec
 from clustersdk.status import JobStatus
 
-from .test_lifecycle import exit_all, of, running, statuses
+from .helpers import exit_all, of, running, statuses
 
 S = JobStatus
 GIB = 2**30
@@ -382,7 +382,7 @@ def test_a_failure_of_a_known_kind_carries_its_diagnosis_and_a_restart_is_diagno
 
 
 def test_ranks_on_different_versions_are_diagnosed_once_every_rank_started():
-    from .test_lifecycle import gang, make
+    from .helpers import gang, make
 
     job = make(2)
     job.handle(gang(2), 0.0)

@@ -9,7 +9,7 @@ from clustersdk.control.hangs import MIN_DEFAULT, Watch
 from clustersdk.protocol import ExitStatus, Word
 from clustersdk.status import JobStatus
 
-from .test_lifecycle import exit_all, of, running, statuses
+from .helpers import exit_all, of, running, statuses
 
 S = JobStatus
 

@@ -10,7 +10,7 @@ from clustersdk.errors import InvalidTransitionError, SpecError
 from clustersdk.protocol import ExitStatus, Word
 from clustersdk.status import JobStatus
 
-from .test_lifecycle import exit_all, of, running, statuses
+from .helpers import exit_all, of, running, statuses
 
 S = JobStatus
 OWN = {"rank": 1, "type": "ValueError", "message": "bad batch at step 12", "traceback": "tb"}

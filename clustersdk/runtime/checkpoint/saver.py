@@ -19,9 +19,9 @@ from typing import Any, Callable, Collection, Mapping
 import torch
 import torch.distributed.checkpoint as dcp
 
+from ... import checkpoint_files as files
+from ...errors import CheckpointError
 from ...protocol import RankEvent
-from . import files
-from .files import CheckpointError
 from .staging import Gate, stager_for
 from .state import Parts, check_matches, restore_rng, rng_state, shapes
 from .storage import storage

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .files import CheckpointError
+from ...errors import CheckpointError
 
 # Optimizer state keyed by parameter name, hyperparameters included ("param_groups.<fqn>.lr"):
 # pipeline stages hold different parameter groups, which DCP would otherwise store under the

@@ -5,7 +5,8 @@ rank's shards with fsync into a fresh hidden directory, and rank 0 commits it
 by writing the manifest last and renaming the directory into place.
 :class:`ObjectStorage` is an fsspec URL (``s3://bucket/run``): DCP's fsspec
 writer puts the shards straight into the step's prefix, and rank 0 commits it
-by writing the manifest last (:mod:`.remote`: an object store has no rename).
+by writing the manifest last (:mod:`clustersdk.checkpoint_files.remote`: an object
+store has no rename).
 :func:`storage` picks the one for a root; tests install one that fails on
 purpose with :func:`override` (e.g. a process killed between two steps of a
 commit), so the production path carries no test hooks.
@@ -22,7 +23,8 @@ from typing import Any, Callable
 
 import torch.distributed.checkpoint as dcp
 
-from . import files, remote
+from ...checkpoint_files import is_url, local, remote, step_dir, tmp_dir
+from ...errors import CheckpointError
 from .staging import background
 
 logger = logging.getLogger(__name__)
@@ -33,7 +35,7 @@ class FileStorage:
 
     def workdir(self, root: str, step: int, token: str) -> str:
         """Where the save of ``step`` writes: a fresh hidden directory, renamed at the commit."""
-        return files.tmp_dir(root, step, token)
+        return tmp_dir(root, step, token)
 
     def discard(self, path: str) -> None:
         """What a failed save wrote (rank 0)."""
@@ -54,18 +56,18 @@ class FileStorage:
         return final
 
     def write_manifest(self, tmp: str, step: int, world_size: int) -> None:
-        files.write_manifest(tmp, step, world_size)
+        local.write_manifest(tmp, step, world_size)
 
     def publish(self, tmp: str, final: str) -> None:
-        files.publish(tmp, final)
+        local.publish(tmp, final)
 
 
 class ObjectStorage(FileStorage):
     """Checkpoints under an fsspec URL: written in place, committed by the manifest."""
 
     def workdir(self, root: str, step: int, token: str) -> str:
-        """A prefix of the step's own to this save (see :mod:`.remote`)."""
-        return f"{files.step_dir(root, step)}/{token}"
+        """A prefix of the step's own to this save (see :mod:`clustersdk.checkpoint_files.remote`)."""
+        return f"{step_dir(root, step)}/{token}"
 
     def discard(self, path: str) -> None:
         remote.remove(path)
@@ -138,7 +140,7 @@ def object_writer() -> type:
     try:  # torch 2.13 names it privately; importing it needs fsspec
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     except ImportError as e:
-        raise files.CheckpointError(f"checkpoints under a URL need fsspec ({e}): "
+        raise CheckpointError(f"checkpoints under a URL need fsspec ({e}): "
                                     f"{remote.INSTALL_HINT}") from None
 
     class ObjectWriter(LowPriorityUploads, FsspecWriter):
@@ -149,7 +151,7 @@ def object_writer() -> type:
 
 def for_root(root: str) -> FileStorage:
     """The storage of the checkpoints under ``root``: a URL's or a directory's."""
-    return ObjectStorage() if files.is_url(root) else FileStorage()
+    return ObjectStorage() if is_url(root) else FileStorage()
 
 
 _factory: Callable[[str], FileStorage] = for_root

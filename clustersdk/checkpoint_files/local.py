@@ -1,7 +1,6 @@
-"""Checkpoint directories on a filesystem: where they are, their commit, their retention.
+"""Checkpoints in a directory of a filesystem: resolution, commit, retention.
 
-Pure file handling (no torch), so that the server extension can list a job's
-checkpoints too. Layout of a checkpoint root::
+Layout of a checkpoint root::
 
     step-00000040/              committed (the rename is the commit)
         .metadata  __0_0.distcp  __1_0.distcp   torch.distributed.checkpoint
@@ -12,48 +11,25 @@ checkpoints too. Layout of a checkpoint root::
 A save writes everything into a fresh ``.tmp-`` directory and renames it into
 place only after the data, DCP's metadata and the manifest are on disk and
 fsynced, so an interrupted save never touches the previous checkpoint, and
-:func:`latest` never returns a directory whose manifest does not match its files.
-
-A root that is a URL (``s3://bucket/run``) is an object store's, with no rename:
-every function here hands it to :mod:`.remote`, where the manifest written last
-is the commit.
+resolution never returns a directory whose manifest does not match its files.
+Pure file handling (no torch). :mod:`clustersdk.checkpoint_files` picks this
+module or :mod:`.remote` for a root.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import uuid
 from typing import Any
 
-from ...errors import CheckpointError
-from . import remote
-from .remote import is_url as is_url  # re-exported
-
-COMMITTED = re.compile(r"^step-(\d{8})$")
-TMP_PREFIX = ".tmp-step-"
-MANIFEST = "manifest.json"
+from ..errors import CheckpointError
+from .names import COMMITTED, MANIFEST, TMP_PREFIX, new_token
 
 
-# --- where checkpoints are -------------------------------------------------------------
-def step_dir(root: str, step: int) -> str:
-    return os.path.join(root, f"step-{step:08d}")
-
-
-def tmp_dir(root: str, step: int, token: str) -> str:
-    return os.path.join(root, f"{TMP_PREFIX}{step:08d}-{token}")
-
-
-def new_token() -> str:
-    return uuid.uuid4().hex[:8]
-
-
+# --- resolution -----------------------------------------------------------------------------
 def committed(root: str) -> list[tuple[int, str]]:
     """Committed and intact checkpoints, oldest first, as ``(step, path)``."""
-    if is_url(root):
-        return remote.committed(root)
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -66,16 +42,8 @@ def committed(root: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def latest(root: str) -> str | None:
-    """The newest committed, intact checkpoint under ``root``, or None."""
-    found = committed(root)
-    return found[-1][1] if found else None
-
-
 def is_intact(path: str) -> bool:
     """The manifest exists, parses, and every file it lists has its recorded size."""
-    if is_url(path):
-        return remote.is_intact(path)
     try:
         with open(os.path.join(path, MANIFEST)) as f:
             manifest = json.load(f)
@@ -86,16 +54,13 @@ def is_intact(path: str) -> bool:
 
 
 def read_manifest(path: str) -> dict[str, Any]:
-    if is_url(path):
-        return remote.read_manifest(path)
+    """The manifest of the checkpoint at ``path``: step, world size, files."""
     with open(os.path.join(path, MANIFEST)) as f:
         return json.load(f)
 
 
 def clean_leftovers(root: str) -> list[str]:
     """Remove what interrupted saves left behind; return what was removed."""
-    if is_url(root):
-        return remote.clean_leftovers(root)
     removed = []
     for name in os.listdir(root) if os.path.isdir(root) else ():
         if name.startswith(TMP_PREFIX):
@@ -106,8 +71,6 @@ def clean_leftovers(root: str) -> list[str]:
 
 def retain(root: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` committed checkpoints; return the deleted paths."""
-    if is_url(root):
-        return remote.retain(root, keep)
     found = committed(root)
     doomed = [path for _, path in found[:-keep]] if keep > 0 else []
     for path in doomed:
@@ -117,8 +80,6 @@ def retain(root: str, keep: int) -> list[str]:
 
 def check_writable(root: str) -> None:
     """Create ``root`` if needed and prove a file can be written and fsynced there."""
-    if is_url(root):
-        return remote.check_writable(root)
     probe = os.path.join(root, f".probe-{new_token()}")
     try:
         os.makedirs(root, exist_ok=True)
@@ -134,24 +95,13 @@ def check_writable(root: str) -> None:
         ) from e
 
 
-def free_bytes(root: str) -> int | None:
-    """Free space where ``root`` is (None for an object store: it has no such limit)."""
-    return None if is_url(root) else shutil.disk_usage(root).free
-
-
-def check_space(root: str, needed: int) -> None:
-    free = free_bytes(root)
-    if free is not None and free < needed:
-        raise CheckpointError(
-            f"checkpoint_dir {root!r} has {free / 2**20:.1f} MiB free, but one checkpoint of this "
-            f"job needs about {needed / 2**20:.1f} MiB"
-        )
+def free_bytes(root: str) -> int:
+    """Free space on the filesystem of ``root``."""
+    return shutil.disk_usage(root).free
 
 
 def committed_at(path: str) -> float | None:
     """When the checkpoint at ``path`` was committed (its manifest's time)."""
-    if is_url(path):
-        return remote.committed_at(path)
     return os.stat(os.path.join(path, MANIFEST)).st_mtime
 
 

@@ -10,7 +10,7 @@ import torch
 from clustersdk.runtime.budget import TokenBudgetLoader, pad_collate, split
 from clustersdk.runtime.data import make_loader
 
-from .workloads_parallel import SkewedText
+from ..workloads_parallel import SkewedText
 
 CPU = torch.device("cpu")
 BUDGET = 64

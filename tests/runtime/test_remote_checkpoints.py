@@ -16,10 +16,10 @@ import sys
 import pytest
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
-from . import workloads
-from .helpers import assert_same_run, wait_for
+from .. import workloads
+from ..helpers import assert_same_run, wait_for
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")

@@ -12,10 +12,10 @@ import time
 import pytest
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
-from . import workloads
-from .helpers import assert_same_run, losses, step_reached, wait_for
+from .. import workloads
+from ..helpers import assert_same_run, losses, step_reached, wait_for
 
 
 @pytest.fixture(scope="module")

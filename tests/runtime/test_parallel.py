@@ -13,7 +13,7 @@ import torch
 
 import clustersdk as cs
 
-from . import workloads_parallel as W
+from .. import workloads_parallel as W
 
 LOSS_RTOL = 1e-5
 # Sharded matmuls add in another order; ten AdamW steps keep that near float eps.

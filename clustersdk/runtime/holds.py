@@ -17,11 +17,11 @@ bounded every way it can hurt:
   elements, min, max, mean and whether they hold NaN or Inf; modules are their
   class and parameter count.
 
-:func:`hold` is what the rank thread does instead of tearing down: it reports
+:class:`Hold` is what the rank thread does instead of tearing down: it reports
 ``HELD`` with the error and the frames, keeps the exception (``ctx.error``) and so
 its frames alive, and waits until the control vector says STOP or ``hold_timeout``
-passes. Every new control vector meanwhile goes to ``ctx._serve_live`` (where
-``job.run`` on a held rank is served).
+passes. Every new control vector meanwhile goes to the ``serve_runs`` it is given
+(where ``job.run`` on a held rank is served).
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import RankEvent, Word
+
+if TYPE_CHECKING:
+    from .control_words import Control
 
 logger = logging.getLogger(__name__)
 
@@ -237,39 +240,57 @@ def _source_line(filename: str, line: int, globals_: dict[str, Any]) -> str:
 
 
 # --- the hold -------------------------------------------------------------------------------
-def hold(ctx: Any, exc: BaseException, error: dict[str, Any]) -> None:
-    """Report ``HELD`` and wait, alive, until the job says STOP or ``hold_timeout`` passes.
+class Hold:
+    """One rank's hold under ``on_error="hold"``: what it was held for, and the wait.
 
-    Called by the rank thread in place of its failure report; the process group, the
-    exception (``ctx.error``) and its frames stay as they were meanwhile.
+    What it needs of its rank: ``control`` (the STOP that ends the hold), ``report``
+    (``HELD``, with the rendered frames), ``rank`` and ``timeout`` (``hold_timeout``).
+    ``error`` is the exception the rank is held for (None before); ``phase`` is
+    ``"held"`` from then on (``job.stacks()`` and the hang watchdog see it), else None.
     """
-    ctx._held = exc
-    ctx.phase = "held"
-    try:
-        frames = render_frames(exc.__traceback__)
-    except Exception:  # noqa: BLE001 - the post-mortem must not cost the report
-        logger.exception("clustersdk: rendering the failing frames of rank %d failed", ctx.rank)
-        frames = []
-    ctx._report(RankEvent.HELD, error=error, frames=frames, step=ctx.step)
-    control = ctx._control
-    deadline = time.monotonic() + ctx.spec.hold_timeout
-    seen = control.words()
-    while not seen[Word.STOP]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            logger.warning("clustersdk: rank %d was held for hold_timeout=%g s: failing",
-                           ctx.rank, ctx.spec.hold_timeout)
-            return
-        if control.wait_beyond(seen, min(left, 1.0)):
-            seen = control.words()
-            if not seen[Word.STOP]:
-                serve(ctx, seen)
+
+    def __init__(self, *, control: Control, report: Callable[..., None], rank: int,
+                 timeout: float):
+        self.control, self.report, self.rank, self.timeout = control, report, rank, timeout
+        self.error: BaseException | None = None
+        self.phase: str | None = None
+
+    def wait(self, exc: BaseException, error: dict[str, Any], *, step: int,
+             serve_runs: Callable[[list[int]], None]) -> None:
+        """Report ``HELD`` and wait, alive, until the job says STOP or ``timeout`` passes,
+        handing each new control vector to ``serve_runs``.
+
+        Called by the rank thread in place of its failure report; the process group, the
+        exception (``ctx.error``) and its frames stay as they were meanwhile.
+        """
+        self.error = exc
+        self.phase = "held"
+        try:
+            frames = render_frames(exc.__traceback__)
+        except Exception:  # noqa: BLE001 - the post-mortem must not cost the report
+            logger.exception("clustersdk: rendering the failing frames of rank %d failed",
+                             self.rank)
+            frames = []
+        self.report(RankEvent.HELD, error=error, frames=frames, step=step)
+        control = self.control
+        deadline = time.monotonic() + self.timeout
+        seen = control.words()
+        while not seen[Word.STOP]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                logger.warning("clustersdk: rank %d was held for hold_timeout=%g s: failing",
+                               self.rank, self.timeout)
+                return
+            if control.wait_beyond(seen, min(left, 1.0)):
+                seen = control.words()
+                if not seen[Word.STOP]:
+                    serve(serve_runs, seen, self.rank)
 
 
-def serve(ctx: Any, words: list[int]) -> None:
-    """Hand a new control vector to ``ctx._serve_live``; what it raises never ends a hold
-    or a breakpoint."""
+def serve(serve_runs: Callable[[list[int]], None], words: list[int], rank: int) -> None:
+    """Hand a new control vector to ``serve_runs`` (``job.run`` on a waiting rank); what it
+    raises never ends a hold or a breakpoint."""
     try:
-        ctx._serve_live(words)
+        serve_runs(words)
     except Exception:  # noqa: BLE001
-        logger.exception("clustersdk: serving a request on rank %d failed", ctx.rank)
+        logger.exception("clustersdk: serving a request on rank %d failed", rank)

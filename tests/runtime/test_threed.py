@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import clustersdk as cs
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
-from . import workloads
-from . import workloads_parallel as W
-from .helpers import step_reached, wait_for, wait_idle
+from .. import workloads
+from .. import workloads_parallel as W
+from ..helpers import step_reached, wait_for, wait_idle
 
 STEPS = 10
 GLOBAL_BATCH = 16  # 8 per data-parallel rank at dp=2, as W.reference_lm(16) takes them

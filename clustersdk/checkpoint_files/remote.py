@@ -23,29 +23,21 @@ Credentials and endpoint come from where the protocol's library looks for them
 (for S3: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``~/.aws``, an instance role) or from fsspec's configuration
 (``FSSPEC_S3_ENDPOINT_URL=...``, ``~/.config/fsspec/*.json``), on every worker.
-Pure file handling (fsspec, no torch), like :mod:`.files`.
+Pure file handling (fsspec, no torch), like :mod:`.local`.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-import re
 import uuid
 from typing import Any
 
-from ...errors import CheckpointError
-from . import files as layout  # its names only, read at call time (it imports this module)
+from ..errors import CheckpointError
+from .names import COMMITTED, MANIFEST
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*(://|::)")
 INSTALL_HINT = ("pip install 'clustersdk[s3]' (fsspec and s3fs; for another protocol, "
                 "its fsspec package)")
-
-
-def is_url(path: str) -> bool:
-    """``path`` names a place through fsspec (``s3://...``), not a local directory.
-    ``file://`` is local: the spec turns it into a plain path."""
-    return bool(_SCHEME.match(str(path))) and not str(path).startswith("file://")
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -79,7 +71,7 @@ def _sizes(fs: Any, path: str) -> dict[str, int]:
 
 
 def _manifest_path(path: str) -> str:
-    return f"{path}/{layout.MANIFEST}"
+    return f"{path}/{MANIFEST}"
 
 
 # --- resolution --------------------------------------------------------------------------
@@ -94,7 +86,7 @@ def committed(root: str) -> list[tuple[int, str]]:
     found = []
     for name in names:
         leaf = posixpath.basename(name.rstrip("/"))
-        match = layout.COMMITTED.match(leaf)
+        match = COMMITTED.match(leaf)
         if match and _intact(fs, f"{base}/{leaf}"):
             found.append((int(match.group(1)), f"{root.rstrip('/')}/{leaf}"))
     return sorted(found)
@@ -121,6 +113,7 @@ def _intact(fs: Any, path: str) -> bool:
 
 
 def read_manifest(url: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``url``: step, world size, its save, files."""
     fs, path = filesystem(url)
     return json.loads(fs.cat_file(_manifest_path(path)))
 
@@ -182,10 +175,10 @@ def clean_leftovers(root: str) -> list[str]:
         return []
     removed = []
     for name in names:
-        if not layout.COMMITTED.match(name):
+        if not COMMITTED.match(name):
             continue
         url = f"{root.rstrip('/')}/{name}"
-        if layout.MANIFEST not in _sizes(fs, f"{base}/{name}"):
+        if MANIFEST not in _sizes(fs, f"{base}/{name}"):
             remove(url)
             removed.append(name)
         else:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clustersdk.runtime import checkpoint as ckpt
+from clustersdk import checkpoint_files as ckpt
 
-from . import workloads_parallel as W
+from .. import workloads_parallel as W
 
 STEPS = 6
 # name -> launch options of the source job

@@ -2,7 +2,7 @@
 what a failing rank tells of itself for a diagnosis (:func:`failure_facts`).
 
 At the end of each step the rank reads what it logged for that step (the
-watched scalars of :mod:`clustersdk.control.signals`: losses, ``grad_norm``)
+watched scalars of :mod:`clustersdk.signals`: losses, ``grad_norm``)
 and the gradient norm that ``clip_grad_norm`` computed. A NaN or Inf is
 reported to the control plane at once (it decides, and diagnoses) and raised
 in the rank's own control vector as ``Word.NONFINITE = 1 + step``; the ranks
@@ -20,43 +20,49 @@ pay nothing and the control plane checks the rows it receives.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..control.signals import nonfinite_values
 from ..protocol import RankEvent, Word, no_words
+from ..signals import nonfinite_values
 
 if TYPE_CHECKING:
-    from .context import TrainContext
+    from .control_words import Control
+    from .metrics import Metrics
+    from .steps import Steps
 
 LEAVE = ("rollback", "fail")  # policies whose ranks leave ctx.loop at the agreed boundary
 
 
 class NanGuard:
-    """The watch of one rank in one ``ctx.loop``."""
+    """One rank's watch under its job's ``on_nan`` ``policy``.
 
-    def __init__(self, ctx: TrainContext):
-        self.ctx = ctx
-        self.policy = ctx.spec.on_nan
+    What it needs of its rank: ``metrics`` (the scalars logged at a step), ``steps``
+    (the gradient norm of the last clipping, and the precision), ``report`` (NONFINITE
+    to the control plane) and ``control`` (the rank's own control vector).
+    """
+
+    def __init__(self, policy: str, *, metrics: Metrics, steps: Steps,
+                 report: Callable[..., None], control: Control):
+        self.policy = policy
+        self.metrics, self.steps, self.report, self.control = metrics, steps, report, control
 
     def after_step(self, step: int) -> None:
         """Check the step just done; report and raise NONFINITE if it was not finite."""
-        ctx = self.ctx
         values = nonfinite_values({k: _number(v) for k, v in
-                                   ctx._metrics.scalars_of(step).items()})
-        steps = ctx._steps
-        norm, steps.last_norm = steps.last_norm, None
-        if norm is not None and steps.precision.name != "fp16":
+                                   self.metrics.scalars_of(step).items()})
+        norm = self.steps.take_norm()
+        if norm is not None and self.steps.precision.name != "fp16":
             norm = _number(norm)
             if not math.isfinite(norm):
                 values.setdefault("grad_norm", norm)
         if not values:
             return
-        ctx._report(RankEvent.NONFINITE, step=step, values=values)
+        self.report(RankEvent.NONFINITE, step=step, values=values)
         words = no_words()
         words[Word.NONFINITE] = step + 1
-        ctx._control.merge(words)
+        self.control.merge(words)
 
     def act(self, words: list[int]) -> bool:
         """At a boundary whose agreed vector carries a new NONFINITE: False to leave the
@@ -65,7 +71,7 @@ class NanGuard:
             return False
         held = no_words()
         held[Word.PAUSE] = words[Word.RESUME] + 1
-        self.ctx._control.merge(held)
+        self.control.merge(held)
         words[Word.PAUSE] = max(words[Word.PAUSE], held[Word.PAUSE])
         return True
 

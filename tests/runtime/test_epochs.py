@@ -17,8 +17,8 @@ import clustersdk as cs
 from clustersdk.widgets import source
 from clustersdk.widgets.model import JobView
 
-from . import workloads_data as W
-from .test_jobs import wait_for
+from .. import workloads_data as W
+from ..helpers import wait_for
 
 cloudpickle.register_pickle_by_value(W)
 
