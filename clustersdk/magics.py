@@ -3,7 +3,7 @@
 ::
 
     %cluster local -n 2                 start a local cluster and show it
-    %cluster connect tcp://10.0.0.5:8786
+    %cluster connect tls://10.0.0.5:8786 --credentials ~/me.pem
     %cluster ssh node1 node2 --gpus-per-host 8
     %cluster slurm --gpus-per-worker 1 --partition gpu
     %cluster doctor                     pre-flight checks of the current cluster
@@ -159,6 +159,10 @@ class ClusterMagics(Magics):
     @argument("--checkpoint-dir", default=None, help="doctor: check free space and writes here")
     @argument("--no-bandwidth", action="store_true", help="doctor: skip the all-reduce sweep")
     @argument("--state-dir", default=None, help="where job records live (default: ~/.clustersdk)")
+    @argument("--credentials", default=None,
+              help="connect: your credentials file for a tls:// scheduler (cluster.add_user's)")
+    @argument("--no-tls", action="store_true",
+              help="local, ssh, slurm: plain tcp://, no identities (security=False; warned)")
     @argument("-h", "--help", action="store_true", help="show this help")
     def cluster(self, line: str = "") -> Any:
         """Start, connect to, show or close the cluster the other magics use."""
@@ -179,6 +183,16 @@ class ClusterMagics(Magics):
             print(f"closed {cluster!r}")
             return None
         options = {} if args.state_dir is None else {"state_dir": args.state_dir}
+        if args.no_tls:
+            if mode == "connect":
+                raise UsageError("--no-tls is for clusters this starts (local, ssh, slurm); "
+                                 "connect follows the address's scheme")
+            options["security"] = False
+        if args.credentials is not None:
+            if mode != "connect":
+                raise UsageError("--credentials is for %cluster connect; a cluster this starts "
+                                 "makes its own (you are its admin)")
+            options["credentials"] = args.credentials
         with one_line():
             if mode == "local":
                 if args.targets:
@@ -188,7 +202,7 @@ class ClusterMagics(Magics):
             elif mode == "connect":
                 if len(args.targets) != 1:
                     raise UsageError("%cluster connect needs one scheduler address, e.g. "
-                                     "%cluster connect tcp://10.0.0.5:8786")
+                                     "%cluster connect tls://10.0.0.5:8786 --credentials me.pem")
                 cluster = _connect(args.targets[0], options)
             elif mode == "ssh":
                 if not args.targets:

@@ -324,3 +324,21 @@ def test_bobs_dashboard_of_alices_job_greys_every_button_out(alice, bob):
         assert not hers.buttons["stop"].disabled and not hers.buttons["pause"].disabled
     finally:
         job.stop()
+
+
+def test_the_cluster_magic_connects_with_credentials_and_starts_without_tls_only_when_told(
+        alice, bob):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clustersdk")
+    bob_file = bob.credentials
+    cluster = shell.run_line_magic("cluster", f"connect {alice.scheduler_address} "
+                                              f"--credentials {bob_file}")
+    try:
+        assert cluster.whoami()["name"] == "bob"
+    finally:
+        shell.run_line_magic("cluster", "close")
+    with pytest.raises(UsageError, match="--credentials is for %cluster connect"):
+        shell.run_line_magic("cluster", f"local --credentials {bob_file}")
