@@ -342,3 +342,51 @@ def test_the_cluster_magic_connects_with_credentials_and_starts_without_tls_only
         shell.run_line_magic("cluster", "close")
     with pytest.raises(UsageError, match="--credentials is for %cluster connect"):
         shell.run_line_magic("cluster", f"local --credentials {bob_file}")
+
+
+def test_hidden_metrics_stay_with_their_owner(tmp_path):
+    with dask.config.set({"clustersdk.security.user": "alice",
+                          "clustersdk.security.hide-metrics": True}):
+        alice = cs.Cluster.local(workers=1, state_dir=str(tmp_path / "alice"))
+    try:
+        path = alice.add_user("bob", path=str(tmp_path / "bob.pem"))
+        job = alice.launch(workloads.spin, world_size=1, name="private")
+        wait_for(lambda: len(job.history()) >= 3, timeout=60)  # its owner reads them
+        with cs.Cluster.connect(alice.scheduler_address, credentials=path,
+                                state_dir=str(tmp_path / "bob")) as bob:
+            assert bob.whoami()["hide_metrics"] is True
+            his = bob.job("private")  # the job and its record: visible
+            assert his.status is cs.JobStatus.RUNNING and his.owner == "alice"
+            for read in (his.history, his.logs, his.stacks):
+                with pytest.raises(cs.AccessDeniedError, match="may not see the metrics of job "
+                                                               "'private'"):
+                    read()
+            his.watch()  # subscribing to its topic gets him nothing either
+            wait_for(lambda: len(job.history()) >= 10, timeout=60)
+            assert his.latest == {}
+        job.stop()
+    finally:
+        alice.close()
+
+
+def test_the_cli_adds_lists_and_removes_users(alice, tmp_path):
+    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": alice.state_dir}  # alice's registry
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "clustersdk", "cluster", *argv], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    out = tmp_path / "dave.pem"
+    added = cli("add-user", "dave", "--out", str(out))
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.splitlines()[0] == str(out) and stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert read_credentials(str(out)).name == "dave"
+    again = cli("add-user", "dave")
+    assert again.returncode == 1 and "'dave' already has credentials" in again.stderr
+    listed = json.loads(cli("users", "--json").stdout)
+    assert listed["dave"]["role"] == "user" and listed["alice"]["role"] == "admin"
+    removed = cli("remove-user", "dave", "--cluster", alice.scheduler_address)
+    assert removed.returncode == 0, removed.stderr
+    assert "revoked the credentials of 'dave'" in removed.stdout
+    with pytest.raises(cs.SpecError, match="could not reach a Dask scheduler"):
+        cs.Cluster.connect(alice.scheduler_address, credentials=str(out), timeout=3)

@@ -55,9 +55,10 @@ KINDS: dict[Op, str] = {
     Op.WORKER_READY: CLUSTER, Op.RANK_EVENT: CLUSTER, Op.LIVE_PENDING: CLUSTER,
 }
 
-#: the requests that change a job, journaled with who made them (``job.events()``)
+#: the requests that change a job, journaled with who made them (``job.events()``); reading
+#: results and post-mortems, and each line typed into a debugger's console, are not
 JOURNALED = frozenset(op for op, kind in KINDS.items() if kind == CHANGE) - {
-    Op.RUN_WAIT, Op.PROFILE_WAIT, Op.DEBUG}
+    Op.RUN_WAIT, Op.PROFILE_WAIT, Op.DEBUG, Op.CONSOLE}
 
 #: Dask's own scheduler handlers that run code in the scheduler process, reconfigure
 #: the cluster or stop its workers: admins (and the cluster) only

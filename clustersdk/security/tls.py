@@ -220,14 +220,6 @@ class Prepared:
     def protocol(self) -> str:
         return "tls" if self.enabled else "tcp"
 
-    @property
-    def all_roles(self) -> Security | None:
-        """One ``Security`` with every role (what dask-jobqueue takes)."""
-        if self.authority is None:
-            return self.client
-        return ClusterSecurity.in_directory(self.authority.directory, "scheduler", "worker",
-                                            client=self.credentials)
-
     def close(self) -> None:
         """The cluster is gone: delete its authority's keys."""
         if self.authority is not None:
@@ -258,7 +250,7 @@ def cluster_security(security: Any, *, state_dir: str, kind: str) -> Prepared:
                                  days=float(config.get("security.days")))
     admin = authority.credentials_file(creator_name())
     return Prepared(
-        scheduler=ClusterSecurity.in_directory(directory, "scheduler", client=admin),
+        scheduler=ClusterSecurity.in_directory(directory, "scheduler"),
         worker=ClusterSecurity.in_directory(directory, "worker"),
         client=ClusterSecurity.in_directory(directory, client=admin),
         authority=authority, credentials=admin)
