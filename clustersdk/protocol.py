@@ -158,6 +158,7 @@ class RankEvent(str, enum.Enum):
     HELD = "held"                        # error, frames, step: raised under on_error="hold"
     BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
     CONSOLE = "console"                  # k, text, closed: what the rank's pdb session printed
+    CONTROLS = "controls"                # accepts: what a script rank opted into (pause...)
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
 
@@ -330,8 +331,20 @@ class WireSpec:
     hparams: dict[str, Any] | None = spec_field("hparams")  # JSON scalars job.update may change
     on_nan: str = spec_field("on_nan")        # "report", "pause", "rollback" or "fail"
     on_spike: str = spec_field("on_spike")    # "report" or "pause"
+    # a script job (launch_script): what each rank runs as a child process of its worker
+    script: str | None = spec_field("script")  # python -u script *args
+    module: str | None = spec_field("module")  # python -u -m module *args
+    command: str | None = spec_field("command")  # command *args
+    args: list[str] | None = None             # the script's arguments
+    grace: float = spec_field("grace")        # seconds from SIGTERM to SIGKILL
     skip_steps: list[int] | None = None       # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
+
+    @property
+    def kind(self) -> str:
+        """``"script"`` for a job of :meth:`~clustersdk.Cluster.launch_script` (a script,
+        a module or a console command), else ``"function"``."""
+        return "script" if self.script or self.module or self.command else "function"
 
     def as_dict(self) -> dict[str, Any]:
         """The msgpack- and JSON-able form that crosses the wire and sits in the journal."""

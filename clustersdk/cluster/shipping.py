@@ -74,6 +74,31 @@ def payload(spec: JobSpec, client: Client) -> bytes:
     return cloudpickle.dumps((runner, (), {}, {}))
 
 
+SCRIPT_DIR = "__script__"  # where a script shipped without its working_dir lies in the archive
+
+
+def script_payload(spec: JobSpec, client: Client) -> bytes:
+    """A script job's payload: its code (``working_dir``, ``py_modules`` and, without a
+    ``working_dir``, the script file alone) and the script's place in it. Refuses a
+    ``module=`` the workers can't import and nothing ships."""
+    from ..runtime.scripts import script_payload as payload_of
+
+    extra, inside = {}, None
+    if spec.script is not None:
+        if spec.working_dir:
+            inside = os.path.relpath(spec.script, spec.working_dir).replace(os.sep, "/")
+        else:
+            inside = f"{SCRIPT_DIR}/{os.path.basename(spec.script)}"
+            extra[inside] = spec.script
+    package = pack(spec.working_dir, spec.py_modules, extra)
+    if spec.module is not None:
+        shipped = set(package.modules) if package else set()
+        check_importable(client, {spec.module.split(".", 1)[0]} - shipped, f"-m {spec.module}")
+    if package is None:
+        return payload_of(None, None, inside)
+    return payload_of(package.archive, package.digest, inside, package.modules, package.chdir)
+
+
 # --- what the payload needs ---------------------------------------------------------------
 class _Recorder(cloudpickle.Pickler):
     """cloudpickle, noting the modules of what it pickles by reference."""
@@ -159,11 +184,13 @@ def _where(name: str) -> str:
 
 
 # --- packing --------------------------------------------------------------------------------
-def pack(working_dir: str | None, py_modules: list[Any] | None) -> Package | None:
-    """The archive of ``working_dir`` and ``py_modules`` (None when neither is given)."""
-    if not working_dir and not py_modules:
+def pack(working_dir: str | None, py_modules: list[Any] | None,
+         extra: dict[str, str] | None = None) -> Package | None:
+    """The archive of ``working_dir``, ``py_modules`` and ``extra`` files (name in the
+    archive -> local path); None when there is nothing to ship."""
+    if not working_dir and not py_modules and not extra:
         return None
-    files: dict[str, str] = {}  # name in the archive -> local path
+    files: dict[str, str] = dict(extra or {})  # name in the archive -> local path
     modules: set[str] = set()
     if working_dir:
         root = os.path.abspath(working_dir)
