@@ -504,6 +504,11 @@ class Lifecycle:
     def _checkpoint_requested(self, e: ev.CheckpointRequested) -> None:
         if self._spec.kind == "script":  # the script saves where it likes (its own format)
             self._need_control("checkpoint")
+            if self._status is JobStatus.PAUSED:  # its code runs on after a boundary
+                raise InvalidTransitionError(
+                    f"job {self.name!r} is PAUSED inside its script's step boundary, and a "
+                    "script saves after the boundary returns: resume it first (or suspend it, "
+                    "which saves and frees the slots)")
         else:
             self._need_checkpoint_dir("checkpoint")
         if self._status not in (JobStatus.RUNNING, JobStatus.PAUSED):
