@@ -38,6 +38,7 @@ from IPython.core.magic_arguments import (
 import clustersdk as cs
 
 from . import options
+from .cli.flags import flag, flag_names
 
 from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported from here
     RemoteFailure,
@@ -68,59 +69,16 @@ def _help(magic: Any, args: Any) -> bool:
 
 
 # --- %%distributed's launch flags ------------------------------------------------------------
-# One per launch option a command line can spell (a number, a string, a flag), from the
-# table in clustersdk.options, grouped as it groups them; None when not given, so that
-# launch's default (or setting) applies. Dicts, lists and Python objects (mesh, env,
-# model...) have no flag: call cluster.launch in the cell for those.
-_FLAG_NAMES = {"world_size": ("-n", "--world-size"), "preemptible": ("--not-preemptible",)}
-_FLAG_HELP = {"world_size": "ranks (default: every slot)"}
+# One per launch option of a function job a command line can spell (clustersdk.cli.flags).
+FLAGS: tuple[str, ...] = flag_names(options.FUNCTION)
 
 
-def _int_or_str(text: str) -> int | str:
-    """``--priority``: a class name, or an int."""
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
-_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str,
-                                           "int | str": _int_or_str}
-
-
-def flag(option: options.Option) -> tuple[tuple[str, ...], dict[str, Any]] | None:
-    """The ``add_argument`` arguments of ``option``'s flag, or None (it has none)."""
-    kind = option.type.removesuffix(" | None")
-    names = _FLAG_NAMES.get(option.name, ("--" + option.name.replace("_", "-"),))
-    text = _FLAG_HELP.get(option.name, _flag_help(option)).replace("%", "%%")
-    common = {"dest": option.name, "default": None}
-    if option.type == "bool | None":
-        return names, {**common, "action": argparse.BooleanOptionalAction, "help": text}
-    if kind == "bool":
-        off = option.launch_default is True  # a flag turns it off
-        if off and option.name not in _FLAG_NAMES:
-            names = ("--no-" + option.name.replace("_", "-"),)
-        return names, {**common, "action": "store_false" if off else "store_true",
-                       "help": f"turn {option.name} off: {text}" if off else text}
-    if kind in _TYPES:
-        return names, {**common, "type": _TYPES[kind], "help": text}
-    return None
-
-
-def _flag_help(option: options.Option) -> str:
-    if option.setting is not None:
-        return f"{option.doc} (default: the clustersdk.{option.setting} setting)"
-    if option.launch_default is None or isinstance(option.launch_default, bool):
-        return option.doc
-    return f"{option.doc} (default: {option.launch_default})"
-
-
-FLAGS: tuple[str, ...] = tuple(o.name for o in options.OPTIONS if flag(o) is not None)
-
-
-def launch_flags(magic: Any) -> Any:
-    """Give ``magic`` (under ``@magic_arguments()``) the launch flags, one group per
-    option group, after its own flags in ``--help``."""
+def launch_flags(magic: Any, kind: str = options.FUNCTION) -> Any:
+    """Give ``magic`` (under ``@magic_arguments()``) the launch flags of a job of ``kind``,
+    one group per option group, after its own flags in ``--help``."""
     decorators: list[Any] = []  # in the order --help shows them
     for group, (what, _) in options.GROUPS.items():
-        flags = [flag(o) for o in options.OPTIONS if o.group == group]
+        flags = [flag(o) for o in options.OPTIONS if o.group == group and kind in o.kinds]
         given = [f for f in flags if f is not None]
         if given:
             decorators.append(argument_group(f"{group} ({what})"))
