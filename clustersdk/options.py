@@ -563,6 +563,9 @@ def check(values: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for option in OPTIONS:
         value = values[option.name]
+        if kind not in option.kinds:  # not given (checked above): stays unset, no setting read
+            out[option.name] = value
+            continue
         if value is None and option.setting is not None:
             value = default(option.name)
         out[option.name] = option.check(value)
@@ -589,8 +592,9 @@ def _check_kind(values: Mapping[str, Any], kind: str) -> None:
              and _is_given(values[o.name], o.launch_default)]
     if wrong:
         what = "a training function" if kind == FUNCTION else "a script"
-        raise SpecError(f"{', '.join(f'{n}=' for n in wrong)} {'is an option' if len(wrong) == 1 else 'are options'} "
-                        f"of {other} jobs ({launcher}), not of a job that runs {what}")
+        verb = "is an option" if len(wrong) == 1 else "are options"
+        raise SpecError(f"{', '.join(f'{n}=' for n in wrong)} {verb} of {other} jobs "
+                        f"({launcher}), not of a job that runs {what}")
 
 
 def _is_given(value: Any, launch_default: Any) -> bool:
@@ -644,7 +648,9 @@ def _check_together(spec: dict[str, Any]) -> None:
 
 def to_wire(values: Mapping[str, Any]) -> dict[str, Any]:
     """The options of checked ``values`` that cross the wire, in their wire form."""
-    return {o.name: o.wire(values[o.name]) for o in OPTIONS if o.wire is not None}
+    # an option of the other kind of job, unset, takes WireSpec's default
+    return {o.name: o.wire(values[o.name]) for o in OPTIONS if o.wire is not None
+            and not (o.setting is not None and values[o.name] is None)}
 
 
 # --- documentation -----------------------------------------------------------------------------
