@@ -259,3 +259,29 @@ def test_clustersdk_submit_runs_a_script_and_follows_its_lines(idle4, tmp_path):
     for rank in range(2):
         assert any(f"rank {rank} step 3 loss" in line for line in lines), done.stdout
     assert cs.Job.attach(idle4, "from-a-terminal").status is JobStatus.FINISHED
+
+
+def test_the_notebook_magics_run_a_script_and_a_cell_as_torchrun_would(idle4, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clustersdk")
+    shell.user_ns["cluster"] = idle4
+    try:
+        ran = shell.run_cell(f"%run_distributed -n 2 --cluster cluster --name magic-script "
+                             f"{DDP} --steps 2", store_history=False)
+        assert ran.success, ran.error_in_exec
+        assert ran.result == 0
+        out = capsys.readouterr().out
+        assert "[rank 1] rank 1 step 1 loss" in out
+        cell = ("import os\nimport sys\n"
+                "print('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+                "sys.argv[1:])\n")
+        ran = shell.run_cell(f"%%torchrun -n 3 --cluster cluster --name magic-cell a b\n{cell}",
+                             store_history=False)
+        assert ran.success, ran.error_in_exec
+        out = capsys.readouterr().out
+        for rank in range(3):
+            assert f"[rank {rank}] hello from {rank} of 3 ['a', 'b']" in out
+    finally:
+        shell.user_ns.pop("cluster", None)
