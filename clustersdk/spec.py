@@ -93,6 +93,9 @@ class JobSpec:
         kind = options.kind_of(self.options())
         if kind == options.SCRIPT:
             self._check_script_call()
+        elif self.fn is None:
+            raise SpecError("a job runs a training function (fn=...) or a script (script=, "
+                            "module= or command=); got neither")
         elif not callable(self.fn):
             raise SpecError(f"fn must be callable, got {self.fn!r} of type {type(self.fn).__name__}")
         if not isinstance(self.args, (tuple, list)):

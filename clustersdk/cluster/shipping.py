@@ -77,10 +77,10 @@ def payload(spec: JobSpec, client: Client) -> bytes:
 SCRIPT_DIR = "__script__"  # where a script shipped without its working_dir lies in the archive
 
 
-def script_payload(spec: JobSpec, client: Client) -> bytes:
+def script_payload(spec: JobSpec, client: Client | None = None) -> bytes:
     """A script job's payload: its code (``working_dir``, ``py_modules`` and, without a
-    ``working_dir``, the script file alone) and the script's place in it. Refuses a
-    ``module=`` the workers can't import and nothing ships."""
+    ``working_dir``, the script file alone) and the script's place in it. With a
+    ``client``, refuses a ``module=`` the workers can't import and nothing ships."""
     from ..runtime.scripts import script_payload as payload_of
 
     extra, inside = {}, None
@@ -91,7 +91,7 @@ def script_payload(spec: JobSpec, client: Client) -> bytes:
             inside = f"{SCRIPT_DIR}/{os.path.basename(spec.script)}"
             extra[inside] = spec.script
     package = pack(spec.working_dir, spec.py_modules, extra)
-    if spec.module is not None:
+    if spec.module is not None and client is not None:
         shipped = set(package.modules) if package else set()
         check_importable(client, {spec.module.split(".", 1)[0]} - shipped, f"-m {spec.module}")
     if package is None:
