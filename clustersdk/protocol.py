@@ -256,6 +256,14 @@ class DiagnosisMessage(TypedDict):
     diagnosis: dict[str, Any]
 
 
+class ControlsMessage(TypedDict):
+    """What a script job's ranks accept changed (they opted into step boundaries): buttons
+    read the job's record again."""
+
+    kind: Literal["controls"]
+    controls: list[str]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -266,7 +274,7 @@ class RollbackMessage(TypedDict):
 
 Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
                 CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage,
-                UpdatedMessage, DiagnosisMessage]
+                UpdatedMessage, DiagnosisMessage, ControlsMessage]
 
 
 # --- the job spec ------------------------------------------------------------------------------

@@ -377,7 +377,9 @@ class Lifecycle:
         before = self.controls
         self.gang.accepts[e.rank] = frozenset(e.accepts)
         if self.controls != before:
-            self._out.append(ev.Journal({"controls": sorted(self.controls)}))
+            controls = sorted(self.controls)
+            self._out.append(ev.Journal({"controls": controls}))
+            self._out.append(ev.Publish({"kind": "controls", "controls": controls}))
 
     def _paused(self, e: ev.Paused) -> None:
         self.gang.paused[e.rank] = e.step

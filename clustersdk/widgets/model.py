@@ -76,6 +76,7 @@ class JobView:
         self.device = ""  # "CPU (no GPU) on 1 host", from the record's ranks
         self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
         self.checkpoint: str | None = None      # the newest committed checkpoint
+        self.controls: list[str] | None = None  # a script job's: what its ranks accept
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
@@ -111,6 +112,7 @@ class JobView:
         view.device = device_text(record)
         view.checkpoint_dir = spec.get("checkpoint_dir")
         view.checkpoint = record.get("checkpoint")
+        view.controls = record.get("controls")
         view.sharing = sharing_text(spec)
         view.events = list(record.get("events") or [])
         view.stacks = dict(record.get("stacks") or {})
@@ -195,6 +197,9 @@ class JobView:
             self.dirty.update(("status", "phases"))
             self._drop_gone_ranks()
             self.phases.drop_ranks(self.world_size)
+        if record.get("controls") != self.controls:  # a script's ranks opted in
+            self.controls = record.get("controls")
+            self.dirty.add("status")
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")

@@ -107,6 +107,9 @@ export interface IJobJSON {
   total_steps?: number | null;
   progress?: IProgressJSON | null;
   events?: IJobEventJSON[];
+  /** A script job's: what its ranks accept ("stop", "suspend", and "pause", "checkpoint"
+   * when the script opted in); absent for a function job (which accepts everything). */
+  controls?: string[] | null;
 }
 
 export interface IOverviewJSON {
