@@ -33,6 +33,7 @@ PURE = [
     "clustersdk.control.signals",
     "clustersdk.control.anomalies",
     "clustersdk.client",
+    "clustersdk.script",  # imported by training scripts: cheap, and no torch of its own
 ]
 
 

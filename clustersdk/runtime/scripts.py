@@ -274,7 +274,9 @@ class ScriptRank(threading.Thread):
         return argv, env, cwd
 
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None) -> None:
-        self.proc = subprocess.Popen(
+        # preexec_fn with threads around: it only calls prctl, resolved before the fork (no
+        # lock, no allocation of Python's), which is what its warning is about
+        self.proc = subprocess.Popen(  # noqa: PLW1509
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent())
         for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
