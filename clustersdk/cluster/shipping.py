@@ -194,7 +194,7 @@ def pack(working_dir: str | None, py_modules: list[Any] | None,
     modules: set[str] = set()
     if working_dir:
         root = os.path.abspath(working_dir)
-        for rel, path in _walk(root):
+        for rel, path in _walk(root, limit=int(config.get("code-limit-mb", 64)) << 20):
             files[rel] = path
         modules |= _top_level_modules(root)
     for module in py_modules or ():
@@ -216,8 +216,11 @@ def pack(working_dir: str | None, py_modules: list[Any] | None,
     return _packed[key]
 
 
-def _walk(root: str) -> list[tuple[str, str]]:
+def _walk(root: str, limit: int | None = None) -> list[tuple[str, str]]:
+    """Every file to ship under ``root``; past ``limit`` bytes a SpecError at once (a
+    working_dir of "/" must not be walked whole before it is refused)."""
     out = []
+    total = 0
     for here, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
         for name in sorted(names):
@@ -226,6 +229,14 @@ def _walk(root: str) -> list[tuple[str, str]]:
             path = os.path.join(here, name)
             if os.path.isfile(path):
                 out.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+                if limit is not None:
+                    total += os.path.getsize(path)
+                    if total > limit:
+                        raise SpecError(
+                            f"the code to ship (working_dir {root}) holds more than "
+                            f"clustersdk.code-limit-mb={limit >> 20} MiB (passed at {path}); "
+                            "ship a smaller directory, and put data where every worker can "
+                            "read it")
     return out
 
 
