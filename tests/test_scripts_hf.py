@@ -36,7 +36,7 @@ def test_an_unmodified_trainer_script_finishes_at_2_ranks(idle, tmp_path):
 
 def test_with_the_callback_loss_is_charted_pause_holds_and_suspend_resumes(idle, tmp_path):
     out = tmp_path / "out"
-    job = idle.launch_script(HF, ["--out", str(out), "--steps", "40", "--sleep", "0.1",
+    job = idle.launch_script(HF, ["--out", str(out), "--steps", "24", "--sleep", "0.1",
                                   "--callback"], world_size=2, name="hf-callback")
     wait_for(lambda: step_of(job) >= 3, timeout=180)
     assert sorted(job.info()["controls"]) == ["checkpoint", "pause", "stop", "suspend"]
@@ -52,7 +52,7 @@ def test_with_the_callback_loss_is_charted_pause_holds_and_suspend_resumes(idle,
     job.resume()
     assert job.wait(timeout=240) == 0
     assert f"resuming from {out / f'checkpoint-{saved}'}" in job.logs(0)
-    assert "rank 0 global step 40" in job.logs(0)
+    assert "rank 0 global step 24" in job.logs(0)
     for rank in range(2):
         rows = [r for r in job.history() if r["rank"] == rank and "loss" in r]
-        assert [r["step"] for r in rows] == list(range(1, 41))  # every logging step, once
+        assert [r["step"] for r in rows] == list(range(1, 25))  # every logging step, once

@@ -457,8 +457,9 @@ class ScriptRank(threading.Thread):
         if isinstance(step, int) and not isinstance(step, bool):
             self.step = step if self.step is None else max(self.step, step)
         self._alive()
-        if op == "log":
-            self.rows.append({"rank": self.rank, "step": self.step or 0,
+        if op == "log":  # at the step it names (else the newest one heard)
+            at = step if isinstance(step, int) and not isinstance(step, bool) else self.step
+            self.rows.append({"rank": self.rank, "step": at or 0,
                               "time": float(msg.get("time") or time.time()),
                               "scalars": dict(msg.get("scalars") or {})})
         elif op == "controls":
