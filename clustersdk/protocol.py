@@ -277,6 +277,18 @@ Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessag
                 UpdatedMessage, DiagnosisMessage, ControlsMessage]
 
 
+def what_runs(spec: Mapping[str, Any]) -> str:
+    """How a job's record names what it runs: its strategy, or for a script job
+    ``"script train.py"`` (``-m pkg.train``, a command).
+
+    >>> what_runs({"strategy": "fsdp"}), what_runs({"script": "/a/t.py", "fn": "t.py"})
+    ('fsdp', 'script t.py')
+    """
+    if spec.get("script") or spec.get("module") or spec.get("command"):
+        return f"script {spec.get('fn')}"
+    return str(spec.get("strategy", "?"))
+
+
 # --- the job spec ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class WireSpec:

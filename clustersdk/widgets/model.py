@@ -19,6 +19,7 @@ import collections
 import time
 from typing import Any, Iterable
 
+from ..protocol import what_runs
 from .phases import PhaseView
 from .series import MAX_POINTS, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
 
@@ -104,7 +105,7 @@ class JobView:
         spec = record.get("spec") or {}
         view = cls(
             name=record["name"], world_size=int(spec.get("world_size", 1)),
-            strategy=str(spec.get("strategy", "?")), status=record.get("status", "QUEUED"),
+            strategy=what_runs(spec), status=record.get("status", "QUEUED"),
             started=record.get("started"), ended=record.get("ended"),
             total_steps=total_steps_of(record), reason=record.get("reason") or "",
             error=record.get("error"), **options,

@@ -187,7 +187,7 @@ export function jobMeta(job: IJobJSON): string {
   const ranks = job.world_size ?? '?';
   return [
     job.owner || 'unknown owner',
-    job.strategy ?? '?',
+    job.kind === 'script' ? `script ${String(job.spec?.['fn'] ?? '?')}` : job.strategy ?? '?',
     `${ranks} rank${ranks === 1 ? '' : 's'}`
   ].join(' · ');
 }

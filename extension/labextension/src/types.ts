@@ -92,6 +92,8 @@ export interface IJobJSON {
   reason: string;
   world_size: number | null;
   strategy: string | null;
+  /** "script" for a script job (launch_script: spec.fn is what it runs), else "function". */
+  kind?: 'script' | 'function';
   owner?: string | null;
   submitted: number;
   started?: number | null;
