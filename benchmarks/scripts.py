@@ -143,21 +143,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs: dict[str, list[Run]] = {"torchrun": [], "launch_script": []}
     diffs, complete = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        with cs.Cluster.local(workers=WORLD_SIZE, state_dir=os.path.join(tmp, "state")) as c:
-            time_launch_script(c, 2, os.path.join(tmp, "warm.pt"), "warm-up")  # untimed
-            for i in range(args.repeats):
-                theirs = time_torchrun(args.steps, os.path.join(tmp, f"torchrun-{i}.pt"))
-                ours = time_launch_script(c, args.steps, os.path.join(tmp, f"ours-{i}.pt"),
-                                          f"bench-{i}")
-                runs["torchrun"].append(theirs)
-                runs["launch_script"].append(ours)
-                diffs.append(max_difference(theirs["params"], ours["params"]))
-                complete.append(ours["logs_complete"])
-                print(f"round {i + 1}/{args.repeats}: torchrun first line "
-                      f"{theirs['first_line_s']:.2f} s, total {theirs['total_s']:.2f} s; "
-                      f"launch_script {ours['first_line_s']:.2f} s, {ours['total_s']:.2f} s; "
-                      f"max |param diff| {diffs[-1]:.2e}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp, \
+            cs.Cluster.local(workers=WORLD_SIZE, state_dir=os.path.join(tmp, "state")) as c:
+        time_launch_script(c, 2, os.path.join(tmp, "warm.pt"), "warm-up")  # untimed
+        for i in range(args.repeats):
+            theirs = time_torchrun(args.steps, os.path.join(tmp, f"torchrun-{i}.pt"))
+            ours = time_launch_script(c, args.steps, os.path.join(tmp, f"ours-{i}.pt"),
+                                      f"bench-{i}")
+            runs["torchrun"].append(theirs)
+            runs["launch_script"].append(ours)
+            diffs.append(max_difference(theirs["params"], ours["params"]))
+            complete.append(ours["logs_complete"])
+            print(f"round {i + 1}/{args.repeats}: torchrun first line "
+                  f"{theirs['first_line_s']:.2f} s, total {theirs['total_s']:.2f} s; "
+                  f"launch_script {ours['first_line_s']:.2f} s, {ours['total_s']:.2f} s; "
+                  f"max |param diff| {diffs[-1]:.2e}", file=sys.stderr, flush=True)
     med = {way: {k: statistics.median(r[k] for r in rs) for k in ("first_line_s", "total_s")}
            for way, rs in runs.items()}
     cost = overhead(args.calls)

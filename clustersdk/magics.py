@@ -29,7 +29,7 @@ import ast
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class

@@ -24,8 +24,8 @@ from IPython.core.magic_arguments import parse_argstring
 
 import clustersdk as cs
 from clustersdk import hparams, options
-from clustersdk.errors import ProtocolError, SpecError
 from clustersdk.cli.flags import flag, flag_names
+from clustersdk.errors import ProtocolError, SpecError
 from clustersdk.magics import FLAGS, ClusterMagics
 from clustersdk.options import OPTIONS, OPTIONS_BY_NAME, Option
 from clustersdk.protocol import WireSpec
@@ -312,9 +312,10 @@ def test_launch_docstring_lists_every_option_in_its_group():
     for block in re.findall(r'^- (\w+) \("([^"]+)"\): (.*?)(?=^- |^$)', doc + "\n\n", re.M | re.S):
         group, section, names = block
         listed[group] = (section, names.split())
-    assert listed == {group: (section, names) for group, (_, section) in options.GROUPS.items()
-                      if (names := [o.name for o in OPTIONS if o.group == group
-                                    and "function" in o.kinds])}
+    of_functions = {group: [o.name for o in OPTIONS if o.group == group
+                            and "function" in o.kinds] for group in options.GROUPS}
+    assert listed == {group: (section, of_functions[group])
+                      for group, (_, section) in options.GROUPS.items() if of_functions[group]}
     headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines()
                 if line.startswith("#")]
     for _, section in options.GROUPS.values():

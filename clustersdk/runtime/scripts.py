@@ -276,9 +276,10 @@ class ScriptRank(threading.Thread):
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: str | None) -> None:
         # preexec_fn with threads around: it only calls prctl, resolved before the fork (no
         # lock, no allocation of Python's), which is what its warning is about
-        self.proc = subprocess.Popen(  # noqa: PLW1509
+        self.proc = subprocess.Popen(
             argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent())
+            stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_die_with_parent())  # noqa: PLW1509
         for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
             threading.Thread(target=self._read, args=(pipe, stream), daemon=True,
                              name=f"{self.name}-{stream}").start()

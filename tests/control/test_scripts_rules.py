@@ -54,7 +54,7 @@ def test_without_restarts_left_the_exit_code_is_the_cause():
     job.handle(ev.Exited(1, 0, ExitStatus.FAILED), 2.1)
     actions = exit_all(job, ExitStatus.STOPPED, ranks=[0, 2])
     assert statuses(actions) == ["FAILED"]
-    error = [a for a in of(actions, ev.Journal) if "error" in a.fields][0].fields["error"]
+    error = next(a for a in of(actions, ev.Journal) if "error" in a.fields).fields["error"]
     assert (error["rank"], error["type"], error["message"]) == (1, "ScriptExit",
                                                                 "exited with code 3")
 
