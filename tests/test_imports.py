@@ -43,6 +43,7 @@ PURE = [
     "clustersdk.checkpoint_files.remote",
     "clustersdk.control.anomalies",
     "clustersdk.client",
+    "clustersdk.script",  # imported by training scripts: cheap, and no torch of its own
 ]
 
 

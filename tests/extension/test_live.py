@@ -143,12 +143,24 @@ def api_schema(live_server):
                                          headers=live_server.headers, timeout=10)
 
 
+# Operations whose schema-valid input may still be refused (400): a script job's script
+# must exist on the server, its queue and priority be known, its world size fit the
+# cluster: no schema can say so. Their answers are still checked (status, shape, no 5xx).
+DEPENDS_ON_STATE = {("POST", "/clustersdk/api/jobs")}
+
+
 def fuzz(operation, live_server, mode, **fixed) -> None:
     """Hypothesis cases for one operation; each is sent and its response validated."""
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    excluded = [positive_data_acceptance] if (operation.method.upper(), operation.path) \
+        in DEPENDS_ON_STATE else []
+
     @given(case=operation.as_strategy(generation_mode=mode, **fixed))
     @FUZZ
     def check(case):
-        case.call_and_validate(headers=live_server.headers, timeout=30)
+        case.call_and_validate(headers=live_server.headers, timeout=30,
+                               excluded_checks=excluded)
 
     check()
 
