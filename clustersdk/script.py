@@ -154,7 +154,7 @@ class _Channel:
         self.words = no_words()
         self.sigterm = False
         self.opted = False
-        self.check: Any = None       # the ranks' agreement (clustersdk.runtime.control)
+        self.check: Any = None       # the ranks' agreement (clustersdk.runtime.control_words)
         self.agreed = no_words()     # the newest words every rank acted on
         self.done = no_words()       # what this script handled: the request seqs
         self.step = 0
@@ -217,7 +217,7 @@ class _Channel:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized() \
                 and dist.get_world_size() > 1:
-            from .runtime.control import Control, ControlCheck
+            from .runtime.control_words import Control, ControlCheck
 
             group = dist.new_group(backend="gloo")  # every rank is at its first boundary
             self.check = ControlCheck(Control(), step, dist.get_world_size(), group)

@@ -12,7 +12,7 @@ from clustersdk.protocol import ExitStatus, WireSpec, Word
 from clustersdk.runtime.scripts import read_error_file, torchrun_environ
 from clustersdk.status import JobStatus
 
-from .test_lifecycle import exit_all, make, of, running, statuses
+from .helpers import exit_all, make, of, running, statuses
 
 S = JobStatus
 SCRIPT = {"script": "/work/train.py", "args": ["--lr", "1"], "fn": "train.py"}
