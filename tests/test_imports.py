@@ -45,6 +45,7 @@ PURE = [
     "clustersdk.control.access",
     "clustersdk.security.identity",
     "clustersdk.client",
+    "clustersdk.script",  # imported by training scripts: cheap, and no torch of its own
 ]
 
 
@@ -240,3 +241,19 @@ def test_no_test_module_imports_another_test_module():
                  and any(t in known and t.rpartition(".")[2].startswith("test_")
                          for t in imported(path, known))}
     assert importers == set()
+
+
+def test_every_import_of_a_clustersdk_module_names_one_that_exists():
+    """An import inside a function runs only when called: a module renamed without it
+    fails at that moment (a script job's first step did, once)."""
+    known = set(modules("clustersdk")) | set(modules("jupyter_clustersdk", ROOT / "extension"))
+    missing = []
+    for root, package in ((ROOT, "clustersdk"), (ROOT / "extension", "jupyter_clustersdk")):
+        for name, path in modules(package, root).items():
+            for line, module, names, _ in import_statements(path.read_text(encoding="utf-8"),
+                                                            path, root):
+                if module.split(".")[0] not in ("clustersdk", "jupyter_clustersdk"):
+                    continue
+                if module not in known:
+                    missing.append(f"{name}:{line} imports {module}")
+    assert missing == []

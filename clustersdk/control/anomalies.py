@@ -163,6 +163,7 @@ class Anomalies:
         book.spike_steps.add(e.step)
         pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
         self.diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score,
-                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks))
+                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks,
+                                          scale=e.scale))
         if pause:
             job.pause()

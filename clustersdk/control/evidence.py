@@ -138,7 +138,8 @@ class Evidence:
                 if spike is not None:
                     self.plane.feed(run, ev.LossSpike(
                         step.worst, attempt, spike.step, step.worst_value, spike.median,
-                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks))
+                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks,
+                        spike.scale))
 
     # --- the Diagnosed action -----------------------------------------------------------------
     def diagnosed(self, run: Run, action: ev.Diagnosed) -> None:
@@ -162,7 +163,7 @@ class Evidence:
 
 def _detector() -> SpikeDetector:
     get = config.get
-    return SpikeDetector(window=int(get("diagnosis.spike-window", 50)),
-                         min_steps=int(get("diagnosis.spike-min-steps", 20)),
-                         threshold=float(get("diagnosis.spike-threshold", 10.0)),
-                         ratio=float(get("diagnosis.spike-ratio", 1.25)))
+    return SpikeDetector(window=int(get("diagnosis.spike-window")),
+                         min_steps=int(get("diagnosis.spike-min-steps")),
+                         threshold=float(get("diagnosis.spike-threshold")),
+                         ratio=float(get("diagnosis.spike-ratio")))
