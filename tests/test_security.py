@@ -206,6 +206,46 @@ def test_bobs_job_is_his_whatever_his_client_claims_and_alice_may_stop_it(alice,
     bob.job("claims-alice").wait(timeout=60)
 
 
+TICKER = "import time\nfor i in range(3000):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+def test_a_script_job_is_its_launchers_and_bob_may_not_change_alices(alice, bob, tmp_path):
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    job = alice.launch_script(str(script), world_size=1, name="alice-script")
+    try:
+        wait_for(lambda: "tick 3" in job.logs(), timeout=90)
+        his = cs.Job.attach(bob, "alice-script")
+        assert his.owner == "alice" and his.status is cs.JobStatus.RUNNING
+        for verb, attempt in {"stop": his.stop, "suspend": his.suspend,
+                              "pause": lambda: his.pause(timeout=10),
+                              "checkpoint": his.checkpoint}.items():
+            with pytest.raises(cs.AccessDeniedError) as refused:
+                attempt()
+            assert str(refused.value) == (
+                f"'bob' may not {verb} job 'alice-script' (id {job.id}): it belongs to "
+                "'alice'; only its owner or an admin may change it")
+        printed = job.logs().count("tick")
+        wait_for(lambda: job.logs().count("tick") > printed, timeout=30)  # still running
+        assert job.status is cs.JobStatus.RUNNING
+        assert not [e for e in job.events() if e.get("by") == "bob"]
+
+        # bob's script job is his, even when his client says it is alice's
+        spec = JobSpec(fn=None, script=str(script), world_size=1, name="bob-script")
+        wire = spec.to_wire().replace(owner="alice")
+        record = bob.sync(bob.control.submit, wire, shipping.script_payload(spec, bob.client))
+        assert record["spec"]["owner"] == "bob"
+        mine = bob.job("bob-script")
+        assert mine.owner == "bob"
+        wait_for(lambda: "tick 1" in mine.logs(), timeout=90)
+        assert mine.stop(timeout=60) is cs.JobStatus.STOPPED  # his own: his to stop
+        asked = [(e["op"], e["by"]) for e in mine.events() if e["kind"] == "request"]
+        assert asked == [("stop", "bob")]
+    finally:
+        job.stop(timeout=60)
+    assert job.status is cs.JobStatus.STOPPED  # alice's own stop works
+
+
 def test_what_runs_code_in_the_scheduler_is_an_admins(alice, bob, tmp_path):
     marker = tmp_path / "in-the-scheduler"
     with pytest.raises(cs.AccessDeniedError, match="'bob' may not call the scheduler's "

@@ -115,3 +115,49 @@ async def test_bob_sees_alices_job_over_rest_and_may_not_change_it(jp_fetch, peo
                             body=b"")
     assert code == 200 and body["status"] in ("STOPPING", "STOPPED")
     wait_for(lambda: job.status is cs.JobStatus.STOPPED, timeout=60)
+
+
+TICKER = "import time\nfor i in range(3000):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+
+
+async def test_a_script_job_posted_over_rest_is_its_jupyter_users(jp_fetch, people, sdk_cluster,
+                                                                  tmp_path):
+    _, clusters = people
+    script = tmp_path / "ticker.py"
+    script.write_text(TICKER)
+    body = {"world_size": 1, "script": str(script), "name": "alice-posted"}
+    code, theirs = await call(jp_fetch, "alice", "api", "jobs", method="POST",
+                              body=json.dumps(body).encode())
+    assert code == 201, theirs
+    assert theirs["owner"] == "alice" and theirs["may_change"] is True
+    # an owner is who asks, never a field of the request
+    claim = {**body, "name": "bob-claims", "owner": "alice"}
+    code, refused = await call(jp_fetch, "bob", "api", "jobs", method="POST",
+                               body=json.dumps(claim).encode())
+    assert code == 400 and "owner" in refused["message"], refused
+    code, mine = await call(jp_fetch, "bob", "api", "jobs", method="POST",
+                            body=json.dumps({**body, "name": "bob-posted"}).encode())
+    assert code == 201 and mine["owner"] == "bob" and mine["may_change"] is True, mine
+    job = cs.Job.attach(clusters["alice"], "alice-posted")
+    wait_for(lambda: "tick 2" in job.logs(), timeout=90)
+
+    code, seen = await call(jp_fetch, "bob", "api", "jobs", theirs["id"])
+    assert code == 200 and seen["may_change"] is False and "belongs to 'alice'" in seen["refusal"]
+    for action in ("stop", "suspend", "pause"):
+        code, answer = await call(jp_fetch, "bob", "api", "jobs", theirs["id"], action,
+                                  method="POST", body=b"")
+        assert (code, answer["error"]) == (403, "forbidden"), answer
+        assert answer["message"].startswith(f"'bob' may not {action} job 'alice-posted'")
+    assert job.status is cs.JobStatus.RUNNING  # nothing changed
+
+    code, answer = await call(jp_fetch, "bob", "api", "jobs", mine["id"], "stop", method="POST",
+                              body=b"")
+    assert code == 200 and answer["status"] in ("STOPPING", "STOPPED"), answer
+    code, answer = await call(jp_fetch, "alice", "api", "jobs", theirs["id"], "stop",
+                              method="POST", body=b"")
+    assert code == 200 and answer["status"] in ("STOPPING", "STOPPED"), answer
+    wait_for(lambda: job.status is cs.JobStatus.STOPPED, timeout=60)
+    ended = cs.Job.attach(clusters["alice"], "bob-posted")
+    wait_for(lambda: ended.status is cs.JobStatus.STOPPED, timeout=60)
+    asked = [(e["op"], e["by"]) for e in ended.events() if e["kind"] == "request"]
+    assert asked == [("stop", "bob")]
