@@ -150,6 +150,17 @@ def api_schema(live_server):
 DEPENDS_ON_STATE = {("POST", "/clustersdk/api/jobs")}
 
 
+def _http_accepts(name: str, value: str) -> bool:
+    """Whether tornado's HTTP layer takes this header (a valid name and value)."""
+    from tornado.httputil import HTTPHeaders, HTTPInputError
+
+    try:
+        HTTPHeaders().add(name, value)
+    except (HTTPInputError, TypeError):
+        return False
+    return True
+
+
 def fuzz(operation, live_server, mode, **fixed) -> None:
     """Hypothesis cases for one operation; each is sent and its response validated."""
     from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -160,6 +171,13 @@ def fuzz(operation, live_server, mode, **fixed) -> None:
     @given(case=operation.as_strategy(generation_mode=mode, **fixed))
     @FUZZ
     def check(case):
+        # the API declares no header parameters; a generated header tornado's HTTP layer
+        # refuses (a Host that is no host, a name that is no token) gets its bare 400
+        # before any handler runs, which is no answer of this API's to check
+        if case.headers:
+            for name in [n for n, v in case.headers.items() if n.lower() == "host"
+                         or not _http_accepts(n, v)]:
+                del case.headers[name]
         case.call_and_validate(headers=live_server.headers, timeout=30,
                                excluded_checks=excluded)
 
