@@ -247,10 +247,18 @@ def test_a_preempted_script_saves_on_sigterm_comes_back_and_ends_the_same(idle4,
 
 def test_clustersdk_submit_runs_a_script_and_follows_its_lines(idle4, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(ROOT / "extension"), os.environ.get("PYTHONPATH", "")])}
+        [str(ROOT), str(ROOT / "extension"), os.environ.get("PYTHONPATH", "")]),
+        "DASK_CLUSTERSDK__STATE_DIR": idle4.state_dir}  # its registry: the TLS credentials
     cmd = [sys.executable, "-m", "clustersdk", "submit", "--address",
            idle4.scheduler_address, "--world-size", "2", "--name", "from-a-terminal",
            "--follow", DDP, "--", "--steps", "4"]
+    # a terminal without the cluster's credentials is refused, in one line naming the fix
+    elsewhere = {**env, "DASK_CLUSTERSDK__STATE_DIR": str(tmp_path / "nobody")}
+    refused = subprocess.run(cmd, env=elsewhere, capture_output=True, text=True, timeout=180,
+                             cwd=tmp_path, check=False)
+    assert refused.returncode == 1 and refused.stderr.startswith(
+        "clustersdk submit: the scheduler at tls://"), refused.stderr
+    assert "wants credentials" in refused.stderr
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
                           cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr

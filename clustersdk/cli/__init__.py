@@ -117,7 +117,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("-f", "--follow", action="store_true",
                         help="print every rank's lines until the job ends (exit 1 if it failed)")
     add_flags(submit, options.SCRIPT, skip=("script",))
-    submit.set_defaults(run=commands.submit)
+    # (its --command flag takes args.command, the subcommand's name elsewhere)
+    submit.set_defaults(run=commands.submit, verb="submit")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return args.run(args)
     except ClusterSDKError as e:
-        print(f"clustersdk {args.command}: {e}", file=sys.stderr)
+        print(f"clustersdk {getattr(args, 'verb', None) or args.command}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return INTERRUPTED
