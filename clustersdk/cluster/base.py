@@ -105,6 +105,8 @@ class Cluster:
     # properties ----------------------------------------------------------------
     @property
     def scheduler_address(self) -> str:
+        """The Dask scheduler's address (``tcp://host:port``): what ``Cluster.connect``
+        and ``clustersdk jobs ADDRESS`` take."""
         return self.client.scheduler.address
 
     @property
