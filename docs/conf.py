@@ -62,7 +62,8 @@ nb_ipywidgets_js: dict = {}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": False}
-autodoc_mock_imports: list[str] = []
+# transformers takes seconds to import and is needed only for the callback's base class
+autodoc_mock_imports = ["transformers"]
 
 # --- the look ---------------------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"

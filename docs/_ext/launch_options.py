@@ -46,7 +46,7 @@ class LaunchOptions(Directive):
             rows = [o for o in options.OPTIONS if o.group == group]
             if wanted is None:
                 lines += [f"**{group}**: {what} (:doc:`/{page}`)", ""]
-            lines += [".. list-table::", "   :header-rows: 1", "   :widths: 18 18 54 10", "",
+            lines += [".. list-table::", "   :header-rows: 1", "   :widths: auto", "",
                       "   * - option", "     - default", "     - what", "     - jobs"]
             for option in rows:
                 kinds = " ".join("fn" if k == options.FUNCTION else "script"
