@@ -22,6 +22,8 @@ fix the call without reading our code.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ClusterSDKError(Exception):
     """Base class of every error clustersdk raises on purpose."""
@@ -95,7 +97,7 @@ class RunError(ClusterSDKError):
     "job.run on job 'a' failed on rank 1 (rank 0 returned):"
     """
 
-    def __init__(self, job: str, results: dict, errors: dict[int, dict]):
+    def __init__(self, job: str, results: dict[int, Any], errors: dict[int, dict[str, Any]]):
         self.job = job
         self.results = dict(results)
         self.errors = dict(errors)
@@ -122,7 +124,8 @@ class JobFailedError(ClusterSDKError):
     """
 
     def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str,
-                 consequences: list[dict] | None = None, diagnosis: dict | None = None):
+                 consequences: list[dict[str, Any]] | None = None,
+                 diagnosis: dict[str, Any] | None = None):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
@@ -152,6 +155,6 @@ class JobFailedError(ClusterSDKError):
         super().__init__(text)
 
     @classmethod
-    def from_record(cls, job: str, error: dict) -> JobFailedError:
+    def from_record(cls, job: str, error: dict[str, Any]) -> JobFailedError:
         return cls(job, error["rank"], error["type"], error["message"], error["traceback"],
                    error.get("consequences"), error.get("diagnosis"))

@@ -133,7 +133,7 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
 
         # the job panel: charts per rank, logs per rank, checkpoints, events
         row.locator(".jp-clustersdk-job-name").click()
-        panel = page.locator('.jp-clustersdk-jobpanel-body[data-job="%s"]' % job.id)
+        panel = page.locator(f'.jp-clustersdk-jobpanel-body[data-job="{job.id}"]')
         panel.wait_for()
         loss = panel.locator('figure[data-title="loss"]')
         wait_for(lambda: loss.locator("path.jp-clustersdk-line").count() == 2, 30)
