@@ -254,7 +254,7 @@ def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dic
     done: list[dict[str, Any]] = []
     for trigger, kind in zip(triggers, kinds):
         job = jobs[-1]
-        wait_for(lambda: job.status.terminal or (
+        wait_for(lambda job=job, trigger=trigger: job.status.terminal or (
             job.status.name == "RUNNING" and top_step(job) >= trigger), f"step {trigger}", 600)
         if job.status.terminal or top_step(job) > steps - 8:
             print(f"  the job ended before the {kind} at step {trigger}: skipped")
@@ -326,7 +326,8 @@ def sigkill_runs(cluster: Any, args: argparse.Namespace, base: str) -> dict[str,
         root = tempfile.mkdtemp(prefix=f"run{i}-", dir=base)
         job = launch(cluster, args, steps, root)
         trigger = rng.randrange(args.checkpoint_every + 2, steps - 10)
-        wait_for(lambda: top_step(job) >= trigger and job.status.name == "RUNNING", "steps")
+        wait_for(lambda job=job, trigger=trigger: top_step(job) >= trigger
+                 and job.status.name == "RUNNING", "steps")
         event = kill(cluster, job, rng.randrange(args.world_size))
         got = job.wait(timeout=600)
         first = first_row_after(job, event["time"])

@@ -153,8 +153,9 @@ def run_rounds(cluster: Any, names: list[str], repeats: int, steps: int, tmp: st
     groups = [[n] for n in names] if pair == "strategy" else [names]
     for i in range(repeats):
         for group in groups:
-            ways = {"clustersdk": lambda: {n: time_clustersdk(cluster, n, steps) for n in group},
-                    "torchrun": lambda: time_torchrun(group, steps, tmp)}
+            ways = {"clustersdk": lambda group=group: {n: time_clustersdk(cluster, n, steps)
+                                                       for n in group},
+                    "torchrun": lambda group=group: time_torchrun(group, steps, tmp)}
             for way in (list(ways) if i % 2 == 0 else list(ways)[::-1]):
                 for name, speed in ways[way]().items():
                     runs[name][way].append(speed)

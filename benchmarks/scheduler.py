@@ -177,15 +177,15 @@ def one_repeat(args: argparse.Namespace, seed: int) -> dict[str, list[float]]:
     for _ in range(args.events):
         now += 1.0
         job = rng.choice(sorted(s.holdings))
-        times["completion"].append(timed(lambda: (s.released(job, now, requeue=False),
-                                                  s.decide(now))))
+        times["completion"].append(timed(lambda job=job, now=now: (
+            s.released(job, now, requeue=False), s.decide(now))))
         now += 0.5
         settle(s, now)  # untimed: the victims it preempted leave
         for _ in range(2):
             now += 0.5
             req = random_request(rng, i, now)
             i += 1
-            times["arrival"].append(timed(lambda: (s.submit(req), s.decide(now))))
+            times["arrival"].append(timed(lambda req=req, now=now: (s.submit(req), s.decide(now))))
             kept += s.answered_by != "a whole pass"
     times["kept"] = [kept / (2 * args.events)]
     if args.gc_freeze:

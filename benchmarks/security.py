@@ -31,9 +31,8 @@ from typing import Any
 
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _workload  # noqa: E402
+import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(_workload)
 

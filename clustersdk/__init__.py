@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import hooks
 
-from .version import __version__
+from .version import __version__ as __version__  # re-exported
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -87,6 +87,7 @@ class Diagnosis:
         return f"{self.summary} — {self.advice}"
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field as plain data (what the journal, REST and events hold)."""
         return dataclasses.asdict(self)
 
     @classmethod

@@ -23,6 +23,8 @@ fix the call without reading our code.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ClusterSDKError(Exception):
     """Base class of every error clustersdk raises on purpose."""
@@ -116,7 +118,7 @@ class RunError(ClusterSDKError):
     "job.run on job 'a' failed on rank 1 (rank 0 returned):"
     """
 
-    def __init__(self, job: str, results: dict, errors: dict[int, dict]):
+    def __init__(self, job: str, results: dict[int, Any], errors: dict[int, dict[str, Any]]):
         self.job = job
         self.results = dict(results)
         self.errors = dict(errors)
@@ -143,7 +145,8 @@ class JobFailedError(ClusterSDKError):
     """
 
     def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str,
-                 consequences: list[dict] | None = None, diagnosis: dict | None = None):
+                 consequences: list[dict[str, Any]] | None = None,
+                 diagnosis: dict[str, Any] | None = None):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
@@ -173,6 +176,6 @@ class JobFailedError(ClusterSDKError):
         super().__init__(text)
 
     @classmethod
-    def from_record(cls, job: str, error: dict) -> JobFailedError:
+    def from_record(cls, job: str, error: dict[str, Any]) -> JobFailedError:
         return cls(job, error["rank"], error["type"], error["message"], error["traceback"],
                    error.get("consequences"), error.get("diagnosis"))

@@ -83,10 +83,13 @@ class Job:
 
     @property
     def world_size(self) -> int:
+        """How many ranks the job was launched with (its spec's; a job resumed at another
+        world size has a new spec)."""
         return self.spec.world_size
 
     @property
     def strategy(self) -> str:
+        """How the model is spread over the ranks: ``ddp``, ``fsdp``, ``tp``, ``pp`` or ``ep``."""
         return self.spec.strategy
 
     @property
@@ -158,6 +161,8 @@ class Job:
 
     @property
     def status(self) -> JobStatus:
+        """The job's state now, asked of the control plane (``QUEUED``, ``RUNNING``,
+        ``PAUSED``...)."""
         return JobStatus[self.info()["status"]]
 
     @property
@@ -547,6 +552,7 @@ class Profile:
 
     @property
     def seq(self) -> int:
+        """The request's sequence number within its job."""
         return int(self._entry["seq"])
 
     @property
@@ -572,6 +578,7 @@ class Profile:
 
     @property
     def directory(self) -> str | None:
+        """The directory of the ranks' trace files (for TensorBoard), or None before any."""
         paths = list(self.traces.values())
         return os.path.dirname(paths[0]) if paths else None
 

@@ -57,20 +57,20 @@ from .errors import SpecError
 from .hparams import check_hparams
 
 # --- the groups ------------------------------------------------------------------------------
-#: group -> (what its options are about, the README section that explains them: the start
-#: of its heading)
+#: group -> (what its options are about, the page of the documentation's user guide that
+#: explains them: a path under docs/, without its suffix)
 GROUPS: dict[str, tuple[str, str]] = {
-    "core": ("what runs, on how many ranks", "In a notebook"),
-    "checkpointing": ("checkpoints, resume and TensorBoard", "Pause, checkpoint, suspend, resume"),
-    "faults": ("lost workers and hangs", "When things go wrong"),
-    "parallelism": ("how the model is spread over the ranks", "Model parallel"),
-    "training": ("what ctx.train_step applies on every strategy", "Model parallel"),
-    "code": ("the job's code and environment", "As a script"),
-    "sharing": ("queues, priorities, preemption", "Sharing a cluster"),
-    "debugging": ("a rank that raises, breakpoints", "Debugging"),
-    "live": ("what job.update may change", "Looking inside a running job"),
-    "diagnosis": ("a non-finite loss, a loss spike", "Diagnosis"),
-    "scripts": ("what a script job runs, and how its ranks are stopped", "Scripts as they are"),
+    "core": ("what runs, on how many ranks", "guide/launching"),
+    "checkpointing": ("checkpoints, resume and TensorBoard", "guide/checkpoints"),
+    "faults": ("lost workers and hangs", "guide/faults"),
+    "parallelism": ("how the model is spread over the ranks", "guide/model-parallel"),
+    "training": ("what ctx.train_step applies on every strategy", "guide/model-parallel"),
+    "code": ("the job's code and environment", "guide/launching"),
+    "sharing": ("queues, priorities, preemption", "guide/sharing"),
+    "debugging": ("a rank that raises, breakpoints", "guide/faults"),
+    "live": ("what job.update may change", "guide/live"),
+    "diagnosis": ("a non-finite loss, a loss spike", "guide/faults"),
+    "scripts": ("what a script job runs, and how its ranks are stopped", "guide/scripts"),
 }
 
 # --- the kinds of job ----------------------------------------------------------------------------
@@ -437,7 +437,7 @@ OPTIONS: tuple[Option, ...] = (
            kinds=(FUNCTION,)),
     Option("env", "dict[str, str] | None", None, "code",
            "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
-           "README \"Network settings\")",
+           "docs: guide/multi-node, \"Network settings\")",
            check_env, _copy_or_none),
     Option("working_dir", "str | None", None, "code",
            "a directory shipped to every worker: its modules and files; the ranks' cwd",
@@ -658,14 +658,14 @@ def describe(group: str | None = None) -> str:
     """Every option (or one group's) as text: name, default and doc, by group.
 
     >>> print(describe("live"))
-    live: what job.update may change (README "Looking inside a running job")
+    live: what job.update may change (docs: guide/live)
       hparams=None  ctx.hparams: names -> numbers, strings or booleans that job.update may change
     """
     blocks = []
-    for name, (what, section) in GROUPS.items():
+    for name, (what, page) in GROUPS.items():
         if group is not None and name != group:
             continue
-        lines = [f'{name}: {what} (README "{section}")']
+        lines = [f"{name}: {what} (docs: {page})"]
         for option in OPTIONS:
             if option.group == name:
                 lines.append(f"  {option.name}={_shown_default(option)}  {option.doc}")

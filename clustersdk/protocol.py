@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Literal, Mapping, TypedDict, Union
+from typing import Any, Literal, Mapping, TypedDict
 
 from .errors import ProtocolError
 from .options import spec_field
@@ -275,9 +275,9 @@ class RollbackMessage(TypedDict):
     step: int
 
 
-Message = Union[MetricsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
-                CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage,
-                UpdatedMessage, DiagnosisMessage, ControlsMessage]
+Message = (MetricsMessage | StatusMessage | ProgressMessage | CheckpointMessage
+           | CheckpointFailedMessage | ProfileMessage | RollbackMessage | ConsoleMessage
+           | UpdatedMessage | DiagnosisMessage | ControlsMessage)
 
 
 def what_runs(spec: Mapping[str, Any]) -> str:

@@ -250,7 +250,7 @@ def test_every_import_of_a_clustersdk_module_names_one_that_exists():
     missing = []
     for root, package in ((ROOT, "clustersdk"), (ROOT / "extension", "jupyter_clustersdk")):
         for name, path in modules(package, root).items():
-            for line, module, names, _ in import_statements(path.read_text(encoding="utf-8"),
+            for line, module, _names, _ in import_statements(path.read_text(encoding="utf-8"),
                                                             path, root):
                 if module.split(".")[0] not in ("clustersdk", "jupyter_clustersdk"):
                     continue

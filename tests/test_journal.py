@@ -95,10 +95,10 @@ def test_logs_filter_by_rank_and_cursor(journal):
     journal.add_logs("a1", [(0, 1.0, "stdout", "r0 a"), (1, 1.0, "stdout", "r1 a"),
                             (0, 2.0, "stderr", "r0 b")])
     journal.add_logs("b2", [(0, 1.0, "stdout", "other job")])
-    assert [l["text"] for l in journal.logs("a1")] == ["r0 a", "r1 a", "r0 b"]
+    assert [e["text"] for e in journal.logs("a1")] == ["r0 a", "r1 a", "r0 b"]
     rank0 = journal.logs("a1", rank=0)
-    assert [(l["stream"], l["text"]) for l in rank0] == [("stdout", "r0 a"), ("stderr", "r0 b")]
-    assert [l["text"] for l in journal.logs("a1", since=rank0[0]["seq"])] == ["r1 a", "r0 b"]
+    assert [(e["stream"], e["text"]) for e in rank0] == [("stdout", "r0 a"), ("stderr", "r0 b")]
+    assert [e["text"] for e in journal.logs("a1", since=rank0[0]["seq"])] == ["r1 a", "r0 b"]
 
 
 def test_everything_survives_reopening_the_file(path):
@@ -114,7 +114,7 @@ def test_everything_survives_reopening_the_file(path):
         got = again.get("a1")
         assert (got["status"], got["error"]) == ("FINISHED", {"rank": 0})
         assert [r["loss"] for r in again.history("a1")] == [1.0]
-        assert [l["text"] for l in again.logs("a1")] == ["hello"]
+        assert [e["text"] for e in again.logs("a1")] == ["hello"]
     finally:
         again.close()
 

@@ -64,7 +64,7 @@ def train_epochs(ctx, kind: str = "map", path: str | None = None, epochs: int = 
     ctx.register(optimizer=opt)
     loader = ctx.shard(source(kind, path), batch_size=batch_size)
     planned = epochs * len(loader) if kind in ("map", "parquet") else None  # as scripts do
-    for step, batch in ctx.loop(loader, epochs=epochs):
+    for _step, batch in ctx.loop(loader, epochs=epochs):
         ids, x, y = columns(batch)
         loss = nn.functional.mse_loss(net(x), y)
         loss.backward()

@@ -115,6 +115,8 @@ class Cluster:
     # properties ----------------------------------------------------------------
     @property
     def scheduler_address(self) -> str:
+        """The Dask scheduler's address (``tcp://host:port``): what ``Cluster.connect``
+        and ``clustersdk jobs ADDRESS`` take."""
         return self.client.scheduler.address
 
     @property
@@ -195,22 +197,23 @@ class Cluster:
         CUDA, an unwritable ``checkpoint_dir``, a job its queue's limits can never fit,
         more ranks than the cluster can ever hold (:class:`~clustersdk.CapacityError`).
 
-        The options by group, with the README section that explains them
-        (``print(clustersdk.options.describe())``: each one's default and doc):
+        The options, by group, each group with the guide page that explains it (the
+        table of every option with its default and doc: :doc:`/guide/launching`, or
+        ``print(clustersdk.options.describe())``):
 
-        - core ("In a notebook"): world_size strategy name timeout metrics_interval
-        - checkpointing ("Pause, checkpoint, suspend, resume"): checkpoint_dir
-          checkpoint_every keep async_checkpoint resume tensorboard_dir
-        - faults ("When things go wrong"): max_restarts hang_timeout on_hang
-        - parallelism ("Model parallel"): mesh microbatches schedule split
+        - core (:doc:`/guide/launching`): world_size strategy name timeout metrics_interval
+        - checkpointing (:doc:`/guide/checkpoints`): checkpoint_dir checkpoint_every keep
+          async_checkpoint resume tensorboard_dir
+        - faults (:doc:`/guide/faults`): max_restarts hang_timeout on_hang
+        - parallelism (:doc:`/guide/model-parallel`): mesh microbatches schedule split
           reshard_after_forward cpu_offload model plan
-        - training ("Model parallel"): precision grad_accum clip_grad_norm
-        - code ("As a script"): env working_dir py_modules
-        - sharing ("Sharing a cluster"): queue priority preemptible time_limit
+        - training (:doc:`/guide/model-parallel`): precision grad_accum clip_grad_norm
+        - code (:doc:`/guide/launching`): env working_dir py_modules
+        - sharing (:doc:`/guide/sharing`): queue priority preemptible time_limit
           min_world_size
-        - debugging ("Debugging"): on_error hold_timeout debug
-        - live ("Looking inside a running job"): hparams
-        - diagnosis ("Diagnosis"): on_nan on_spike
+        - debugging (:doc:`/guide/faults`): on_error hold_timeout debug
+        - live (:doc:`/guide/live`): hparams
+        - diagnosis (:doc:`/guide/faults`): on_nan on_spike
 
         >>> cluster.launch(train, world_size=4, strategy="fsdp",           # doctest: +SKIP
         ...                mesh={"dp": 2, "tp": 2}, precision="bf16", model=Transformer)
@@ -273,16 +276,16 @@ class Cluster:
         The script is found in ``working_dir`` when that is given (which ships with the
         job and is the ranks' working directory), else in the current directory and
         shipped alone. ``timeout`` is how long the ranks' rendezvous store waits for a
-        peer. The options by group (``print(clustersdk.options.describe())``):
+        peer. The options, by group, each group with the guide page that explains it
+        (``print(clustersdk.options.describe())``: each one's default and doc):
 
-        - core ("In a notebook"): world_size name timeout metrics_interval
-        - checkpointing ("Pause, checkpoint, suspend, resume"): checkpoint_dir
-          tensorboard_dir
-        - faults ("When things go wrong"): max_restarts hang_timeout on_hang
-        - code ("As a script"): env working_dir py_modules
-        - sharing ("Sharing a cluster"): queue priority preemptible time_limit
+        - core (:doc:`/guide/launching`): world_size name timeout metrics_interval
+        - checkpointing (:doc:`/guide/checkpoints`): checkpoint_dir tensorboard_dir
+        - faults (:doc:`/guide/faults`): max_restarts hang_timeout on_hang
+        - code (:doc:`/guide/launching`): env working_dir py_modules
+        - sharing (:doc:`/guide/sharing`): queue priority preemptible time_limit
           min_world_size
-        - scripts ("Scripts as they are"): script module command grace
+        - scripts (:doc:`/guide/scripts`): script module command grace
 
         >>> job = cluster.launch_script("train.py", ["--epochs", "3"], world_size=4,   # doctest: +SKIP
         ...                             working_dir=".", max_restarts=2)

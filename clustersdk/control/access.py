@@ -30,7 +30,7 @@ clustersdk.errors.AccessDeniedError: 'bob' may not stop job 'a' (id 4f1c): it be
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import AccessDeniedError
 from ..protocol import EXIT_TOPIC, HANDLER_PREFIX, TOPIC_PREFIX, Op

@@ -52,7 +52,7 @@ class Breakpoints:
         self.k = 0                                  # the newest breakpoint reported
         self.pausing = False                        # the job is PAUSED by a breakpoint
         self.seq = 0
-        self.chunks: collections.deque = collections.deque(maxlen=MAX_CHUNKS)
+        self.chunks: collections.deque[ConsoleMessage] = collections.deque(maxlen=MAX_CHUNKS)
 
     def add(self, rank: int, k: int, text: str, is_open: bool) -> ConsoleMessage:
         self.seq += 1

@@ -9,7 +9,7 @@ that come back, in order.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 from ..protocol import ExitStatus, Message, StatusMessage
 
@@ -330,14 +330,14 @@ class Reclaimed:
     reason: str
 
 
-Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, CheckpointCommitted,
-              CheckpointFailed, Failed, Exited, Profiled, StartFailed, WorkerLost, GraceExpired,
-              StopRequested, PauseRequested, PauseWithdrawn, ResumeRequested,
-              CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
-              Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow,
-              Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired,
-              RunRequested, Ran, UpdateRequested, Updated, Tunable, NonFinite, LossSpike,
-              Controls]
+Event = (Allocated | Started | Paused | Resumed | LoopStarted | Restored | CheckpointCommitted
+         | CheckpointFailed | Failed | Exited | Profiled | StartFailed | WorkerLost | GraceExpired
+         | StopRequested | PauseRequested | PauseWithdrawn | ResumeRequested
+         | CheckpointRequested | SuspendRequested | ProfileRequested | SchedulerClosing
+         | Preempted | Reclaimed | HangDetected | Progressed | StopOverdue | Grow
+         | Held | BreakpointHit | ConsoleOutput | RestartRequested | HoldExpired
+         | RunRequested | Ran | UpdateRequested | Updated | Tunable | NonFinite | LossSpike
+         | Controls)
 
 
 # --- actions: what the control plane must do ----------------------------------------------------
@@ -449,9 +449,9 @@ class Release:
     result: bytes | None
 
 
-Action = Union[Journal, Publish, StartGang, SendControl, FreeSlot, Enqueue, Dequeue, StartTimer,
-               TruncateHistory, CloseBoard, Record, CollectStacks, RestartWorker, Release,
-               Diagnosed]
+Action = (Journal | Publish | StartGang | SendControl | FreeSlot | Enqueue | Dequeue | StartTimer
+          | TruncateHistory | CloseBoard | Record | CollectStacks | RestartWorker | Release
+          | Diagnosed)
 
 
 def status_message(status: str, attempt: int) -> StatusMessage:

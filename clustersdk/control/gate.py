@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import AccessDeniedError
 from ..protocol import TOPIC_PREFIX, WorkerOp, op

@@ -57,12 +57,12 @@ class Watch:
         self.beacons: dict[int, Beacon] = {}
         self.advanced_at = now               # a step finished, or the gang (re)started
         self.best = -1                       # the furthest step any rank reported
-        self.durations: collections.deque = collections.deque(maxlen=RECENT_STEPS)
+        self.durations: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.exempt_since: float | None = None
 
     def reset(self, now: float) -> None:
         """A new gang start (or a resume): nothing to compare with yet."""
-        self.__init__(now)  # type: ignore[misc]
+        self.__init__(now)  # type: ignore[misc]  # (unsound in general; here: every field anew)
 
     def heard(self, rank: int, step: int, phase: str, now: float,
               ticks: int | None = None) -> None:
@@ -134,7 +134,9 @@ class Hangs:
             job.lose(None, "Hang", message)
         elif policy == "fail":
             job.fail(ev.error_record(None, "Hang", message))
-        if job.status is not JobStatus.HUNG:  # leaving: ranks that never get out are ended
+        # leaving: ranks that never get out are ended (lose/fail changed the status: mypy
+        # keeps its narrowing across those calls)
+        if job.status is not JobStatus.HUNG:  # type: ignore[comparison-overlap]
             self.stopping(job)
 
     def progressed(self, job: JobView, e: ev.Progressed) -> None:

@@ -328,8 +328,11 @@ class Lifecycle:
                 world_size: int | None = None) -> None:
         resume = self.resume_point
         # the history goes on from where the new run begins (its Restored event trims
-        # it again if an explicit resume= loads an older step)
-        self._out.append(ev.TruncateHistory(self._checkpoint_step if self._checkpoint else 0))
+        # it again if an explicit resume= loads an older step; a checkpoint of unknown step
+        # leaves it whole)
+        step = self._checkpoint_step if self._checkpoint else 0
+        if step is not None:
+            self._out.append(ev.TruncateHistory(step))
         self._new_gang()
         changes: dict[str, Any] = {"resume": resume, "attempt": self.attempt + 1}
         if world_size:
@@ -564,7 +567,9 @@ class Lifecycle:
             return
         if self.faults.cause is not None and not self._status.terminal:
             self.faults.fail_held(self)  # every rank is out and no worker was lost
-            if self._status is JobStatus.RESTARTING:  # a script's exit, within max_restarts
+            # a script's exit, within max_restarts (fail_held changed the status: mypy keeps
+            # its narrowing across the call)
+            if self._status is JobStatus.RESTARTING:  # type: ignore[comparison-overlap]
                 self.faults.restart(self)
                 return
         if self._status is JobStatus.SUSPENDING and all(

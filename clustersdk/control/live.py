@@ -30,7 +30,7 @@ arrives between their questions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from .. import hparams
 from ..errors import InvalidTransitionError, SpecError
@@ -47,15 +47,54 @@ RUN_STATES = LIVE_STATES | {JobStatus.HELD}
 KEEP_RESULTS = 16  # run requests whose results are kept for a (late) reader
 
 
+class RunEntry(TypedDict):
+    """A ``job.run`` request and what its ranks reported."""
+
+    seq: int
+    kind: Literal["run"]
+    ranks: list[int]                          # the ranks chosen to run it
+    requested: float
+    attempt: int                              # the gang asked
+    limit: int                                # the most bytes of a pickled result
+    fn: bytes | None                          # pickled; None once every chosen rank has it
+    fetched: set[int]                         # the ranks that took it
+    results: dict[int, bytes | None]          # rank -> its pickled result
+    errors: dict[int, dict[str, Any]]         # rank -> its error
+    complete: bool
+
+
+class UpdateEntry(TypedDict):
+    """A ``job.update`` request and what its ranks reported."""
+
+    seq: int
+    kind: Literal["update"]
+    changes: dict[str, Any]                   # checked by hparams.check
+    requested: float
+    attempt: int
+    step: int | None                          # applied before it (None: not yet)
+    old: dict[str, list[Any]]                 # key -> [old, new] as the ranks applied it
+    ranks: set[int]                           # the ranks that reported it
+    error: dict[str, Any] | None              # why it was refused
+
+
+class Carry(TypedDict):
+    """Every change so far, merged: what a new gang applies first."""
+
+    seq: int
+    attempt: int
+    changes: dict[str, Any]
+    seqs: list[int]                           # the updates it carries
+
+
 class LiveRequests:
     """One job's run and update requests, and what its ranks reported."""
 
     def __init__(self) -> None:
         self.seq = 0                             # the newest request, of either kind
-        self.runs: dict[int, dict[str, Any]] = {}
-        self.updates: dict[int, dict[str, Any]] = {}
+        self.runs: dict[int, RunEntry] = {}
+        self.updates: dict[int, UpdateEntry] = {}
         self.info: dict[int, dict[str, Any]] = {}  # rank -> what job.update's checks need
-        self.carry: dict[str, Any] | None = None   # the current gang's carried update
+        self.carry: Carry | None = None            # the current gang's carried update
 
     # --- runs ------------------------------------------------------------------------
     def ask_run(self, fn: bytes, ranks: list[int], *, now: float, attempt: int,
@@ -70,7 +109,8 @@ class LiveRequests:
                 self.runs.pop(old)
         return self.seq
 
-    def ran_by(self, seq: int, rank: int, result: bytes | None, error: dict | None) -> bool:
+    def ran_by(self, seq: int, rank: int, result: bytes | None,
+               error: dict[str, Any] | None) -> bool:
         """Rank ``rank`` ran request ``seq``; True once every chosen rank has."""
         entry = self.runs.get(seq)
         if entry is None or entry["complete"] or rank not in entry["ranks"]:
@@ -90,12 +130,12 @@ class LiveRequests:
                                   "old": {}, "ranks": set(), "error": None}
         return self.seq
 
-    def updated_by(self, seq: int, rank: int, step: int | None, changes: dict[str, list],
-                   error: dict | None) -> list[dict[str, Any]]:
+    def updated_by(self, seq: int, rank: int, step: int | None, changes: dict[str, list[Any]],
+                   error: dict[str, Any] | None) -> list[UpdateEntry]:
         """Rank ``rank`` applied update ``seq`` (or the carried one) before ``step``, or
         refused it; the entries this report applied for the first time."""
-        carried = self.carry is not None and seq == self.carry["seq"]
-        seqs = self.carry["seqs"] if carried else [seq]
+        carry = self.carry
+        seqs = carry["seqs"] if carry is not None and seq == carry["seq"] else [seq]
         fresh = []
         for s in seqs:
             entry = self.updates.get(s)
@@ -139,9 +179,9 @@ class LiveRequests:
             out.append({"seq": carry["seq"], "kind": "update", "changes": carry["changes"],
                         "carried": True})
         for seq in range(updates[0] + 1, updates[1] + 1):
-            entry = self.updates.get(seq)  # of this gang: an earlier one's come carried
-            if entry is not None and entry["attempt"] == attempt and entry["error"] is None:
-                out.append({"seq": seq, "kind": "update", "changes": entry["changes"]})
+            update = self.updates.get(seq)  # of this gang: an earlier one's come carried
+            if update is not None and update["attempt"] == attempt and update["error"] is None:
+                out.append({"seq": seq, "kind": "update", "changes": update["changes"]})
         return sorted(out, key=lambda e: e["seq"])
 
     # --- a new gang ----------------------------------------------------------------------------
@@ -160,11 +200,11 @@ class LiveRequests:
         net: dict[str, Any] = {}
         seqs = []
         for seq in sorted(self.updates):
-            entry = self.updates[seq]
-            if entry["error"] is None:
-                net = hparams.merge(net, entry["changes"])
+            update = self.updates[seq]
+            if update["error"] is None:
+                net = hparams.merge(net, update["changes"])
                 seqs.append(seq)
-                entry["ranks"] = set()  # the new gang's ranks report it again (carried)
+                update["ranks"] = set()  # the new gang's ranks report it again (carried)
         self.info = {}  # a new gang: its batch, perhaps its world size, differ
         if not seqs:
             self.carry = None
@@ -210,7 +250,10 @@ class LiveRequests:
                        for k, v in entry["changes"].items()}
             job.record("updated", f"{hparams.describe(old_new)} (before step {e.step})",
                        seq=entry["seq"], step=e.step, changes=old_new)
-            job.emit(ev.Publish({"kind": "updated", "seq": entry["seq"], "step": e.step,
+            # (an applied report has its step: e.step is None only beside an error, and
+            # updated_by returns no entry for an error)
+            job.emit(ev.Publish({"kind": "updated", "seq": entry["seq"],
+                                 "step": e.step,  # type: ignore[typeddict-item]
                                  "changes": old_new}))
             options = hparams.spec_changes(entry["changes"])
             if options:
@@ -220,7 +263,7 @@ class LiveRequests:
         self.info[e.rank] = e.info
 
 
-def _check_live(job: JobView, what: str, states: frozenset = LIVE_STATES) -> None:
+def _check_live(job: JobView, what: str, states: frozenset[JobStatus] = LIVE_STATES) -> None:
     if job.status not in states:
         names = [s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD)
                  if s in states]

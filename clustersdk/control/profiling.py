@@ -16,7 +16,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import InvalidTransitionError, SpecError
 from ..protocol import MAX_PROFILE_STEPS, Word, profile_word
@@ -25,12 +25,24 @@ from . import events as ev
 from .view import JobView
 
 
+class ProfileEntry(TypedDict):
+    """One ``job.profile`` request and its ranks' reports (journaled as it is)."""
+
+    seq: int
+    steps: int
+    requested: float
+    attempt: int
+    world_size: int
+    complete: bool
+    ranks: list[dict[str, Any]]  # a report per rank (its "rank", trace path and summary)
+
+
 class Profiles:
     """One job's ``job.profile`` requests and its ranks' reports."""
 
     def __init__(self) -> None:
         self.seq = 0  # the newest request
-        self.entries: list[dict[str, Any]] = []
+        self.entries: list[ProfileEntry] = []
 
     @staticmethod
     def check(steps: Any) -> None:
@@ -58,7 +70,7 @@ class Profiles:
         entry["complete"] = len(entry["ranks"]) >= entry["world_size"]
         return entry["complete"]
 
-    def entry(self, seq: int) -> dict[str, Any] | None:
+    def entry(self, seq: int) -> ProfileEntry | None:
         return next((p for p in self.entries if p["seq"] == seq), None)
 
     # --- events ---------------------------------------------------------------------------

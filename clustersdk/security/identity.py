@@ -18,7 +18,8 @@ the organizational unit (OU):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 ADMIN, USER, SCHEDULER, WORKER = "admin", "user", "scheduler", "worker"
 PEOPLE = (ADMIN, USER)

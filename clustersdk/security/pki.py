@@ -30,7 +30,8 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization

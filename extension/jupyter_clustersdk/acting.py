@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import os
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from clustersdk import config, registry
 from clustersdk.errors import AccessDeniedError

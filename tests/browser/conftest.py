@@ -19,13 +19,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output" / "browser"
+# the documentation's pictures of the dashboard and the lab panel: refreshed by every run of
+# these tests (committed, so that the docs build without a browser)
+DOCS_SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
 CHROMIUM = os.environ.get("CLUSTERSDK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -45,6 +48,12 @@ def _missing(reason: str):
 def output_dir() -> Path:
     OUTPUT.mkdir(parents=True, exist_ok=True)
     return OUTPUT
+
+
+def save_for_docs(png: Path) -> None:
+    """Copy a screenshot the test just took into the documentation's pictures."""
+    DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(png, DOCS_SCREENSHOTS / png.name)
 
 
 def _free_port() -> int:

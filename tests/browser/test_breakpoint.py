@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import save_for_docs
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,7 @@ def test_the_breakpoint_console_works_in_jupyterlab(own_code, browser, jupyterla
     assert badge.text_content() == "PAUSED"
     console.scroll_into_view_if_needed()
     page.screenshot(path=str(output_dir / "breakpoint-console.png"))
+    save_for_docs(output_dir / "breakpoint-console.png")
 
     line.fill("c")
     console.get_by_role("button", name="Send").click()

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import save_for_docs
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "01-quickstart.ipynb"
 DASHBOARD = ".widget-vbox.clustersdk-job"  # the live widget, not its static HTML fallback
@@ -95,6 +97,8 @@ def test_quickstart_runs_in_jupyterlab_and_pause_works(browser, jupyterlab, outp
     time.sleep(0.5)  # let the charts finish their last redraw
     page.screenshot(path=str(output_dir / "jupyterlab-quickstart.png"))
     dashboard.screenshot(path=str(output_dir / "job-dashboard-paused.png"))
+    save_for_docs(output_dir / "jupyterlab-quickstart.png")
+    save_for_docs(output_dir / "job-dashboard-paused.png")
     assert last_step_on_chart(dashboard) == paused_at
 
     dashboard.get_by_role("button", name="Resume").click()

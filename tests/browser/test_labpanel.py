@@ -15,6 +15,7 @@ import clustersdk as cs
 
 from ..helpers import wait_for
 from ..workloads import ticker
+from .conftest import save_for_docs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -132,7 +133,7 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
 
         # the job panel: charts per rank, logs per rank, checkpoints, events
         row.locator(".jp-clustersdk-job-name").click()
-        panel = page.locator('.jp-clustersdk-jobpanel-body[data-job="%s"]' % job.id)
+        panel = page.locator(f'.jp-clustersdk-jobpanel-body[data-job="{job.id}"]')
         panel.wait_for()
         loss = panel.locator('figure[data-title="loss"]')
         wait_for(lambda: loss.locator("path.jp-clustersdk-line").count() == 2, 30)
@@ -149,6 +150,8 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         page.mouse.move(1, 1)
         sidebar.screenshot(path=str(output_dir / "labpanel-sidebar.png"))
         panel.screenshot(path=str(output_dir / "labpanel-job.png"))
+        save_for_docs(output_dir / "labpanel-sidebar.png")
+        save_for_docs(output_dir / "labpanel-job.png")
 
         # into the notebook: the attach code runs and reaches the same job
         page.locator(".lm-TabBar-tab", has_text="attach.ipynb").first.click()

@@ -76,7 +76,7 @@ class Bed:
 
     def __init__(self, n: int = 3, *, sshd_config: dict[int, list[str]] | None = None,
                  extra_addresses: dict[int, int] | None = None):
-        self.tag = "%04x" % random.randrange(0x10000)
+        self.tag = f"{random.randrange(0x10000):04x}"
         self.net = _free_subnet()
         self.bridge = f"csb{self.tag}"
         self.bridge_address = f"{self.net}.1"

@@ -11,7 +11,7 @@ import heapq
 from collections import Counter
 from typing import Iterable, Iterator
 
-from .model import Request
+from .model import Key, Request
 
 
 class Backlog:
@@ -19,7 +19,7 @@ class Backlog:
 
     def __init__(self, requests: Iterable[Request] = ()) -> None:
         self.streams: dict[str, list[Request]] = {}     # queue -> its requests, in order
-        self._keys: dict[str, list[tuple]] = {}
+        self._keys: dict[str, list[Key]] = {}
         self._limits: dict[str, list[float]] = {}       # queue -> sorted time_limits
         self._sizes: dict[str, Counter[int]] = {}       # queue -> smallest sizes
         self.owners: dict[str, Counter[str]] = {}       # queue -> owner -> queued jobs

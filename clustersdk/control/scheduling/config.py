@@ -18,7 +18,7 @@ import dataclasses
 import math
 import numbers
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ...errors import SpecError
 
@@ -79,7 +79,10 @@ class PolicyConfig:
         """Validate ``settings`` (missing keys take the defaults of ``clustersdk.yaml``)."""
         raw = _merge(copy.deepcopy(DEFAULTS), _normalized(settings or {}, "clustersdk.scheduling"))
         classes = _classes(raw["priority-classes"])
-        resolve = lambda key: _priority(raw[key], classes, key)  # noqa: E731
+
+        def resolve(key: str) -> int:
+            return _priority(raw[key], classes, key)
+
         idle_default = _timeout(raw["idle-timeout"], "idle-timeout")
         queues = {name: _queue(name, spec, idle_default) for name, spec in _queues(raw["queues"])}
         rest = [q.name for q in queues.values() if q.guaranteed == REST]
@@ -184,7 +187,7 @@ def _priority(value: Any, classes: Mapping[str, int], key: str) -> int:
     raise SpecError(f"unknown {key} {value!r}: expected an int or a priority class ({known})")
 
 
-def _queues(value: Any):
+def _queues(value: Any) -> Iterator[tuple[str, Mapping[str, Any]]]:
     if not isinstance(value, Mapping) or not value:
         raise SpecError(f"queues must map queue names to their settings, got {value!r}")
     for name, spec in value.items():
@@ -231,9 +234,13 @@ def _count(value: Any, key: str, *, minimum: int, optional: bool = False, also: 
     return int(value)
 
 
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _positive(value: Any, key: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
-            or math.isinf(value)):
+    # (value stays Any: typeshed's numbers.Real has no __gt__)
+    if not _is_real(value) or not value > 0 or math.isinf(value):
         raise SpecError(f"{key} must be a positive number, got {value!r}")
     return float(value)
 

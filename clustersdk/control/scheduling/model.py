@@ -12,6 +12,7 @@ HoldStatus = Literal["running", "paused", "suspending", "stopping"]
 HOLD_STATUSES = ("running", "paused", "suspending", "stopping")
 ACTIVE = ("running", "paused")      # may become a victim; the others are already leaving
 How = Literal["suspend", "stop"]
+Key = tuple[int, int, str]          # Request.key: (-priority, seq, id), queue order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Request:
         return self.min_world_size or self.world_size
 
     @property
-    def key(self) -> tuple[int, int, str]:
+    def key(self) -> Key:
         """Queue order: higher priority first, then submission order."""
         return (-self.priority, self.seq, self.id)
 

@@ -16,7 +16,8 @@ from . import reasons
 from .backlog import Backlog
 from .config import PolicyConfig
 from .gangs import FreeSlots, rank_order
-from .model import ACTIVE, Decision, Holding, Preempt, Request, Reservation, Slot, Start, Wait
+from .model import (ACTIVE, Decision, Holding, How, Key, Preempt, Request, Reservation, Slot,
+                    Start, Wait)
 from .heads import blocked
 from .slot_holds import GiveUp, Hold
 from .ledger import Ledger
@@ -70,17 +71,18 @@ class Pass:
             self._awaited[queue] = self._awaited.get(queue, 0) + 1
         self.reclaimed: list[Holding] = []         # asked to leave for idleness, this pass
         self.idle_until = idle_at                  # the next idle timeout, at the earliest
-        self.failed: set[tuple] = set()            # preemption searches that found nothing
+        self.failed: set[tuple[object, ...]] = set()  # preemption searches that found nothing
         # Jobs that wait alike, in a state nothing changed since, wait alike again: the
         # wait of a job that only waits is kept per kind of job, with the versions of the
         # parts of the state it read (slots and holds, victims, its queue's and owner's use).
         self.slots_version = 0
         self.changes = 0                    # bumps with every change a later job may see
-        self._memo: dict[tuple, tuple[tuple, Wait]] = {}
+        self._memo: dict[tuple[object, ...], tuple[tuple[int, int, int, int], Wait]] = {}
         self._behind: dict[int, Wait] = {}
         self._cohorts = len({q.cohort for q in config.queues.values()})
-        self.last_change: tuple = ()        # (round, key) of the last job that changed it
-        self.stopped_at: dict[str, tuple] = {}  # queue -> key of the borrower ending round one
+        # (round, key) of the last job that changed it
+        self.last_change: tuple[int, Key] | tuple[()] = ()
+        self.stopped_at: dict[str, Key] = {}  # queue -> key of the borrower ending round one
         self.fast = False                   # placing one arrival: give up rather than search
 
     def _incoming(self) -> dict[str, list[Holding]]:
@@ -88,7 +90,7 @@ class Pass:
         gone, but their queues no longer borrow those slots (they are the waiting job's)."""
         incoming: dict[str, list[Holding]] = {}
         for h in self.leaving:
-            if h.preempted_for in self.backlog:
+            if h.preempted_for is not None and h.preempted_for in self.backlog:
                 incoming.setdefault(h.preempted_for, []).append(h)
                 self.usage.add(h.request, -h.size)
                 self.usage.add(h.request, h.size, promise=True)
@@ -212,7 +214,7 @@ class Pass:
             if self.now - since <= timeout:
                 self.idle_until = min(self.idle_until, since + timeout)
                 continue
-            how = "suspend" if h.request.has_checkpoint_dir else "stop"
+            how: How = "suspend" if h.request.has_checkpoint_dir else "stop"
             if how == "stop" and not h.request.preemptible:
                 continue  # stopping would lose its work, and it said it may not be preempted
             text = reasons.reclaimed(h, self.now - since, timeout, how + "ed")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from . import reasons
 from .slot_holds import GiveUp
-from .model import Holding, Preempt, Request, Slot
+from .model import Holding, How, Preempt, Request, Slot
 from .victims import choose, may_preempt
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def preempt_for(p: Pass, req: Request, n: int, inc: list[Holding]) -> bool:
     room = p.free.usable + len(extra) + len(inc_slots)
     if not inc:
         blk = p.usage.block(req, n, room)
-        if p.victims.bound(req, n, p.usage, blk and blk.kind) + room < n or (
+        if p.victims.bound(req, n, p.usage, blk.kind if blk else None) + room < n or (
                 blk is not None and blk.kind in ("unknown-queue", "lending")):
             return False
         heads = tuple(id(h) for h in respected)
@@ -83,6 +83,7 @@ def preempt_for(p: Pass, req: Request, n: int, inc: list[Holding]) -> bool:
     if victims:
         with p.free.including(slots_of(victims)):
             gang = p.free.pick(n)
+    assert gang is not None  # fits() found a gang in these very slots
     _hold_for(p, req, n, inc + victims, gang, new=bool(victims))
     return True
 
@@ -104,7 +105,7 @@ def preempt(p: Pass, req: Request, victims: list[Holding]) -> None:
     """Ask ``victims`` to leave for ``req``."""
     p.changes += bool(victims)
     for v in victims:
-        how = "suspend" if v.request.has_checkpoint_dir else "stop"
+        how: How = "suspend" if v.request.has_checkpoint_dir else "stop"
         p.decision.preempt.append(
             Preempt(v.id, how, req.id, reasons.victim(v, req, how, p.config)))
         p.victims.take(v)

@@ -43,7 +43,9 @@ def work_at_risk(h: Holding, now: float, config: PolicyConfig) -> float:
     return max(0.0, now - since) * h.size
 
 
-def victim_key(h: Holding, now: float, config: PolicyConfig) -> tuple:
+def victim_key(
+    h: Holding, now: float, config: PolicyConfig
+) -> tuple[bool, float, int, float, str]:
     """Sort key: the first victim loses the least."""
     idle = is_idle(h, now, config.preemption_grace)
     return (not idle, work_at_risk(h, now, config), h.request.priority, -h.started_at, h.id)
@@ -84,7 +86,7 @@ class Victims:
         self.taken: set[str] = set()
         self.version = 0                                # bumps when a candidate leaves
         self._sorted: list[Holding] | None = None
-        self._below_cache: dict = {}
+        self._below_cache: tuple[tuple[int, int], set[str]] | None = None  # key, owners
         self.by_queue: dict[str, dict[int, int]] = {}   # queue -> priority -> slots
         self.by_owner: dict[str, dict[int, int]] = {}
         for h in self.all.values():
@@ -130,7 +132,9 @@ class Victims:
                  usage: Usage) -> bool:
         """Whether some job of ``queue`` at ``priority`` or lower, owned by one of
         ``owners``, might find a victim (a cheap over-estimate of :func:`may_preempt`)."""
-        below = lambda row: any(n for p, n in row.items() if p < priority)  # noqa: E731
+        def below(row: Mapping[int, int]) -> bool:
+            return any(n for p, n in row.items() if p < priority)
+
         if below(self.by_queue.get(queue, {})):
             return True
         within = usage.queue[queue] < usage.guaranteed(queue)
@@ -144,17 +148,19 @@ class Victims:
 
     def _owners_below(self, priority: int) -> set[str]:
         key = (priority, self.version)
-        if self._below_cache.get("key") != key:
-            self._below_cache = {"key": key, "owners": {
+        if self._below_cache is None or self._below_cache[0] != key:
+            self._below_cache = (key, {
                 o for o, row in self.by_owner.items()
-                if any(n for p, n in row.items() if p < priority)}}
-        return self._below_cache["owners"]
+                if any(n for p, n in row.items() if p < priority)})
+        return self._below_cache[1]
 
     def bound(self, req: Request, n: int, usage: Usage, limit: str | None = None) -> int:
         """At most this many slots could be freed for ``req`` by the rules of
         :func:`may_preempt` (``limit``: the kind of quota block victims must lift)."""
         p = req.priority
-        below = lambda row: sum(v for q, v in row.items() if q < p)  # noqa: E731
+        def below(row: Mapping[int, int]) -> int:
+            return sum(v for q, v in row.items() if q < p)
+
         within = usage.within_guarantee(req, n)
         mine = below(self.by_owner.get(req.owner, {})) if req.owner and within else 0
         same = below(self.by_queue.get(req.queue, {}))
