@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import hooks
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -379,21 +379,24 @@ def nonfinite(rank: int | None, step: int, values: Mapping[str, float], policy: 
 
 def loss_spike(rank: int, step: int, value: float, median: float, mad: float, score: float,
                window: int, paused: bool, mean: float | None = None,
-               ranks: int = 1) -> Diagnosis:
-    """The loss at ``step`` (``mean`` over ``ranks`` ranks) is far above what the recent
-    steps make ordinary; ``rank``'s slice of the batch had the highest loss, ``value``."""
+               ranks: int = 1, scale: float | None = None) -> Diagnosis:
+    """The loss at ``step`` (``mean`` over ``ranks`` ranks) is far above its recent scale
+    (``scale``: the highest loss of the last ``window`` steps); ``rank``'s slice of the
+    batch had the highest loss, ``value``."""
     then = "the job pauses (on_spike='pause')" if paused else "the job goes on"
     mean = value if mean is None else mean
     where = (f"{mean:.4g} (the mean of {ranks} ranks; rank {rank}'s {value:.4g} the highest)"
              if ranks > 1 else f"{value:.4g}{_on(rank)}")
+    against = (f"{mean / scale:.0f}x the highest loss of the last {window} steps ({scale:.4g}; "
+               f"median {median:.4g})" if scale else
+               f"a median of {median:.4g} over the last {window} steps")
     return Diagnosis(
-        "loss_spike", f"loss spike at step {step}: {where} against a median of {median:.4g} "
-        f"over the last {window} steps (robust z-score {score:.0f})",
+        "loss_spike", f"loss spike at step {step}: {where}, {against}",
         "look at the batch of that step (outliers, mislabeled or corrupted samples); lower the "
         "learning rate or warm it up, or clip gradients (clip_grad_norm=)",
         detail=then, rank=rank, step=step,
         data={"value": value, "mean": mean, "ranks": ranks, "median": median, "mad": mad,
-              "score": score, "window": window})
+              "score": score, "window": window, "scale": scale})
 
 
 def version_mismatch(versions: Mapping[int, Mapping[str, Any]],

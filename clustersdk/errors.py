@@ -136,6 +136,8 @@ class JobFailedError(ClusterSDKError):
             self.diagnosis = Diagnosis.from_dict(diagnosis)
         if exc_type == "WorkerLost":  # no rank raised: its worker went away
             text = f"job {job!r} failed: {message}"
+        elif exc_type == "ScriptExit":  # a script's process: "exited with code 3"
+            text = f"job {job!r} failed: rank {rank} {message}"
         else:
             text = f"job {job!r} failed: rank {rank} raised {exc_type}: {message}"
         if self.diagnosis is not None:

@@ -39,7 +39,7 @@ from .errors import (
 )
 from .hparams import spec_changes
 from .postmortem import PostMortem
-from .protocol import WireSpec
+from .protocol import WireSpec, what_runs
 from .status import JobStatus
 
 if TYPE_CHECKING:
@@ -514,8 +514,9 @@ class Job:
         return hooks.call("job_display", self, include=include, exclude=exclude)
 
     def __repr__(self) -> str:
-        return (f"<Job {self.name!r} {self._record.get('status', '?')} "
-                f"world_size={self.world_size} strategy={self.strategy!r}>")
+        runs = what_runs(self._record.get("spec") or {})
+        what = f"strategy={runs!r}" if self.spec.kind == "function" else runs
+        return f"<Job {self.name!r} {self._record.get('status', '?')} world_size={self.world_size} {what}>"
 
 
 def _run_outcome(name: str, entry: dict[str, Any], timeout: float | None) -> dict[int, Any]:

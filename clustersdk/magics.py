@@ -8,6 +8,9 @@
     %cluster slurm --gpus-per-worker 1 --partition gpu
     %cluster doctor                     pre-flight checks of the current cluster
     %%distributed -n 2 --strategy ddp   run the cell on 2 ranks, ``ctx`` bound
+    %run_distributed -n 2 train.py --lr 1e-3     a script on 2 ranks, as torchrun would
+    %run_distributed -n 2 -m pkg.train --lr 1e-3
+    %%torchrun -n 2 [ARGS]              the cell as a script on 2 ranks (torchrun's env)
     %jobs                               the cluster's jobs
     %job pause NAME                     pause | resume | checkpoint | suspend | stop | show | logs
     %job debug NAME RANK                a held rank's failing stack with its locals (%debug-like)
@@ -23,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-from typing import Any, Callable
+import os
+import shutil
+import tempfile
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
@@ -38,6 +44,7 @@ from IPython.core.magic_arguments import (
 import clustersdk as cs
 
 from . import options
+from .cli.flags import flag, flag_names
 
 from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported from here
     RemoteFailure,
@@ -68,59 +75,19 @@ def _help(magic: Any, args: Any) -> bool:
 
 
 # --- %%distributed's launch flags ------------------------------------------------------------
-# One per launch option a command line can spell (a number, a string, a flag), from the
-# table in clustersdk.options, grouped as it groups them; None when not given, so that
-# launch's default (or setting) applies. Dicts, lists and Python objects (mesh, env,
-# model...) have no flag: call cluster.launch in the cell for those.
-_FLAG_NAMES = {"world_size": ("-n", "--world-size"), "preemptible": ("--not-preemptible",)}
-_FLAG_HELP = {"world_size": "ranks (default: every slot)"}
+# One per launch option of a function job a command line can spell (clustersdk.cli.flags).
+FLAGS: tuple[str, ...] = flag_names(options.FUNCTION)
+# ... and of a script job (%run_distributed, %%torchrun), but the script: it is positional
+SCRIPT_FLAGS: tuple[str, ...] = tuple(n for n in flag_names(options.SCRIPT) if n != "script")
 
 
-def _int_or_str(text: str) -> int | str:
-    """``--priority``: a class name, or an int."""
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
-_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str,
-                                           "int | str": _int_or_str}
-
-
-def flag(option: options.Option) -> tuple[tuple[str, ...], dict[str, Any]] | None:
-    """The ``add_argument`` arguments of ``option``'s flag, or None (it has none)."""
-    kind = option.type.removesuffix(" | None")
-    names = _FLAG_NAMES.get(option.name, ("--" + option.name.replace("_", "-"),))
-    text = _FLAG_HELP.get(option.name, _flag_help(option)).replace("%", "%%")
-    common = {"dest": option.name, "default": None}
-    if option.type == "bool | None":
-        return names, {**common, "action": argparse.BooleanOptionalAction, "help": text}
-    if kind == "bool":
-        off = option.launch_default is True  # a flag turns it off
-        if off and option.name not in _FLAG_NAMES:
-            names = ("--no-" + option.name.replace("_", "-"),)
-        return names, {**common, "action": "store_false" if off else "store_true",
-                       "help": f"turn {option.name} off: {text}" if off else text}
-    if kind in _TYPES:
-        return names, {**common, "type": _TYPES[kind], "help": text}
-    return None
-
-
-def _flag_help(option: options.Option) -> str:
-    if option.setting is not None:
-        return f"{option.doc} (default: the clustersdk.{option.setting} setting)"
-    if option.launch_default is None or isinstance(option.launch_default, bool):
-        return option.doc
-    return f"{option.doc} (default: {option.launch_default})"
-
-
-FLAGS: tuple[str, ...] = tuple(o.name for o in options.OPTIONS if flag(o) is not None)
-
-
-def launch_flags(magic: Any) -> Any:
-    """Give ``magic`` (under ``@magic_arguments()``) the launch flags, one group per
-    option group, after its own flags in ``--help``."""
+def launch_flags(magic: Any, kind: str = options.FUNCTION, skip: tuple[str, ...] = ()) -> Any:
+    """Give ``magic`` (under ``@magic_arguments()``) the launch flags of a job of ``kind``,
+    one group per option group, after its own flags in ``--help``."""
     decorators: list[Any] = []  # in the order --help shows them
     for group, (what, _) in options.GROUPS.items():
-        flags = [flag(o) for o in options.OPTIONS if o.group == group]
+        flags = [flag(o) for o in options.OPTIONS if o.group == group and kind in o.kinds
+                 and o.name not in skip]
         given = [f for f in flags if f is not None]
         if given:
             decorators.append(argument_group(f"{group} ({what})"))
@@ -128,6 +95,10 @@ def launch_flags(magic: Any) -> Any:
     for decorator in reversed(decorators):  # the nearest decorator comes first, like @...
         magic = decorator(magic)
     return magic
+
+
+def _script_flags(magic: Any) -> Any:
+    return launch_flags(magic, options.SCRIPT, skip=("script",))
 
 
 @magics_class
@@ -255,6 +226,63 @@ class ClusterMagics(Magics):
         chosen.setdefault("world_size", len(cluster.slots()))
         with one_line():
             job = cluster.launch(fn, **chosen)
+        if args.no_wait:
+            return job
+        return stream(job)
+
+    # %run_distributed, %%torchrun: script jobs -------------------------------------------------
+    @line_magic("run_distributed")
+    @magic_arguments()
+    @argument("script", nargs="?", help="the Python file each rank runs (or -m MODULE)")
+    @argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    @argument("--no-wait", action="store_true",
+              help="return the job at once and show its dashboard instead of streaming output")
+    @argument("--cluster", default=None, help="the Cluster variable to run on")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    @_script_flags
+    def run_distributed(self, line: str = "") -> Any:
+        """Run a script on N ranks as torchrun would (``cluster.launch_script``): each
+        rank's output is printed as it comes, labelled by rank."""
+        args = parse_argstring(self.run_distributed, line)
+        if _help(self.run_distributed, args):
+            return None
+        script, rest = args.script, list(args.script_args or ())
+        if script is not None and (args.module or args.command):  # -m M ARGS: all arguments
+            script, rest = None, [script, *rest]
+        return self._launch_script(args, script, rest)
+
+    @cell_magic("torchrun")
+    @magic_arguments()
+    @argument("script_args", nargs=argparse.REMAINDER, help="the cell's sys.argv[1:]")
+    @argument("--no-wait", action="store_true",
+              help="return the job at once and show its dashboard instead of streaming output")
+    @argument("--cluster", default=None, help="the Cluster variable to run on")
+    @argument("-h", "--help", action="store_true", help="show this help")
+    @_script_flags
+    def torchrun(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell as a script on N ranks, as ``torchrun --nproc-per-node N cell.py``
+        would: each rank runs it in a process of its own, with torchrun's environment."""
+        args = parse_argstring(self.torchrun, line)
+        if _help(self.torchrun, args):
+            return None
+        if args.module or args.command:
+            raise UsageError("%%torchrun runs the cell: -m and --command are %run_distributed's")
+        folder = tempfile.mkdtemp(prefix="clustersdk-cell-")
+        path = os.path.join(folder, "cell.py")
+        with open(path, "w") as f:
+            f.write(cell or "")
+        try:
+            return self._launch_script(args, path, list(args.script_args or ()))
+        finally:  # shipped with the job at launch: the file is no longer needed
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _launch_script(self, args: Any, script: str | None, rest: list[str]) -> Any:
+        cluster = self._current(args.cluster)
+        chosen = {name: getattr(args, name) for name in SCRIPT_FLAGS
+                  if getattr(args, name, None) is not None}
+        chosen.setdefault("world_size", len(cluster.slots()))
+        with one_line():
+            job = cluster.launch_script(script, rest, **chosen)
         if args.no_wait:
             return job
         return stream(job)

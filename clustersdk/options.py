@@ -70,7 +70,15 @@ GROUPS: dict[str, tuple[str, str]] = {
     "debugging": ("a rank that raises, breakpoints", "Debugging"),
     "live": ("what job.update may change", "Looking inside a running job"),
     "diagnosis": ("a non-finite loss, a loss spike", "Diagnosis"),
+    "scripts": ("what a script job runs, and how its ranks are stopped", "Scripts as they are"),
 }
+
+# --- the kinds of job ----------------------------------------------------------------------------
+#: A job runs a training function (``launch``) or a script (``launch_script``: a Python file,
+#: a module or a console command, as torchrun would). Each option says which kinds take it.
+FUNCTION, SCRIPT = "function", "script"
+BOTH = (FUNCTION, SCRIPT)
+ENTRY_POINTS = ("script", "module", "command")  # what a script job runs: exactly one of them
 
 # --- the values some options take --------------------------------------------------------------
 STRATEGIES: dict[str, str] = {
@@ -139,6 +147,7 @@ class Option:
     check: Callable[[Any], Any] = _same
     wire: Callable[[Any], Any] | None = _same
     choices: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = BOTH  # which kinds of job take it (launch, launch_script)
 
     @property
     def setting(self) -> str | None:
@@ -323,6 +332,30 @@ def _module_names(value: Any) -> list[str] | None:
     return [getattr(m, "__name__", m) for m in value or ()] or None
 
 
+def _script(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise SpecError(f"script must be the path of a Python file, got {value!r}")
+    return os.fspath(value)  # made absolute (and checked) with working_dir by JobSpec
+
+
+def _module(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not all(
+            part.isidentifier() for part in value.split("."))):
+        raise SpecError(f"module must be a module's dotted name (as python -m takes it), got "
+                        f"{value!r}")
+    return value
+
+
+def _command(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()
+                              or any(c.isspace() for c in value)):
+        raise SpecError(f"command must be one program's name or path (its arguments go in "
+                        f"args=), got {value!r}")
+    return value
+
+
 def _copy_or_none(value: Any) -> dict[str, Any] | None:
     return dict(value) if value else None
 
@@ -333,7 +366,8 @@ OPTIONS: tuple[Option, ...] = (
            "how many ranks (one slot each) the job runs on", _world_size),
     Option("strategy", "str", "ddp", "core",
            "how the model is spread over the ranks: one of clustersdk.STRATEGIES", _strategy,
-           choices=tuple(STRATEGIES)),
+           choices=tuple(STRATEGIES),
+           kinds=(FUNCTION,)),
     Option("name", "str | None", None, "core",
            "the job's name (default: the function's name and the start of the job's id)", _name),
     Option("timeout", "float", Config("timeout"), "core",
@@ -346,13 +380,17 @@ OPTIONS: tuple[Option, ...] = (
            _checkpoint_dir),
     Option("checkpoint_every", "int | None", None, "checkpointing",
            "steps between periodic checkpoints (needs checkpoint_dir)",
-           _optional(_positive_int("checkpoint_every", " (steps)"))),
-    Option("keep", "int", 3, "checkpointing", "how many committed checkpoints are kept", _keep),
+           _optional(_positive_int("checkpoint_every", " (steps)")),
+           kinds=(FUNCTION,)),
+    Option("keep", "int", 3, "checkpointing", "how many committed checkpoints are kept", _keep,
+           kinds=(FUNCTION,)),
     Option("async_checkpoint", "bool", True, "checkpointing",
-           "save checkpoints in the background while training goes on", bool),
+           "save checkpoints in the background while training goes on", bool,
+           kinds=(FUNCTION,)),
     Option("resume", "str | None", None, "checkpointing",
            "'auto' (the newest checkpoint in checkpoint_dir, if any) or a checkpoint's path",
-           _resume),
+           _resume,
+           kinds=(FUNCTION,)),
     Option("tensorboard_dir", "str | None", None, "checkpointing",
            "write every ctx.log scalar there as TensorBoard events", _directory_path),
     Option("max_restarts", "int", Config("max-restarts"), "faults",
@@ -360,32 +398,43 @@ OPTIONS: tuple[Option, ...] = (
            _max_restarts),
     Option("mesh", "dict[str, int] | None", None, "parallelism",
            "the ranks' layout, e.g. {'dp': 2, 'tp': 2}; one size may be -1 (the rest)",
-           wire=_copy_or_none),  # checked with the strategy and world size by check()
+           wire=_copy_or_none,
+           kinds=(FUNCTION,)),  # checked with the strategy and world size by check()
     Option("precision", "str", "fp32", "training",
            "'bf16' (autocast) or 'fp16' (autocast and a grad scaler; CUDA only)",
-           _one_of("precision", PRECISIONS, str(PRECISIONS)), choices=PRECISIONS),
+           _one_of("precision", PRECISIONS, str(PRECISIONS)), choices=PRECISIONS,
+           kinds=(FUNCTION,)),
     Option("grad_accum", "int", 1, "training", "micro-batches per optimizer step",
-           _positive_int("grad_accum", "")),
+           _positive_int("grad_accum", ""),
+           kinds=(FUNCTION,)),
     Option("clip_grad_norm", "float | None", None, "training",
-           "clip the whole model's gradient norm to this", _clip),
+           "clip the whole model's gradient norm to this", _clip,
+           kinds=(FUNCTION,)),
     Option("microbatches", "int | None", None, "parallelism",
            "pp or a 3-D mesh: micro-batches per schedule step (default: the stages)",
-           _optional(_positive_int("microbatches", ""))),
+           _optional(_positive_int("microbatches", "")),
+           kinds=(FUNCTION,)),
     Option("schedule", "str | None", None, "parallelism", "pp: 'gpipe' (default) or '1f1b'",
-           _schedule, choices=SCHEDULES),
+           _schedule, choices=SCHEDULES,
+           kinds=(FUNCTION,)),
     Option("split", "list[str] | None", None, "parallelism",
-           "pp: the module names where stages 1.. begin", _split),
+           "pp: the module names where stages 1.. begin", _split,
+           kinds=(FUNCTION,)),
     Option("reshard_after_forward", "bool | None", None, "parallelism",
            "fsdp: free the gathered blocks after the forward pass",
-           _flag("reshard_after_forward", optional=True)),
+           _flag("reshard_after_forward", optional=True),
+           kinds=(FUNCTION,)),
     Option("cpu_offload", "bool | None", None, "parallelism",
            "fsdp: keep parameters and optimizer state in CPU memory",
-           _flag("cpu_offload", optional=True)),
+           _flag("cpu_offload", optional=True),
+           kinds=(FUNCTION,)),
     Option("model", "Any", None, "parallelism",
            "an nn.Module or a function that builds one: checked against the layout at launch "
-           "(on the meta device), built by ctx.prepare()", wire=None),
+           "(on the meta device), built by ctx.prepare()", wire=None,
+           kinds=(FUNCTION,)),
     Option("plan", "dict[str, Any] | None", None, "parallelism",
-           "tp and 2-D: module name -> 'colwise', 'rowwise' or a ParallelStyle", wire=None),
+           "tp and 2-D: module name -> 'colwise', 'rowwise' or a ParallelStyle", wire=None,
+           kinds=(FUNCTION,)),
     Option("env", "dict[str, str] | None", None, "code",
            "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
            "README \"Network settings\")",
@@ -417,24 +466,51 @@ OPTIONS: tuple[Option, ...] = (
            _one_of("on_hang", ON_HANG), choices=ON_HANG),
     Option("on_error", "str", "fail", "debugging",
            "what a rank that raises does: 'fail' the job, or 'hold' it (HELD, for job.debug)",
-           _one_of("on_error", ON_ERROR), choices=ON_ERROR),
+           _one_of("on_error", ON_ERROR), choices=ON_ERROR,
+           kinds=(FUNCTION,)),
     Option("hold_timeout", "float", Config("hold-timeout"), "debugging",
            "seconds a HELD job waits for you before it fails",
-           _seconds("hold_timeout", " (how long a HELD job waits for you before it fails)")),
+           _seconds("hold_timeout", " (how long a HELD job waits for you before it fails)"),
+           kinds=(FUNCTION,)),
     Option("debug", "bool", False, "debugging",
            "ctx.breakpoint() pauses the job and opens a pdb console (else it does nothing)",
-           _flag("debug")),
+           _flag("debug"),
+           kinds=(FUNCTION,)),
     Option("hparams", "dict[str, Any] | None", None, "live",
            "ctx.hparams: names -> numbers, strings or booleans that job.update may change",
-           check_hparams, _copy_or_none),
+           check_hparams, _copy_or_none,
+           kinds=(FUNCTION,)),
     Option("on_nan", "str", "report", "diagnosis",
            "what a NaN or Inf loss does: 'report', 'pause', 'rollback' (needs checkpoint_dir) "
-           "or 'fail'", _one_of("on_nan", ON_NAN), choices=ON_NAN),
+           "or 'fail'", _one_of("on_nan", ON_NAN), choices=ON_NAN,
+           kinds=(FUNCTION,)),
     Option("on_spike", "str", "report", "diagnosis", "what a loss spike does: 'report' or 'pause'",
-           _one_of("on_spike", ON_SPIKE), choices=ON_SPIKE),
+           _one_of("on_spike", ON_SPIKE), choices=ON_SPIKE,
+           kinds=(FUNCTION,)),
+    Option("script", "str | None", None, "scripts",
+           "a Python file each rank runs as `python -u script *args`, torchrun's way "
+           "(launch_script)", _script, kinds=(SCRIPT,)),
+    Option("module", "str | None", None, "scripts",
+           "a module each rank runs as `python -u -m module *args` (instead of script)",
+           _module, kinds=(SCRIPT,)),
+    Option("command", "str | None", None, "scripts",
+           "a console command each rank runs as `command *args`, found on the workers' PATH "
+           "(instead of script)", _command, kinds=(SCRIPT,)),
+    Option("grace", "float", Config("term-grace"), "scripts",
+           "seconds a script's rank has to exit after SIGTERM (stop, suspend, preemption) "
+           "before SIGKILL", _seconds("grace"), kinds=(SCRIPT,)),
 )
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 NAMES: tuple[str, ...] = tuple(OPTIONS_BY_NAME)
+
+
+def names(kind: str) -> tuple[str, ...]:
+    """The options a job of ``kind`` (:data:`FUNCTION` or :data:`SCRIPT`) takes, in order.
+
+    >>> "grace" in names(SCRIPT), "grace" in names(FUNCTION), "strategy" in names(SCRIPT)
+    (True, False, False)
+    """
+    return tuple(o.name for o in OPTIONS if kind in o.kinds)
 
 
 # --- defaults ----------------------------------------------------------------------------------
@@ -482,15 +558,47 @@ def check(values: Mapping[str, Any]) -> dict[str, Any]:
     ...        "strategy": "fsdp", "mesh": {"dp": -1}})["mesh"]
     {'dp': -1}
     """
+    kind = kind_of(values)
+    _check_kind(values, kind)
     out = {}
     for option in OPTIONS:
         value = values[option.name]
+        if kind not in option.kinds:  # not given (checked above): stays unset, no setting read
+            out[option.name] = value
+            continue
         if value is None and option.setting is not None:
             value = default(option.name)
         out[option.name] = option.check(value)
     _check_parallel(out)
     _check_together(out)
     return out
+
+
+def kind_of(values: Mapping[str, Any]) -> str:
+    """:data:`SCRIPT` when ``values`` name a script, module or command to run, else
+    :data:`FUNCTION`."""
+    return SCRIPT if any(values.get(n) is not None for n in ENTRY_POINTS) else FUNCTION
+
+
+def _check_kind(values: Mapping[str, Any], kind: str) -> None:
+    """Every option given belongs to the job's kind; a script job runs one thing."""
+    given = [n for n in ENTRY_POINTS if values.get(n) is not None]
+    if len(given) > 1:
+        raise SpecError(f"a script job runs one thing: give script=, module= or command=, not "
+                        f"{' and '.join(f'{n}=' for n in given)}")
+    other, launcher = (FUNCTION, "cluster.launch(fn, ...)") if kind == SCRIPT else \
+        (SCRIPT, "cluster.launch_script(...)")
+    wrong = [o.name for o in OPTIONS if kind not in o.kinds
+             and _is_given(values[o.name], o.launch_default)]
+    if wrong:
+        what = "a training function" if kind == FUNCTION else "a script"
+        verb = "is an option" if len(wrong) == 1 else "are options"
+        raise SpecError(f"{', '.join(f'{n}=' for n in wrong)} {verb} of {other} jobs "
+                        f"({launcher}), not of a job that runs {what}")
+
+
+def _is_given(value: Any, launch_default: Any) -> bool:
+    return value is not None if launch_default is None else value != launch_default
 
 
 def _check_parallel(spec: dict[str, Any]) -> None:
@@ -540,7 +648,9 @@ def _check_together(spec: dict[str, Any]) -> None:
 
 def to_wire(values: Mapping[str, Any]) -> dict[str, Any]:
     """The options of checked ``values`` that cross the wire, in their wire form."""
-    return {o.name: o.wire(values[o.name]) for o in OPTIONS if o.wire is not None}
+    # an option of the other kind of job, unset, takes WireSpec's default
+    return {o.name: o.wire(values[o.name]) for o in OPTIONS if o.wire is not None
+            and not (o.setting is not None and values[o.name] is None)}
 
 
 # --- documentation -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 >>> post.frames[-1]["locals"]    # {"x": "Tensor(shape=[8, 8], ..., nan=True)", ...}  # doctest: +SKIP
 
 The locals were rendered on the rank when it raised (see
-:mod:`clustersdk.runtime.debugging`): reprs cut to a length, tensors summarized, a
+:mod:`clustersdk.runtime.holds`): reprs cut to a length, tensors summarized, a
 repr that raised or ran too long named as such. Pure: no Dask, no torch.
 """
 

@@ -159,6 +159,7 @@ class RankEvent(str, enum.Enum):
     HELD = "held"                        # error, frames, step: raised under on_error="hold"
     BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
     CONSOLE = "console"                  # k, text, closed: what the rank's pdb session printed
+    CONTROLS = "controls"                # accepts: what a script rank opted into (pause...)
     EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
 
 
@@ -301,6 +302,14 @@ class DiagnosisMessage(TypedDict):
     diagnosis: dict[str, Any]
 
 
+class ControlsMessage(TypedDict):
+    """What a script job's ranks accept changed (they opted into step boundaries): buttons
+    read the job's record again."""
+
+    kind: Literal["controls"]
+    controls: list[str]
+
+
 class RollbackMessage(TypedDict):
     """Rows of steps at or after ``step`` were rolled back (a restart or resume
     replays them): forget them."""
@@ -311,7 +320,19 @@ class RollbackMessage(TypedDict):
 
 Message = Union[MetricsMessage, StepsMessage, StatusMessage, ProgressMessage, CheckpointMessage,
                 CheckpointFailedMessage, ProfileMessage, RollbackMessage, ConsoleMessage,
-                UpdatedMessage, DiagnosisMessage]
+                UpdatedMessage, DiagnosisMessage, ControlsMessage]
+
+
+def what_runs(spec: Mapping[str, Any]) -> str:
+    """How a job's record names what it runs: its strategy, or for a script job
+    ``"script train.py"`` (``-m pkg.train``, a command).
+
+    >>> what_runs({"strategy": "fsdp"}), what_runs({"script": "/a/t.py", "fn": "t.py"})
+    ('fsdp', 'script t.py')
+    """
+    if spec.get("script") or spec.get("module") or spec.get("command"):
+        return f"script {spec.get('fn')}"
+    return str(spec.get("strategy", "?"))
 
 
 # --- the job spec ------------------------------------------------------------------------------
@@ -376,8 +397,20 @@ class WireSpec:
     hparams: dict[str, Any] | None = spec_field("hparams")  # JSON scalars job.update may change
     on_nan: str = spec_field("on_nan")        # "report", "pause", "rollback" or "fail"
     on_spike: str = spec_field("on_spike")    # "report" or "pause"
+    # a script job (launch_script): what each rank runs as a child process of its worker
+    script: str | None = spec_field("script")  # python -u script *args
+    module: str | None = spec_field("module")  # python -u -m module *args
+    command: str | None = spec_field("command")  # command *args
+    args: list[str] | None = None             # the script's arguments
+    grace: float = spec_field("grace")        # seconds from SIGTERM to SIGKILL
     skip_steps: list[int] | None = None       # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
+
+    @property
+    def kind(self) -> str:
+        """``"script"`` for a job of :meth:`~clustersdk.Cluster.launch_script` (a script,
+        a module or a console command), else ``"function"``."""
+        return "script" if self.script or self.module or self.command else "function"
 
     def as_dict(self) -> dict[str, Any]:
         """The msgpack- and JSON-able form that crosses the wire and sits in the journal."""

@@ -28,6 +28,10 @@ class JobSpec:
     """What to run and on how many ranks: one field per launch option (see
     :mod:`clustersdk.options` for each one's type, default and check), checked here.
 
+    A training function ``fn(ctx, *args, **kwargs)``, or a script job: ``fn=None`` and one of
+    ``script``, ``module`` or ``command``, with ``args`` its command line's arguments
+    (what ``cluster.launch_script`` makes).
+
     A field whose default is a setting (``timeout``, ``metrics_interval``,
     ``max_restarts``, ``hold_timeout``) may be None: the setting's value then.
     ``cluster.launch(spec)`` runs it; each launch is a new job.
@@ -36,7 +40,7 @@ class JobSpec:
     'ddp'
     """
 
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None  # None for a script job (script=, module= or command=)
     world_size: int
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
@@ -79,10 +83,20 @@ class JobSpec:
     hparams: dict[str, Any] | None = None
     on_nan: str = default("on_nan")
     on_spike: str = default("on_spike")
+    script: str | None = None
+    module: str | None = None
+    command: str | None = None
+    grace: float | None = None
     id: str = dataclasses.field(default_factory=new_id)
 
     def __post_init__(self) -> None:
-        if not callable(self.fn):
+        kind = options.kind_of(self.options())
+        if kind == options.SCRIPT:
+            self._check_script_call()
+        elif self.fn is None:
+            raise SpecError("a job runs a training function (fn=...) or a script (script=, "
+                            "module= or command=); got neither")
+        elif not callable(self.fn):
             raise SpecError(f"fn must be callable, got {self.fn!r} of type {type(self.fn).__name__}")
         if not isinstance(self.args, (tuple, list)):
             raise SpecError(f"args must be a tuple, got {type(self.args).__name__}")
@@ -93,12 +107,49 @@ class JobSpec:
             self.name = self.default_name()
         for name, value in options.check(self.options()).items():
             setattr(self, name, value)
+        if self.script is not None:
+            self.script = _script_file(self.script, self.working_dir)
         if self.checkpoint_dir is not None:
             self.checkpoint_dir = _checkpoint_root(self.checkpoint_dir)
         if self.model is not None:
             from .layout import Layout
 
             self._check_model(Layout.resolve(self.strategy, self.mesh, self.world_size))
+
+    @property
+    def kind(self) -> str:
+        """``"script"`` (it runs a script, a module or a command) or ``"function"``."""
+        return options.kind_of(self.options())
+
+    def _check_script_call(self) -> None:
+        """A script job: no function, and its arguments are a command line's."""
+        if self.fn is not None:
+            raise SpecError(f"a job runs a training function or a script, not both: got "
+                            f"fn={getattr(self.fn, '__qualname__', self.fn)!r} and "
+                            f"{self.entry_point()}")
+        if isinstance(self.args, (str, bytes)) or not isinstance(self.args, (tuple, list)):
+            raise SpecError(f"args must be a list of the script's arguments, got {self.args!r}")
+        bad = [a for a in self.args if isinstance(a, bool)
+               or not isinstance(a, (str, int, float, os.PathLike))]
+        if bad:
+            raise SpecError(f"args are a command line: strings (or numbers, paths), got "
+                            f"{bad[0]!r} of type {type(bad[0]).__name__}")
+        self.args = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a)
+                          for a in self.args)
+        if self.kwargs:
+            raise SpecError(f"a script takes no kwargs (its arguments go in args=), got "
+                            f"{self.kwargs!r}")
+
+    def entry_point(self) -> str:
+        """What a script job runs, as a command line would say it (``train.py``,
+        ``-m pkg.train``, ``my-trainer``); a function job's qualified name."""
+        if self.script is not None:
+            return os.path.basename(self.script)
+        if self.module is not None:
+            return f"-m {self.module}"
+        if self.command is not None:
+            return self.command
+        return getattr(self.fn, "__qualname__", repr(self.fn))
 
     def options(self) -> dict[str, Any]:
         """Every launch option's value, by name (as :func:`clustersdk.options.check` takes them)."""
@@ -110,7 +161,11 @@ class JobSpec:
         >>> JobSpec(fn=print, world_size=1, id="0123456789ab").name
         'print-012345'
         """
-        base = re.sub(r"[^A-Za-z0-9_.-]+", "-", getattr(self.fn, "__name__", "job"))
+        named = (os.path.splitext(os.path.basename(self.script))[0] if self.script else
+                 self.module.rsplit(".", 1)[-1] if self.module else
+                 os.path.basename(self.command) if self.command else
+                 getattr(self.fn, "__name__", "job"))
+        base = re.sub(r"[^A-Za-z0-9_.-]+", "-", named)
         return f"{base.strip('_.-')[:50] or 'job'}-{self.id[:6]}"
 
     def renewed(self, **changes: Any) -> JobSpec:
@@ -148,6 +203,9 @@ class JobSpec:
     def payload(self, dumps: Callable[[Any], bytes] = cloudpickle.dumps) -> bytes:
         """The function, its arguments and the Python objects given to launch (a model
         factory, a TP plan), pickled by ``dumps``; a clear error if they can't be."""
+        if self.fn is None:
+            raise SpecError(f"job {self.name!r} runs {self.entry_point()}: a script job has no "
+                            "function to pickle")
         objects = {k: v for k, v in (("model", self.model), ("plan", self.plan)) if v is not None}
         try:
             return dumps((self.fn, self.args, self.kwargs, objects))
@@ -161,8 +219,26 @@ class JobSpec:
 
     def to_wire(self) -> WireSpec:
         """What the scheduler keeps and the ranks get: every option, no Python objects."""
-        return WireSpec(id=self.id, fn=getattr(self.fn, "__qualname__", repr(self.fn)),
-                        owner=owner(), **options.to_wire(self.options()))
+        script = self.kind == options.SCRIPT
+        return WireSpec(id=self.id, fn=self.entry_point(), owner=owner(),
+                        args=list(self.args) if script else None,
+                        **options.to_wire(self.options()))
+
+
+def _script_file(script: str, working_dir: str | None) -> str:
+    """The script's absolute path: a relative one is found in ``working_dir`` (which ships
+    it), else in the current directory; it must be a file, and inside ``working_dir``."""
+    path = os.path.expanduser(script)
+    if not os.path.isabs(path):
+        path = os.path.join(working_dir or os.getcwd(), path)
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise SpecError(f"script {script!r} is not a file ({path} does not exist)")
+    if working_dir and os.path.commonpath([path, working_dir]) != working_dir:
+        raise SpecError(f"script {script!r} is outside working_dir={working_dir!r}, which is "
+                        "what the ranks get: put it there, or leave working_dir out (the script "
+                        "is then shipped alone)")
+    return path
 
 
 def owner() -> str:

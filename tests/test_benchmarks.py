@@ -28,6 +28,20 @@ def test_launch_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_scripts_benchmark_smoke(tmp_path):
+    out = tmp_path / "scripts.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scripts.py"), "--repeats", "1", "--steps",
+         "10", "--calls", "500", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["max_param_diff"] <= 1e-6 and result["logs_complete"]
+    assert set(result["medians"]) == {"torchrun", "launch_script"}
+
+
+@pytest.mark.slow
 def test_checkpoint_benchmark_smoke(tmp_path):
     out = tmp_path / "checkpoint.json"
     proc = subprocess.run(

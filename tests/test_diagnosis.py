@@ -133,7 +133,7 @@ def test_ordinary_training_gets_no_diagnosis(idle):
     assert job.diagnoses() == [] and job.diagnosis is None
 
 
-def test_small_batches_make_no_spike_of_the_jobs_loss_though_their_slices_would():
+def test_small_batches_make_no_spike_of_the_jobs_loss_nor_of_one_ranks_slice():
     """Ordinary training on small slices of the batch (3 ranks x 8 samples, in process):
     each rank's loss is heavy-tailed (a hard slice costs several times the median), so
     judged rank by rank it would "spike" again and again; the job's loss, the mean of
@@ -163,7 +163,65 @@ def test_small_batches_make_no_spike_of_the_jobs_loss_though_their_slices_would(
         alone += sum(d.add(step, v) is not None for d, v in zip(per_rank, losses))
         for rank, value in enumerate(losses):
             judged += sum(job.add(s.step, s.mean) is not None for s in means.add(rank, step, value))
-    assert alone >= 10 and judged == 0, (alone, judged)
+    # judged against the highest loss of the window, not the median, not even one rank's
+    # slice (whose hard batches cost several times the median) makes a spike
+    assert alone == 0 and judged == 0, (alone, judged)
+
+
+def demo_job_losses(seed: int, steps: int = 2000, ranks: int = 2, batch: int = 64,
+                    spike_at: int | None = None) -> list[float]:
+    """The job loss (the mean over ``ranks`` ranks' slices of ``batch``) of the demo's
+    spirals classifier trained to convergence, in process; ``spike_at``: that step's
+    batch is mislabeled, every sample of it."""
+    import torch
+
+    from clustersdk.demo import spirals
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = spirals(seed=seed).tensors
+    order = torch.Generator().manual_seed(seed)
+    out, perm, at, size = [], torch.randperm(len(x), generator=order), 0, ranks * batch
+    for step in range(steps):
+        if at + size > len(x):
+            perm, at = torch.randperm(len(x), generator=order), 0
+        index, at = perm[at:at + size], at + size
+        target = (y[index] + 1) % 3 if step == spike_at else y[index]
+        loss = torch.nn.functional.cross_entropy(model(x[index]), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def spikes(job_losses: list[float]) -> list[int]:
+    from clustersdk.signals import SpikeDetector
+
+    detector = SpikeDetector()  # the defaults of clustersdk.yaml
+    return [s.step for s in (detector.add(i, v) for i, v in enumerate(job_losses)) if s]
+
+
+@pytest.mark.slow
+def test_the_demo_trained_to_convergence_makes_no_spike_over_five_seeds_but_a_real_one_is_found():
+    """Near convergence a mini-batch with a few hard samples costs 10 to 40 times the median
+    loss: no user calls that a spike (a bar of 1.25x the median reported 0 to 20 per run)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is the fastest
+    try:
+        runs = [demo_job_losses(seed) for seed in range(5)]
+        planted = demo_job_losses(0, steps=1600, spike_at=1500)
+    finally:
+        torch.set_num_threads(threads)
+    for seed, run in enumerate(runs):
+        assert spikes(run) == [], seed
+    # a whole batch mislabeled after convergence: the loss jumps far above its recent scale
+    assert spikes(planted) == [1500]
 
 
 def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
@@ -174,7 +232,7 @@ def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
     perm = torch.randperm(512, generator=torch.Generator().manual_seed(0))
     sample = int(perm[step * batch * 2 + rank * batch])
     job = idle.launch(workloads_diag.train_poisoned, kwargs={
-        "sample": sample, "y_scale": 6.0, "steps": 500, "batch": batch, "delay": 0.01},
+        "sample": sample, "y_scale": 20.0, "steps": 500, "batch": batch, "delay": 0.01},
         world_size=2, on_spike="pause")
     wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=60)
     # the poisoned batch's (its update may spike a later step too, and the ranks' rows

@@ -43,6 +43,7 @@ PURE = [
     "clustersdk.checkpoint_files.remote",
     "clustersdk.control.anomalies",
     "clustersdk.client",
+    "clustersdk.script",  # imported by training scripts: cheap, and no torch of its own
 ]
 
 
@@ -153,7 +154,8 @@ def test_using_cluster_and_job_loads_no_presentation():
 #: the base tier: pure rules every tier may import (modules, or packages with all they hold)
 BASE = ("clustersdk.protocol", "clustersdk.status", "clustersdk.errors", "clustersdk.layout",
         "clustersdk.config", "clustersdk.hparams", "clustersdk.diagnosis", "clustersdk.signals",
-        "clustersdk.checkpoint_files", "clustersdk.options")
+        "clustersdk.checkpoint_files", "clustersdk.options", "clustersdk.network",
+        "clustersdk.version")
 
 
 def module_of(path: Path, root: Path = ROOT) -> str:
@@ -197,12 +199,18 @@ def under(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
-def test_the_runtime_never_imports_the_control_plane():
-    assert offences("clustersdk.runtime", lambda m: not under(m, "clustersdk.control")) == []
+def test_the_runtime_imports_only_itself_the_base_tier_and_the_reference_models():
+    allowed = (*BASE, "clustersdk.runtime", "clustersdk.models")
+    assert offences("clustersdk.runtime", lambda m: under(m, *allowed)) == []
 
 
-def test_the_control_plane_never_imports_the_runtime():
-    assert offences("clustersdk.control", lambda m: not under(m, "clustersdk.runtime")) == []
+def test_the_control_plane_imports_only_itself_and_the_base_tier():
+    assert offences("clustersdk.control",
+                    lambda m: under(m, *BASE, "clustersdk.control")) == []
+
+
+def test_the_reference_models_import_only_themselves_and_the_base_tier():
+    assert offences("clustersdk.models", lambda m: under(m, *BASE, "clustersdk.models")) == []
 
 
 @pytest.mark.parametrize("package", [p for p in BASE if modules(p)])
@@ -231,3 +239,19 @@ def test_no_test_module_imports_another_test_module():
                  and any(t in known and t.rpartition(".")[2].startswith("test_")
                          for t in imported(path, known))}
     assert importers == set()
+
+
+def test_every_import_of_a_clustersdk_module_names_one_that_exists():
+    """An import inside a function runs only when called: a module renamed without it
+    fails at that moment (a script job's first step did, once)."""
+    known = set(modules("clustersdk")) | set(modules("jupyter_clustersdk", ROOT / "extension"))
+    missing = []
+    for root, package in ((ROOT, "clustersdk"), (ROOT / "extension", "jupyter_clustersdk")):
+        for name, path in modules(package, root).items():
+            for line, module, names, _ in import_statements(path.read_text(encoding="utf-8"),
+                                                            path, root):
+                if module.split(".")[0] not in ("clustersdk", "jupyter_clustersdk"):
+                    continue
+                if module not in known:
+                    missing.append(f"{name}:{line} imports {module}")
+    assert missing == []

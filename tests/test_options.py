@@ -24,8 +24,9 @@ from IPython.core.magic_arguments import parse_argstring
 
 import clustersdk as cs
 from clustersdk import hparams, options
+from clustersdk.cli.flags import flag, flag_names
 from clustersdk.errors import ProtocolError, SpecError
-from clustersdk.magics import FLAGS, ClusterMagics, flag
+from clustersdk.magics import FLAGS, ClusterMagics
 from clustersdk.options import OPTIONS, OPTIONS_BY_NAME, Option
 from clustersdk.protocol import WireSpec
 from clustersdk.spec import JobSpec
@@ -38,7 +39,7 @@ CHANGED = {f"clustersdk.{options.OPTIONS_BY_NAME[k].setting}": v for k, v in SET
 
 # WireSpec fields that are not launch options: the control plane's and the launcher's
 WIRE_ONLY = {"id", "fn", "owner", "attempt", "asked_world_size", "profile_dir", "skip_steps",
-             "version"}
+             "args", "version"}
 # launch options that do not cross the wire: Python objects, pickled into the payload
 NOT_ON_THE_WIRE = {"model", "plan"}
 # where an option's wire form has another type than what launch takes
@@ -68,7 +69,8 @@ def test_every_option_is_documented_grouped_and_checked_once():
                 option.check("no-such-choice")
     # every default the configuration has is read from it, and only those
     settings = {o.setting for o in OPTIONS if o.setting is not None}
-    assert settings == {"timeout", "metrics-interval", "max-restarts", "hold-timeout"}
+    assert settings == {"timeout", "metrics-interval", "max-restarts", "hold-timeout",
+                        "term-grace"}
     shipped = yaml.safe_load((ROOT / "clustersdk" / "clustersdk.yaml").read_text())["clustersdk"]
     assert settings <= set(shipped)
 
@@ -98,7 +100,45 @@ def test_launch_has_one_keyword_per_option_with_the_same_defaults():
     parameters = list(inspect.signature(cs.Cluster.launch).parameters.values())
     assert [p.name for p in parameters[:4]] == ["self", "fn", "args", "kwargs"]
     keywords = parameters[4:]
-    assert [p.name for p in keywords] == list(options.NAMES)
+    assert [p.name for p in keywords] == list(options.names(options.FUNCTION))
+    assert_keywords_follow_the_table(keywords)
+
+
+def test_launch_script_has_one_keyword_per_option_of_a_script_job():
+    parameters = list(inspect.signature(cs.Cluster.launch_script).parameters.values())
+    assert [p.name for p in parameters[:3]] == ["self", "script", "args"]
+    assert parameters[1].default is None  # or module= / command=
+    keywords = parameters[3:]
+    wanted = [n for n in options.names(options.SCRIPT) if n != "script"]
+    assert [p.name for p in keywords] == wanted
+    assert_keywords_follow_the_table(keywords)
+    doc = inspect.getdoc(cs.Cluster.launch_script)
+    for name in wanted:
+        assert re.search(rf"\b{name}\b", doc), name
+
+
+def test_every_option_belongs_to_a_kind_and_the_other_kind_refuses_it(tmp_path):
+    assert all(o.kinds and set(o.kinds) <= {"function", "script"} for o in OPTIONS)
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    for option in OPTIONS:
+        if option.kinds == ("function",) and option.name not in ("model", "plan"):
+            value = option.choices[-1] if option.choices else {
+                "str": "x", "int": 2, "bool": not option.launch_default, "float": 2.0,
+                "dict[str, int]": {"dp": 1}, "dict[str, Any]": {"a": 1}, "list[str]": ["a"],
+            }[option.type.removesuffix(" | None")]
+            with pytest.raises(SpecError, match=f"{option.name}= is an option of function jobs"):
+                JobSpec(fn=None, world_size=1, script=str(script), **{option.name: value})
+    with pytest.raises(SpecError, match="grace= is an option of script jobs"):
+        JobSpec(fn=train, world_size=1, grace=5)
+    with pytest.raises(SpecError, match="give script=, module= or command=, not script= and "
+                                        "module="):
+        JobSpec(fn=None, world_size=1, script=str(script), module="a.b")
+    with pytest.raises(SpecError, match="a training function or a script, not both"):
+        JobSpec(fn=train, world_size=1, module="a.b")
+
+
+def assert_keywords_follow_the_table(keywords: list[inspect.Parameter]) -> None:
     for p in keywords:
         option = OPTIONS_BY_NAME[p.name]
         assert p.kind is inspect.Parameter.KEYWORD_ONLY
@@ -130,7 +170,7 @@ def test_to_wire_carries_every_checked_option():
                    hang_timeout=30, on_error="hold", debug=True, on_spike="pause",
                    min_world_size=2, async_checkpoint=False)
     wire = spec.to_wire()
-    for name in options.NAMES:
+    for name in options.names(options.FUNCTION):
         if name not in NOT_ON_THE_WIRE and name != "py_modules":
             assert getattr(wire, name) == getattr(spec, name), name
     assert wire.py_modules == ["json"] and wire.clip_grad_norm == 1.0 and wire.time_limit == 10.0
@@ -188,10 +228,12 @@ def test_every_option_a_command_line_can_spell_is_a_flag():
     for option in OPTIONS:
         spellable = option.type.removesuffix(" | None") in SCALAR
         assert (flag(option) is not None) == spellable, option.name
-        assert (option.name in FLAGS) == spellable
+        assert (option.name in FLAGS) == (spellable and "function" in option.kinds)
     # the rest are dicts, lists and Python objects: cluster.launch in the cell takes them
-    assert set(options.NAMES) - set(FLAGS) == {"mesh", "split", "model", "plan", "env",
-                                               "py_modules", "hparams"}
+    assert set(options.names(options.FUNCTION)) - set(FLAGS) == {
+        "mesh", "split", "model", "plan", "env", "py_modules", "hparams"}
+    assert set(flag_names(options.SCRIPT)) == {
+        n for n in options.names(options.SCRIPT) if n not in ("env", "py_modules")}
 
 
 def test_flags_parse_to_launch_keywords_and_default_to_none():
@@ -270,8 +312,10 @@ def test_launch_docstring_lists_every_option_in_its_group():
     for block in re.findall(r'^- (\w+) \("([^"]+)"\): (.*?)(?=^- |^$)', doc + "\n\n", re.M | re.S):
         group, section, names = block
         listed[group] = (section, names.split())
-    assert listed == {group: (section, [o.name for o in OPTIONS if o.group == group])
-                      for group, (_, section) in options.GROUPS.items()}
+    of_functions = {group: [o.name for o in OPTIONS if o.group == group
+                            and "function" in o.kinds] for group in options.GROUPS}
+    assert listed == {group: (section, of_functions[group])
+                      for group, (_, section) in options.GROUPS.items() if of_functions[group]}
     headings = [line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines()
                 if line.startswith("#")]
     for _, section in options.GROUPS.values():

@@ -130,8 +130,9 @@ def test_to_wire_is_msgpackable_and_has_no_function():
                     "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
                     "profile_dir": None, "on_error": "fail", "hold_timeout": 1800.0,
                     "debug": False, "hparams": None,
-                    "on_nan": "report", "on_spike": "report", "skip_steps": None,
-                    "version": 1}
+                    "on_nan": "report", "on_spike": "report", "script": None,
+                    "module": None, "command": None, "args": None, "grace": 30.0,
+                    "skip_steps": None, "version": 1}
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():

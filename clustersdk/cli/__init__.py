@@ -11,6 +11,8 @@
     clustersdk stacks JOB [--all-threads]      where every rank is now
     clustersdk logs JOB [--rank R] [-f]
     clustersdk history JOB [--csv]
+    clustersdk submit --address ADDR -n N [options] script.py [-- ARGS]   a script job
+    clustersdk submit --address ADDR -n N [options] -m pkg.train [-- ARGS] (or --command C)
 
 Every command takes ``--cluster ADDRESS`` (default: every cluster in this
 machine's registry) and ``--json``. Exit codes: 0 done, 1 refused or failed
@@ -90,6 +92,26 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                       help="keep printing new lines until the job ends (exit 1 if it failed)")
     history = job_command("history", "every metric row the ranks logged", commands.history)
     history.add_argument("--csv", action="store_true", help="as CSV")
+
+    from .. import options
+    from .flags import add_flags
+
+    submit = sub.add_parser(
+        "submit", parents=[common], help="run a script on N ranks, as torchrun would",
+        description="Run `python -u SCRIPT ARGS` (or -m MODULE, or --command C) on N ranks "
+                    "of a cluster as a script job (cluster.launch_script); print the job's "
+                    "name, then with --follow every rank's lines until it ends. The script's "
+                    "own arguments go after `--`.")
+    submit.add_argument("script", nargs="?", metavar="SCRIPT",
+                        help="the Python file each rank runs (or give -m / --command)")
+    submit.add_argument("script_args", nargs="*", metavar="ARGS",
+                        help="the script's arguments (after --)")
+    submit.add_argument("--address", metavar="ADDRESS",
+                        help="the Dask scheduler address (same as --cluster)")
+    submit.add_argument("-f", "--follow", action="store_true",
+                        help="print every rank's lines until the job ends (exit 1 if it failed)")
+    add_flags(submit, options.SCRIPT, skip=("script",))
+    submit.set_defaults(run=commands.submit)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -222,6 +222,49 @@ def stacks(args: argparse.Namespace) -> int:
     return OK
 
 
+def submit(args: argparse.Namespace) -> int:
+    """A script job (``cluster.launch_script``): its name; with --follow, its lines."""
+    from ..options import SCRIPT
+    from .flags import flag_names
+
+    address = args.address or args.cluster
+    if address is None:
+        raise SpecError("submit needs the cluster: --address tcp://HOST:8786")
+    if args.world_size is None:
+        raise SpecError("submit needs -n/--world-size N: how many ranks")
+    given = {name: getattr(args, name) for name in flag_names(SCRIPT)
+             if name != "script" and getattr(args, name, None) is not None}
+    script, script_args = args.script, list(args.script_args)
+    if script is not None and (args.module or args.command):  # -m M -- ARGS: all arguments
+        script, script_args = None, [script, *script_args]
+    with Clusters(address) as clusters:
+        cluster = next(iter(clusters))
+        job = cluster.launch_script(script, script_args, **given)
+        _out(job.id if args.json else job.name)
+        if not args.follow:
+            return OK
+        return follow(job, None, json=args.json)
+
+
+def follow(job: Job, rank: int | None, *, json: bool = False, keep: bool = True) -> int:
+    """Print the job's lines (of ``rank``, or every rank); with ``keep``, until it ends:
+    exit code 1 if it failed."""
+    prefix = rank is None and job.world_size > 1
+    since = 0
+    while True:
+        status = job.status  # before the read: lines written before it ended are not missed
+        lines = job.log_lines(rank=rank, since=since)
+        for line in lines:
+            _out(render.to_json(line) if json else render.log_line(line, prefix))
+        if lines:
+            since = lines[-1]["seq"]
+        if not keep:
+            return OK
+        if status.terminal:
+            return FAILED if status is JobStatus.FAILED else OK
+        time.sleep(FOLLOW_EVERY)
+
+
 def logs(args: argparse.Namespace) -> int:
     """What the ranks printed; with -f, follow until the job ends (exit 1 if it failed)."""
     with Clusters(args.cluster) as clusters:
@@ -229,20 +272,7 @@ def logs(args: argparse.Namespace) -> int:
         if args.rank is not None and not 0 <= args.rank < job.world_size:
             raise SpecError(f"--rank {args.rank} is not a rank of job {job.name!r} "
                             f"(its ranks are 0..{job.world_size - 1})")
-        prefix = args.rank is None and job.world_size > 1
-        since = 0
-        while True:
-            status = job.status  # before the read: lines written before it ended are not missed
-            lines = job.log_lines(rank=args.rank, since=since)
-            for line in lines:
-                _out(render.to_json(line) if args.json else render.log_line(line, prefix))
-            if lines:
-                since = lines[-1]["seq"]
-            if not args.follow:
-                return OK
-            if status.terminal:
-                return FAILED if status is JobStatus.FAILED else OK
-            time.sleep(FOLLOW_EVERY)
+        return follow(job, args.rank, json=args.json, keep=args.follow)
 
 
 def history(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ import math
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..protocol import what_runs
+
 _ROW_KEYS = ("seq", "rank", "step", "time")
 
 
@@ -49,7 +51,7 @@ def job_row(record: Mapping[str, Any], cluster: str, now: float | None = None) -
     """One line of ``clustersdk jobs``."""
     spec = record.get("spec") or {}
     return [record["name"], record["id"], record["status"], str(spec.get("world_size", "?")),
-            str(spec.get("strategy", "?")), str(spec.get("owner") or "-"),
+            what_runs(spec), str(spec.get("owner") or "-"),
             f"{ago(record.get('submitted'), now)} ago", cluster]
 
 
@@ -107,7 +109,7 @@ def _fields(record: Mapping[str, Any], cluster: str,
     fields = [
         ("name", record["name"]), ("id", record["id"]), ("cluster", cluster),
         ("status", record["status"] + reason), ("owner", spec.get("owner") or "-"),
-        ("strategy", f"{spec.get('strategy')} on {spec.get('world_size')} rank(s)"),
+        ("strategy", f"{what_runs(spec)} on {spec.get('world_size')} rank(s)"),
         ("steps", steps + (f"  {scalars}" if scalars else "")),
         ("submitted", _when(record.get("submitted"))), ("started", _when(record.get("started"))),
         ("ended", _when(record.get("ended"))),

@@ -217,6 +217,80 @@ class Cluster:
                                 "'world_size'")
             spec = JobSpec(fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
                            **{**given, "env": {**self.env, **(env or {})} or None})
+        return self._submit(spec)
+
+    def launch_script(
+        self,
+        script: str | None = None,
+        args: Sequence[Any] = (),
+        *,
+        world_size: int | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        metrics_interval: float | None = None,
+        checkpoint_dir: str | None = None,
+        tensorboard_dir: str | None = None,
+        max_restarts: int | None = None,
+        env: dict[str, str] | None = None,
+        working_dir: str | None = None,
+        py_modules: list[Any] | None = None,
+        queue: str | None = None,
+        priority: int | str | None = None,
+        preemptible: bool = default("preemptible"),
+        time_limit: float | None = None,
+        min_world_size: int | None = None,
+        hang_timeout: float | None = None,
+        on_hang: str = default("on_hang"),
+        module: str | None = None,
+        command: str | None = None,
+        grace: float | None = None,
+    ) -> Job:
+        """Run ``python -u script *args`` (or ``-m module``, or a console ``command``) on
+        ``world_size`` ranks, as ``torchrun`` would; return its :class:`Job`.
+
+        Each rank is a child process of its slot's worker (which pins its GPU), with
+        torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+        ``MASTER_PORT``, ``TORCHELASTIC_*``...), so ``dist.init_process_group()``,
+        accelerate and the Hugging Face ``Trainer`` work untouched; plus
+        ``CLUSTERSDK_JOB`` and, with ``checkpoint_dir``, ``CLUSTERSDK_CHECKPOINT_DIR``.
+        Queued, gang-scheduled, preempted and restarted as any job: what every rank
+        prints is its log; a non-zero exit ends the gang and restarts it within
+        ``max_restarts`` (else the job fails naming the rank and its exit code); stop,
+        suspend and preemption send SIGTERM, then SIGKILL after ``grace`` seconds.
+        :mod:`clustersdk.script` (or ``ClusterSDKCallback`` in a ``Trainer``) adds live
+        charts, pause and checkpoints at step boundaries. ``job.wait()`` returns 0.
+
+        The script is found in ``working_dir`` when that is given (which ships with the
+        job and is the ranks' working directory), else in the current directory and
+        shipped alone. ``timeout`` is how long the ranks' rendezvous store waits for a
+        peer. The options by group (``print(clustersdk.options.describe())``):
+
+        - core ("In a notebook"): world_size name timeout metrics_interval
+        - checkpointing ("Pause, checkpoint, suspend, resume"): checkpoint_dir
+          tensorboard_dir
+        - faults ("When things go wrong"): max_restarts hang_timeout on_hang
+        - code ("As a script"): env working_dir py_modules
+        - sharing ("Sharing a cluster"): queue priority preemptible time_limit
+          min_world_size
+        - scripts ("Scripts as they are"): script module command grace
+
+        >>> job = cluster.launch_script("train.py", ["--epochs", "3"], world_size=4,   # doctest: +SKIP
+        ...                             working_dir=".", max_restarts=2)
+        >>> cluster.launch_script(module="pkg.train", world_size=2)                     # doctest: +SKIP
+        """
+        given = {k: v for k, v in locals().items() if k in options.OPTIONS_BY_NAME}
+        if world_size is None:
+            raise TypeError("Cluster.launch_script() missing 1 required keyword-only argument: "
+                            "'world_size'")
+        if script is None and module is None and command is None:
+            raise SpecError("launch_script needs what to run: a script's path, module=... or "
+                            "command=...")
+        spec = JobSpec(fn=None, args=tuple(args), **{
+            **given, "env": {**self.env, **(env or {})} or None})
+        return self._submit(spec)
+
+    def _submit(self, spec: JobSpec) -> Job:
+        """Check what only the cluster can check, ship the code, submit; the job's handle."""
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
@@ -225,7 +299,9 @@ class Cluster:
             check_writable(spec.checkpoint_dir)  # the workers share this filesystem: fail now
         if self._scaler is not None:
             self._scaler.want(spec.world_size)
-        payload = shipping.payload(spec, self.client)  # with the code; checks its modules
+        # with the code; checks its modules
+        payload = shipping.script_payload(spec, self.client) if spec.kind == "script" \
+            else shipping.payload(spec, self.client)
         wire = spec.to_wire()
         job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
                          "spec": wire.as_dict()})

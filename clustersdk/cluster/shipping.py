@@ -74,6 +74,31 @@ def payload(spec: JobSpec, client: Client) -> bytes:
     return cloudpickle.dumps((runner, (), {}, {}))
 
 
+SCRIPT_DIR = "__script__"  # where a script shipped without its working_dir lies in the archive
+
+
+def script_payload(spec: JobSpec, client: Client | None = None) -> bytes:
+    """A script job's payload: its code (``working_dir``, ``py_modules`` and, without a
+    ``working_dir``, the script file alone) and the script's place in it. With a
+    ``client``, refuses a ``module=`` the workers can't import and nothing ships."""
+    from ..runtime.scripts import script_payload as payload_of
+
+    extra, inside = {}, None
+    if spec.script is not None:
+        if spec.working_dir:
+            inside = os.path.relpath(spec.script, spec.working_dir).replace(os.sep, "/")
+        else:
+            inside = f"{SCRIPT_DIR}/{os.path.basename(spec.script)}"
+            extra[inside] = spec.script
+    package = pack(spec.working_dir, spec.py_modules, extra)
+    if spec.module is not None and client is not None:
+        shipped = set(package.modules) if package else set()
+        check_importable(client, {spec.module.split(".", 1)[0]} - shipped, f"-m {spec.module}")
+    if package is None:
+        return payload_of(None, None, inside)
+    return payload_of(package.archive, package.digest, inside, package.modules, package.chdir)
+
+
 # --- what the payload needs ---------------------------------------------------------------
 class _Recorder(cloudpickle.Pickler):
     """cloudpickle, noting the modules of what it pickles by reference."""
@@ -159,15 +184,17 @@ def _where(name: str) -> str:
 
 
 # --- packing --------------------------------------------------------------------------------
-def pack(working_dir: str | None, py_modules: list[Any] | None) -> Package | None:
-    """The archive of ``working_dir`` and ``py_modules`` (None when neither is given)."""
-    if not working_dir and not py_modules:
+def pack(working_dir: str | None, py_modules: list[Any] | None,
+         extra: dict[str, str] | None = None) -> Package | None:
+    """The archive of ``working_dir``, ``py_modules`` and ``extra`` files (name in the
+    archive -> local path); None when there is nothing to ship."""
+    if not working_dir and not py_modules and not extra:
         return None
-    files: dict[str, str] = {}  # name in the archive -> local path
+    files: dict[str, str] = dict(extra or {})  # name in the archive -> local path
     modules: set[str] = set()
     if working_dir:
         root = os.path.abspath(working_dir)
-        for rel, path in _walk(root):
+        for rel, path in _walk(root, limit=int(config.get("code-limit-mb", 64)) << 20):
             files[rel] = path
         modules |= _top_level_modules(root)
     for module in py_modules or ():
@@ -189,8 +216,11 @@ def pack(working_dir: str | None, py_modules: list[Any] | None) -> Package | Non
     return _packed[key]
 
 
-def _walk(root: str) -> list[tuple[str, str]]:
+def _walk(root: str, limit: int | None = None) -> list[tuple[str, str]]:
+    """Every file to ship under ``root``; past ``limit`` bytes a SpecError at once (a
+    working_dir of "/" must not be walked whole before it is refused)."""
     out = []
+    total = 0
     for here, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
         for name in sorted(names):
@@ -199,6 +229,14 @@ def _walk(root: str) -> list[tuple[str, str]]:
             path = os.path.join(here, name)
             if os.path.isfile(path):
                 out.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+                if limit is not None:
+                    total += os.path.getsize(path)
+                    if total > limit:
+                        raise SpecError(
+                            f"the code to ship (working_dir {root}) holds more than "
+                            f"clustersdk.code-limit-mb={limit >> 20} MiB (passed at {path}); "
+                            "ship a smaller directory, and put data where every worker can "
+                            "read it")
     return out
 
 

@@ -14,7 +14,7 @@ scheduler's, and publishes it to the dashboards.
 - **NonFinite** (a NaN or Inf loss or gradient norm at step *s*), by the
   job's ``on_nan``: ``"report"``: a diagnosis for the first such step of a
   gang start (again if the rows of an earlier one arrive later); ``"pause"``: every rank pauses before step *s* + 1 (the ranks
-  themselves hold there, see :mod:`clustersdk.runtime.nonfinite`; the plane
+  themselves hold there, see :mod:`clustersdk.runtime.anomalies`; the plane
   mirrors the pause so that ``resume()`` works as usual); ``"fail"``: the job
   fails; ``"rollback"``: the job restarts from its newest checkpoint (never
   one taken after step *s*: the ranks act before saving) with *s* added to
@@ -163,6 +163,7 @@ class Anomalies:
         book.spike_steps.add(e.step)
         pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
         self.diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score,
-                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks))
+                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks,
+                                          scale=e.scale))
         if pause:
             job.pause()

@@ -152,6 +152,14 @@ class Tunable(RankEventBase):
 
 
 @dataclasses.dataclass(frozen=True)
+class Controls(RankEventBase):
+    """A script rank opted into step boundaries (:mod:`clustersdk.script`): what it
+    ``accepts`` there ("pause", "checkpoint")."""
+
+    accepts: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class StartFailed(RankEventBase):
     """The agent could not start the rank (its worker vanished, or refused)."""
 
@@ -180,7 +188,7 @@ class NonFinite(RankEventBase):
 @dataclasses.dataclass(frozen=True)
 class LossSpike(RankEventBase):
     """The job's loss at ``step`` (``mean``, over ``ranks`` ranks) is a spike (see
-    :mod:`.signals`); ``rank`` had the highest loss of that step, ``value``."""
+    :mod:`clustersdk.signals`); ``rank`` had the highest loss of that step, ``value``."""
 
     step: int
     value: float
@@ -190,6 +198,7 @@ class LossSpike(RankEventBase):
     window: int
     mean: float | None = None
     ranks: int = 1
+    scale: float | None = None  # the highest loss of the window (see clustersdk.signals)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,7 +336,8 @@ Event = Union[Allocated, Started, Paused, Resumed, LoopStarted, Restored, Checkp
               CheckpointRequested, SuspendRequested, ProfileRequested, SchedulerClosing,
               Preempted, Reclaimed, HangDetected, Progressed, StopOverdue, Grow,
               Held, BreakpointHit, ConsoleOutput, RestartRequested, HoldExpired,
-              RunRequested, Ran, UpdateRequested, Updated, Tunable, NonFinite, LossSpike]
+              RunRequested, Ran, UpdateRequested, Updated, Tunable, NonFinite, LossSpike,
+              Controls]
 
 
 # --- actions: what the control plane must do ----------------------------------------------------

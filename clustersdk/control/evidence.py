@@ -12,8 +12,8 @@
   watchdog's beacons: step and phase), for a collective timeout's diagnosis.
 - **Rows.** With ``on_nan="report"`` the ranks check nothing: the first row
   with a NaN or Inf loss in a batch is found here. The mean ``loss`` of each
-  step over the ranks (:class:`~.signals.StepMeans`) goes through a
-  :class:`~.signals.SpikeDetector`.
+  step over the ranks (:class:`~clustersdk.signals.StepMeans`) goes through a
+  :class:`~clustersdk.signals.SpikeDetector`.
 - **Diagnosed** (the action): the newest diagnosis in the job's record, a
   durable event of kind ``diagnosis``, a line in the job's log and in the
   scheduler's, a message to the dashboards.
@@ -138,7 +138,8 @@ class Evidence:
                 if spike is not None:
                     self.plane.feed(run, ev.LossSpike(
                         step.worst, attempt, spike.step, step.worst_value, spike.median,
-                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks))
+                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks,
+                        spike.scale))
 
     # --- the Diagnosed action -----------------------------------------------------------------
     def diagnosed(self, run: Run, action: ev.Diagnosed) -> None:
@@ -162,7 +163,7 @@ class Evidence:
 
 def _detector() -> SpikeDetector:
     get = config.get
-    return SpikeDetector(window=int(get("diagnosis.spike-window", 50)),
-                         min_steps=int(get("diagnosis.spike-min-steps", 20)),
-                         threshold=float(get("diagnosis.spike-threshold", 10.0)),
-                         ratio=float(get("diagnosis.spike-ratio", 1.25)))
+    return SpikeDetector(window=int(get("diagnosis.spike-window")),
+                         min_steps=int(get("diagnosis.spike-min-steps")),
+                         threshold=float(get("diagnosis.spike-threshold")),
+                         ratio=float(get("diagnosis.spike-ratio")))

@@ -137,8 +137,10 @@ class Faults:
         if self.cause is None:  # was it a peer's lost worker? wait and see
             self.cause = e.error
             job.emit(ev.StartTimer(self.failure_grace, ev.GraceExpired(job.attempt)))
-            if self.restarts >= job.spec.max_restarts:
-                job.ask(Word.STOP, 1)  # it fails either way: the others stop now
+            # it fails either way, or (a script, as torchrun) one exit ends the whole gang:
+            # the others stop now
+            if self.restarts >= job.spec.max_restarts or job.spec.kind == "script":
+                job.ask(Word.STOP, 1)
             return
         self.weigh(e.error)
 
@@ -153,8 +155,32 @@ class Faults:
         return False
 
     def fail_held(self, job: JobView) -> None:
-        """The held-back failure is the job's."""
-        job.fail(self.take())
+        """The held-back failure is the job's: it fails, or a script job restarts within its
+        budget (as torchrun restarts its workers after one exits non-zero)."""
+        budget = job.spec.max_restarts
+        if job.spec.kind != "script" or job.status not in HOLDABLE or self.restarts >= budget:
+            cause = self.take()
+            if job.spec.kind == "script" and budget and job.status in HOLDABLE:
+                cause = {**cause, "message": f"{cause.get('message')} (all {budget} restart(s) "
+                                             "of the job are used up)"}
+            job.fail(cause)
+            return
+        cause = self.take()
+        self.anomalies.on_failure(job, cause)
+        self.restarts += 1
+        self.restart_paused = job.status is JobStatus.PAUSED
+        rank = cause.get("rank")
+        what = f"rank {rank} {cause.get('message')}" if cause.get("type") == "ScriptExit" else \
+            f"rank {rank} raised {cause.get('type')}: {cause.get('message')}"
+        message = f"{what}; restart {self.restarts} of {budget}"
+        job.transition(JobStatus.RESTARTING, restarts=self.restarts,
+                       reason=f"{message}: the other ranks stop first")
+        job.record("restarted", message, rank=rank, attempt=job.attempt,
+                   exit_code=cause.get("exit_code"), signal=cause.get("signal"),
+                   error={k: cause.get(k) for k in ("type", "message", "traceback")},
+                   consequences=cause.get("consequences", []))
+        self.note_restart(f"restart {self.restarts} of {budget} after rank {rank} failed")
+        job.ask(Word.STOP, 1)
 
     # --- a lost worker: restart within the budget, else fail ---------------------------------
     def lost(self, job: JobView, rank: int | None, exc_type: str, message: str,

@@ -4,7 +4,7 @@ its owner to look inside (pure; :class:`Holds` is the part of
 
 A rank that raises under hold does not tear down: it reports ``Held`` (its error
 record and its failing frames with their locals, rendered safely by
-:mod:`clustersdk.runtime.debugging`) and waits, keeping the exception, its frames,
+:mod:`clustersdk.runtime.holds`) and waits, keeping the exception, its frames,
 its process group and its slot, until it is told to stop. The rules:
 
 - **Held** (the first one): RUNNING, PAUSED, HUNG or STARTING become HELD; the other

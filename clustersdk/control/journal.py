@@ -120,11 +120,12 @@ _INSERTS = {
     "steps": "INSERT OR REPLACE INTO steps (job, step, time, ranks, scalars) VALUES (?, ?, ?, ?, ?)",
 }
 
-_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis")
+_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis", "controls")
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
                   "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT",
-                  "profiles": "TEXT", "held": "TEXT", "diagnosis": "TEXT"}
+                  "profiles": "TEXT", "held": "TEXT", "diagnosis": "TEXT",
+                  "controls": "TEXT"}  # a script job's: what its ranks accept (scripts.py)
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 

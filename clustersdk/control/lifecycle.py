@@ -83,6 +83,16 @@ class Gang:
     paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step it waits at
     words: list[int] = dataclasses.field(default_factory=no_words)
     result: bytes | None = None  # rank 0's pickled return value
+    accepts: dict[int, frozenset[str]] = dataclasses.field(default_factory=dict)  # script ranks
+
+
+#: What a script job's ranks always accept: signals (see clustersdk.runtime.scripts).
+SIGNALLED = ("stop", "suspend")
+#: What a script job's ranks may opt into at their step boundaries (clustersdk.script).
+STEP_CONTROLS = ("pause", "checkpoint")
+#: Requests only a training function's ranks can carry out, and what each is called.
+FUNCTION_ONLY: dict[type, str] = {ev.RunRequested: "job.run", ev.UpdateRequested: "job.update",
+                                  ev.ProfileRequested: "job.profile"}
 
 
 class Lifecycle:
@@ -129,6 +139,7 @@ class Lifecycle:
             ev.CheckpointFailed: self._checkpoint_failed,
             ev.Failed: self._failed,
             ev.Exited: self._exited,
+            ev.Controls: self._controls,
             ev.StartFailed: self._start_failed,
             ev.WorkerLost: self._worker_lost,
             ev.GraceExpired: self._grace_expired,
@@ -227,6 +238,17 @@ class Lifecycle:
         return self.holds.ranks
 
     @property
+    def controls(self) -> frozenset[str]:
+        """What the ranks of a script job accept: stop and suspend (signals), and what every
+        rank opted into at its step boundaries; a function job's accept everything."""
+        if self._spec.kind != "script":
+            return frozenset(SIGNALLED + STEP_CONTROLS)
+        accepts = self.gang.accepts
+        opted = frozenset.intersection(*accepts.values()) \
+            if len(accepts) == self.world_size else frozenset()
+        return frozenset(SIGNALLED) | (opted & frozenset(STEP_CONTROLS))
+
+    @property
     def restarts(self) -> int:
         """Gang restarts used (of ``spec.max_restarts``)."""
         return self.faults.restarts
@@ -242,6 +264,10 @@ class Lifecycle:
             return []
         if isinstance(event, ev.RankEventBase) and event.attempt != self.attempt:
             return []
+        if type(event) in FUNCTION_ONLY and self._spec.kind == "script":
+            raise SpecError(f"job {self.name!r} runs {self._spec.fn} as a script: "
+                            f"{FUNCTION_ONLY[type(event)]} needs a training function's ranks "
+                            "(cluster.launch)")
         self._out, self._now = [], now
         self._dispatch[type(event)](event)
         return self._out
@@ -334,7 +360,8 @@ class Lifecycle:
         gang.held = set(range(len(e.ranks)))
         ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
                  for i, r in enumerate(e.ranks)]
-        self.transition(JobStatus.STARTING, ranks=ranks, reason="")
+        controls = {"controls": list(SIGNALLED)} if self._spec.kind == "script" else {}
+        self.transition(JobStatus.STARTING, ranks=ranks, reason="", **controls)
         update = self.live.gang_started(self.attempt)  # job.update's changes so far go along
         if update:
             gang.words[Word.UPDATE] = update
@@ -345,6 +372,14 @@ class Lifecycle:
         self.anomalies.started(self, e)
         if self._status is JobStatus.STARTING and len(self.gang.started) == self.world_size:
             self.transition(JobStatus.RUNNING, started=self._now, reason="")
+
+    def _controls(self, e: ev.Controls) -> None:
+        before = self.controls
+        self.gang.accepts[e.rank] = frozenset(e.accepts)
+        if self.controls != before:
+            controls = sorted(self.controls)
+            self._out.append(ev.Journal({"controls": controls}))
+            self._out.append(ev.Publish({"kind": "controls", "controls": controls}))
 
     def _paused(self, e: ev.Paused) -> None:
         self.gang.paused[e.rank] = e.step
@@ -436,6 +471,7 @@ class Lifecycle:
 
     def _pause(self, e: ev.PauseRequested) -> None:
         check_transition(self.name, self._status, JobStatus.PAUSED)
+        self._need_control("pause")
         self.pause()
 
     def _pause_withdrawn(self, e: ev.PauseWithdrawn) -> None:
@@ -468,7 +504,15 @@ class Lifecycle:
                 "be resumed")
 
     def _checkpoint_requested(self, e: ev.CheckpointRequested) -> None:
-        self._need_checkpoint_dir("checkpoint")
+        if self._spec.kind == "script":  # the script saves where it likes (its own format)
+            self._need_control("checkpoint")
+            if self._status is JobStatus.PAUSED:  # its code runs on after a boundary
+                raise InvalidTransitionError(
+                    f"job {self.name!r} is PAUSED inside its script's step boundary, and a "
+                    "script saves after the boundary returns: resume it first (or suspend it, "
+                    "which saves and frees the slots)")
+        else:
+            self._need_checkpoint_dir("checkpoint")
         if self._status not in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
                 f"job {self.name!r} is {self._status.name}; a checkpoint needs a RUNNING or "
@@ -476,7 +520,8 @@ class Lifecycle:
         self.ask(Word.CHECKPOINT, self.gang.words[Word.CHECKPOINT] + 1)
 
     def _suspend(self, e: ev.SuspendRequested) -> None:
-        self._need_checkpoint_dir("suspend")
+        if self._spec.kind != "script":  # a script saves on SIGTERM, where it likes
+            self._need_checkpoint_dir("suspend")
         check_transition(self.name, self._status, JobStatus.SUSPENDING)
         self.transition(JobStatus.SUSPENDING, reason="suspend requested")
         self.ask(Word.SUSPEND, 1)
@@ -491,6 +536,15 @@ class Lifecycle:
         elif JobStatus.FAILED in TRANSITIONS[self._status]:
             self._finish(JobStatus.FAILED, error=ev.error_record(
                 None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
+
+    def _need_control(self, action: str) -> None:
+        """A script job's ranks must have opted into ``action`` at their step boundaries."""
+        if action not in self.controls and self._status in (JobStatus.RUNNING, JobStatus.PAUSED):
+            raise InvalidTransitionError(
+                f"job {self.name!r} runs {self._spec.fn} as a script that does not accept "
+                f"{action} requests: every rank must call clustersdk.script.step()"
+                + (" with saves=True (and save when it says so)" if action == "checkpoint" else
+                   "") + " (or use ClusterSDKCallback in a Hugging Face Trainer)")
 
     def _need_checkpoint_dir(self, action: str) -> None:
         if not self._spec.checkpoint_dir:
@@ -510,6 +564,9 @@ class Lifecycle:
             return
         if self.faults.cause is not None and not self._status.terminal:
             self.faults.fail_held(self)  # every rank is out and no worker was lost
+            if self._status is JobStatus.RESTARTING:  # a script's exit, within max_restarts
+                self.faults.restart(self)
+                return
         if self._status is JobStatus.SUSPENDING and all(
                 s is ExitStatus.SUSPENDED for s in exited.values()):
             self.transition(JobStatus.SUSPENDED, reason=self.sharing.leave_reason

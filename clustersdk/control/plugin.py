@@ -390,7 +390,8 @@ class ControlPlane(SchedulerPlugin):
             results = await asyncio.gather(*(
                 self.call_worker(slot.worker, WorkerOp.START_RANK, job=run.id, rank=rank,
                                  spec=wire, payload=run.payload,
-                                 master_addr=ranks[0].host, master_port=port, words=list(words))
+                                 master_addr=ranks[0].host, master_port=port, words=list(words),
+                                 hosts=[r.host for r in ranks])
                 for rank, slot in enumerate(ranks)
             ), return_exceptions=True)
         for rank, result in enumerate(results):
@@ -472,6 +473,8 @@ _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
         rank, attempt, d["seq"], d.get("step"), d.get("changes") or {}, d.get("error")),
     RankEvent.NONFINITE: lambda rank, attempt, d: ev.NonFinite(rank, attempt, d["step"],
                                                                d["values"]),
+    RankEvent.CONTROLS: lambda rank, attempt, d: ev.Controls(rank, attempt,
+                                                             tuple(d.get("accepts") or ())),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
         rank, attempt, ExitStatus(d["status"]), d.get("result")),
 }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import platform
 import socket
 import time
 from typing import Any
 
 from ..checkpoint_files import is_url
 from ..checkpoint_files.remote import filesystem
+from ..runtime.telemetry import memory_reader
+from ..runtime.versions import nvml, versions
 
 _listeners: dict[str, list[socket.socket]] = {}  # token -> sockets held open between calls
 MARKER = ".clustersdk-doctor-{token}-{host}"
@@ -41,64 +42,25 @@ def worker_facts(dask_worker: Any) -> dict[str, Any]:
             "ports": network.format_ports(network.rendezvous_ports()), "time": time.time()}
 
 
-def versions() -> dict[str, str | None]:
-    """What must agree across hosts (and with the notebook)."""
-    import cloudpickle
-    import dask
-    import distributed
-    import torch
-
-    import clustersdk
-
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # a torch built without NCCL
-            nccl = None
-    return {"python": platform.python_version(), "torch": torch.__version__, "nccl": nccl,
-            "cuda_driver": _driver(), "clustersdk": clustersdk.__version__,
-            "dask": dask.__version__, "distributed": distributed.__version__,
-            "cloudpickle": cloudpickle.__version__}
-
-
-def _nvml() -> Any:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # no nvidia-ml-py, or no driver (NVMLError_LibraryNotFound)
-        return None
-
-
-def _driver() -> str | None:
-    nvml = _nvml()
-    if nvml is None:
-        return None
-    value = nvml.nvmlSystemGetDriverVersion()
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def gpus() -> list[dict[str, Any]] | None:
     """Each GPU NVML sees on this host, with its health; None without NVML."""
-    nvml = _nvml()
-    if nvml is None:
+    nv = nvml()
+    if nv is None:
         return None
     out = []
-    for index in range(nvml.nvmlDeviceGetCount()):
+    for index in range(nv.nvmlDeviceGetCount()):
         entry: dict[str, Any] = {"index": index}
         try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = nvml.nvmlDeviceGetName(handle)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            name = nv.nvmlDeviceGetName(handle)
+            memory = memory_reader(nv, handle)()  # as nvidia-smi counts it
             entry.update(
                 name=name.decode() if isinstance(name, bytes) else name,
                 memory_total=int(memory.total), memory_used=int(memory.used),
-                temperature=int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)))
+                temperature=int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)))
             try:
-                entry["ecc_uncorrected"] = int(nvml.nvmlDeviceGetTotalEccErrors(
-                    handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC))
+                entry["ecc_uncorrected"] = int(nv.nvmlDeviceGetTotalEccErrors(
+                    handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
             except Exception:  # ECC off or not supported (consumer GPUs)
                 entry["ecc_uncorrected"] = None
         except Exception as e:  # a GPU that fell off the bus answers with errors

@@ -33,6 +33,7 @@ from .anomalies import failure_facts
 from .breakpoints import Console
 from .control_words import Control, JobSuspended
 from .holds import Hold
+from .scripts import ScriptRank
 
 if TYPE_CHECKING:
     from .live import Live
@@ -50,7 +51,7 @@ class Agent(WorkerPlugin):
 
     async def setup(self, worker) -> None:
         self.worker = worker
-        self.ranks: dict[str, RankThread] = {}
+        self.ranks: dict[str, RankThread | ScriptRank] = {}
         self.stores: dict[str, Any] = {}
         # control words that arrived before their rank, by (job, attempt)
         self.early: dict[tuple[str, int], Control] = {}
@@ -89,10 +90,16 @@ class Agent(WorkerPlugin):
         return store.port
 
     def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
-                   master_addr: str, master_port: int, words: list[int] | None = None) -> None:
+                   master_addr: str, master_port: int, words: list[int] | None = None,
+                   hosts: list[str] | None = None) -> None:
         store = self.stores.pop(job, None) if rank == 0 else None
-        thread = RankThread(self, job, rank, WireSpec.from_dict(spec), payload, master_addr,
-                            master_port, store)
+        wire = WireSpec.from_dict(spec)
+        thread: RankThread | ScriptRank
+        if wire.kind == "script":  # a child process of this worker (runtime/scripts.py)
+            thread = ScriptRank(self, job, rank, wire, payload, master_addr, master_port, store,
+                                hosts)
+        else:
+            thread = RankThread(self, job, rank, wire, payload, master_addr, master_port, store)
         if words:  # e.g. the pause of a job that was PAUSED before its restart
             thread.control.merge(words)
         early = self.early.pop((job, thread.attempt), None)
@@ -115,13 +122,16 @@ class Agent(WorkerPlugin):
             self.early.pop(next(iter(self.early)))  # words for long-gone jobs
         self.early.setdefault(key, Control()).merge(words)
 
-    def stacks(self, job: str, all_threads: bool = False) -> dict[str, Any] | None:
+    async def stacks(self, job: str, all_threads: bool = False) -> dict[str, Any] | None:
         """Where the job's rank on this worker is: its training thread's Python stack
-        (every thread's with ``all_threads``), step and phase. Runs on the worker's
-        event loop: it answers while the rank is stuck."""
+        (every thread's with ``all_threads``), step and phase; a script rank's process
+        stack, read by py-spy. Runs on the worker's event loop: it answers while the rank
+        is stuck."""
         rank = self.ranks.get(job)
         if rank is None:
             return None
+        if isinstance(rank, ScriptRank):
+            return await rank.stacks(all_threads)
         frames = sys._current_frames()
         threads = threading.enumerate() if all_threads else [rank]
         text = []
@@ -151,7 +161,7 @@ class Agent(WorkerPlugin):
             if not rank.outbox.locked() and rank.due():
                 self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
 
-    async def send(self, rank: RankThread, event: RankEvent, data: dict[str, Any],
+    async def send(self, rank: RankThread | ScriptRank, event: RankEvent, data: dict[str, Any],
                    final: bool = False) -> None:
         """Tell the control plane ``event`` of ``rank``, with its metrics since the last
         message. One message of a rank at a time, in order, on the rank's own
@@ -182,7 +192,7 @@ class Agent(WorkerPlugin):
                     channel, rank.channel = rank.channel, None
                     await channel.close_rpc()
 
-    def report(self, rank: RankThread, event: RankEvent, final: bool = False,
+    def report(self, rank: RankThread | ScriptRank, event: RankEvent, final: bool = False,
                **data: Any) -> None:
         """From a rank thread: tell the control plane, and wait until it has heard."""
         sync(self.worker.loop, self.send, rank, event, data, final)
@@ -389,7 +399,7 @@ def _exit_without_finalizers() -> None:
 
 
 def _versions() -> dict[str, Any]:
-    from ..doctor.probes import versions
+    from .versions import versions
 
     return versions()
 

@@ -101,6 +101,30 @@ def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
     })
 
 
+def child_environ(master_addr: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's child process (a script rank) started by this worker:
+    the worker's own, less what a function job on it set (:func:`set_env`), with the
+    job's ``env`` and, unless set, the socket interface towards rank 0. ``os.environ``
+    is left alone."""
+    out = dict(os.environ)
+    for name, value in _saved_env.items():
+        if value is None:
+            out.pop(name, None)
+        else:
+            out[name] = value
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT"):
+        out.pop(name, None)
+    wanted = dict(env or {})
+    if not network.is_loopback(master_addr):
+        missing = [v for v in network.IFNAME_VARIABLES if v not in wanted and v not in out]
+        interface = network.interface_towards(master_addr) if missing else None
+        if interface is not None:
+            wanted.update(dict.fromkeys(missing, interface))
+    out.update(wanted)
+    return out
+
+
 def init(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: float):
     """Init the default group (NCCL on CUDA, gloo on CPU); return two gloo groups.
 

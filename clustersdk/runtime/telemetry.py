@@ -29,7 +29,7 @@ class Sampler:
 
                 pynvml.nvmlInit()
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(max(index, 0))
-                self._memory = _memory_reader(pynvml, self._handle)
+                self._memory = memory_reader(pynvml, self._handle)
                 self._nvml = pynvml
             except Exception:  # no NVML library, no package, or no such device
                 self._nvml = None
@@ -79,7 +79,7 @@ class Sampler:
         return out
 
 
-def _memory_reader(nv: Any, handle: Any) -> Callable[[], Any]:
+def memory_reader(nv: Any, handle: Any) -> Callable[[], Any]:
     """How to read the device's memory: NVML's second version if it answers here, else
     the first (see the module docstring)."""
     version = getattr(nv, "nvmlMemory_v2", None)

@@ -166,7 +166,8 @@ class JobDashboard:
                 received, msg = self._pending.popleft()
                 try:
                     self.view.apply(msg)
-                    status_seen = status_seen or msg.get("kind") == "status"
+                    # a script job's controls (what its ranks accept) live in the record too
+                    status_seen = status_seen or msg.get("kind") in ("status", "controls")
                     console_seen = console_seen or msg.get("kind") == "console"
                     new = msg.get("rows") or ()
                     self.received.extend(received - r["time"] for r in new)
@@ -271,7 +272,14 @@ class JobDashboard:
         status = self.view.status
         for action, button in self.buttons.items():
             available = job is not None and callable(getattr(job, action, None))
-            if action in ("checkpoint", "suspend") and not self.view.checkpoint_dir:
+            controls = self.view.controls  # a script job's: what its ranks accept
+            if controls is not None and action in ("pause", "checkpoint"):
+                if action not in controls:
+                    available = False
+                    button.tooltip = (f"The script does not accept {action} requests: it calls "
+                                      "no clustersdk.script.step(), nor uses ClusterSDKCallback")
+            elif action in ("checkpoint", "suspend") and not self.view.checkpoint_dir \
+                    and controls is None:
                 available = False
                 button.tooltip = f"{action.capitalize()} needs a job launched with checkpoint_dir=..."
             button.disabled = self._busy is not None or not available or status not in ACTIONS[action]

@@ -29,6 +29,7 @@ import collections
 import time
 from typing import Any, Iterable
 
+from ..protocol import what_runs
 from .phases import PhaseView
 from .series import MAX_POINTS, Band, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
 
@@ -86,6 +87,7 @@ class JobView:
         self.device = ""  # "CPU (no GPU) on 1 host", from the record's ranks
         self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
         self.checkpoint: str | None = None      # the newest committed checkpoint
+        self.controls: list[str] | None = None  # a script job's: what its ranks accept
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
         self.stacks: dict[str, Any] = {}  # where each rank was when the job was found HUNG
@@ -117,7 +119,7 @@ class JobView:
         spec = record.get("spec") or {}
         view = cls(
             name=record["name"], world_size=int(spec.get("world_size", 1)),
-            strategy=str(spec.get("strategy", "?")), status=record.get("status", "QUEUED"),
+            strategy=what_runs(spec), status=record.get("status", "QUEUED"),
             started=record.get("started"), ended=record.get("ended"),
             total_steps=total_steps_of(record), reason=record.get("reason") or "",
             error=record.get("error"), **options,
@@ -125,6 +127,7 @@ class JobView:
         view.device = device_text(record)
         view.checkpoint_dir = spec.get("checkpoint_dir")
         view.checkpoint = record.get("checkpoint")
+        view.controls = record.get("controls")
         view.sharing = sharing_text(spec)
         view.events = list(record.get("events") or [])
         view.stacks = dict(record.get("stacks") or {})
@@ -218,6 +221,9 @@ class JobView:
             self.dirty.update(("status", "phases"))
             self._drop_gone_ranks()
             self.phases.drop_ranks(self.world_size)
+        if record.get("controls") != self.controls:  # a script's ranks opted in
+            self.controls = record.get("controls")
+            self.dirty.add("status")
         if record.get("checkpoint") and record["checkpoint"] != self.checkpoint:
             self.checkpoint = record["checkpoint"]
             self.dirty.add("status")

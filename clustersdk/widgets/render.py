@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import jinja2
 from markupsafe import Markup, escape
 
+from ..protocol import what_runs
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text, rank_color
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, diagnosis_line, event_lines
 from .straggler import phases_html
@@ -225,7 +226,7 @@ def _job_row(record: dict[str, Any], now: float | None) -> dict[str, Any]:
         note = f"rank {e.get('rank')}: {e.get('type')}: {e.get('message')}"
     submitted = record.get("submitted")
     return {"name": record.get("name", "?"), "status": status, "badge": badge(status),
-            "world_size": spec.get("world_size", "?"), "strategy": spec.get("strategy", "?"),
+            "world_size": spec.get("world_size", "?"), "strategy": what_runs(spec),
             "owner": spec.get("owner") or "—", "queue": spec.get("queue") or "—",
             "priority": "—" if spec.get("priority") is None else spec["priority"],
             "submitted": time.strftime("%H:%M:%S", time.localtime(submitted)) if submitted else "—",

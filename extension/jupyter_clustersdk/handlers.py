@@ -148,6 +148,23 @@ class JobsHandler(ClusterSDKHandler):
     async def get(self) -> Any:
         return await self.manager.jobs(self.get_query_argument("cluster", None) or None)
 
+    @web.authenticated
+    @authorized
+    @_json
+    async def post(self) -> Any:
+        """A script job (``cluster.launch_script``): 201 with its record."""
+        raw = self.request.body.strip()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            raise BadRequestError("the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BadRequestError('the request body must be a JSON object, e.g. {"world_size": '
+                                  '2, "script": "train.py", "args": ["--lr", "1e-3"]}')
+        record = await self.manager.submit_script(body)
+        self.set_status(201)
+        return record
+
 
 class QueueHandler(ClusterSDKHandler):
     """Per cluster and queue: the jobs holding slots, those waiting, why, and when."""

@@ -214,6 +214,39 @@ class ClusterManager(Following, PanelQueries):
                 jobs.append(models.job_model(record, target.id))
         return models.jobs_model(jobs, unreachable)
 
+    async def submit_script(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Submit a script job (``cluster.launch_script``) described by ``body``: the
+        cluster's id (optional when there is one), ``world_size``, ``script`` / ``module``
+        / ``command``, ``args`` and the other options of a script job. The new record."""
+        from clustersdk import options
+        from clustersdk.cluster.shipping import script_payload
+        from clustersdk.spec import JobSpec
+
+        fields = dict(body)
+        cluster = fields.pop("cluster", None)
+        args = fields.pop("args", None) or []
+        known = set(options.names(options.SCRIPT))
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise SpecError(f"a script job takes {', '.join(['cluster', 'args', *sorted(known)])}"
+                            f"; got {', '.join(unknown)}")
+        if "world_size" not in fields:
+            raise SpecError("world_size is required: how many ranks")
+        targets = [self.target(cluster)] if cluster else self.targets()
+        if len(targets) != 1:
+            raise SpecError(f"give the cluster's id: there are {len(targets)} clusters ("
+                            f"{', '.join(t.id for t in targets) or 'none'})")
+        target = targets[0]
+        if not isinstance(args, list):
+            raise SpecError(f"args must be a list of strings, got {args!r}")
+        spec = JobSpec(fn=None, args=tuple(args), **fields)  # a SpecError names the bad field
+        # the code is packed here, off the event loop (a working_dir may be large)
+        payload = await asyncio.get_running_loop().run_in_executor(None, script_payload, spec)
+        wire = spec.to_wire()
+        record = await self.call(target, Op.SUBMIT, spec=wire.as_dict(), payload=payload)
+        self._located[record["id"]] = target.id
+        return models.job_model(record, target.id)
+
     async def queue(self, cluster: str | None = None) -> dict[str, Any]:
         """The queues of every reachable cluster (or of one): who holds what, what waits
         and why, estimated starts."""

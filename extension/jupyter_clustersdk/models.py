@@ -69,6 +69,8 @@ def job_model(record: Mapping[str, Any], cluster: str,
         "terminal": is_terminal(str(record.get("status", ""))),
         "world_size": spec.get("world_size"),
         "strategy": spec.get("strategy"),
+        "kind": "script" if spec.get("script") or spec.get("module") or spec.get("command")
+        else "function",  # a script job (launch_script) runs spec["fn"] as torchrun would
         "owner": spec.get("owner"),
         "queue": spec.get("queue"),
         "priority": spec.get("priority"),

@@ -388,3 +388,28 @@ async def test_doctor_over_rest_reports_the_cluster(jp_fetch, spin_job, tmp_path
     code, body = await fails(jp_fetch, "api", "clusters", "tcp-10.9.9.9-1", "doctor",
                              method="POST", body=b"")
     assert (code, body["error"]) == (404, "cluster_not_found")
+
+
+async def test_a_script_job_is_submitted_over_rest_and_bad_fields_are_400(jp_fetch, free_slot,
+                                                                          tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nprint('hello', os.environ['RANK'], sys.argv[1:])\n")
+    response = await jp_fetch("clustersdk", "api", "jobs", method="POST", body=json.dumps({
+        "world_size": 1, "script": str(script), "args": ["x"], "name": "ext-script",
+        "grace": 5}), request_timeout=120)
+    assert response.code == 201
+    record = json.loads(response.body)
+    assert record["name"] == "ext-script" and record["spec"]["script"] == str(script)
+    assert record["spec"]["args"] == ["x"] and record["spec"]["grace"] == 5
+    job = cs.Job.attach(free_slot, "ext-script")
+    assert await asyncio.to_thread(job.wait, 120) == 0
+    logs = await get(jp_fetch, "api", "jobs", "ext-script", "logs")
+    assert any(line["text"] == "hello 0 ['x']" for line in logs["lines"]), logs
+    for body, word in (({"world_size": 1, "script": str(script), "strategy": "fsdp"}, "strategy"),
+                       ({"script": str(script)}, "world_size"),
+                       ({"world_size": 1, "script": str(tmp_path / "nope.py")}, "nope.py"),
+                       ({"world_size": 1}, "script")):
+        code, error = await fails(jp_fetch, "api", "jobs", method="POST",
+                                  body=json.dumps(body).encode())
+        assert (code, error["error"]) == (400, "bad_request"), body
+        assert word in error["message"], error

@@ -1,28 +1,41 @@
 """The JupyterLab extension as it is built and shipped: its TypeScript models' unit tests
-(Node's test runner), the prebuilt files inside a real wheel, and JupyterLab seeing it.
+(Node's test runner), the wheel that ``python -m build`` makes of a clean checkout (its build
+hook builds the lab extension with npm), both extensions enabled where that wheel is
+installed, and the dev environment's link to the checkout's build.
 
-It is built by ``./dev setup`` (npm packages from the registry); in CI a missing build
-fails these tests, elsewhere it skips them.
+``./dev setup`` builds the extension in the checkout (npm packages from the registry); the
+wheel tests build their own from a copy of what git tracks. In CI a missing npm fails
+these tests, elsewhere it skips them.
 """
 
 from __future__ import annotations
 
+import email
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from clustersdk.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "extension" / "labextension"
 BUILT = ROOT / "extension" / "jupyter_clustersdk" / "labextension"
 NAME = "jupyterlab-clustersdk"
 DATA = f"share/jupyter/labextensions/{NAME}"
+SERVER_CONFIG = "etc/jupyter/jupyter_server_config.d/jupyter_clustersdk.json"
+# the packages' files and where the wheel puts them
+PACKAGES = {"clustersdk/": "clustersdk/", "extension/jupyter_clustersdk/": "jupyter_clustersdk/"}
 
 
 def _missing(reason: str):
@@ -38,6 +51,56 @@ def _jupyter(*args: str, **env: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
 
 
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what points into the checkout or at other
+    Jupyter files (PYTHONPATH, JUPYTER_*), or would skip the build hook's npm build."""
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "SKIP_JUPYTER_BUILDER", "HATCH_JUPYTER_BUILDER_SKIP_NPM")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("JUPYTER")}
+    return {**env, **extra}
+
+
+@dataclass
+class Build:
+    """What ``python -m build`` made of a clean checkout."""
+
+    source: Path  # the checkout it built, with the lab extension built in it
+    files: list[str]  # the checkout's files (relative paths), before the build
+    output: str  # everything it printed
+    sdist: Path
+    wheel: Path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Iterator[Build]:
+    """``python -m build`` of a copy of the files git tracks (and new ones it does not
+    ignore): no node_modules, no lab extension build, as in a fresh clone. One build (npm
+    packages and all, about a minute) for the module's tests."""
+    if not shutil.which("npm"):
+        _missing("npm is not installed: the wheel's build hook needs it")
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    root = tmp_path_factory.mktemp("wheel")  # the working directory: not the checkout's build/
+    if subprocess.run([sys.executable, "-m", "build", "--version"], cwd=root,
+                      capture_output=True).returncode != 0:
+        _missing("the `build` package is missing (the test extra has it: ./dev setup)")
+    source = root / "clustersdk"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    files = [n for n in listed.split("\0") if n and (ROOT / n).is_file()]  # not deleted ones
+    for name in files:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    run = subprocess.run([sys.executable, "-m", "build", "--outdir", str(root / "dist"),
+                          str(source)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=540, env=_clean_env(), cwd=root)
+    if run.returncode != 0:
+        pytest.fail(f"python -m build failed:\n{run.stdout[-8000:]}")
+    (sdist,) = (root / "dist").glob("clustersdk-*.tar.gz")
+    (wheel,) = (root / "dist").glob("clustersdk-*.whl")
+    yield Build(source, files, run.stdout, sdist, wheel)
+    shutil.rmtree(source)  # (its node_modules hold some 450 MB)
+
+
 def test_typescript_models_pass_their_unit_tests():
     if not (SOURCE / "node_modules" / "typescript").is_dir() or not shutil.which("npm"):
         _missing("the lab extension's npm packages are not installed")
@@ -50,45 +113,124 @@ def test_typescript_models_pass_their_unit_tests():
     assert failed == 0 and passed >= 20
 
 
-def test_the_wheel_ships_the_prebuilt_labextension_and_jupyterlab_sees_it(tmp_path):
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_python_m_build_of_a_clean_checkout_builds_the_lab_extension_without_a_warning(built):
+    print(built.output[-3000:])
+    assert built.wheel.name == f"clustersdk-{__version__}-py3-none-any.whl"
+    # the hook built the extension with npm (a clean checkout has no build to reuse)...
+    assert "Installing build dependencies with npm" in built.output
+    assert "Rspack" in built.output and "compiled successfully" in built.output
+    # ...quietly: no deprecation, no "would be ignored", no warning of any kind
+    noisy = [line for line in built.output.splitlines()
+             if re.search(r"(?i)warn|deprecat|would be ignored", line)]
+    assert not noisy, "\n".join(noisy)
+    # npm installed what package-lock.json says, and left it as it was
+    lock = "extension/labextension/package-lock.json"
+    assert (built.source / lock).read_bytes() == (ROOT / lock).read_bytes()
+    # the sdist carries the build, so a wheel made from it needs no npm
+    with tarfile.open(built.sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert "extension/jupyter_clustersdk/labextension/package.json" in names
+    assert "extension/jupyter_clustersdk/labextension/static/style.js" in names
+    assert "extension/labextension/package-lock.json" in names
+    assert not [n for n in names if "node_modules" in n]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(built):
+    with zipfile.ZipFile(built.wheel) as zf:
+        names = set(zf.namelist())
+        data = f"clustersdk-{__version__}.data/data/"
+        metadata = email.message_from_bytes(zf.read(f"clustersdk-{__version__}.dist-info/METADATA"))
+        entry_points = zf.read(f"clustersdk-{__version__}.dist-info/entry_points.txt").decode()
+        config = json.loads(zf.read(data + SERVER_CONFIG))
+        package = json.loads(zf.read(f"{data}{DATA}/package.json"))
+
+    # every file of both packages (modules, clustersdk.yaml, the widgets' templates,
+    # openapi.yaml...), and nothing else: not a second copy of the lab extension's build
+    expected = {to + name[len(frm):] for name in built.files
+                for frm, to in PACKAGES.items() if name.startswith(frm)}
+    shipped = {n for n in names if n.startswith(tuple(PACKAGES.values()))}
+    assert shipped == expected
+    for name in ("clustersdk/clustersdk.yaml", "clustersdk/widgets/templates/job.html.j2",
+                 "jupyter_clustersdk/openapi.yaml", "jupyter_clustersdk/app.py"):
+        assert name in shipped
+
+    # the data files: every file of the lab extension's build, and the server's config
+    out = built.source / BUILT.relative_to(ROOT)
+    shared = sorted(n[len(data):] for n in names if n.startswith(data))
+    assert shared == sorted([SERVER_CONFIG] + [f"{DATA}/{p.relative_to(out)}"
+                                                for p in out.rglob("*") if p.is_file()])
+    assert f"{DATA}/{package['jupyterlab']['_build']['load']}" in shared  # its entry point
+    assert f"{DATA}/schemas/{NAME}/plugin.json" in shared  # the settings entry
+    assert f"{DATA}/install.json" in shared  # "(python, clustersdk)" in the listing
+    assert config == {"ServerApp": {"jpserver_extensions": {"jupyter_clustersdk": True}}}
+
+    # the metadata: an SPDX licence, the version of clustersdk/version.py (the lab
+    # extension's too), the command
+    assert metadata["License-Expression"] == "Apache-2.0" and "License" not in metadata
+    assert metadata["Version"] == package["version"] == __version__
+    assert any(r.startswith("torch") for r in metadata.get_all("Requires-Dist"))
+    assert "clustersdk = clustersdk.__main__:main" in entry_points
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_installed_in_a_fresh_venv_both_extensions_are_listed_enabled(built, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+                    "--no-index", str(built.wheel)], check=True, capture_output=True, timeout=300)
+    # Its dependencies (torch, jupyter_server, jupyterlab...) come from this environment, not
+    # a download: a path line, so this environment's .pth files (its editable install of
+    # the checkout) do not run there.
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (Path(site) / "_test_dependencies.pth").write_text("\n".join(ours) + "\n")
+    env = _clean_env(HOME=str(tmp_path))  # no user-level Jupyter config or extensions
+
+    def run(*args: str) -> str:
+        out = subprocess.run([python, *args], capture_output=True, text=True, timeout=120, env=env,
+                             cwd=tmp_path)  # (not the checkout: `python -c` imports from cwd)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
+
+    # both packages come from the wheel
+    where = run("-c", "import clustersdk, jupyter_clustersdk as j; print(clustersdk.__file__)\n"
+                "print(j.__file__)")
+    assert all(path.startswith(site) for path in where.split()), where
+
+    # `jupyter labextension list` (the module it runs, in the fresh venv's Python)
+    listing = run("-m", "jupyterlab.labextensions", "list")
+    section = listing.split(f"{venv / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
+    assert re.search(rf"^\s+{NAME} v{re.escape(__version__)} enabled\s+OK \(python, clustersdk\)$",
+                     section, re.M), listing
+
+    # `jupyter server extension list`: enabled by the wheel's config file, and importable
+    listing = run("-m", "jupyter_server.extension.serverextension", "list")
+    section = listing.split(f"Config dir: {venv / 'etc' / 'jupyter'}\n", 1)[1]
+    section = section.split("Config dir:")[0]
+    assert re.search(r"^\s+jupyter_clustersdk enabled$", section, re.M), listing
+    version = re.escape(__version__)
+    assert re.search(rf"^\s+jupyter_clustersdk {version} OK$", section, re.M), listing
+
+
+def test_the_dev_environment_shows_both_extensions_enabled():
+    """./dev's editable install enables the server extension; ./dev links the checkout's lab
+    extension build into .venv in place of the install's copy (a rebuild shows at once)."""
     if not (BUILT / "package.json").is_file():
         _missing(f"the lab extension is not built ({BUILT} is missing)")
-    source = tmp_path / "source"  # setuptools builds in the tree: not in the shared checkout
-    source.mkdir()
-    skip = shutil.ignore_patterns("__pycache__", "node_modules", "lib", "test-lib", "*.egg-info")
-    for name in ("pyproject.toml", "README.md", "clustersdk", "extension"):
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=skip)
-        else:
-            shutil.copy(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(tmp_path), str(source)],
-                   check=True, capture_output=True, timeout=300, cwd=tmp_path)
-    (wheel,) = tmp_path.glob("clustersdk-*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        names = zf.namelist()
-        prefix = next(n.split("/data/")[0] + "/data/" for n in names if "/data/" in n)
-        shipped = sorted(n[len(prefix):] for n in names if n.startswith(prefix + DATA))
-        package = json.loads(zf.read(f"{prefix}{DATA}/package.json"))
-        zf.extractall(tmp_path / "unpacked", [n for n in names if n.startswith(prefix)])
-    built = sorted(f"{DATA}/{p.relative_to(BUILT)}" for p in BUILT.rglob("*")
-                   if p.is_file() and p.name != ".sources")
-    assert shipped == built  # every built file, nothing else
-    assert f"{DATA}/{package['jupyterlab']['_build']['load']}" in shipped  # its entry point
-    assert f"{DATA}/schemas/{NAME}/plugin.json" in shipped  # the settings entry
-    assert not [n for n in names if n.startswith("jupyter_clustersdk/labextension/")]  # no copy
-
-    # JupyterLab finds it where pip puts it, and would load it
-    data = tmp_path / "unpacked" / prefix / "share" / "jupyter"
-    listing = _jupyter("labextension", "list", JUPYTER_PATH=str(data))
-    section = listing.split(f"{data / 'labextensions'}\n", 1)[1].split("\n/", 1)[0]
-    assert re.search(rf"{NAME} v0\.1\.0 enabled\s+OK \(python, clustersdk\)", section), listing
-
-
-def test_the_dev_environment_shows_the_labextension_enabled():
-    """./dev links the build into .venv (an editable install ships no data files)."""
-    if not (BUILT / "package.json").is_file():
-        _missing(f"the lab extension is not built ({BUILT} is missing)")
+    link = Path(sys.prefix) / DATA
+    assert link.is_symlink() and (link / "package.json").is_file(), f"{link}: not ./dev's link"
     listing = _jupyter("labextension", "list")
     section = listing.split(f"{Path(sys.prefix) / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
-    assert re.search(rf"{NAME} v0\.1\.0 enabled\s+OK", section), listing
+    assert re.search(rf"{NAME} v{re.escape(__version__)} enabled\s+OK", section), listing
+    listing = _jupyter("server", "extension", "list")
+    section = listing.split(f"Config dir: {Path(sys.prefix) / 'etc' / 'jupyter'}\n", 1)[1]
+    section = section.split("Config dir:")[0]
+    assert re.search(r"^\s+jupyter_clustersdk enabled$", section, re.M), listing

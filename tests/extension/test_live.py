@@ -4,7 +4,8 @@
   no 5xx, every response matches the description;
 - Debian's ``prometheus`` scrapes ``/clustersdk/metrics`` with the token, and a
   query through Prometheus' HTTP API returns the running job's step;
-- ``jupyter server extension list`` shows the extension enabled on install.
+- ``jupyter server extension list`` shows the extension enabled on install (what the
+  wheel ships, built from a clean checkout: ``test_labextension.py``).
 """
 
 from __future__ import annotations
@@ -143,12 +144,24 @@ def api_schema(live_server):
                                          headers=live_server.headers, timeout=10)
 
 
+# Operations whose schema-valid input may still be refused (400): a script job's script
+# must exist on the server, its queue and priority be known, its world size fit the
+# cluster: no schema can say so. Their answers are still checked (status, shape, no 5xx).
+DEPENDS_ON_STATE = {("POST", "/clustersdk/api/jobs")}
+
+
 def fuzz(operation, live_server, mode, **fixed) -> None:
     """Hypothesis cases for one operation; each is sent and its response validated."""
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    excluded = [positive_data_acceptance] if (operation.method.upper(), operation.path) \
+        in DEPENDS_ON_STATE else []
+
     @given(case=operation.as_strategy(generation_mode=mode, **fixed))
     @FUZZ
     def check(case):
-        case.call_and_validate(headers=live_server.headers, timeout=30)
+        case.call_and_validate(headers=live_server.headers, timeout=30,
+                               excluded_checks=excluded)
 
     check()
 
@@ -253,30 +266,3 @@ def test_the_extension_is_enabled_on_install(tmp_path):
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # without the colours
     assert "jupyter_clustersdk enabled" in plain, text
     assert re.search(r"jupyter_clustersdk 0\.1\.0\s+OK", plain), text
-
-
-def test_a_wheel_ships_the_enabling_config_and_the_openapi_description(tmp_path):
-    """A regular `pip install` puts the config under <prefix>/etc/jupyter (an editable
-    install does not: setuptools skips data files there, so ./dev copies it)."""
-    import zipfile
-
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    source = tmp_path / "source"  # setuptools builds in the tree: not in the shared checkout
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "clustersdk", "extension"):
-        copy = shutil.copytree if os.path.isdir(os.path.join(root, name)) else shutil.copy
-        copy(os.path.join(root, name), source / name,
-             **({"ignore": shutil.ignore_patterns("__pycache__", "node_modules")}
-                if copy is shutil.copytree
-                else {}))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path / "dist"), str(source)], check=True,
-                   capture_output=True, timeout=300, cwd=tmp_path)
-    (wheel,) = (tmp_path / "dist").glob("clustersdk-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    enabling = "/etc/jupyter/jupyter_server_config.d/jupyter_clustersdk.json"
-    config = [n for n in names if n.endswith(".data/data" + enabling)]
-    assert len(config) == 1, names
-    assert json.loads(zipfile.ZipFile(wheel).read(config[0])) == \
-        {"ServerApp": {"jpserver_extensions": {"jupyter_clustersdk": True}}}
-    assert "jupyter_clustersdk/openapi.yaml" in names

@@ -69,13 +69,25 @@ export function actionStates(job: IJobJSON): Record<Action, IActionState> {
   const out = {} as Record<Action, IActionState>;
   const status = String(job.status);
   const hasDir = Boolean(job.spec && job.spec['checkpoint_dir']);
+  // a script job (launch_script): what its ranks accept; stop and suspend are signals
+  const controls = Array.isArray(job.controls) ? job.controls : null;
   for (const action of ACTIONS) {
     let reason = '';
     if (!ALLOWED[action].includes(status)) {
       reason = isTerminal(status)
         ? `Job ${job.name} is ${status}: nothing more to ${action}`
         : `Job ${job.name} is ${status}; only a ${joinOr(ALLOWED[action])} job can ${action}`;
-    } else if ((action === 'checkpoint' || action === 'suspend') && !hasDir) {
+    } else if (controls !== null && (action === 'pause' || action === 'checkpoint')) {
+      if (!controls.includes(action)) {
+        reason =
+          `Job ${job.name} runs a script that does not accept ${action} requests ` +
+          '(it calls no clustersdk.script.step' +
+          (action === 'checkpoint' ? ' with saves=True' : '') +
+          ', nor uses ClusterSDKCallback)';
+      } else if (action === 'checkpoint' && status === 'PAUSED') {
+        reason = `Job ${job.name} runs a script, which saves while it runs: resume it first`;
+      }
+    } else if ((action === 'checkpoint' || action === 'suspend') && !hasDir && controls === null) {
       reason = `Job ${job.name} was launched without checkpoint_dir, so it cannot ${action}`;
     }
     out[action] = { enabled: reason === '', reason };
@@ -175,7 +187,7 @@ export function jobMeta(job: IJobJSON): string {
   const ranks = job.world_size ?? '?';
   return [
     job.owner || 'unknown owner',
-    job.strategy ?? '?',
+    job.kind === 'script' ? `script ${String(job.spec?.['fn'] ?? '?')}` : job.strategy ?? '?',
     `${ranks} rank${ranks === 1 ? '' : 's'}`
   ].join(' · ');
 }

@@ -92,6 +92,8 @@ export interface IJobJSON {
   reason: string;
   world_size: number | null;
   strategy: string | null;
+  /** "script" for a script job (launch_script: spec.fn is what it runs), else "function". */
+  kind?: 'script' | 'function';
   owner?: string | null;
   submitted: number;
   started?: number | null;
@@ -107,6 +109,9 @@ export interface IJobJSON {
   total_steps?: number | null;
   progress?: IProgressJSON | null;
   events?: IJobEventJSON[];
+  /** A script job's: what its ranks accept ("stop", "suspend", and "pause", "checkpoint"
+   * when the script opted in); absent for a function job (which accepts everything). */
+  controls?: string[] | null;
 }
 
 export interface IOverviewJSON {

@@ -72,6 +72,24 @@ describe('actionStates', () => {
     assert.equal(s.pause.enabled, true);
   });
 
+  test("a script job's buttons are what its ranks accept", () => {
+    const plain = actionStates(job({ spec: {}, controls: ['stop', 'suspend'] }));
+    assert.equal(plain.stop.enabled, true);
+    assert.equal(plain.suspend.enabled, true); // SIGTERM: the script saves where it likes
+    assert.equal(plain.pause.enabled, false);
+    assert.match(plain.pause.reason, /runs a script that does not accept pause requests/);
+    assert.equal(plain.checkpoint.enabled, false);
+    const opted = actionStates(
+      job({ spec: {}, controls: ['checkpoint', 'pause', 'stop', 'suspend'] })
+    );
+    assert.equal(opted.pause.enabled, true);
+    assert.equal(opted.checkpoint.enabled, true);
+    const paused = actionStates(
+      job({ status: 'PAUSED', spec: {}, controls: ['checkpoint', 'pause', 'stop', 'suspend'] })
+    );
+    assert.match(paused.checkpoint.reason, /resume it first/);
+  });
+
   test('a finished job allows nothing', () => {
     const s = actionStates(job({ status: 'FINISHED', terminal: true }));
     assert.ok(Object.values(s).every(v => !v.enabled));
