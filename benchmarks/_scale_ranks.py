@@ -123,7 +123,8 @@ class SimAgent(Agent):
         return 29500  # simulated: no TCPStore (the ranks form no process group)
 
     def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
-                   master_addr: str, master_port: int, words: list[int] | None = None) -> None:
+                   master_addr: str, master_port: int, words: list[int] | None = None,
+                   hosts: list[str] | None = None) -> None:
         self.host.note("start_rank", job, rank)
         thread = SimRank(self.host, self, job, rank, WireSpec.from_dict(spec), payload,
                          master_addr, master_port, None)

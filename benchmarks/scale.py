@@ -257,7 +257,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(n // size)]
         watched = jobs[0]
         watched.on_event(kernel)
-        _wait(lambda: all(j.info()["status"] == "RUNNING" for j in jobs), "every rank started", 600)
+        _wait(lambda: _running(jobs), "every rank started", 600)
         launch_all_started = max(j.info()["started"] for j in jobs) - t0
         if args.profile_launch:
             cluster.sync(probe.scale_profile, path=f"{args.profile_launch}.{n}")
@@ -377,6 +377,18 @@ def _all(cluster: Any, jobs: list[str], action: str, **kwargs: Any) -> None:
         await asyncio.gather(*(getattr(cluster.control, action)(job, **kwargs) for job in jobs))
 
     cluster.sync(every)
+
+
+def _running(jobs: list[Any]) -> bool:
+    """Whether every job is RUNNING; a job that ended instead is an error, said at once."""
+    from clustersdk.status import JobStatus
+
+    infos = [j.info() for j in jobs]
+    for info in infos:
+        if JobStatus[info["status"]].terminal:
+            raise RuntimeError(f"job {info['name']} ended {info['status']} before it ran: "
+                               f"{info.get('error')}")
+    return all(info["status"] == "RUNNING" for info in infos)
 
 
 def _wait(predicate: Any, what: str, timeout: float) -> None:
