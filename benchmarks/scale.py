@@ -22,9 +22,13 @@ of k ranks instead):
   every rank paused, ``job.stop()`` to every rank out;
 - the subscribed kernel's chart delay (row logged to row received) p95 and
   the bytes per second it receives;
-- ``job.history(last_steps=1000)``, ``job.steps(last=1000)`` (the per-step summary a chart draws)
-  and ``job.info()``: their latency. Before the steady state, the ranks run
-  ``--history-steps`` fast steps, so that the journal holds that many steps.
+- the latency of ``job.steps(last=1000)`` (``history_1000_s``: the last 1,000 steps as a
+  chart or a user reads them, one row per step with each scalar's mean, min and max
+  over the ranks), ``job.history(last_steps=1000, rank=0)`` (one rank's rows),
+  ``job.history(last_steps=1000)`` (every rank's rows: N x 1,000 of them,
+  ``history_1000_all_ranks_s``) and ``job.info()``. Before the steady state, the
+  ranks run ``--history-steps`` fast steps, so that the journal holds that many
+  steps, and the steady state starts once the journal holds all their rows.
 
 The simulated ranks share this machine's cores with the scheduler: they run
 at a lower priority (nice 10) in as few processes as their number allows,
@@ -177,15 +181,16 @@ class Kernel:
         return out
 
 
-def journal_counts(path: str, jobs: list[str]) -> tuple[int, int, int]:
-    """Rows of ``jobs`` in the journal, distinct (job, rank, step) among them, and its size."""
+def journal_counts(path: str, jobs: list[str], distinct: bool = True) -> tuple[int, int, int]:
+    """Rows of ``jobs`` in the journal, distinct (job, rank, step) among them (0 unless
+    ``distinct``), and its size."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
     try:
         marks = ",".join("?" for _ in jobs)
-        rows, distinct = db.execute(
-            f"SELECT COUNT(*), COUNT(DISTINCT job || ':' || rank || ':' || step) FROM metrics "
-            f"WHERE job IN ({marks})", jobs).fetchone()
-        return int(rows), int(distinct), journal_bytes(db)
+        unique = "COUNT(DISTINCT job || ':' || rank || ':' || step)" if distinct else "0"
+        rows, distinct_rows = db.execute(
+            f"SELECT COUNT(*), {unique} FROM metrics WHERE job IN ({marks})", jobs).fetchone()
+        return int(rows), int(distinct_rows), journal_bytes(db)
     finally:
         db.close()
 
@@ -266,7 +271,14 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         if args.history_steps:
             _wait(lambda: sum(s["logged_rows"] for s in host_stats()) >= n * args.history_steps,
                   f"{args.history_steps} fast steps", 1800)
-        time.sleep(max(3 * args.step, 2.0))  # the fast steps' rows drain; steady state begins
+            # steady state begins once the journal holds every row logged so far: the
+            # fast steps outrun what one process of simulated ranks ships, and their
+            # backlog would count as chart delay and loop lag of the steady state
+            logged = sum(s["logged_rows"] for s in host_stats())
+            journal_path = os.path.join(tmp, "journal.sqlite")
+            _wait(lambda: journal_counts(journal_path, [j.id for j in jobs], distinct=False)[0]
+                  >= logged, "the fast steps' rows journaled", 600)
+        time.sleep(max(3 * args.step, 2.0))
 
         # steady state ----------------------------------------------------------------
         if args.profile:
