@@ -393,8 +393,9 @@ class Journal:
         return [dict(r) for r in rows]
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+# one encoder for every row: json.dumps with any argument builds a new JSONEncoder per call,
+# a third of each row's encoding at thousands of rows a second
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _encode(record: dict[str, Any]) -> dict[str, Any]:
