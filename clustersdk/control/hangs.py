@@ -109,12 +109,12 @@ class Watch:
         return idle if idle > self.timeout(hang_timeout) else None
 
     def where(self, now: float) -> str:
-        """``rank 0 in control at step 12 (heard 0.4 s ago), rank 1 ...``."""
+        """``rank 0 at step 12, phase control (heard 0.4 s ago), rank 1 ...``."""
         parts = []
         for rank in sorted(self.beacons):
             b = self.beacons[rank]
-            parts.append(f"rank {rank} in {b.phase} at step {b.step} (heard {now - b.time:.1f} s "
-                         "ago)")
+            parts.append(f"rank {rank} at step {b.step}, phase {b.phase} (heard "
+                         f"{now - b.time:.1f} s ago)")
         return ", ".join(parts) or "no rank has reported yet"
 
 
