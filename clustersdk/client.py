@@ -75,9 +75,17 @@ class ControlClient:
         """The record (with ``result``) once the job is over, or when ``timeout`` passes."""
         return await self.call(Op.WAIT, job=job, timeout=timeout)
 
-    async def history(self, job: str, since: int = 0,
-                      limit: int | None = None) -> list[dict[str, Any]]:
-        return await self.call(Op.HISTORY, job=job, since=since, limit=limit)
+    async def history(self, job: str, since: int = 0, limit: int | None = None,
+                      last_steps: int | None = None,
+                      rank: int | None = None) -> list[dict[str, Any]]:
+        # the last two only when asked: a scheduler of an older release has no such arguments
+        extra = {k: v for k, v in (("last_steps", last_steps), ("rank", rank)) if v is not None}
+        return await self.call(Op.HISTORY, job=job, since=since, limit=limit, **extra)
+
+    async def steps(self, job: str, last: int | None = None,
+                    since_step: int | None = None) -> list[dict[str, Any]]:
+        """One row per step: its scalars' mean, min and max over the ranks (see job.steps)."""
+        return await self.call(Op.STEPS, job=job, last=last, since_step=since_step)
 
     async def logs(self, job: str, rank: int | None = None,
                    since: int = 0) -> list[dict[str, Any]]:

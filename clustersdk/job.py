@@ -254,10 +254,35 @@ class Job:
             raise JobStoppedError(f"job {self.name!r} was stopped before it returned a result")
         return cloudpickle.loads(record["result"])
 
-    def history(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Logged rows after sequence number ``since``: seq, rank, step, time, scalars."""
+    def history(self, since: int = 0, limit: int | None = None, *,
+                last_steps: int | None = None, rank: int | None = None
+                ) -> list[dict[str, Any]]:
+        """Logged rows after sequence number ``since``: seq, rank, step, time, scalars,
+        in the order they came. ``last_steps``: only the newest that many steps;
+        ``rank``: only that rank's rows (both in step order, then rank).
+
+        Each rank logs its own row per step: a job of 1,024 ranks has a million rows
+        per 1,000 steps. :meth:`steps` reads one row per step.
+
+        >>> job.history(last_steps=100, rank=0)[-1]["loss"]     # doctest: +SKIP
+        1.93
+        """
         return list(self.cluster.sync(self.cluster.control.history, self.id, since=since,
-                                      limit=limit))
+                                      limit=limit, last_steps=last_steps, rank=rank))
+
+    def steps(self, last: int | None = None, since_step: int | None = None
+              ) -> list[dict[str, Any]]:
+        """One row per step, oldest first: ``step``, ``time`` (of its newest row),
+        ``ranks`` (how many logged it) and ``scalars``: per name its ``mean``, ``min``
+        and ``max`` over the ranks and ``ranks`` (how many logged it). Only the newest
+        ``last`` steps, or those after ``since_step``. What a chart of a big job draws.
+
+        >>> job.steps(last=1)                                    # doctest: +SKIP
+        [{'step': 999, 'time': 1733.2, 'ranks': 1024,
+          'scalars': {'loss': {'mean': 1.93, 'min': 1.71, 'max': 2.30, 'ranks': 1024}}}]
+        """
+        return list(self.cluster.sync(self.cluster.control.steps, self.id, last=last,
+                                      since_step=since_step))
 
     def system(self, since: int = 0) -> list[dict[str, Any]]:
         """GPU samples per rank (utilisation, memory, temperature, power) or, without a

@@ -96,6 +96,7 @@ class Op(str, enum.Enum):
     CHECKPOINT = "checkpoint"
     SUSPEND = "suspend"
     HISTORY = "history"
+    STEPS = "steps"                  # per-step summaries over the ranks: mean, min, max
     LOGS = "logs"
     SYSTEM = "system"
     RANK_EVENT = "rank_event"
@@ -199,6 +200,51 @@ class MetricsMessage(TypedDict, total=False):
     phases: list[list[float]]                 # [step, *PHASES] of this rank's steps
 
 
+class StepBand(TypedDict):
+    """One step of a job's scalars over its ranks: per scalar ``[min, mean, max]``."""
+
+    step: int
+    time: float                  # when its newest row was logged
+    oldest: float                # when the oldest row new in this message was logged
+    ranks: int                   # how many ranks logged the step so far
+    scalars: dict[str, list[float]]
+
+
+class SystemBand(TypedDict):
+    """One tick's system samples over the ranks: per reading ``[min, mean, max]``."""
+
+    time: float
+    source: str                  # "nvml" or "psutil"
+    ranks: int
+    fields: dict[str, list[float]]
+
+
+class PhaseBand(TypedDict):
+    """One step's phases over the ranks (each list in :data:`PHASES` order)."""
+
+    step: int
+    ranks: int
+    min: list[float]
+    mean: list[float]
+    max: list[float]
+    slowest: int                 # the rank whose own work (data, compute, optimizer,
+    slowest_work: float          # checkpoint) took longest, and those seconds
+
+
+class StepsMessage(TypedDict):
+    """What kernels get of a job of more ranks than ``clustersdk.dashboard.aggregate-above``,
+    once per tick, instead of every rank's :class:`MetricsMessage`: bands over the ranks
+    (a chart needs one point per pixel). The per-rank rows are in the journal
+    (``job.history()``); ``job.steps()`` reads the same bands back."""
+
+    kind: Literal["steps"]
+    attempt: int
+    steps: list[StepBand]        # the steps that changed, in step order
+    system: SystemBand | None
+    phases: list[PhaseBand]
+    logs: list[tuple[int, float, str, str]]   # rank, time, stream, text
+
+
 class StatusMessage(TypedDict):
     kind: Literal["status"]
     status: str                  # a JobStatus name
@@ -275,7 +321,7 @@ class RollbackMessage(TypedDict):
     step: int
 
 
-Message = (MetricsMessage | StatusMessage | ProgressMessage | CheckpointMessage
+Message = (MetricsMessage | StepsMessage | StatusMessage | ProgressMessage | CheckpointMessage
            | CheckpointFailedMessage | ProfileMessage | RollbackMessage | ConsoleMessage
            | UpdatedMessage | DiagnosisMessage | ControlsMessage)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import math
 from typing import Any, Iterable, Mapping
 
@@ -168,19 +169,41 @@ class StepMeans:
         self.world_size, self.patience = world_size, patience
         self.newest: dict[int, int] = {}             # rank -> its newest step with a loss
         self.pending: dict[int, dict[int, float]] = {}  # step -> rank -> loss
+        # kept as rows come, so that a row costs the same at 4,096 ranks as at 2 (taking
+        # min(newest.values()) for every row made a step cost the world size squared)
+        self._at: collections.Counter[int] = collections.Counter()  # step -> ranks newest there
+        self._lows: list[int] = []   # a heap of the steps in _at (stale ones dropped lazily)
+        self._waiting: list[int] = []  # a heap of the steps in pending
+        self._high = -1              # max(newest.values())
 
     def add(self, rank: int, step: int, value: float) -> list[StepLoss]:
-        if step < self.newest.get(rank, -1):  # replayed steps (a restart): start over
-            self.newest.clear()
-            self.pending.clear()
+        old = self.newest.get(rank)
+        if old is not None and step < old:  # replayed steps (a restart): start over
+            self.__init__(self.world_size, self.patience)  # type: ignore[misc]
+            old = None
+        if old is not None:
+            self._at[old] -= 1
+            if not self._at[old]:
+                del self._at[old]
+        if not self._at[step]:
+            heapq.heappush(self._lows, step)
+        self._at[step] += 1
         self.newest[rank] = step
-        self.pending.setdefault(step, {})[rank] = value
+        self._high = max(self._high, step)
+        if step not in self.pending:
+            self.pending[step] = {}
+            heapq.heappush(self._waiting, step)
+        self.pending[step][rank] = value
         if len(self.newest) >= self.world_size:
-            done = min(self.newest.values())
+            lows = self._lows
+            while lows[0] not in self._at:  # a step no rank's newest is any more
+                heapq.heappop(lows)
+            done = lows[0]
         else:
-            done = max(self.newest.values()) - self.patience
+            done = self._high - self.patience
         out = []
-        for s in sorted(k for k in self.pending if k <= done):
+        while self._waiting and self._waiting[0] <= done:
+            s = heapq.heappop(self._waiting)
             losses = self.pending.pop(s)
             finite = {r: v for r, v in losses.items() if math.isfinite(v)}
             if not finite:

@@ -32,7 +32,7 @@ def test_a_stuck_rank_is_reported_hung_with_every_ranks_stack_and_stop_ends_it(h
     (event,) = [e for e in job.events() if e["kind"] == "hung"]
     assert event["time"] - last_step_time(job) <= 2 * HANG + 1  # found within 2x the timeout
     assert job.reason.startswith("hung: no rank has finished a step for ")
-    assert "rank 1 in step at step 5" in job.reason
+    assert "rank 1 at step 5, phase step" in job.reason
     stacks = job.stacks()
     assert sorted(stacks) == [0, 1]
     assert "step 5, phase step" in stacks[1].splitlines()[0]

@@ -59,6 +59,9 @@ class Watch:
         self.best = -1                       # the furthest step any rank reported
         self.durations: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.exempt_since: float | None = None
+        # how many ranks' newest beacon is in an EXEMPT or an OUTSIDE phase: kept as beacons
+        # come, so that each beacon costs the same at 4,096 ranks as at 2
+        self._exempt = self._outside = 0
 
     def reset(self, now: float) -> None:
         """A new gang start (or a resume): nothing to compare with yet."""
@@ -69,6 +72,12 @@ class Watch:
         """A rank's beacon; progress is a step (or an evaluation batch, in ``ticks``)
         finished by any rank."""
         done = step if ticks is None else ticks
+        old = self.beacons.get(rank)
+        if old is not None:
+            self._exempt -= old.phase in EXEMPT
+            self._outside -= old.phase in OUTSIDE
+        self._exempt += phase in EXEMPT
+        self._outside += phase in OUTSIDE
         self.beacons[rank] = Beacon(step, phase, now, done)
         if done > self.best:
             if self.best >= 0:
@@ -76,8 +85,7 @@ class Watch:
             self.best, self.advanced_at = done, now
         # a save or a pause is not waiting; nor is the user's own code around ctx.loop
         # (a job that never calls ctx.loop has no steps to watch)
-        exempt = (any(b.phase in EXEMPT for b in self.beacons.values())
-                  or all(b.phase in OUTSIDE for b in self.beacons.values()))
+        exempt = self._exempt > 0 or self._outside == len(self.beacons)
         if exempt and self.exempt_since is None:
             self.exempt_since = now
         elif not exempt and self.exempt_since is not None:
@@ -101,12 +109,12 @@ class Watch:
         return idle if idle > self.timeout(hang_timeout) else None
 
     def where(self, now: float) -> str:
-        """``rank 0 in control at step 12 (heard 0.4 s ago), rank 1 ...``."""
+        """``rank 0 at step 12, phase control (heard 0.4 s ago), rank 1 ...``."""
         parts = []
         for rank in sorted(self.beacons):
             b = self.beacons[rank]
-            parts.append(f"rank {rank} in {b.phase} at step {b.step} (heard {now - b.time:.1f} s "
-                         "ago)")
+            parts.append(f"rank {rank} at step {b.step}, phase {b.phase} (heard "
+                         f"{now - b.time:.1f} s ago)")
         return ", ".join(parts) or "no rank has reported yet"
 
 

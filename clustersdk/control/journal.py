@@ -2,7 +2,16 @@
 
 The journal lives in the state directory so that what a job did outlives the
 kernel that launched it and any client that watched it. All writes come from
-the scheduler's event loop; each is one small transaction.
+the scheduler's event loop.
+
+What the ranks ship (metric rows, step phases, system samples, log lines, the
+per-step summaries) is written in batches: it waits in memory for at most
+:data:`BATCH_S` seconds and goes in with what came meanwhile, in one
+transaction (1,024 ranks send thousands of rows a second; one transaction each
+cost the scheduler most of a core). Every other statement, a read or a write,
+first commits what waits, so a reader never misses a row that arrived before
+its question, and a job record's change (a checkpoint committed, a status) is
+never on disk before the rows that came before it.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from typing import Any, Iterable
 
 _SCHEMA = """
@@ -51,6 +61,7 @@ CREATE TABLE IF NOT EXISTS metrics (
     scalars TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, seq);
+CREATE INDEX IF NOT EXISTS metrics_by_step ON metrics (job, step, rank);
 CREATE TABLE IF NOT EXISTS logs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     job TEXT NOT NULL,
@@ -90,7 +101,24 @@ CREATE TABLE IF NOT EXISTS phases (
     phases TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS phases_by_job ON phases (job, seq);
+CREATE TABLE IF NOT EXISTS steps (
+    job TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    time REAL NOT NULL,
+    ranks INTEGER NOT NULL,
+    scalars TEXT NOT NULL,
+    PRIMARY KEY (job, step)
+) WITHOUT ROWID;
 """
+
+BATCH_S = 0.2  # the longest shipped rows wait in memory before their transaction
+_INSERTS = {
+    "metrics": "INSERT INTO metrics (job, rank, step, time, scalars) VALUES (?, ?, ?, ?, ?)",
+    "phases": "INSERT INTO phases (job, rank, step, phases) VALUES (?, ?, ?, ?)",
+    "system": "INSERT INTO system (job, rank, time, sample) VALUES (?, ?, ?, ?)",
+    "logs": "INSERT INTO logs (job, rank, time, stream, text) VALUES (?, ?, ?, ?, ?)",
+    "steps": "INSERT OR REPLACE INTO steps (job, step, time, ranks, scalars) VALUES (?, ?, ?, ?, ?)",
+}
 
 _JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis", "controls")
 # columns added since the first release, with their declarations
@@ -122,6 +150,8 @@ class Journal:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._migrate()
+        self._waiting: dict[str, list[tuple]] = {table: [] for table in _INSERTS}
+        self._oldest: float | None = None  # monotonic time the oldest waiting row came
 
     def _migrate(self) -> None:
         """Add the columns a newer clustersdk keeps to a state directory made by an older one."""
@@ -131,29 +161,65 @@ class Journal:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
+        self.flush()
         self._db.close()
+
+    # batches ----------------------------------------------------------------
+    def _batch(self, table: str, values: list[tuple]) -> None:
+        if not values:
+            return
+        self._waiting[table].extend(values)
+        now = time.monotonic()
+        if self._oldest is None:
+            self._oldest = now
+        elif now - self._oldest >= BATCH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit what waits (rows, phases, samples, lines, step summaries) in one
+        transaction. The control plane also calls it on its tick."""
+        if self._oldest is None:
+            return
+        self._oldest = None
+        waiting = self._waiting
+        self._waiting = {table: [] for table in _INSERTS}
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            for table, values in waiting.items():
+                if values:
+                    db.executemany(_INSERTS[table], values)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _sql(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        """Any statement but the batched inserts: what waits goes first."""
+        self.flush()
+        return self._db.execute(sql, params)
 
     # jobs -----------------------------------------------------------------
     def add_job(self, record: dict[str, Any]) -> None:
         row = _encode(record)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._db.execute(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(row.values()))
+        self._sql(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def update(self, job: str, **fields: Any) -> None:
         if not fields:
             return
         row = _encode(fields)
         sets = ", ".join(f"{k} = ?" for k in row)
-        self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*row.values(), job))
+        self._sql(f"UPDATE jobs SET {sets} WHERE id = ?", (*row.values(), job))
 
     def get(self, job: str) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job,)).fetchone()
+        row = self._sql("SELECT * FROM jobs WHERE id = ?", (job,)).fetchone()
         return _decode(row) if row else None
 
     def find(self, scheduler: str, name: str) -> dict[str, Any] | None:
         """The newest job of that name on that scheduler."""
-        row = self._db.execute(
+        row = self._sql(
             "SELECT * FROM jobs WHERE scheduler = ? AND name = ? ORDER BY submitted DESC, rowid DESC LIMIT 1",
             (scheduler, name),
         ).fetchone()
@@ -161,14 +227,14 @@ class Journal:
 
     def adoptable(self, address: str, scheduler: str) -> list[dict[str, Any]]:
         """Jobs an earlier scheduler at ``address`` left queued or suspended (oldest first)."""
-        rows = self._db.execute(
+        rows = self._sql(
             "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status IN "
             "('QUEUED', 'SUSPENDED') ORDER BY seq, submitted", (address, scheduler)).fetchall()
         return [_decode(r) for r in rows]
 
     def orphaned(self, address: str, scheduler: str) -> list[dict[str, Any]]:
         """Jobs an earlier scheduler at ``address`` left running (it died with them)."""
-        rows = self._db.execute(
+        rows = self._sql(
             "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status NOT IN "
             "('QUEUED', 'SUSPENDED', 'FINISHED', 'FAILED', 'STOPPED')",
             (address, scheduler)).fetchall()
@@ -177,66 +243,111 @@ class Journal:
     # events: restarts, failures, world-size changes, preemptions ------------
     def add_event(self, job: str, time: float, step: int | None, kind: str, message: str,
                   data: dict[str, Any] | None = None) -> None:
-        self._db.execute("INSERT INTO events (job, time, step, kind, message, data) VALUES "
+        self._sql("INSERT INTO events (job, time, step, kind, message, data) VALUES "
                          "(?, ?, ?, ?, ?, ?)", (job, time, step, kind, message,
                                                 json.dumps(data or {}, default=str)))
 
     def events(self, job: str) -> list[dict[str, Any]]:
         """The job's durable events, oldest first."""
-        rows = self._db.execute("SELECT time, step, kind, message, data FROM events WHERE "
+        rows = self._sql("SELECT time, step, kind, message, data FROM events WHERE "
                                 "job = ? ORDER BY seq", (job,)).fetchall()
         return [{"time": r["time"], "step": r["step"], "kind": r["kind"],
                  "message": r["message"], **json.loads(r["data"])} for r in rows]
 
     # settings ---------------------------------------------------------------
     def put_setting(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
+        self._sql("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
                          (key, json.dumps(value)))
 
     def setting(self, key: str) -> Any:
-        row = self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        row = self._sql("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return json.loads(row["value"]) if row else None
 
     def jobs(self, scheduler: str) -> list[dict[str, Any]]:
-        rows = self._db.execute(
+        rows = self._sql(
             "SELECT * FROM jobs WHERE scheduler = ? ORDER BY submitted", (scheduler,)
         ).fetchall()
         return [_decode(r) for r in rows]
 
     # metrics --------------------------------------------------------------
     def add_metrics(self, job: str, rows: Iterable[dict[str, Any]]) -> None:
-        values = [
-            (job, r["rank"], r["step"], r["time"], json.dumps(r["scalars"]))
-            for r in rows
-        ]
-        self._db.executemany(
-            "INSERT INTO metrics (job, rank, step, time, scalars) VALUES (?, ?, ?, ?, ?)", values
-        )
+        self._batch("metrics", [(job, r["rank"], r["step"], r["time"], _dumps(r["scalars"]))
+                                for r in rows])
 
     def truncate_history(self, job: str, step: int) -> None:
         """Forget the rows of steps at or after ``step`` (a resume from there replays them)."""
-        self._db.execute("DELETE FROM metrics WHERE job = ? AND step >= ?", (job, step))
-        self._db.execute("DELETE FROM phases WHERE job = ? AND step >= ?", (job, step))
+        self._sql("DELETE FROM metrics WHERE job = ? AND step >= ?", (job, step))
+        self._sql("DELETE FROM phases WHERE job = ? AND step >= ?", (job, step))
+        self._sql("DELETE FROM steps WHERE job = ? AND step >= ?", (job, step))
 
-    def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        """Rows after sequence number ``since``: seq, rank, step, time and each scalar."""
-        sql = "SELECT seq, rank, step, time, scalars FROM metrics WHERE job = ? AND seq > ? ORDER BY seq"
-        params: tuple = (job, since)
+    def history(self, job: str, since: int = 0, limit: int | None = None, *,
+                last_steps: int | None = None, rank: int | None = None) -> list[dict[str, Any]]:
+        """Rows after sequence number ``since``: seq, rank, step, time and each scalar.
+
+        In the order they came; with ``last_steps`` (only the newest that many steps) or
+        ``rank`` (only that rank's), in step order (then rank), read through the
+        ``(job, step, rank)`` index.
+        """
+        where, params = "job = ? AND seq > ?", [job, since]
+        order = "seq"
+        if last_steps is not None:
+            newest = self._sql("SELECT MAX(step) FROM metrics WHERE job = ?", (job,)).fetchone()[0]
+            if newest is None:
+                return []
+            where += " AND step > ?"
+            params.append(newest - last_steps)
+        if rank is not None:
+            where += " AND rank = ?"
+            params.append(rank)
+        if last_steps is not None or rank is not None:
+            order = "step, rank"
+        sql = f"SELECT seq, rank, step, time, scalars FROM metrics WHERE {where} ORDER BY {order}"
         if limit is not None:
             sql += " LIMIT ?"
-            params += (limit,)
-        out = []
-        for seq, rank, step, t, scalars in self._db.execute(sql, params):
-            out.append({**json.loads(scalars), "seq": seq, "rank": rank, "step": step, "time": t})
-        return out
+            params.append(limit)
+        loads = json.loads
+        return [{**loads(scalars), "seq": seq, "rank": r, "step": step, "time": t}
+                for seq, r, step, t, scalars in self._sql(sql, tuple(params))]
+
+    # per-step summaries -------------------------------------------------------
+    def put_steps(self, job: str, summaries: Iterable[dict[str, Any]]) -> None:
+        """Per-step summaries (:meth:`clustersdk.control.digest.StepBands.take`'s): each
+        replaces the one kept for its step."""
+        self._batch("steps", [(job, s["step"], s["time"], s["ranks"], _dumps(s["scalars"]))
+                              for s in summaries])
+
+    def step_summary(self, job: str, step: int) -> dict[str, Any] | None:
+        """The summary kept for one step, in the form :meth:`put_steps` takes."""
+        row = self._sql("SELECT step, time, ranks, scalars FROM steps WHERE job = ? AND step = ?",
+                        (job, step)).fetchone()
+        if row is None:
+            return None
+        return {"step": row[0], "time": row[1], "ranks": row[2], "scalars": json.loads(row[3])}
+
+    def steps(self, job: str, last: int | None = None, since_step: int | None = None
+              ) -> list[dict[str, Any]]:
+        """One row per step, oldest first: step, time (of its newest row), ranks (how many
+        logged it) and, per scalar, its ``mean``, ``min``, ``max`` over the ranks and
+        ``ranks`` (how many logged that scalar). Only the newest ``last`` steps, or the
+        steps after ``since_step``."""
+        where, params = "job = ?", [job]
+        if since_step is not None:
+            where += " AND step > ?"
+            params.append(since_step)
+        sql = f"SELECT step, time, ranks, scalars FROM steps WHERE {where} ORDER BY step"
+        if last is not None:
+            sql = (f"SELECT * FROM (SELECT step, time, ranks, scalars FROM steps WHERE {where} "
+                   "ORDER BY step DESC LIMIT ?) ORDER BY step")
+            params.append(last)
+        return [{"step": step, "time": t, "ranks": ranks, "scalars": {
+                    name: {"mean": total / count, "min": lo, "max": hi, "ranks": count}
+                    for name, (count, total, lo, hi) in json.loads(scalars).items() if count}}
+                for step, t, ranks, scalars in self._sql(sql, tuple(params))]
 
     # step phases ------------------------------------------------------------
     def add_phases(self, job: str, rank: int, rows: Iterable[list[float]]) -> None:
         """``[step, *PHASES]`` rows of one rank (see :mod:`clustersdk.runtime.phases`)."""
-        self._db.executemany(
-            "INSERT INTO phases (job, rank, step, phases) VALUES (?, ?, ?, ?)",
-            [(job, rank, int(r[0]), json.dumps(list(r[1:]))) for r in rows],
-        )
+        self._batch("phases", [(job, rank, int(r[0]), _dumps(list(r[1:]))) for r in rows])
 
     def phases(self, job: str, since: int = 0, limit: int | None = None,
                tail: int | None = None) -> list[dict[str, Any]]:
@@ -252,19 +363,16 @@ class Journal:
             sql += " LIMIT ?"
             params += (count,)
         rows = [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
-                for seq, rank, step, values in self._db.execute(sql, params)]
+                for seq, rank, step, values in self._sql(sql, params)]
         return rows[::-1] if tail is not None else rows
 
     # system samples ---------------------------------------------------------
     def add_system(self, job: str, samples: Iterable[dict[str, Any]]) -> None:
-        self._db.executemany(
-            "INSERT INTO system (job, rank, time, sample) VALUES (?, ?, ?, ?)",
-            [(job, s["rank"], s["time"], json.dumps(s["sample"])) for s in samples],
-        )
+        self._batch("system", [(job, s["rank"], s["time"], _dumps(s["sample"])) for s in samples])
 
     def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
         """GPU (or CPU) samples after ``since``: seq, rank, time, source and each reading."""
-        rows = self._db.execute(
+        rows = self._sql(
             "SELECT seq, rank, time, sample FROM system WHERE job = ? AND seq > ? ORDER BY seq",
             (job, since),
         )
@@ -273,10 +381,7 @@ class Journal:
 
     # logs -----------------------------------------------------------------
     def add_logs(self, job: str, lines: Iterable[tuple[int, float, str, str]]) -> None:
-        self._db.executemany(
-            "INSERT INTO logs (job, rank, time, stream, text) VALUES (?, ?, ?, ?, ?)",
-            [(job, *line) for line in lines],
-        )
+        self._batch("logs", [(job, *line) for line in lines])
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
         sql = "SELECT seq, rank, time, stream, text FROM logs WHERE job = ? AND seq > ?"
@@ -284,8 +389,13 @@ class Journal:
         if rank is not None:
             sql += " AND rank = ?"
             params += (rank,)
-        rows = self._db.execute(sql + " ORDER BY seq", params).fetchall()
+        rows = self._sql(sql + " ORDER BY seq", params).fetchall()
         return [dict(r) for r in rows]
+
+
+# one encoder for every row: json.dumps with any argument builds a new JSONEncoder per call,
+# a third of each row's encoding at thousands of rows a second
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _encode(record: dict[str, Any]) -> dict[str, Any]:

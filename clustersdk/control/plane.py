@@ -42,6 +42,7 @@ class Run:
     watch: Watch = dataclasses.field(default_factory=lambda: Watch(time.time()))
     losses: Any = None    # each step's mean loss over the ranks (signals.StepMeans) ...
     detector: Any = None  # ... and its SpikeDetector, made on the first rows
+    digest: Any = None    # per-step summaries; a big job's bands for kernels (digest.Digest)
 
     @property
     def id(self) -> str:

@@ -20,6 +20,7 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
+import msgpack
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -40,6 +41,7 @@ from ..status import JobStatus
 from . import events as ev
 from . import policy
 from .access import Access
+from .digest import Digest
 from .evidence import Evidence
 from .gate import Gate
 from .journal import Journal
@@ -54,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
 TICK_MS = 1000  # how often the policy looks again without an event (grace, idle timeouts)
+PUBLISH_MS = 100  # how often a big job's bands go to kernels and step summaries to the journal
 
 
 class ControlPlane(SchedulerPlugin):
@@ -101,9 +104,13 @@ class ControlPlane(SchedulerPlugin):
         # grace periods and idle timeouts run out between events
         self._ticker = PeriodicCallback(self._tick, TICK_MS)
         self._ticker.start()
+        self._publisher = PeriodicCallback(self._publish_digests, PUBLISH_MS)
+        self._publisher.start()
 
     async def close(self) -> None:
         self._ticker.stop()
+        self._publisher.stop()
+        self._publish_digests()
         self.evidence.closed = True
         for run in list(self.runs.values()):
             self.feed(run, ev.SchedulerClosing())
@@ -208,7 +215,8 @@ class ControlPlane(SchedulerPlugin):
 
     def _rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
                     attempt: int = 0) -> None:
-        data = dict(data or {})
+        # a METRICS message comes packed (what the agent's send does to the hot path)
+        data = msgpack.unpackb(data) if isinstance(data, bytes) else dict(data or {})
         kind = RankEvent(event)
         run = self.runs.get(job)
         if run is None:  # over: nothing of it is kept any more
@@ -235,6 +243,8 @@ class ControlPlane(SchedulerPlugin):
         self.watchdog.heard(run, rank, beacon)
         if not (rows or logs or system or phases):
             return
+        digest = self._digest(run)
+        digest.add(rank, rows, logs, system, phases)
         if rows:
             self.journal.add_metrics(run.id, rows)
             self.evidence.rows(run, rows)  # a NaN (on_nan="report"), a loss spike
@@ -249,11 +259,41 @@ class ControlPlane(SchedulerPlugin):
             self.journal.add_system(run.id, system)
         if phases:
             self.journal.add_phases(run.id, rank, phases)
+        if digest.aggregated:  # its kernels get bands, once per tick (_publish_digests)
+            return
         message: MetricsMessage = {"kind": "metrics", "rank": rank, "attempt": attempt,
                                    "sent": data.pop("sent", time.time()), "event": kind.value,
                                    "rows": rows, "logs": logs, "system": system,
                                    "phases": phases}
         self.publish(run.id, message)
+
+    def _digest(self, run: Run) -> Digest:
+        """The job's per-step summaries (and, for a big job, what its kernels get next)."""
+        machine = run.machine
+        digest = run.digest
+        if digest is None or digest.attempt != machine.attempt:
+            if digest is not None:
+                self._publish_digest(run)
+            digest = run.digest = Digest(
+                machine.world_size, int(config.get("dashboard.aggregate-above")),
+                machine.attempt, restore=lambda step: self.journal.step_summary(run.id, step))
+        return digest
+
+    def _publish_digests(self) -> None:
+        for run in list(self.runs.values()):
+            self._publish_digest(run)
+        self.journal.flush()
+
+    def _publish_digest(self, run: Run) -> None:
+        digest = run.digest
+        if digest is None:
+            return
+        message = digest.message()
+        if message is not None:
+            self.publish(run.id, message)
+        summaries = digest.summaries()
+        if summaries:
+            self.journal.put_steps(run.id, summaries)
 
     def _board(self, run: Run) -> Any:
         """The job's TensorBoard writers, opened on its first rows (None without a dir)."""
@@ -299,6 +339,8 @@ class ControlPlane(SchedulerPlugin):
         self.scheduler.loop.call_later(action.delay, self.feed, run, action.event)
 
     def _truncate(self, run: Run, action: ev.TruncateHistory) -> None:
+        if run.digest is not None:
+            run.digest.truncate(action.step)
         self.journal.truncate_history(run.id, action.step)
         run.step = None if run.step is None else min(run.step, action.step)
         self.publish(run.id, {"kind": "rollback", "step": action.step})
@@ -321,6 +363,7 @@ class ControlPlane(SchedulerPlugin):
                                          action.reason)
 
     def _release(self, run: Run, action: ev.Release) -> None:
+        self._publish_digest(run)  # its last bands and step summaries
         self.journal.update(run.id, result=action.result, payload=None)
         self.runs.pop(run.id, None)
         self.placement.forget(run.id)
@@ -342,6 +385,10 @@ class ControlPlane(SchedulerPlugin):
     async def _start(self, run: Run, attempt: int, words: tuple[int, ...]) -> None:
         machine = run.machine
         spec, ranks = machine.spec, machine.ranks
+        # the more ranks are busy, the less often each ships: the plane takes about
+        # metrics-rate messages a second from all of them (job.update may change it)
+        wire = spec.replace(metrics_interval=max(
+            spec.metrics_interval, len(self.busy) / float(config.get("metrics-rate")))).as_dict()
         try:
             port = await self.call_worker(ranks[0].worker, WorkerOp.OPEN_STORE, job=run.id,
                                           world_size=spec.world_size, timeout=spec.timeout)
@@ -350,7 +397,7 @@ class ControlPlane(SchedulerPlugin):
         else:
             results = await asyncio.gather(*(
                 self.call_worker(slot.worker, WorkerOp.START_RANK, job=run.id, rank=rank,
-                                 spec=spec.as_dict(), payload=run.payload,
+                                 spec=wire, payload=run.payload,
                                  master_addr=ranks[0].host, master_port=port, words=list(words),
                                  hosts=[r.host for r in ranks])
                 for rank, slot in enumerate(ranks)
@@ -363,8 +410,10 @@ class ControlPlane(SchedulerPlugin):
 
     async def _control(self, worker: str, job: str, words: list[int], attempt: int) -> None:
         try:
+            # no answer awaited: a fan-out to 1,024 ranks costs half as much (words only
+            # grow, so their order does not matter; a gone worker fails the write)
             await self.call_worker(worker, WorkerOp.CONTROL, job=job, words=words,
-                                   attempt=attempt)
+                                   attempt=attempt, reply=False)
         except Exception:  # the worker is gone; remove_worker deals with it
             logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
 

@@ -60,7 +60,7 @@ class Requests:
             Op.INVENTORY: self.inventory, Op.SUBMIT: self.submit, Op.JOB: self.job,
             Op.JOBS: self.jobs, Op.WAIT: self.wait, Op.STOP: self.stop, Op.PAUSE: self.pause,
             Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
-            Op.HISTORY: self.history, Op.LOGS: self.logs, Op.SYSTEM: self.system,
+            Op.HISTORY: self.history, Op.STEPS: self.steps, Op.LOGS: self.logs, Op.SYSTEM: self.system,
             Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
             Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
             Op.DEBUG: self.debug, Op.RESTART: self.restart, Op.CONSOLE: self.console,
@@ -173,8 +173,13 @@ class Requests:
                 pass
         return self._record(job, with_result=True)
 
-    def history(self, job: str, since: int = 0, limit: int | None = None) -> list[dict]:
-        return self.journal.history(job, since, limit)
+    def history(self, job: str, since: int = 0, limit: int | None = None,
+                last_steps: int | None = None, rank: int | None = None) -> list[dict]:
+        return self.journal.history(job, since, limit, last_steps=last_steps, rank=rank)
+
+    def steps(self, job: str, last: int | None = None, since_step: int | None = None
+              ) -> list[dict]:
+        return self.journal.steps(job, last, since_step)
 
     def system(self, job: str, since: int = 0) -> list[dict]:
         return self.journal.system(job, since)

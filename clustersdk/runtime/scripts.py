@@ -151,6 +151,7 @@ class ScriptRank(threading.Thread):
         self.control = Control()
         self.outbox = asyncio.Lock()
         self.last_sent = 0.0
+        self.channel: Any = None  # its own connection to the control plane (agent.send's)
         self.sink = capture.Sink(rank)
         self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
         self.telemetry_interval = float(config.get("telemetry-interval"))
@@ -170,9 +171,14 @@ class ScriptRank(threading.Thread):
         self._words = no_words()
 
     # --- what the agent asks -----------------------------------------------------------
+    def interval(self) -> float:
+        """Seconds between this rank's messages (the job's metrics_interval, which the
+        control plane stretches on a busy cluster)."""
+        return self.spec.metrics_interval
+
     def due(self) -> bool:
         now = time.monotonic()
-        if now - self._last_flush >= self.spec.metrics_interval:
+        if now - self._last_flush >= self.interval():
             self._last_flush = now
             return True
         return False

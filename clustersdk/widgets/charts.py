@@ -15,6 +15,8 @@ from .format import rank_color
 
 MAX_LEGEND = 8  # more ranks than this: colours only, the legend would hide the lines
 MARKER_COLOR = "#7c3aed"  # job.update's changes on the loss chart
+BAND_COLOR = "#2563eb"    # a big job's band over its ranks, and its mean
+ALL_RANKS = -1            # the line of a band's mean: lines[ALL_RANKS]
 
 
 def _bqplot():
@@ -53,6 +55,7 @@ class LineChart:
         ]
         self.x_axis, self.y_axis = axes
         self.lines: dict[int, object] = {}
+        self.band: Any = None  # min to max over the ranks (a big job), if any
         self.rules: Any = None  # vertical rules at given x (job.update's changes), if any
         self.markers: Any = None  # rings at points to point out (loss spikes), if any
         self.figure = bq.Figure(
@@ -77,11 +80,33 @@ class LineChart:
                 line.x, line.y = x, y
         self._update_ticks()
 
+    def set_band(self, xs: Sequence[float], lo: Sequence[float], mean: Sequence[float],
+                 hi: Sequence[float]) -> None:
+        """A big job's band: its ranks' min to max shaded, their mean as a line
+        (``lines[ALL_RANKS]``)."""
+        if len(xs) < 2:
+            return
+        x = np.asarray(xs, dtype=np.float64)
+        y = np.asarray([lo, hi], dtype=np.float64)
+        if self.band is None:
+            bq = _bqplot()
+            self.band = bq.Lines(x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale},
+                                 fill="between", colors=[BAND_COLOR, BAND_COLOR],
+                                 fill_colors=[BAND_COLOR], fill_opacities=[0.18],
+                                 stroke_width=0.5, display_legend=False, enable_hover=False)
+            self._show_marks()
+        else:
+            with self.band.hold_sync():
+                self.band.x, self.band.y = x, y
+        self.set(ALL_RANKS, xs, mean)
+
     def _update_ticks(self) -> None:
         """A few round tick values (d3's defaults crowd a 340 x 230 px chart)."""
         for axis, attr, lo, hi, count in ((self.x_axis, "x", self.x_min, None, 6),
                                           (self.y_axis, "y", self.y_min, self.y_max, 4)):
             values = [getattr(line, attr) for line in self.lines.values()]
+            if self.band is not None:
+                values.append(np.ravel(getattr(self.band, attr)))
             values = [v for v in values if len(v)]
             if not values:
                 continue
@@ -95,8 +120,10 @@ class LineChart:
     def _add(self, rank: int, x: np.ndarray, y: np.ndarray) -> None:
         bq = _bqplot()
         line = bq.Lines(
-            x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale}, colors=[rank_color(rank)],
-            labels=[f"rank {rank}"], stroke_width=1.6, enable_hover=False,
+            x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale},
+            colors=[BAND_COLOR if rank == ALL_RANKS else rank_color(rank)],
+            labels=["mean of all ranks" if rank == ALL_RANKS else f"rank {rank}"],
+            stroke_width=1.6, enable_hover=False,
         )
         self.lines[rank] = line
         show_legend = self.legend and len(self.lines) <= MAX_LEGEND
@@ -139,11 +166,13 @@ class LineChart:
 
     def _show_marks(self) -> None:
         marks = [self.lines[r] for r in sorted(self.lines)]
-        self.figure.marks = marks + [m for m in (self.rules, self.markers) if m is not None]
+        band = [self.band] if self.band is not None else []
+        self.figure.marks = band + marks + [m for m in (self.rules, self.markers) if m is not None]
 
     def clear(self) -> None:
         """Drop the lines and rings (another metric is shown next); the rules stay."""
         self.lines = {}
+        self.band = None
         self.markers = None
         self._show_marks()
 

@@ -225,7 +225,7 @@ class JobDashboard:
             self.diagnosis.value = diagnosis_html(view.diagnoses)
         if "scalars" in dirty:
             self._render_metric_choice()
-            self._render_series(self.charts["loss"], view.scalars.get(self._metric, {}))
+            self._render_scalars()
         if "updates" in dirty:  # job.update's changes, at their steps
             steps, labels = zip(*view.update_marks()) if view.updates else ((), ())
             self.charts["loss"].mark(steps, [f"step {s}: {t}" for s, t in zip(steps, labels)])
@@ -344,7 +344,7 @@ class JobDashboard:
                 self._metric = change["new"]
                 self.charts["loss"].clear()
                 self.charts["loss"].figure.title = self._metric
-                self._render_series(self.charts["loss"], self.view.scalars.get(self._metric, {}))
+                self._render_scalars()
                 self.charts["loss"].set_markers(*self.view.markers(self._metric))
 
     def _on_rank(self, _change: dict) -> None:
@@ -352,6 +352,14 @@ class JobDashboard:
             self._rank_picked = True
         with self._lock:
             self._render_logs()
+
+    def _render_scalars(self) -> None:
+        """The chosen metric: a line per rank, or a big job's band over its ranks."""
+        band = self.view.bands.get(self._metric)
+        if band is not None:
+            self.charts["loss"].set_band(*band.points())
+        else:
+            self._render_series(self.charts["loss"], self.view.scalars.get(self._metric, {}))
 
     def _render_series(self, chart: LineChart, series: dict) -> None:
         for rank in sorted(series):
@@ -366,7 +374,11 @@ class JobDashboard:
                                   y_max=100.0 if unit == "%" else None, legend=False)
                 self.charts[chart_id] = chart
                 self.grid.children = [*self.grid.children, chart.figure]
-            self._render_series(chart, self.view.system.get(chart_id, {}))
+            band = self.view.system_bands.get(chart_id)
+            if band is not None:
+                chart.set_band(*band.points())
+            else:
+                self._render_series(chart, self.view.system.get(chart_id, {}))
 
     def _render_logs(self) -> None:
         rank = self.rank.value

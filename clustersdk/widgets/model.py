@@ -11,6 +11,16 @@ both read from it, so they always agree.
 ...             "scalars": {"loss": 2.5}}], "logs": [], "system": []})
 >>> view.scalars["loss"][0].points()
 ([0.0], [2.5])
+
+A job of many ranks comes as bands over its ranks instead (``"steps"`` messages,
+see :class:`clustersdk.protocol.StepsMessage`), kept in :attr:`JobView.bands`:
+
+>>> big = JobView(name="b", world_size=1024, strategy="ddp", status="RUNNING")
+>>> big.apply({"kind": "steps", "attempt": 0, "steps": [{"step": 7, "time": 1.0, "oldest": 1.0,
+...            "ranks": 1024, "scalars": {"loss": [1.5, 2.0, 2.5]}}], "system": None,
+...            "phases": [], "logs": []})
+>>> big.bands["loss"].points()
+([7.0], [1.5], [2.0], [2.5])
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from typing import Any, Iterable
 
 from ..protocol import what_runs
 from .phases import PhaseView
-from .series import MAX_POINTS, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
+from .series import MAX_POINTS, Band, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
 
 MAX_LOG_LINES = 300     # per rank
 GIB = float(1 << 30)
@@ -87,6 +97,10 @@ class JobView:
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
+        # a big job's scalars and system readings: min / mean / max over its ranks
+        self.bands: dict[str, Band] = {}
+        self.system_bands: dict[str, Band] = {}
+        self.band_step: int | None = None  # the newest step a band came for
         self.rate: dict[int, Series] = {}
         self.system: dict[str, dict[int, Series]] = {}
         self.source: str | None = None
@@ -137,6 +151,8 @@ class JobView:
             if msg.get("phases"):  # keyed by step and rank: a row read twice is one row
                 self.phases.add(int(msg["rank"]), msg["phases"])
                 self.dirty.add("phases")
+        elif kind == "steps":
+            self.add_steps(msg)
         elif kind == "rollback":
             self.roll_back(int(msg["step"]))
         elif kind == "updated":
@@ -154,6 +170,13 @@ class JobView:
             self._cut_rows.load(row["rank"], row["time"])
             self.add_rows([{"rank": row["rank"], "step": row["step"], "time": row["time"],
                             "scalars": {k: v for k, v in row.items() if k not in reserved}}])
+
+    def load_steps(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Per-step summaries as :meth:`Job.steps` returns them (a big job's history)."""
+        self.add_steps({"steps": [
+            {"step": r["step"], "time": r["time"],
+             "scalars": {k: [v["min"], v["mean"], v["max"]] for k, v in r["scalars"].items()}}
+            for r in rows]})
 
     def load_phases(self, rows: Iterable[dict[str, Any]]) -> None:
         """Phase rows as :meth:`Job.phases` returns them."""
@@ -236,6 +259,10 @@ class JobView:
         for per_rank in self.scalars.values():
             for series in per_rank.values():
                 series.truncate(float(step))
+        for band in self.bands.values():
+            band.truncate(float(step))
+        if self.band_step is not None and self.band_step >= step:
+            self.band_step = step - 1 if step > 0 else None
         for rank in [r for r, row in self.last_row.items() if row["step"] >= step]:
             del self.last_row[rank]
         self.phases.roll_back(step)
@@ -259,6 +286,48 @@ class JobView:
             if rank < self.world_size:
                 self.last_row[rank] = {"step": step, "time": t, **row["scalars"]}
             self.dirty.update(("scalars", "progress"))
+
+    def add_steps(self, msg: dict[str, Any]) -> None:
+        """A :class:`~clustersdk.protocol.StepsMessage`: bands over the ranks."""
+        newest = None
+        for s in msg.get("steps") or ():
+            step = int(s["step"])
+            for name, (lo, mean, hi) in s["scalars"].items():
+                self.bands.setdefault(name, Band(self.cap)).set(step, lo, mean, hi)
+            if newest is None or step >= newest[0]:
+                newest = (step, float(s["time"]))
+            if self.first_time is None:
+                self.first_time = float(s["time"])
+        if newest is not None:
+            self.dirty.update(("scalars", "progress"))
+            if self.band_step is None or newest[0] > self.band_step:
+                self.band_step = newest[0]
+            rate = self._meters.setdefault(-1, RateMeter()).add(*newest)
+            if rate is not None:  # the job's pace (rank -1: all ranks)
+                self.rate.setdefault(-1, Series(self.cap)).append(self.elapsed_at(newest[1]), rate)
+                self.dirty.add("rate")
+        band = msg.get("system")
+        if band:
+            self.add_system_band(band)
+        if msg.get("phases"):
+            self.phases.add_bands(msg["phases"])
+            self.dirty.add("phases")
+        self.add_logs(line for line in msg.get("logs") or ()
+                      if self._cut_logs.fresh(line[0], line[1]))
+
+    def add_system_band(self, band: dict[str, Any]) -> None:
+        fields = dict(band["fields"])
+        if self.source is None:
+            self.source = band.get("source", "psutil")
+        if "net_sent_per_s" in fields:  # the sum's band: the sums of the bands (near enough)
+            recv = fields.get("net_recv_per_s", [0.0, 0.0, 0.0])
+            fields["net_per_s"] = [a + b for a, b in zip(fields["net_sent_per_s"], recv)]
+        x = self.elapsed_at(float(band["time"]))
+        for chart, field, _title, _unit, scale in SYSTEM_CHARTS.get(self.source or "", ()):
+            if field in fields:
+                lo, mean, hi = (v / scale for v in fields[field])
+                self.system_bands.setdefault(chart, Band(self.cap)).set(x, lo, mean, hi)
+        self.dirty.add("system")
 
     def add_updates(self, updates: Iterable[dict[str, Any]]) -> None:
         """``job.update``'s changes (a message or a durable event: seq, step, changes)."""
@@ -334,10 +403,11 @@ class JobView:
 
     def metric_names(self) -> list[str]:
         """Logged scalar names, ``loss`` first."""
-        return sorted(self.scalars, key=lambda k: (k != "loss", k))
+        return sorted({*self.scalars, *self.bands}, key=lambda k: (k != "loss", k))
 
     def steps_done(self) -> int:
-        return max((row["step"] + 1 for row in self.last_row.values()), default=0)
+        done = max((row["step"] + 1 for row in self.last_row.values()), default=0)
+        return max(done, self.band_step + 1) if self.band_step is not None else done
 
     def steps_per_s(self) -> float | None:
         rates = [s.last()[1] for s in self.rate.values() if s.last() is not None]

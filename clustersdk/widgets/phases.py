@@ -5,7 +5,10 @@ A :class:`PhaseView` keeps the phase rows of the newest steps
 answers what a dashboard draws, in a form that reads at 64 ranks as well as
 at 2: per phase, one aggregated line (the mean over ranks) inside a min/max
 band; the slowest rank named; and, past :data:`LINES_UP_TO` ranks, a rank x
-step heatmap instead of one line per rank.
+step heatmap instead of one line per rank. A job of more ranks than the
+control plane sends rows of (``clustersdk.dashboard.aggregate-above``) comes
+as per-step bands (:meth:`PhaseView.add_bands`): the bands and the slowest
+rank, without a heatmap (mode ``"bands"``).
 
 >>> view = PhaseView(world_size=2)
 >>> view.add(0, [[0, 0.1, 1.0, 0.2, 0.0, 0.0, 1.3]])
@@ -38,9 +41,19 @@ class PhaseView:
         self.keep = keep
         self._steps: collections.OrderedDict[int, dict[int, tuple[float, ...]]] = \
             collections.OrderedDict()
+        self._bands: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._steps)
+        return len(self._bands) if self._bands else len(self._steps)
+
+    def add_bands(self, bands: Iterable[dict[str, Any]]) -> None:
+        """Per-step bands over the ranks (:class:`~clustersdk.protocol.PhaseBand`)."""
+        for band in bands:
+            self._bands[int(band["step"])] = band
+        if any(a > b for a, b in zip(self._bands, list(self._bands)[1:])):
+            self._bands = collections.OrderedDict(sorted(self._bands.items()))
+        while len(self._bands) > self.keep:
+            self._bands.popitem(last=False)
 
     # feeding -------------------------------------------------------------------------------
     def add(self, rank: int, rows: Iterable[Iterable[float]]) -> None:
@@ -74,6 +87,8 @@ class PhaseView:
         """Forget steps at or after ``step`` (a resume replays them)."""
         for s in [s for s in self._steps if s >= step]:
             del self._steps[s]
+        for s in [s for s in self._bands if s >= step]:
+            del self._bands[s]
 
     def drop_ranks(self, world_size: int) -> None:
         """A resume at a smaller world size: ranks past it are gone."""
@@ -85,13 +100,20 @@ class PhaseView:
     # what a dashboard draws ----------------------------------------------------------------
     @property
     def mode(self) -> str:
-        """``"lines"`` (one line per rank) up to :data:`LINES_UP_TO` ranks, else ``"heatmap"``."""
+        """``"lines"`` (one line per rank) up to :data:`LINES_UP_TO` ranks, else ``"heatmap"``;
+        ``"bands"`` when only bands over the ranks came."""
+        if self._bands:
+            return "bands"
         return "lines" if self.world_size <= LINES_UP_TO else "heatmap"
 
     def band(self, phase: str) -> dict[str, list[float]]:
         """Per step, the mean of ``phase`` over the ranks that reported, and its min and max."""
         i = PHASES.index(phase)
         out: dict[str, list[float]] = {"steps": [], "min": [], "mean": [], "max": []}
+        for step, band in self._bands.items():
+            out["steps"].append(step)
+            for key in ("min", "mean", "max"):
+                out[key].append(band[key][i])
         for step, ranks in self._steps.items():
             if not ranks:
                 continue
@@ -138,6 +160,16 @@ class PhaseView:
         """The rank whose own work (data, compute, optimizer, checkpoint: not the wait for
         the others) took longest per step over the newest ``window`` steps, and by how much
         it exceeds the median rank."""
+        if self._bands:  # the rank slowest most often, its own work against the mean's
+            recent = list(self._bands.values())[-window:]
+            counts = collections.Counter(b["slowest"] for b in recent)
+            rank = max(counts, key=lambda r: (counts[r], -r))
+            mine = [b["slowest_work"] for b in recent if b["slowest"] == rank]
+            work_i = [PHASES.index(p) for p in _WORK]
+            typical = sum(sum(b["mean"][i] for i in work_i) for b in recent) / len(recent)
+            seconds = sum(mine) / len(mine)
+            return {"rank": rank, "seconds": seconds, "median": typical,
+                    "ratio": seconds / typical if typical > 0 else 1.0}
         work = [PHASES.index(p) for p in _WORK]
         totals: dict[int, list[float]] = {}
         for ranks in list(self._steps.values())[-window:]:

@@ -66,6 +66,58 @@ class Series:
         return (self.xs[-1], self.ys[-1]) if self.xs else None
 
 
+class Band:
+    """A band over the ranks: at each x, ``(min, mean, max)``; at most ``cap`` points.
+
+    An x may come again with newer figures (more ranks logged that step): it replaces
+    the point. When full, every other point of the older half is dropped, so the band
+    covers the whole run and its newest part in full detail.
+
+    >>> band = Band()
+    >>> band.set(0, 1.0, 2.0, 3.0); band.set(1, 1.0, 1.5, 2.0); band.set(0, 0.5, 2.0, 3.0)
+    >>> band.points()
+    ([0.0, 1.0], [0.5, 1.0], [2.0, 1.5], [3.0, 2.0])
+    """
+
+    __slots__ = ("cap", "_points")
+
+    def __init__(self, cap: int = MAX_POINTS):
+        self.cap = max(cap, 8)
+        self._points: dict[float, tuple[float, float, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def set(self, x: float, lo: float, mean: float, hi: float) -> None:
+        points = self._points
+        if points and x < next(reversed(points)) and x not in points:
+            self._points = points = dict(sorted({**points, x: (lo, mean, hi)}.items()))
+        else:
+            points[x] = (lo, mean, hi)
+        if len(points) > self.cap:
+            xs = list(points)
+            half = len(xs) // 2
+            keep = xs[:half:2] + xs[half:]
+            self._points = {x: points[x] for x in keep}
+
+    def truncate(self, x: float) -> None:
+        """Forget the points at or after ``x``."""
+        self._points = {k: v for k, v in self._points.items() if k < x}
+
+    def points(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """xs, mins, means, maxes."""
+        xs = [float(x) for x in self._points]
+        lo, mean, hi = (list(col) for col in zip(*self._points.values())) if xs else ([], [], [])
+        return xs, lo, mean, hi
+
+    def last(self) -> tuple[float, float] | None:
+        """The newest x and its mean."""
+        if not self._points:
+            return None
+        x = next(reversed(self._points))
+        return float(x), self._points[x][1]
+
+
 class RateMeter:
     """Steps per second over windows of at least ``window`` seconds."""
 

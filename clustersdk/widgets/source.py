@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import config
 from ..job import Job
 from .model import JobView
 
@@ -24,10 +25,18 @@ def job_view(job: Job, **options: Any) -> JobView:
 
 
 def load_into(view: JobView, job: Job) -> None:
-    """Read the job's journal (metrics, samples, log lines) into ``view``."""
-    view.load_history(job.history())
-    view.load_system(job.system())
-    view.load_phases(job.phases(tail=view.phases.keep * max(view.world_size, 1)))
+    """Read the job's journal (metrics, samples, log lines) into ``view``.
+
+    A job of more ranks than ``clustersdk.dashboard.aggregate-above`` is read as its
+    per-step bands (``job.steps()``: its per-rank rows are a million per 1,000 steps
+    at 1,024 ranks); its system readings and phases fill in as they come.
+    """
+    if view.world_size > int(config.get("dashboard.aggregate-above")):
+        view.load_steps(job.steps())
+    else:
+        view.load_history(job.history())
+        view.load_system(job.system())
+        view.load_phases(job.phases(tail=view.phases.keep * max(view.world_size, 1)))
     view.load_logs(log_lines(job))
 
 

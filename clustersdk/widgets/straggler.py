@@ -31,7 +31,8 @@ def phases_html(view: PhaseView) -> str:
         head += (f" · slowest: <b>rank {slow['rank']}</b> "
                  f"({_ms(slow['seconds'])} of own work per step, {slow['ratio']:.2f}x the median)")
     charts = "".join(_band_svg(view, phase) for phase in PHASES)
-    detail = _heatmap_svg(view) if view.mode == "heatmap" else _lines_svg(view, "total")
+    detail = {"heatmap": _heatmap_svg, "lines": lambda v: _lines_svg(v, "total"),
+              "bands": lambda v: ""}[view.mode](view)
     return (f"<div class='clustersdk-phases' style='font-size:12px'><div>{head}</div>"
             f"<div style='display:flex;flex-wrap:wrap;gap:6px'>{charts}</div>{detail}</div>")
 

@@ -26,8 +26,8 @@ def test_a_job_is_hung_when_no_step_finished_for_the_timeout():
     assert w.verdict(6.9, hang_timeout=6) is None
     beat(w, 7.5, (0, 2, "control"), (1, 2, "control"))  # heard, but no step finished
     assert w.verdict(7.5, hang_timeout=6) == pytest.approx(6.5)
-    assert w.where(8.0) == ("rank 0 in control at step 2 (heard 0.5 s ago), "
-                            "rank 1 in control at step 2 (heard 0.5 s ago)")
+    assert w.where(8.0) == ("rank 0 at step 2, phase control (heard 0.5 s ago), "
+                            "rank 1 at step 2, phase control (heard 0.5 s ago)")
     beat(w, 8.0, (1, 3, "step"))  # one rank moved on: progress
     assert w.verdict(8.5, hang_timeout=6) is None
 
@@ -53,7 +53,7 @@ def test_the_default_timeout_follows_the_slowest_recent_step():
 
 def hung(on_hang: str = "report", **options):
     job = running(3, on_hang=on_hang, **options)
-    actions = job.handle(ev.HangDetected(7.0, 6.0, "rank 1 in step at step 4", 10.0), 9.0)
+    actions = job.handle(ev.HangDetected(7.0, 6.0, "rank 1 at step 4, phase step", 10.0), 9.0)
     return job, actions
 
 
@@ -62,7 +62,7 @@ def test_report_keeps_a_hung_job_waiting_with_its_stacks_collected():
     assert statuses(actions) == ["HUNG"] and of(actions, ev.CollectStacks) == [ev.CollectStacks()]
     reason = of(actions, ev.Journal)[0].fields["reason"]
     assert reason.startswith("hung: no rank has finished a step for 7 s (hang_timeout 6 s)")
-    assert "rank 1 in step at step 4" in reason
+    assert "rank 1 at step 4, phase step" in reason
     assert [r.kind for r in of(actions, ev.Record)] == ["hung"]
     assert not of(actions, ev.SendControl) and not of(actions, ev.StartTimer)
     assert statuses(job.handle(ev.Progressed(), 12.0)) == ["RUNNING"]  # it was only slow
