@@ -10,7 +10,8 @@ import collections
 import os
 import re
 import statistics
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ def committed_rows(segments: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
     newest checkpoint was: a later job's first step cuts off the earlier job's rows."""
     out: list[dict[str, Any]] = []
     for index, rows in enumerate(segments):
-        later = [min((r["step"] for r in seg), default=None) for seg in segments[index + 1:]]
+        later = [min((r["step"] for r in seg), default=None) for seg in segments[index + 1 :]]
         cut = next((s for s in later if s is not None), None)
         out += [r for r in rows if cut is None or r["step"] < cut]
     return out
@@ -34,8 +35,10 @@ def history_problems(rows: list[dict[str, Any]], world_size: int, steps: int) ->
         if got != list(range(steps)):
             dup = sorted({s for s in got if got.count(s) > 1})
             gap = sorted(set(range(steps)) - set(got))
-            problems.append(f"rank {rank}: {len(got)} rows for {steps} steps; duplicated "
-                            f"{dup[:10]}, missing {gap[:10]}")
+            problems.append(
+                f"rank {rank}: {len(got)} rows for {steps} steps; duplicated "
+                f"{dup[:10]}, missing {gap[:10]}"
+            )
     return problems
 
 
@@ -60,8 +63,11 @@ def bitwise_problems(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
 def reason_problems(events: list[dict[str, Any]], killed: list[str]) -> list[str]:
     """One 'restarted' event per killed worker, each naming it."""
     restarts = [e["message"] for e in events if e["kind"] == "restarted"]
-    problems = [f"no restart event names the killed worker {w}" for w in killed
-                if not any(w in m for m in restarts)]
+    problems = [
+        f"no restart event names the killed worker {w}"
+        for w in killed
+        if not any(w in m for m in restarts)
+    ]
     if len(restarts) != len(killed):
         problems.append(f"{len(restarts)} restart event(s) for {len(killed)} kill(s): {restarts}")
     return problems
@@ -73,8 +79,7 @@ def leftover_dirs(checkpoint_dir: str) -> list[str]:
     from clustersdk import checkpoint_files as files
 
     committed = {os.path.basename(p) for _, p in files.committed(checkpoint_dir)}
-    return sorted(name for name in os.listdir(checkpoint_dir)
-                  if name not in committed)
+    return sorted(name for name in os.listdir(checkpoint_dir) if name not in committed)
 
 
 def leftover_processes(worker_pids: Iterable[int], nanny_pids: Iterable[int]) -> list[str]:
@@ -99,25 +104,30 @@ def leftover_processes(worker_pids: Iterable[int], nanny_pids: Iterable[int]) ->
 def worker_footprint() -> dict[str, Any]:
     """Run on a worker (``client.run``): its threads, by name with the numbers taken out
     (``ThreadPoolExecutor-3_0`` and ``-7_1`` are one kind), and its listening TCP ports."""
+    import sys
     import threading
+    import traceback
 
     import psutil
 
-    import sys
-    import traceback
-
     names = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
-    ports = sorted(c.laddr.port for c in psutil.Process().net_connections(kind="tcp")
-                   if c.status == psutil.CONN_LISTEN)
+    ports = sorted(
+        c.laddr.port
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN
+    )
     frames = sys._current_frames()
-    where = {t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
-             for t in threading.enumerate()
-             if t.name.startswith("clustersdk-") and t.ident in frames}
+    where = {
+        t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
+        for t in threading.enumerate()
+        if t.name.startswith("clustersdk-") and t.ident in frames
+    }
     return {"threads": dict(names), "ports": ports, "where": where}
 
 
-def footprint_problems(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
-                       ) -> list[str]:
+def footprint_problems(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> list[str]:
     """What the workers hold after the soak beyond what a worker held after one ordinary
     checkpointed job: a rank thread still alive, more threads of a kind than any worker
     had then, more listening ports (a TCPStore left open). ``before``/``after``: worker
@@ -138,8 +148,7 @@ def footprint_problems(before: dict[str, dict[str, Any]], after: dict[str, dict[
             elif n > most[name]:
                 problems.append(f"{worker}: {n} thread(s) {name}, at most {most[name]} before")
         if len(foot["ports"]) > ports:
-            problems.append(f"{worker}: listens on {foot['ports']}, at most {ports} port(s) "
-                            "before")
+            problems.append(f"{worker}: listens on {foot['ports']}, at most {ports} port(s) before")
     return problems
 
 

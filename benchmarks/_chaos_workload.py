@@ -51,8 +51,13 @@ def maybe_raise(marker: str | None, rank: int, step: int) -> None:
         raise InjectedFault(f"chaos: rank {rank} raises at step {step}")
 
 
-def train(ctx: Any, steps: int = 200, global_batch: int = 24, delay: float = 0.0,
-          raise_marker: str | None = None) -> dict[str, Any]:
+def train(
+    ctx: Any,
+    steps: int = 200,
+    global_batch: int = 24,
+    delay: float = 0.0,
+    raise_marker: str | None = None,
+) -> dict[str, Any]:
     """Rank 0 returns the whole state (model, optimizer) and the step reached."""
     torch.set_num_threads(1)
     net = ctx.prepare(model(), loss_fn=nn.functional.mse_loss)

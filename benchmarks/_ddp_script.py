@@ -27,9 +27,15 @@ def main() -> None:
     data = TensorDataset(torch.randn(4096, 256), torch.randint(0, 10, (4096,)))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=64, sampler=sampler)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                    torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                    torch.nn.Linear(512, 10)))
+    model = DDP(
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 10),
+        )
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step, epoch = 0, 0
     while step < args.steps:

@@ -16,8 +16,9 @@ import torch
 
 # Dask may import a preload twice (as a file it copied, and by name): patch once, and
 # always wrap the original (wrapping the wrapper recursed for ever on the first GPU run)
-_properties = getattr(torch.cuda.get_device_properties, "original",
-                      torch.cuda.get_device_properties)
+_properties = getattr(
+    torch.cuda.get_device_properties, "original", torch.cuda.get_device_properties
+)
 
 
 class _WithoutUUID:

@@ -18,7 +18,8 @@ import os
 import statistics
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -48,8 +49,10 @@ def peaks(device: torch.device) -> dict[str, float | None]:
     """Peak allocated and reserved memory since :func:`reset_peaks`, GiB (None on CPU)."""
     if device.type != "cuda":
         return {"peak_allocated_gib": None, "peak_reserved_gib": None}
-    return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB}
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+    }
 
 
 # --- nccl: the reference transformer under each layout, against one plain loop -----------------
@@ -66,8 +69,16 @@ def lm_optimizer(params: Any, lr: float, steps: int, warmup: int) -> tuple[Any, 
     return opt, cs.warmup_cosine(opt, warmup=warmup, total=steps)
 
 
-def lm_job(ctx: Any, model_cfg: dict[str, int], data_cfg: dict[str, int], steps: int,
-           batch: int, lr: float, warmup: int, wrap_ddp: bool = False) -> dict[str, Any]:
+def lm_job(
+    ctx: Any,
+    model_cfg: dict[str, int],
+    data_cfg: dict[str, int],
+    steps: int,
+    batch: int,
+    lr: float,
+    warmup: int,
+    wrap_ddp: bool = False,
+) -> dict[str, Any]:
     """The reference transformer through ``ctx.prepare`` and ``ctx.train_step`` (or, with
     ``wrap_ddp``, under clustersdk's fixed-bucket DDP even at one rank, stepped by hand).
 
@@ -104,21 +115,32 @@ def lm_job(ctx: Any, model_cfg: dict[str, int], data_cfg: dict[str, int], steps:
         times.append(time.perf_counter() - t0)
     probe = torch.ones(1, device=device)
     dist.all_reduce(probe)
-    return {"losses": [float(v) for v in losses], "backend": dist.get_backend(),
-            "device": str(device), "model_type": type(model).__name__,
-            "param_type": type(next(model.parameters())).__name__,
-            "param_device": str(_local(next(model.parameters())).device),
-            "allreduce": float(probe.item()), "world_size": ctx.world_size,
-            "torch_threads": torch.get_num_threads(),
-            "step_ms": 1e3 * statistics.median(times[1:] or times)}
+    return {
+        "losses": [float(v) for v in losses],
+        "backend": dist.get_backend(),
+        "device": str(device),
+        "model_type": type(model).__name__,
+        "param_type": type(next(model.parameters())).__name__,
+        "param_device": str(_local(next(model.parameters())).device),
+        "allreduce": float(probe.item()),
+        "world_size": ctx.world_size,
+        "torch_threads": torch.get_num_threads(),
+        "step_ms": 1e3 * statistics.median(times[1:] or times),
+    }
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def plain_lm(model_cfg: dict[str, int], data_cfg: dict[str, int], steps: int, batch: int,
-             lr: float, warmup: int) -> dict[str, Any]:
+def plain_lm(
+    model_cfg: dict[str, int],
+    data_cfg: dict[str, int],
+    steps: int,
+    batch: int,
+    lr: float,
+    warmup: int,
+) -> dict[str, Any]:
     """The same model, data order and step in one process on one device: what every
     layout must reproduce (the loader's seeded permutation, ``seed=0``)."""
     from clustersdk import models
@@ -132,7 +154,7 @@ def plain_lm(model_cfg: dict[str, int], data_cfg: dict[str, int], steps: int, ba
     for step in range(steps):
         epoch, b = divmod(step, per_epoch)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch)).tolist()
-        x, y = (t.to(device) for t in data[perm[b * batch:(b + 1) * batch]])
+        x, y = (t.to(device) for t in data[perm[b * batch : (b + 1) * batch]])
         t0 = time.perf_counter()
         loss = models.lm_loss(model(x), y)
         loss.backward()
@@ -142,9 +164,12 @@ def plain_lm(model_cfg: dict[str, int], data_cfg: dict[str, int], steps: int, ba
         losses.append(loss.detach())
         sync(device)
         times.append(time.perf_counter() - t0)
-    return {"losses": [float(v) for v in losses], "device": str(device),
-            "torch_threads": torch.get_num_threads(),
-            "step_ms": 1e3 * statistics.median(times[1:] or times)}
+    return {
+        "losses": [float(v) for v in losses],
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "step_ms": 1e3 * statistics.median(times[1:] or times),
+    }
 
 
 # --- duplicate GPU -----------------------------------------------------------------------------
@@ -157,8 +182,11 @@ def pair_job(ctx: Any, standin: str | None = None) -> dict[str, Any]:
         raise RuntimeError(standin)
     probe = torch.ones(1, device=ctx.device)
     dist.all_reduce(probe)
-    return {"backend": dist.get_backend(), "allreduce": float(probe.item()),
-            "device": str(ctx.device)}
+    return {
+        "backend": dist.get_backend(),
+        "allreduce": float(probe.item()),
+        "device": str(ctx.device),
+    }
 
 
 def raw_nccl_rank(rank: int, port: int, out: Any) -> None:
@@ -170,20 +198,33 @@ def raw_nccl_rank(rank: int, port: int, out: Any) -> None:
 
     os.environ["NCCL_DEBUG"] = "WARN"  # NCCL's own line on stderr too
     try:
-        store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
-                              timeout=datetime.timedelta(seconds=60))
+        store = dist.TCPStore(
+            "127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=60)
+        )
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", store=store, rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=60),
-                                device_id=torch.device("cuda", 0))
+        dist.init_process_group(
+            "nccl",
+            store=store,
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=60),
+            device_id=torch.device("cuda", 0),
+        )
         probe = torch.ones(1, device="cuda")
         dist.all_reduce(probe)
         torch.cuda.synchronize()
         out.put({"rank": rank, "ok": True, "allreduce": float(probe.item())})
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - the error is the measurement
-        out.put({"rank": rank, "ok": False, "type": type(e).__name__, "message": str(e),
-                 "traceback": traceback.format_exc()})
+        out.put(
+            {
+                "rank": rank,
+                "ok": False,
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": traceback.format_exc(),
+            }
+        )
 
 
 # --- telemetry -------------------------------------------------------------------------------
@@ -193,8 +234,7 @@ def telemetry_job(ctx: Any, phases: list[dict[str, Any]], size: int) -> dict[str
     periods) and the extra memory it holds (``hold_gib``). Returns when each phase
     began and ended (wall clock, as the samples' times)."""
     device = ctx.device
-    a, b, c = (torch.randn(size, size, device=device, dtype=_work_dtype(device))
-               for _ in range(3))
+    a, b, c = (torch.randn(size, size, device=device, dtype=_work_dtype(device)) for _ in range(3))
     todo, marks = list(phases), []
     phase: dict[str, Any] | None = None
     held: torch.Tensor | None = None
@@ -209,8 +249,7 @@ def telemetry_job(ctx: Any, phases: list[dict[str, Any]], size: int) -> dict[str
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # freed memory leaves the device, as NVML sees it
             if phase["hold_gib"]:
-                held = torch.ones(int(phase["hold_gib"] * GIB), dtype=torch.uint8,
-                                  device=device)
+                held = torch.ones(int(phase["hold_gib"] * GIB), dtype=torch.uint8, device=device)
             sync(device)
             began = time.time()
         t0 = time.time()
@@ -233,8 +272,10 @@ def gpt2_config(cfg: dict[str, Any]) -> Any:
     from transformers import GPT2Config
 
     last = cfg["vocab_size"] - 1  # GPT-2's end-of-text token, inside a smaller vocabulary
-    return GPT2Config(**{"bos_token_id": min(50256, last), "eos_token_id": min(50256, last),
-                         **cfg}, use_cache=False)
+    return GPT2Config(
+        **{"bos_token_id": min(50256, last), "eos_token_id": min(50256, last), **cfg},
+        use_cache=False,
+    )
 
 
 def build_lm(cfg: dict[str, Any], device: torch.device) -> tuple[torch.nn.Module, int]:
@@ -247,9 +288,13 @@ def build_lm(cfg: dict[str, Any], device: torch.device) -> tuple[torch.nn.Module
         from clustersdk import models
 
         with torch.device(device):
-            model = models.Transformer(vocab=cfg["vocab_size"], d_model=cfg["n_embd"],
-                                       n_heads=cfg["n_head"], n_layers=cfg["n_layer"],
-                                       seq_len=cfg["n_positions"])
+            model = models.Transformer(
+                vocab=cfg["vocab_size"],
+                d_model=cfg["n_embd"],
+                n_heads=cfg["n_head"],
+                n_layers=cfg["n_layer"],
+                seq_len=cfg["n_positions"],
+            )
         return model, sum(p.numel() for p in model.parameters())
     with torch.device(device):
         model = GPT2LMHeadModel(gpt2_config(cfg))
@@ -276,8 +321,9 @@ class Tokens(torch.utils.data.Dataset):
         return row[..., :-1], row[..., 1:]
 
 
-def gpt2_job(ctx: Any, cfg: dict[str, Any], batch: int, warmup: int, steps: int,
-             resident: bool = False) -> dict[str, Any]:
+def gpt2_job(
+    ctx: Any, cfg: dict[str, Any], batch: int, warmup: int, steps: int, resident: bool = False
+) -> dict[str, Any]:
     """GPT-2 with ``ctx.prepare`` + ``ctx.train_step`` (the launch's ``precision``), fed by
     ``ctx.shard`` (or, ``resident``, by one batch kept on the device: the loop alone)."""
     device = ctx.device
@@ -304,12 +350,22 @@ def gpt2_job(ctx: Any, cfg: dict[str, Any], batch: int, warmup: int, steps: int,
         ctx.log(loss=loss)
     sync(device)
     t1 = time.perf_counter()
-    return {"steps_per_s": steps / (t1 - t0), "params": n_params,
-            "loss": float(loss.detach()) if loss is not None else None, **peaks(device)}
+    return {
+        "steps_per_s": steps / (t1 - t0),
+        "params": n_params,
+        "loss": float(loss.detach()) if loss is not None else None,
+        **peaks(device),
+    }
 
 
-def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
-               precision: str = "bf16", pinned: bool = True) -> dict[str, Any]:
+def plain_gpt2(
+    cfg: dict[str, Any],
+    batch: int,
+    warmup: int,
+    steps: int,
+    precision: str = "bf16",
+    pinned: bool = True,
+) -> dict[str, Any]:
     """The same model, data and AdamW in a plain loop: ``torch.autocast`` for ``bf16``, a
     ``DataLoader`` with pinned memory and non-blocking copies (the usual good loop)."""
     device = device_of()
@@ -318,9 +374,13 @@ def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     total = warmup + steps
     data = Tokens(batch * total, cfg["n_positions"], cfg["vocab_size"])
-    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True,
-                                         pin_memory=pinned and device.type == "cuda",
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        data,
+        batch_size=batch,
+        shuffle=True,
+        pin_memory=pinned and device.type == "cuda",
+        generator=torch.Generator().manual_seed(0),
+    )
     dtype = {"bf16": torch.bfloat16, "fp32": None}[precision]
     t0 = 0.0
     loss = None
@@ -336,13 +396,18 @@ def plain_gpt2(cfg: dict[str, Any], batch: int, warmup: int, steps: int,
         opt.zero_grad(set_to_none=True)
     sync(device)
     t1 = time.perf_counter()
-    return {"steps_per_s": steps / (t1 - t0), "params": n_params,
-            "loss": float(loss.detach()) if loss is not None else None, **peaks(device)}
+    return {
+        "steps_per_s": steps / (t1 - t0),
+        "params": n_params,
+        "loss": float(loss.detach()) if loss is not None else None,
+        **peaks(device),
+    }
 
 
 # --- checkpoints -----------------------------------------------------------------------------
-def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int,
-             step_s: float = 0.0) -> dict[str, Any]:
+def ckpt_job(
+    ctx: Any, width: int, depth: int, batch: int, steps: int, step_s: float = 0.0
+) -> dict[str, Any]:
     """A stack of square layers with AdamW on the device, one synced step at a time, each
     lasting at least ``step_s`` (a real step's length: an async save then has the time to
     finish before the next one); the start of every step (``ctx.loop``'s checkpoint
@@ -378,11 +443,20 @@ def ckpt_job(ctx: Any, width: int, depth: int, batch: int, steps: int,
         works.append(time.perf_counter() - starts[-1])
         time.sleep(max(0.0, step_s - works[-1]))
     state = sum(p.numel() * p.element_size() for p in model.parameters())
-    state += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
-                 if isinstance(t, torch.Tensor))
-    return {"first": first, "starts": starts, "works": works,
-            "first_step_after_s": starts[0] - called
-            if starts else None, "state_bytes": state, "device": str(device)}
+    state += sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    )
+    return {
+        "first": first,
+        "starts": starts,
+        "works": works,
+        "first_step_after_s": starts[0] - called if starts else None,
+        "state_bytes": state,
+        "device": str(device),
+    }
 
 
 # --- CUDA out of memory ----------------------------------------------------------------------
@@ -405,16 +479,19 @@ def small_job(ctx: Any) -> dict[str, Any]:
     device = ctx.device
     a = torch.randn(512, 512, device=device)
     for _ in ctx.loop(None, steps=5):
-        a = (a @ a).div_(512 ** 0.5)
+        a = (a @ a).div_(512**0.5)
         ctx.log(norm=a.norm())
-    return {"finite": bool(torch.isfinite(a).all()), "device": str(device),
-            "allocated_gib": (torch.cuda.memory_allocated(device) / GIB
-                              if device.type == "cuda" else None)}
+    return {
+        "finite": bool(torch.isfinite(a).all()),
+        "device": str(device),
+        "allocated_gib": (
+            torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
+        ),
+    }
 
 
 # --- the plain process -----------------------------------------------------------------------
-PLAIN: dict[str, Callable[..., dict[str, Any]]] = {"plain_lm": plain_lm,
-                                                  "plain_gpt2": plain_gpt2}
+PLAIN: dict[str, Callable[..., dict[str, Any]]] = {"plain_lm": plain_lm, "plain_gpt2": plain_gpt2}
 
 
 def serve(conn: Any, threads: int | None = None) -> None:
@@ -423,8 +500,16 @@ def serve(conn: Any, threads: int | None = None) -> None:
     after each call, so that it does not show in the next section's figures."""
     if threads:
         torch.set_num_threads(threads)
-    conn.send(("ready", {"pid": os.getpid(), "cuda": torch.cuda.is_available(),
-                         "torch_threads": torch.get_num_threads()}))
+    conn.send(
+        (
+            "ready",
+            {
+                "pid": os.getpid(),
+                "cuda": torch.cuda.is_available(),
+                "torch_threads": torch.get_num_threads(),
+            },
+        )
+    )
     while True:
         message = conn.recv()
         if message is None:

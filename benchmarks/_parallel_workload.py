@@ -25,13 +25,11 @@ import torch.distributed as dist
 from clustersdk import models
 
 CONFIG = models.TransformerConfig(vocab=256, d_model=64, n_heads=4, n_layers=4, seq_len=32)
-MEMORY_CONFIG = models.TransformerConfig(vocab=1024, d_model=256, n_heads=8, n_layers=4,
-                                         seq_len=32)
-BATCH = 8            # samples per data-parallel rank per step
-WARMUP_STEPS = 5     # left out of steps/s
+MEMORY_CONFIG = models.TransformerConfig(vocab=1024, d_model=256, n_heads=8, n_layers=4, seq_len=32)
+BATCH = 8  # samples per data-parallel rank per step
+WARMUP_STEPS = 5  # left out of steps/s
 # token budgets against fixed batches: longer sequences, most of them short
-TOKENS_CONFIG = models.TransformerConfig(vocab=256, d_model=64, n_heads=4, n_layers=2,
-                                         seq_len=128)
+TOKENS_CONFIG = models.TransformerConfig(vocab=256, d_model=64, n_heads=4, n_layers=2, seq_len=128)
 
 
 def make_model(strategy: str, config: models.TransformerConfig = CONFIG) -> models.Transformer:
@@ -74,7 +72,7 @@ class SkewedLengths(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = self.lengths[i]
-        return self.tokens[i, :n], self.tokens[i, 1:n + 1]
+        return self.tokens[i, :n], self.tokens[i, 1 : n + 1]
 
 
 def train_tokens(ctx: Any, steps: int, budget: bool) -> dict[str, float] | None:
@@ -112,10 +110,12 @@ def train_tokens(ctx: Any, steps: int, budget: bool) -> dict[str, float] | None:
     seconds = t_end - t_warm
     if ctx.rank != 0:
         return None
-    return {"steps_per_s": (done - WARMUP_STEPS) / seconds,
-            "tokens_per_s": float(totals[0]) / seconds,
-            "padding": 1 - float(totals[0] / totals[1]),
-            "tokens_per_step": float(totals[0]) / (done - WARMUP_STEPS)}
+    return {
+        "steps_per_s": (done - WARMUP_STEPS) / seconds,
+        "tokens_per_s": float(totals[0]) / seconds,
+        "padding": 1 - float(totals[0] / totals[1]),
+        "tokens_per_step": float(totals[0]) / (done - WARMUP_STEPS),
+    }
 
 
 def memory(ctx: Any, steps: int = 3) -> list[dict[str, int]] | None:
@@ -134,8 +134,9 @@ def memory(ctx: Any, steps: int = 3) -> list[dict[str, int]] | None:
         now = {
             "params": _bytes(model.parameters()),
             "grads": _bytes(p.grad for p in model.parameters() if p.grad is not None),
-            "optim": _bytes(v for s in opt.state.values() for v in s.values()
-                            if isinstance(v, torch.Tensor)),
+            "optim": _bytes(
+                v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+            ),
         }
         if sum(now.values()) > sum(peak.values()):
             peak = now
@@ -165,11 +166,22 @@ def main(out: str, steps: int, cases: list[dict[str, Any]]) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for case in cases:
-        ctx = TrainContext(job="torchrun", name=case["name"], rank=rank, world_size=world,
-                           local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-                           device=torch.device("cpu"), strategy=case["strategy"],
-                           spec=WireSpec(id="torchrun", name=case["name"], world_size=world,
-                                         strategy=case["strategy"], **case.get("spec", {})))
+        ctx = TrainContext(
+            job="torchrun",
+            name=case["name"],
+            rank=rank,
+            world_size=world,
+            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+            device=torch.device("cpu"),
+            strategy=case["strategy"],
+            spec=WireSpec(
+                id="torchrun",
+                name=case["name"],
+                world_size=world,
+                strategy=case["strategy"],
+                **case.get("spec", {}),
+            ),
+        )
         results[case["name"]] = train(ctx, steps)
         del ctx
         gc.collect()

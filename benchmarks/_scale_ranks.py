@@ -52,8 +52,14 @@ from clustersdk.runtime.phases import PhaseClock
 GPUS_PER_HOST = 8
 TICK_S = 0.005  # how often the driver looks for steps that ended
 FLUSH_S = 0.05  # the agent's FLUSH_MS: how often each agent looks for metrics to ship
-SAMPLE = {"source": "nvml", "gpu_util": 97.0, "gpu_mem_used": 6.1e10, "gpu_mem_total": 8.1e10,
-          "gpu_temp": 61.0, "gpu_power": 612.0}
+SAMPLE = {
+    "source": "nvml",
+    "gpu_util": 97.0,
+    "gpu_mem_used": 6.1e10,
+    "gpu_mem_total": 8.1e10,
+    "gpu_temp": 61.0,
+    "gpu_power": 612.0,
+}
 
 
 class CannedSampler:
@@ -113,21 +119,42 @@ class SimAgent(Agent):
         self.early: dict[tuple[str, int], Control] = {}
         self.versions = host.versions
         # what the control plane is told: a GPU of an 8-GPU host
-        self.ready = {"worker": address, "host": f"simhost-{index // GPUS_PER_HOST:05d}",
-                      "kind": "cuda", "index": index % GPUS_PER_HOST,
-                      "uuid": f"GPU-sim-{index:06d}"}
+        self.ready = {
+            "worker": address,
+            "host": f"simhost-{index // GPUS_PER_HOST:05d}",
+            "kind": "cuda",
+            "index": index % GPUS_PER_HOST,
+            "uuid": f"GPU-sim-{index:06d}",
+        }
         # what the rank's sampler is made from: no NVML to open (SimRank samples nothing)
         self.slot = dict(self.ready, kind="cpu")
 
     def open_store(self, job: str, world_size: int, timeout: float) -> int:
         return 29500  # simulated: no TCPStore (the ranks form no process group)
 
-    def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
-                   master_addr: str, master_port: int, words: list[int] | None = None,
-                   hosts: list[str] | None = None) -> None:
+    def start_rank(
+        self,
+        job: str,
+        rank: int,
+        spec: dict,
+        payload: bytes,
+        master_addr: str,
+        master_port: int,
+        words: list[int] | None = None,
+        hosts: list[str] | None = None,
+    ) -> None:
         self.host.note("start_rank", job, rank)
-        thread = SimRank(self.host, self, job, rank, WireSpec.from_dict(spec), payload,
-                         master_addr, master_port, None)
+        thread = SimRank(
+            self.host,
+            self,
+            job,
+            rank,
+            WireSpec.from_dict(spec),
+            payload,
+            master_addr,
+            master_port,
+            None,
+        )
         if words:
             thread.control.merge(words)
         early = self.early.pop((job, thread.attempt), None)
@@ -169,8 +196,15 @@ class _WorkerShim:
 class Host:
     """Many fake workers in this process, their ranks, and the driver that steps them."""
 
-    def __init__(self, scheduler: str, count: int, first: int, step_s: float,
-                 fast_steps: int, fast_step_s: float):
+    def __init__(
+        self,
+        scheduler: str,
+        count: int,
+        first: int,
+        step_s: float,
+        fast_steps: int,
+        fast_step_s: float,
+    ):
         self.scheduler, self.count, self.first = scheduler, count, first
         self.step_s, self.fast_steps, self.fast_step_s = step_s, fast_steps, fast_step_s
         self.agents: dict[str, SimAgent] = {}
@@ -185,8 +219,10 @@ class Host:
         self.lags: list[float] = []  # this process's event-loop lag (a busy host delays its ranks)
 
     async def start(self) -> str:
-        handlers = {f"clustersdk_{name}": self._route(name)
-                    for name in ("open_store", "start_rank", "control", "stacks", "console")}
+        handlers = {
+            f"clustersdk_{name}": self._route(name)
+            for name in ("open_store", "start_rank", "control", "stacks", "console")
+        }
         handlers["scale_stats"] = self.stats
         self.server = Server(handlers)
         await self.server
@@ -196,8 +232,9 @@ class Host:
             await self.server.listen("tcp://127.0.0.1:0")
             address = self.server.listeners[-1].contact_address
             self.agents[address] = SimAgent(self, address, self.first + i, self.scheduler)
-        await asyncio.gather(*(op(a.worker.scheduler, Op.WORKER_READY)(slot=a.ready)
-                               for a in self.agents.values()))
+        await asyncio.gather(
+            *(op(a.worker.scheduler, Op.WORKER_READY)(slot=a.ready) for a in self.agents.values())
+        )
         asyncio.get_running_loop().create_task(self.drive())
         asyncio.get_running_loop().create_task(self.flush())
         asyncio.get_running_loop().create_task(self.probe())
@@ -213,6 +250,7 @@ class Host:
         def handler(comm: Any, **kwargs: Any) -> Any:
             agent = self.agents[comm.local_address]
             return getattr(agent, name)(**kwargs)
+
         handler.__name__ = name
         return handler
 
@@ -222,11 +260,16 @@ class Host:
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         intervals = {r.interval() for a in self.agents.values() for r in a.ranks.values()}
-        out = {"logged_rows": self.logged_rows, "sent_rows": self.sent_rows,
-               "intervals": sorted(intervals), "lags": self.lags,
-               "messages": self.messages, "exited": self.exited,
-               "events": {k: list(v) for k, v in self.events.items()},
-               "ranks": sum(len(a.ranks) for a in self.agents.values())}
+        out = {
+            "logged_rows": self.logged_rows,
+            "sent_rows": self.sent_rows,
+            "intervals": sorted(intervals),
+            "lags": self.lags,
+            "messages": self.messages,
+            "exited": self.exited,
+            "events": {k: list(v) for k, v in self.events.items()},
+            "ranks": sum(len(a.ranks) for a in self.agents.values()),
+        }
         if reset:
             self.events.clear()
             self.lags = []
@@ -237,11 +280,13 @@ class Host:
         first = int(os.environ.get("SCALE_FIRST_STEP", "0"))
         rank.ctx = SimContext(rank.rank, rank.spec, first)
         rank.agent.worker.loop.add_callback(
-            rank.agent.send, rank, RankEvent.STARTED, {"versions": self.versions})
+            rank.agent.send, rank, RankEvent.STARTED, {"versions": self.versions}
+        )
         self.note("started", rank.job, rank.rank)
         if rank.rank == 0:
             rank.agent.worker.loop.add_callback(
-                rank.agent.send, rank, RankEvent.LOOP, {"total_steps": 10**9})
+                rank.agent.send, rank, RankEvent.LOOP, {"total_steps": 10**9}
+            )
         self._open_step(rank)
         self._schedule(rank, time.time() + self._step_time(rank) * (1 + 0.1 * _jitter(rank)))
 
@@ -285,8 +330,9 @@ class Host:
         ctx = rank.ctx
         if getattr(rank, "in_step", False):  # the step's end: log its loss, time it
             rank.in_step = False
-            ctx.metrics.merge(ctx.step, {"loss": 2.0 + math.exp(-ctx.step / 300.0)
-                                         + 0.01 * _jitter(rank)})
+            ctx.metrics.merge(
+                ctx.step, {"loss": 2.0 + math.exp(-ctx.step / 300.0) + 0.01 * _jitter(rank)}
+            )
             ctx.clock.resumed(ctx.step)
             ctx.metrics.end_step()
             self.logged_rows += 1
@@ -320,8 +366,9 @@ class Host:
             del rank.agent.ranks[rank.job]
         self.exited += 1
         self.note("exited", rank.job, rank.rank)
-        rank.agent.worker.loop.add_callback(rank.agent.send, rank, RankEvent.EXIT,
-                                            {"status": status.value}, True)
+        rank.agent.worker.loop.add_callback(
+            rank.agent.send, rank, RankEvent.EXIT, {"status": status.value}, True
+        )
 
 
 def _jitter(rank: SimRank) -> float:

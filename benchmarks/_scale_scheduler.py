@@ -69,8 +69,12 @@ class Probe:
     def read(self, reset: bool = False) -> dict[str, Any]:
         lags, stuck = self.lags, dict(self.stuck.most_common(5))
         full = [t for g, t in self.gc_pauses if g == 2]
-        collected = {"gc_seconds": sum(t for _, t in self.gc_pauses), "gc_full": len(full),
-                     "gc_full_max_s": max(full, default=0.0), "gc_objects": len(gc.get_objects())}
+        collected = {
+            "gc_seconds": sum(t for _, t in self.gc_pauses),
+            "gc_full": len(full),
+            "gc_full_max_s": max(full, default=0.0),
+            "gc_objects": len(gc.get_objects()),
+        }
         if reset:
             self.lags = []
             self.stuck.clear()

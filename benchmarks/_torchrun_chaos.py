@@ -18,11 +18,10 @@ import sys
 import tempfile
 import time
 
+import _chaos_workload as work
 import torch
 import torch.distributed as dist
 from torch import nn
-
-import _chaos_workload as work
 
 
 def main(out: str, steps: int, delay: float, every: int) -> None:
@@ -44,7 +43,7 @@ def main(out: str, steps: int, delay: float, every: int) -> None:
     log = open(os.path.join(out, f"steps-{rank}"), "a", buffering=1)
     for step in range(start, steps):
         lo = (step * 24 + rank * per_rank) % (len(data) - per_rank)
-        x, y = data[lo:lo + per_rank]
+        x, y = data[lo : lo + per_rank]
         loss = nn.functional.mse_loss(net(x), y)
         loss.backward()
         opt.step()
@@ -54,8 +53,10 @@ def main(out: str, steps: int, delay: float, every: int) -> None:
             time.sleep(delay)
         if (step + 1) % every == 0:
             if rank == 0:
-                torch.save({"model": net.state_dict(), "optim": opt.state_dict(),
-                            "step": step + 1}, path + ".tmp")
+                torch.save(
+                    {"model": net.state_dict(), "optim": opt.state_dict(), "step": step + 1},
+                    path + ".tmp",
+                )
                 os.replace(path + ".tmp", path)
             dist.barrier()
     dist.destroy_process_group()
@@ -67,22 +68,44 @@ def rows(out: str) -> list[tuple[int, int, float, int]]:
     for name in os.listdir(out):
         if name.startswith("steps-"):
             with open(os.path.join(out, name)) as f:
-                found += [(int(a), int(b), float(c), int(d)) for a, b, c, d in
-                          (line.split() for line in f if line.count(" ") == 3)]
+                found += [
+                    (int(a), int(b), float(c), int(d))
+                    for a, b, c, d in (line.split() for line in f if line.count(" ") == 3)
+                ]
     return found
 
 
-def time_kill(base: str, world: int, steps: int, delay: float, every: int, trigger: int,
-              victim: int, timeout: float = 90.0) -> dict:
+def time_kill(
+    base: str,
+    world: int,
+    steps: int,
+    delay: float,
+    every: int,
+    trigger: int,
+    victim: int,
+    timeout: float = 90.0,
+) -> dict:
     """One torchrun job (``--max-restarts 3``): SIGKILL rank ``victim`` at step ``trigger``;
     the seconds from the kill to the first step a restarted process logs, or a hang."""
     out = tempfile.mkdtemp(prefix="torchrun-", dir=base)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-           "--standalone", "--max-restarts=3", __file__, out, str(steps), str(delay), str(every)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world}",
+        "--standalone",
+        "--max-restarts=3",
+        __file__,
+        out,
+        str(steps),
+        str(delay),
+        str(every),
+    ]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # loopback only, as the cluster's ranks
     with open(os.path.join(out, "stderr"), "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + timeout
         while not any(r == victim and s >= trigger for r, s, _, _ in rows(out)):
@@ -104,8 +127,12 @@ def time_kill(base: str, world: int, steps: int, delay: float, every: int, trigg
             proc.wait()
     after = [tm for _, _, tm, p in rows(out) if tm > t and p not in before]
     done = {r for r, s, _, _ in rows(out) if s == steps - 1}
-    return {"recovery_s": min(after) - t if after else None, "rc": rc, "hung": hung,
-            "finished": rc == 0 and len(done) == world}
+    return {
+        "recovery_s": min(after) - t if after else None,
+        "rc": rc,
+        "hung": hung,
+        "finished": rc == 0 and len(done) == world,
+    }
 
 
 if __name__ == "__main__":

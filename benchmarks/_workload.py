@@ -15,34 +15,42 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-BATCH = 64          # samples per rank per step
-N_BATCHES = 16      # distinct batches per rank, cycled
-WARMUP_STEPS = 10   # excluded from steps/s
+BATCH = 64  # samples per rank per step
+N_BATCHES = 16  # distinct batches per rank, cycled
+WARMUP_STEPS = 10  # excluded from steps/s
 
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10),
+        nn.Linear(256, 512),
+        nn.ReLU(),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
     )
 
 
 def make_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed-seed inputs and labels, built up front so the loop only computes."""
     gen = torch.Generator().manual_seed(1000 + rank)
-    return [(torch.randn(BATCH, 256, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen))
-            for _ in range(N_BATCHES)]
+    return [
+        (torch.randn(BATCH, 256, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen))
+        for _ in range(N_BATCHES)
+    ]
 
 
-def run(model: nn.Module, loop: Iterable[tuple[int, Any]],
-        log: Callable[..., None] | None = None) -> dict[str, float]:
+def run(
+    model: nn.Module, loop: Iterable[tuple[int, Any]], log: Callable[..., None] | None = None
+) -> dict[str, float]:
     """The shared loop body; ``loop`` yields ``(step, (x, y))``.
 
     Returns ``first_step`` (``time.time()`` when step 0 finished, comparable

@@ -40,26 +40,26 @@ rank's worker once per run (one kill per run, not N kills in one job).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
-import errno
 import random
-import signal
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _chaos_checks as checks  # noqa: E402
-import _polling as polling  # noqa: E402
 import _chaos_workload as work  # noqa: E402
+import _polling as polling  # noqa: E402
+import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
 cloudpickle.register_pickle_by_value(checks)
@@ -84,8 +84,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-seconds", type=float, default=3.0)
     p.add_argument("--hang-timeout", type=float, default=30.0)
     p.add_argument("--sigkill-runs", type=int, default=0, help="N runs with one kill each")
-    p.add_argument("--torchrun-runs", type=int, default=3,
-                   help="with --sigkill-runs: torchrun --max-restarts runs killed alike (default 3)")
+    p.add_argument(
+        "--torchrun-runs",
+        type=int,
+        default=3,
+        help="with --sigkill-runs: torchrun --max-restarts runs killed alike (default 3)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the results here")
     a = p.parse_args(argv)
@@ -121,29 +125,45 @@ def first_row_after(job: Any, t: float) -> float | None:
 
 
 def launch(cluster: Any, args: argparse.Namespace, steps: int, root: str, **options: Any) -> Any:
-    kwargs = {"steps": steps, "global_batch": GLOBAL_BATCH, "delay": args.delay,
-              "raise_marker": root.rstrip("/") + "-raise.json"}
-    return cluster.launch(work.train, kwargs=kwargs, world_size=args.world_size, timeout=30,
-                          checkpoint_dir=root, checkpoint_every=args.checkpoint_every,
-                          max_restarts=10**6, hang_timeout=args.hang_timeout, **options)
+    kwargs = {
+        "steps": steps,
+        "global_batch": GLOBAL_BATCH,
+        "delay": args.delay,
+        "raise_marker": root.rstrip("/") + "-raise.json",
+    }
+    return cluster.launch(
+        work.train,
+        kwargs=kwargs,
+        world_size=args.world_size,
+        timeout=30,
+        checkpoint_dir=root,
+        checkpoint_every=args.checkpoint_every,
+        max_restarts=10**6,
+        hang_timeout=args.hang_timeout,
+        **options,
+    )
 
 
-def reference(cluster: Any, args: argparse.Namespace, steps: int, root: str | None = None
-              ) -> dict[str, Any]:
+def reference(
+    cluster: Any, args: argparse.Namespace, steps: int, root: str | None = None
+) -> dict[str, Any]:
     """The uninterrupted run (delay 0: the same numbers); with ``root``, checkpointed
     like the soak's job, so that the workers then hold what an ordinary job leaves."""
     kwargs = {"steps": steps, "global_batch": GLOBAL_BATCH}
     options = {"checkpoint_dir": root, "checkpoint_every": args.checkpoint_every} if root else {}
-    return cluster.launch(work.train, kwargs=kwargs, world_size=args.world_size,
-                          **options).wait(timeout=900)
+    return cluster.launch(work.train, kwargs=kwargs, world_size=args.world_size, **options).wait(
+        timeout=900
+    )
 
 
 def size_steps(cluster: Any, args: argparse.Namespace) -> int:
     if args.minutes is None:
         return args.steps
-    probe = cluster.launch(work.train, kwargs={"steps": 40, "delay": args.delay,
-                                               "global_batch": GLOBAL_BATCH},
-                           world_size=args.world_size)
+    probe = cluster.launch(
+        work.train,
+        kwargs={"steps": 40, "delay": args.delay, "global_batch": GLOBAL_BATCH},
+        world_size=args.world_size,
+    )
     probe.wait(timeout=300)
     times = sorted(r["time"] for r in probe.history() if r["rank"] == 0)
     per_step = statistics.median(b - a for a, b in zip(times[10:], times[11:]))
@@ -182,8 +202,12 @@ def make_raise(job: Any, rank: int, root: str) -> dict[str, Any]:
         return {"kind": "raise", "rank": rank, "time": None, "error": "the job did not fail"}
     except Exception as exc:  # JobFailedError: what we asked for
         failed = [e for e in job.events() if e["kind"] == "failed"]
-        return {"kind": "raise", "rank": rank, "time": failed[-1]["time"] if failed else None,
-                "error": str(exc).splitlines()[0][:200]}
+        return {
+            "kind": "raise",
+            "rank": rank,
+            "time": failed[-1]["time"] if failed else None,
+            "error": str(exc).splitlines()[0][:200],
+        }
 
 
 def fill(job: Any, root: str) -> dict[str, Any]:
@@ -199,27 +223,43 @@ def fill(job: Any, root: str) -> dict[str, Any]:
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
-    failed = wait_for(lambda: job.status.terminal or job.info()["checkpoint_error"],
-                      "a checkpoint failing for want of space")
+    failed = wait_for(
+        lambda: job.status.terminal or job.info()["checkpoint_error"],
+        "a checkpoint failing for want of space",
+    )
     before = job.info()["checkpoint_step"]
     freed = time.time()
     os.remove(filler)
-    wait_for(lambda: job.status.terminal or (job.info()["checkpoint_step"] != before
-                                             and not job.info()["checkpoint_error"]),
-             "the next checkpoint after the disk was freed")
+    wait_for(
+        lambda: (
+            job.status.terminal
+            or (job.info()["checkpoint_step"] != before and not job.info()["checkpoint_error"])
+        ),
+        "the next checkpoint after the disk was freed",
+    )
     committed = time.time()
-    return {"kind": "fill", "time": t, "freed": freed, "committed": committed,
-            "error": str(failed)[:200]}
+    return {
+        "kind": "fill",
+        "time": t,
+        "freed": freed,
+        "committed": committed,
+        "error": str(failed)[:200],
+    }
 
 
 def mount_disk(path: str, megabytes: int) -> str | None:
     """A size-limited tmpfs at ``path`` (None and a note when it can't be: not root)."""
     os.makedirs(path, exist_ok=True)
-    run = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", path],
+        capture_output=True,
+        text=True,
+    )
     if run.returncode:
-        print(f"disk-full injection: not covered ({run.stderr.strip() or 'mount failed'}; "
-              "it needs root)")
+        print(
+            f"disk-full injection: not covered ({run.stderr.strip() or 'mount failed'}; "
+            "it needs root)"
+        )
         return None
     return path
 
@@ -244,8 +284,12 @@ def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dic
     steps = size_steps(cluster, args)
     want = reference(cluster, args, steps, os.path.join(scratch, "reference"))
     baseline = footprint(cluster)
-    kinds = (["kill"] * args.kills + ["stop"] * args.stops + ["raise"] * args.raises
-             + ["fill"] * args.fills)
+    kinds = (
+        ["kill"] * args.kills
+        + ["stop"] * args.stops
+        + ["raise"] * args.raises
+        + ["fill"] * args.fills
+    )
     rng.shuffle(kinds)
     lo, hi = args.checkpoint_every + 2, max(args.checkpoint_every + 3, steps - 15)
     triggers = sorted(rng.randrange(lo, hi) for _ in kinds)
@@ -254,8 +298,13 @@ def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dic
     done: list[dict[str, Any]] = []
     for trigger, kind in zip(triggers, kinds):
         job = jobs[-1]
-        wait_for(lambda job=job, trigger=trigger: job.status.terminal or (
-            job.status.name == "RUNNING" and top_step(job) >= trigger), f"step {trigger}", 600)
+        wait_for(
+            lambda job=job, trigger=trigger: (
+                job.status.terminal or (job.status.name == "RUNNING" and top_step(job) >= trigger)
+            ),
+            f"step {trigger}",
+            600,
+        )
         if job.status.terminal or top_step(job) > steps - 8:
             print(f"  the job ended before the {kind} at step {trigger}: skipped")
             continue
@@ -274,13 +323,23 @@ def soak(cluster: Any, args: argparse.Namespace, root: str, scratch: str) -> dic
             jobs.append(launch(cluster, args, steps, root, resume="auto"))
         event.update(job=len(jobs) - 1 if kind != "raise" else len(jobs) - 2, step=at)
         what = "" if kind == "fill" else f" rank {rank}"
-        print(f"  {kind:5}{what} at step {event['step']}"
-              + (f" ({event['worker']})" if "worker" in event else f": {event.get('error')}"))
+        print(
+            f"  {kind:5}{what} at step {event['step']}"
+            + (f" ({event['worker']})" if "worker" in event else f": {event.get('error')}")
+        )
         done.append(event)
     got = jobs[-1].wait(timeout=1800)
     healed(cluster, args.workers)
-    return {"steps": steps, "got": got, "want": want, "jobs": jobs, "events": done,
-            "pids_before": pids, "root": root, "footprint": baseline}
+    return {
+        "steps": steps,
+        "got": got,
+        "want": want,
+        "jobs": jobs,
+        "events": done,
+        "pids_before": pids,
+        "root": root,
+        "footprint": baseline,
+    }
 
 
 def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
@@ -301,8 +360,9 @@ def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict
     nannies = cluster.client.run(os.getppid)
     problems["processes"] = checks.leftover_processes(workers.values(), nannies.values())
     problems["dirs"] = checks.leftover_dirs(run["root"])
-    problems["threads/ports"] = settled(lambda: checks.footprint_problems(run["footprint"],
-                                                                        footprint(cluster)))
+    problems["threads/ports"] = settled(
+        lambda: checks.footprint_problems(run["footprint"], footprint(cluster))
+    )
     recovery: dict[str, list[float]] = {"kill": [], "stop": [], "raise": [], "fill": []}
     for e in events:
         if e["kind"] == "fill":  # the disk freed -> the next checkpoint committed
@@ -326,26 +386,42 @@ def sigkill_runs(cluster: Any, args: argparse.Namespace, base: str) -> dict[str,
         root = tempfile.mkdtemp(prefix=f"run{i}-", dir=base)
         job = launch(cluster, args, steps, root)
         trigger = rng.randrange(args.checkpoint_every + 2, steps - 10)
-        wait_for(lambda job=job, trigger=trigger: top_step(job) >= trigger
-                 and job.status.name == "RUNNING", "steps")
+        wait_for(
+            lambda job=job, trigger=trigger: (
+                top_step(job) >= trigger and job.status.name == "RUNNING"
+            ),
+            "steps",
+        )
         event = kill(cluster, job, rng.randrange(args.world_size))
         got = job.wait(timeout=600)
         first = first_row_after(job, event["time"])
-        bad = (checks.bitwise_problems(got, want) + checks.reason_problems(job.events(),
-               [event["worker"]]) + checks.history_problems(job.history(), args.world_size, steps)
-               + checks.leftover_dirs(root))
+        bad = (
+            checks.bitwise_problems(got, want)
+            + checks.reason_problems(job.events(), [event["worker"]])
+            + checks.history_problems(job.history(), args.world_size, steps)
+            + checks.leftover_dirs(root)
+        )
         restart = next((e["time"] for e in job.events() if e["kind"] == "restarted"), None)
-        results.append({"ok": not bad, "problems": bad,
-                        "recovery_s": None if first is None else first - event["time"],
-                        "restart_event_s": None if restart is None else restart - event["time"]})
-        print(f"  run {i + 1:2}: kill of rank {event['rank']} at step {trigger}: "
-              f"{'ok' if not bad else bad}; restart event after "
-              f"{results[-1]['restart_event_s'] or float('nan'):.2f} s, first step after "
-              f"{results[-1]['recovery_s'] or float('nan'):.2f} s")
+        results.append(
+            {
+                "ok": not bad,
+                "problems": bad,
+                "recovery_s": None if first is None else first - event["time"],
+                "restart_event_s": None if restart is None else restart - event["time"],
+            }
+        )
+        print(
+            f"  run {i + 1:2}: kill of rank {event['rank']} at step {trigger}: "
+            f"{'ok' if not bad else bad}; restart event after "
+            f"{results[-1]['restart_event_s'] or float('nan'):.2f} s, first step after "
+            f"{results[-1]['recovery_s'] or float('nan'):.2f} s"
+        )
     healed(cluster, args.workers)
     workers, nannies = cluster.client.run(os.getpid), cluster.client.run(os.getppid)
-    return {"runs": results, "processes": checks.leftover_processes(workers.values(),
-                                                                    nannies.values())}
+    return {
+        "runs": results,
+        "processes": checks.leftover_processes(workers.values(), nannies.values()),
+    }
 
 
 def torchrun_runs(args: argparse.Namespace, base: str) -> list[dict[str, Any]]:
@@ -356,12 +432,21 @@ def torchrun_runs(args: argparse.Namespace, base: str) -> list[dict[str, Any]]:
     out = []
     for i in range(args.torchrun_runs):
         trigger = rng.randrange(args.checkpoint_every + 2, args.steps - 10)
-        r = tr.time_kill(base, args.world_size, args.steps, args.delay, args.checkpoint_every,
-                         trigger, victim=rng.randrange(args.world_size))
+        r = tr.time_kill(
+            base,
+            args.world_size,
+            args.steps,
+            args.delay,
+            args.checkpoint_every,
+            trigger,
+            victim=rng.randrange(args.world_size),
+        )
         out.append(r)
         state = "finished" if r["finished"] else "HUNG" if r["hung"] else f"exit {r['rc']}"
-        print(f"  torchrun run {i + 1}: kill at step {trigger}: {state}, first step after "
-              f"{r['recovery_s'] or float('nan'):.2f} s")
+        print(
+            f"  torchrun run {i + 1}: kill at step {trigger}: {state}, first step after "
+            f"{r['recovery_s'] or float('nan'):.2f} s"
+        )
     return out
 
 
@@ -383,24 +468,36 @@ def _run(cs, args: argparse.Namespace, base: str) -> int:
             runs = out["runs"]
             ok = sum(r["ok"] for r in runs)
             times = [r["recovery_s"] for r in runs if r["recovery_s"] is not None]
-            print(f"SIGKILL x{len(runs)}: {ok}/{len(runs)} bitwise equal with the killed worker "
-                  f"named and every step once; leftover processes: {out['processes'] or 'none'}")
-            print(f"failure -> first step after: {checks.summary(times)} "
-                  f"(target median <= {TARGET_RECOVERY_S} s: "
-                  f"{'MET' if times and statistics.median(times) <= TARGET_RECOVERY_S else 'NOT MET'})")
+            print(
+                f"SIGKILL x{len(runs)}: {ok}/{len(runs)} bitwise equal with the killed worker "
+                f"named and every step once; leftover processes: {out['processes'] or 'none'}"
+            )
+            print(
+                f"failure -> first step after: {checks.summary(times)} "
+                f"(target median <= {TARGET_RECOVERY_S} s: "
+                f"{'MET' if times and statistics.median(times) <= TARGET_RECOVERY_S else 'NOT MET'})"
+            )
             detect = [r["restart_event_s"] for r in runs if r["restart_event_s"] is not None]
             print(f"failure -> restart event (the lost worker named): {checks.summary(detect)}")
             theirs = torchrun_runs(args, base)
             t_times = [r["recovery_s"] for r in theirs if r["recovery_s"] is not None]
-            print(f"torchrun --max-restarts 3: {sum(r['finished'] for r in theirs)}/{len(theirs)} "
-                  f"finished, {sum(r['hung'] for r in theirs)} hung; failure -> first step after: "
-                  f"{checks.summary(t_times)}")
+            print(
+                f"torchrun --max-restarts 3: {sum(r['finished'] for r in theirs)}/{len(theirs)} "
+                f"finished, {sum(r['hung'] for r in theirs)} hung; failure -> first step after: "
+                f"{checks.summary(t_times)}"
+            )
             if times and t_times:
-                print(f"ratio clustersdk/torchrun (median recovery): "
-                      f"{statistics.median(times) / statistics.median(t_times):.3f}")
-            result = {"sigkill_runs": runs, "ok": ok, "processes": out["processes"],
-                      "torchrun_runs": theirs,
-                      "median_recovery_s": statistics.median(times) if times else None}
+                print(
+                    f"ratio clustersdk/torchrun (median recovery): "
+                    f"{statistics.median(times) / statistics.median(t_times):.3f}"
+                )
+            result = {
+                "sigkill_runs": runs,
+                "ok": ok,
+                "processes": out["processes"],
+                "torchrun_runs": theirs,
+                "median_recovery_s": statistics.median(times) if times else None,
+            }
             passed = ok == len(runs) and not out["processes"]
         else:
             print(f"soak: {args.world_size} ranks on {args.workers} workers, seed {args.seed}")

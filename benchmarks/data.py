@@ -45,8 +45,9 @@ def write(root: str, rows: int, files: int, columns: int) -> list[str]:
 
 
 def epoch_ours(root: str, batch: int, step: float, prefetch: int) -> tuple[float, int]:
-    loader = ParquetLoader(root, batch, RANK, WORLD, torch.device("cpu"), shuffle=False,
-                           prefetch=prefetch)
+    loader = ParquetLoader(
+        root, batch, RANK, WORLD, torch.device("cpu"), shuffle=False, prefetch=prefetch
+    )
     t, n = time.perf_counter(), 0
     for b in loader:
         torch.stack([b[k] for k in b], 1).sum()  # touch the batch
@@ -76,8 +77,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--columns", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256, help="per rank")
-    parser.add_argument("--step", type=float, default=None,
-                        help="seconds per simulated step (default: the time to read a batch)")
+    parser.add_argument(
+        "--step",
+        type=float,
+        default=None,
+        help="seconds per simulated step (default: the time to read a batch)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
@@ -87,19 +92,25 @@ def main() -> None:
         runs: dict[str, list[float]] = {"datasets": [], "prefetch=0": [], "prefetch=2": []}
         counts = {}
         for _ in range(args.repeats):
-            for name, run in (("datasets", lambda: epoch_hf(paths, args.batch, step)),
-                              ("prefetch=0", lambda: epoch_ours(root, args.batch, step, 0)),
-                              ("prefetch=2", lambda: epoch_ours(root, args.batch, step, 2))):
+            for name, run in (
+                ("datasets", lambda: epoch_hf(paths, args.batch, step)),
+                ("prefetch=0", lambda: epoch_ours(root, args.batch, step, 0)),
+                ("prefetch=2", lambda: epoch_ours(root, args.batch, step, 2)),
+            ):
                 seconds, counts[name] = run()
                 runs[name].append(seconds / counts[name])
     med = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"rank {RANK} of {WORLD}: {args.rows} rows x {args.columns} float64 columns in "
-          f"{args.files} files; batch {args.batch}; reading alone {1e3 * read / n:.2f} ms/batch; "
-          f"simulated step {1e3 * step:.2f} ms")
+    print(
+        f"rank {RANK} of {WORLD}: {args.rows} rows x {args.columns} float64 columns in "
+        f"{args.files} files; batch {args.batch}; reading alone {1e3 * read / n:.2f} ms/batch; "
+        f"simulated step {1e3 * step:.2f} ms"
+    )
     for name, value in med.items():
         print(f"  {name:<11} {1e3 * value:7.2f} ms per step ({counts[name]} steps per epoch)")
-    print(f"prefetch=2 / prefetch=0: {med['prefetch=2'] / med['prefetch=0']:.2f} (target <= 0.75: "
-          "reading overlaps the step)")
+    print(
+        f"prefetch=2 / prefetch=0: {med['prefetch=2'] / med['prefetch=0']:.2f} (target <= 0.75: "
+        "reading overlaps the step)"
+    )
     print(f"prefetch=2 / datasets:   {med['prefetch=2'] / med['datasets']:.2f}")
 
 

@@ -65,8 +65,9 @@ def wrap(way: str, model: torch.nn.Module) -> torch.nn.Module:
     return distributed(model, torch.device("cpu"))
 
 
-def train(way: str, steps: int, rank: int, rebuild_at: int | None = None,
-          grads: list | None = None) -> tuple[float, list[torch.Tensor]]:
+def train(
+    way: str, steps: int, rank: int, rebuild_at: int | None = None, grads: list | None = None
+) -> tuple[float, list[torch.Tensor]]:
     """Steps/s after two warm-up steps, and the final parameters. ``rebuild_at``: wrap a
     fresh copy of the model (and optimizer) before that step, as a resumed job does;
     ``grads`` receives each step's averaged gradients."""
@@ -99,8 +100,9 @@ def train(way: str, steps: int, rank: int, rebuild_at: int | None = None,
 
 def run_rank(rank: int, ranks: int, port: int, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=ranks)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks
+    )
     rates: dict[str, list[float]] = {way: [] for way in WAYS}
     for round_ in range(args.repeats):
         for way in WAYS if round_ % 2 == 0 else WAYS[::-1]:
@@ -112,14 +114,24 @@ def run_rank(rank: int, ranks: int, port: int, args: argparse.Namespace, out: st
         _, plain = train(way, args.steps, rank, grads=plain_grads)
         _, resumed = train(way, args.steps, rank, rebuild_at=REBUILD_AT, grads=resumed_grads)
         drift[way] = max((a - b).abs().max().item() for a, b in zip(plain, resumed))
-        first[way] = next((step for step, (a, b) in enumerate(zip(plain_grads, resumed_grads))
-                           if not all(torch.equal(u, v) for u, v in zip(a, b))), None)
+        first[way] = next(
+            (
+                step
+                for step, (a, b) in enumerate(zip(plain_grads, resumed_grads))
+                if not all(torch.equal(u, v) for u, v in zip(a, b))
+            ),
+            None,
+        )
     if rank == 0:
         ratios = [f / s for s, f in zip(rates["stock DDP"], rates["fixed layout"])]
         medians = {way: statistics.median(r) for way, r in rates.items()}
-        result = {"ranks": ranks, "steps_per_s": medians,
-                  "ratio": statistics.median(ratios), "resume_drift": drift,
-                  "first_differing_step": first}
+        result = {
+            "ranks": ranks,
+            "steps_per_s": medians,
+            "ratio": statistics.median(ratios),
+            "resume_drift": drift,
+            "first_differing_step": first,
+        }
         with open(out, "w") as f:
             json.dump(result, f)
     dist.destroy_process_group()
@@ -138,16 +150,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
-    print(f"DDP gradient buckets, {args.ranks} gloo ranks, {args.repeats} rounds of "
-          f"{args.steps} steps")
+    print(
+        f"DDP gradient buckets, {args.ranks} gloo ranks, {args.repeats} rounds of "
+        f"{args.steps} steps"
+    )
     for way in WAYS:
         step = result["first_differing_step"][way]
-        print(f"  {way:13s} {result['steps_per_s'][way]:7.2f} steps/s   rewrapped before step "
-              f"{REBUILD_AT}: averaged gradients first differ at step {step}, final max "
-              f"|param difference| {result['resume_drift'][way]:.3g}")
+        print(
+            f"  {way:13s} {result['steps_per_s'][way]:7.2f} steps/s   rewrapped before step "
+            f"{REBUILD_AT}: averaged gradients first differ at step {step}, final max "
+            f"|param difference| {result['resume_drift'][way]:.3g}"
+        )
     met = "met" if result["ratio"] >= TARGET_STEPS_RATIO else "NOT met"
-    print(f"  fixed / stock steps/s: {result['ratio']:.3f} (median of paired rounds; target "
-          f">= {TARGET_STEPS_RATIO}: {met})")
+    print(
+        f"  fixed / stock steps/s: {result['ratio']:.3f} (median of paired rounds; target "
+        f">= {TARGET_STEPS_RATIO}: {met})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -21,23 +21,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Before distributed is imported anywhere (here or in the worker processes, which
 # inherit the environment): its INFO logging would bury the table.
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _workload  # noqa: E402
+import cloudpickle  # noqa: E402
 
 # Dask workers can't import benchmarks/, so ship the workload's code with the job.
 cloudpickle.register_pickle_by_value(_workload)
 
 WORLD_SIZE = 2
 WAYS = ("torchrun", "notebook_launcher", "clustersdk (warm)")
-TARGET_FIRST_STEP_S = 0.1    # clustersdk warm launch-to-first-step
-TARGET_STEPS_RATIO = 0.97    # clustersdk steps/s relative to torchrun's
+TARGET_FIRST_STEP_S = 0.1  # clustersdk warm launch-to-first-step
+TARGET_STEPS_RATIO = 0.97  # clustersdk steps/s relative to torchrun's
 
 Timing = tuple[float, float]  # (seconds from launch to step 0 done, steps/s)
 
@@ -45,13 +45,17 @@ Timing = tuple[float, float]  # (seconds from launch to step 0 done, steps/s)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per way (default 5)")
-    parser.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
+    parser.add_argument(
+        "--steps", type=int, default=200, help="training steps per run (default 200)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the medians here")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.steps <= _workload.WARMUP_STEPS:
-        parser.error(f"--steps must exceed the {_workload.WARMUP_STEPS} warm-up steps, got {args.steps}")
+        parser.error(
+            f"--steps must exceed the {_workload.WARMUP_STEPS} warm-up steps, got {args.steps}"
+        )
     return args
 
 
@@ -64,8 +68,16 @@ def _read_timings(path: str, t0: float) -> Timing:
 
 def time_torchrun(steps: int, tmp: str) -> Timing:
     out = os.path.join(tmp, "torchrun.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD_SIZE}",
-           "--standalone", _workload.__file__, out, str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={WORLD_SIZE}",
+        "--standalone",
+        _workload.__file__,
+        out,
+        str(steps),
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -80,15 +92,17 @@ def time_notebook_launcher(steps: int, tmp: str) -> Timing:
     port = str(_free_port())  # a fixed port could still be held by the previous run's store
     t0 = time.time()
     with contextlib.redirect_stdout(io.StringIO()):  # "Launching training on 2 CPUs."
-        notebook_launcher(_workload.train_from_env, args=(steps, out), num_processes=WORLD_SIZE,
-                          use_port=port)
+        notebook_launcher(
+            _workload.train_from_env, args=(steps, out), num_processes=WORLD_SIZE, use_port=port
+        )
     return _read_timings(out, t0)
 
 
 def time_clustersdk(cluster: Any, steps: int) -> Timing:
     t0 = time.time()
-    job = cluster.launch(_workload.train_clustersdk, args=(steps,), world_size=WORLD_SIZE,
-                         strategy="ddp")
+    job = cluster.launch(
+        _workload.train_clustersdk, args=(steps,), world_size=WORLD_SIZE, strategy="ddp"
+    )
     result = job.wait()
     return result["first_step"] - t0, result["steps_per_s"]
 
@@ -102,6 +116,7 @@ def _free_port() -> int:
 def run_rounds(repeats: int, steps: int) -> dict[str, list[Timing]]:
     """Round i runs every way once; the clustersdk cluster is started and warmed first."""
     import accelerate  # noqa: F401  (a notebook has it imported before it launches)
+
     import clustersdk as cs
 
     results: dict[str, list[Timing]] = {way: [] for way in WAYS}
@@ -116,42 +131,57 @@ def run_rounds(repeats: int, steps: int) -> dict[str, list[Timing]]:
             for i in range(repeats):
                 for way, runner in runners.items():
                     results[way].append(runner())
-                line = "  ".join(f"{w} {t[-1][0]:.3f}s {t[-1][1]:.0f}/s" for w, t in results.items())
+                line = "  ".join(
+                    f"{w} {t[-1][0]:.3f}s {t[-1][1]:.0f}/s" for w, t in results.items()
+                )
                 print(f"round {i + 1}/{repeats}: {line}", file=sys.stderr, flush=True)
     return results
 
 
 def medians(results: dict[str, list[Timing]]) -> dict[str, dict[str, float]]:
-    return {way: {"first_step_s": statistics.median(t[0] for t in runs),
-                  "steps_per_s": statistics.median(t[1] for t in runs)}
-            for way, runs in results.items()}
+    return {
+        way: {
+            "first_step_s": statistics.median(t[0] for t in runs),
+            "steps_per_s": statistics.median(t[1] for t in runs),
+        }
+        for way, runs in results.items()
+    }
 
 
 def render(med: dict[str, dict[str, float]]) -> str:
     """The table, with first-step speed-ups and steps/s ratios."""
     base, nbl = med["torchrun"], med["notebook_launcher"]
-    lines = [f"{'':<19}{'':>15}{'':>9}{'first-step speed-up':>28}{'steps/s ratio':>15}",
-             f"{'way':<19}{'first step (s)':>15}{'steps/s':>9}"
-             f"{'vs torchrun':>13}{'vs notebook':>15}{'vs torchrun':>15}"]
+    lines = [
+        f"{'':<19}{'':>15}{'':>9}{'first-step speed-up':>28}{'steps/s ratio':>15}",
+        f"{'way':<19}{'first step (s)':>15}{'steps/s':>9}"
+        f"{'vs torchrun':>13}{'vs notebook':>15}{'vs torchrun':>15}",
+    ]
     for way, m in med.items():
         lines.append(
             f"{way:<19}{m['first_step_s']:>15.3f}{m['steps_per_s']:>9.1f}"
             f"{base['first_step_s'] / m['first_step_s']:>12.1f}x"
             f"{nbl['first_step_s'] / m['first_step_s']:>14.1f}x"
-            f"{m['steps_per_s'] / base['steps_per_s']:>15.3f}")
+            f"{m['steps_per_s'] / base['steps_per_s']:>15.3f}"
+        )
     return "\n".join(lines)
 
 
 def check_targets(med: dict[str, dict[str, float]]) -> dict[str, bool]:
     cs_m, base = med["clustersdk (warm)"], med["torchrun"]
     ratio = cs_m["steps_per_s"] / base["steps_per_s"]
-    met = {"first_step": cs_m["first_step_s"] <= TARGET_FIRST_STEP_S,
-           "steps_per_s": ratio >= TARGET_STEPS_RATIO}
+    met = {
+        "first_step": cs_m["first_step_s"] <= TARGET_FIRST_STEP_S,
+        "steps_per_s": ratio >= TARGET_STEPS_RATIO,
+    }
     verdict = {True: "MET", False: "NOT MET"}
-    print(f"target: clustersdk warm launch-to-first-step <= {TARGET_FIRST_STEP_S} s: "
-          f"{cs_m['first_step_s']:.3f} s -> {verdict[met['first_step']]}")
-    print(f"target: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun: "
-          f"{ratio:.3f} x -> {verdict[met['steps_per_s']]}")
+    print(
+        f"target: clustersdk warm launch-to-first-step <= {TARGET_FIRST_STEP_S} s: "
+        f"{cs_m['first_step_s']:.3f} s -> {verdict[met['first_step']]}"
+    )
+    print(
+        f"target: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun: "
+        f"{ratio:.3f} x -> {verdict[met['steps_per_s']]}"
+    )
     return met
 
 
@@ -159,15 +189,26 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     results = run_rounds(args.repeats, args.steps)
     med = medians(results)
-    print(f"\n{WORLD_SIZE} ranks, gloo on CPU, 1 torch thread per rank, {args.steps} steps, "
-          f"median of {args.repeats}\n")
+    print(
+        f"\n{WORLD_SIZE} ranks, gloo on CPU, 1 torch thread per rank, {args.steps} steps, "
+        f"median of {args.repeats}\n"
+    )
     print(render(med))
     print()
     met = check_targets(med)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "repeats": args.repeats, "medians": med,
-                       "runs": results, "targets_met": met}, f, indent=2)
+            json.dump(
+                {
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "medians": med,
+                    "runs": results,
+                    "targets_met": met,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,8 @@ from typing import Any
 
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _workload  # noqa: E402
+import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(_workload)
 
@@ -53,7 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.steps <= _workload.WARMUP_STEPS:
-        parser.error(f"--steps must exceed the {_workload.WARMUP_STEPS} warm-up steps, got {args.steps}")
+        parser.error(
+            f"--steps must exceed the {_workload.WARMUP_STEPS} warm-up steps, got {args.steps}"
+        )
     return args
 
 
@@ -71,8 +72,12 @@ def set_hooks(on: bool) -> None:
 
 def cluster_round(cluster: Any, on: bool, steps: int) -> float:
     cluster.client.run(set_hooks, on)
-    job = cluster.launch(_workload.train_clustersdk, kwargs={"steps": steps}, world_size=2,
-                         name=f"live-{'on' if on else 'off'}-{time.time_ns()}")
+    job = cluster.launch(
+        _workload.train_clustersdk,
+        kwargs={"steps": steps},
+        world_size=2,
+        name=f"live-{'on' if on else 'off'}-{time.time_ns()}",
+    )
     return job.wait(timeout=600)["steps_per_s"]
 
 
@@ -117,21 +122,30 @@ def alternate(ctx: Any, steps: int, standalone: bool = False) -> dict[str, Any]:
             ctx.drain_rows(), ctx.drain_phases()
         last = time.perf_counter()  # the drain is no step's
     ctx._live = live
-    pairs = [(off, on) for (a, off), (b, on) in zip(durations[::2], durations[1::2])
-             if not a and b][_workload.WARMUP_STEPS:]
+    pairs = [
+        (off, on) for (a, off), (b, on) in zip(durations[::2], durations[1::2]) if not a and b
+    ][_workload.WARMUP_STEPS :]
     off_s = statistics.median(p[0] for p in pairs)
     cost_s = statistics.median(on - off for off, on in pairs)
-    return {"off_s": off_s, "on_s": statistics.median(p[1] for p in pairs), "cost_s": cost_s,
-            "ratio": off_s / (off_s + cost_s)}  # steps/s with the hooks / without
+    return {
+        "off_s": off_s,
+        "on_s": statistics.median(p[1] for p in pairs),
+        "cost_s": cost_s,
+        "ratio": off_s / (off_s + cost_s),
+    }  # steps/s with the hooks / without
 
 
 def show_alternate(title: str, unit: str, timings: dict[str, Any]) -> None:
     """Print what :func:`alternate` measured."""
     print(f"  {title}, hooks on and off at alternate steps of one {unit}:")
-    print(f"    step time off / on                    {1e3 * timings['off_s']:9.3f} / "
-          f"{1e3 * timings['on_s']:.3f} ms")
-    print(f"    ratio (median paired difference)      {timings['ratio']:9.4f}   "
-          f"({1e6 * timings['cost_s']:+.2f} us per step)")
+    print(
+        f"    step time off / on                    {1e3 * timings['off_s']:9.3f} / "
+        f"{1e3 * timings['on_s']:.3f} ms"
+    )
+    print(
+        f"    ratio (median paired difference)      {timings['ratio']:9.4f}   "
+        f"({1e6 * timings['cost_s']:+.2f} us per step)"
+    )
 
 
 def in_process(steps: int) -> dict[str, Any]:
@@ -141,16 +155,24 @@ def in_process(steps: int) -> dict[str, Any]:
 
     from clustersdk.runtime.context import TrainContext
 
-    ctx = TrainContext(job="bench", name="bench", rank=0, world_size=1, local_rank=0,
-                       device=torch.device("cpu"), strategy="ddp")
+    ctx = TrainContext(
+        job="bench",
+        name="bench",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        strategy="ddp",
+    )
     return alternate(ctx, steps, standalone=True)
 
 
 def cluster_paired(cluster: Any, steps: int) -> dict[str, Any]:
     """:func:`alternate` as a 2-rank job of the cluster (rank 0's timings)."""
     cluster.client.run(set_hooks, True)
-    job = cluster.launch(alternate, kwargs={"steps": steps}, world_size=2,
-                         name=f"live-paired-{time.time_ns()}")
+    job = cluster.launch(
+        alternate, kwargs={"steps": steps}, world_size=2, name=f"live-paired-{time.time_ns()}"
+    )
     return job.wait(timeout=900)
 
 
@@ -161,8 +183,15 @@ def hook_cost(calls: int = 200_000) -> float:
     from clustersdk.protocol import no_words
     from clustersdk.runtime.context import TrainContext
 
-    ctx = TrainContext(job="bench", name="bench", rank=0, world_size=1, local_rank=0,
-                       device=torch.device("cpu"), strategy="ddp")
+    ctx = TrainContext(
+        job="bench",
+        name="bench",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        strategy="ddp",
+    )
     words, due = no_words(), ctx._live.due
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -173,8 +202,12 @@ def hook_cost(calls: int = 200_000) -> float:
 def latencies(cluster: Any) -> dict[str, float]:
     """Seconds for one job.run and one job.update, on a running and on a paused job."""
     cluster.client.run(set_hooks, True)
-    job = cluster.launch(_workload.train_clustersdk, kwargs={"steps": 1_000_000}, world_size=2,
-                         name=f"live-latency-{time.time_ns()}")
+    job = cluster.launch(
+        _workload.train_clustersdk,
+        kwargs={"steps": 1_000_000},
+        world_size=2,
+        name=f"live-latency-{time.time_ns()}",
+    )
     while not any(r["step"] >= _workload.WARMUP_STEPS for r in job.history()[-4:]):
         time.sleep(0.05)
     out = {}
@@ -196,39 +229,54 @@ def main(argv: list[str] | None = None) -> int:
     import clustersdk as cs
 
     rates: dict[bool, list[float]] = {False: [], True: []}
-    with tempfile.TemporaryDirectory(prefix="clustersdk-bench-") as state, \
-            cs.Cluster.local(workers=2, state_dir=state) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="clustersdk-bench-") as state,
+        cs.Cluster.local(workers=2, state_dir=state) as cluster,
+    ):
         cluster_round(cluster, True, _workload.WARMUP_STEPS + 20)  # warm both paths
         cluster_round(cluster, False, _workload.WARMUP_STEPS + 20)
         for i in range(args.repeats):
-            for on in ((False, True) if i % 2 == 0 else (True, False)):
+            for on in (False, True) if i % 2 == 0 else (True, False):
                 rates[on].append(cluster_round(cluster, on, args.steps))
-                print(f"  round {i + 1} {'with' if on else 'without':>7} hooks: "
-                      f"{rates[on][-1]:8.1f} steps/s", flush=True)
+                print(
+                    f"  round {i + 1} {'with' if on else 'without':>7} hooks: "
+                    f"{rates[on][-1]:8.1f} steps/s",
+                    flush=True,
+                )
         together = cluster_paired(cluster, 4 * args.steps)
         lat = latencies(cluster)
     local = in_process(10 * args.steps)
     per_call = hook_cost()
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
     paired = statistics.median(b / a for a, b in zip(rates[False], rates[True]))
-    summary = {"steps_per_s_without": off, "steps_per_s_with": on, "ratio": on / off,
-               "paired_ratio": paired,
-               "in_process_ratio": local["ratio"], "cost_us_per_step": 1e6 * local["cost_s"],
-               "cluster_paired_ratio": together["ratio"],
-               "cluster_paired_cost_us_per_step": 1e6 * together["cost_s"],
-               "hook_ns_per_check": 1e9 * per_call,
-               "hook_share_of_a_step": per_call / local["off_s"], **lat,
-               "rounds": {"without": rates[False], "with": rates[True]}}
+    summary = {
+        "steps_per_s_without": off,
+        "steps_per_s_with": on,
+        "ratio": on / off,
+        "paired_ratio": paired,
+        "in_process_ratio": local["ratio"],
+        "cost_us_per_step": 1e6 * local["cost_s"],
+        "cluster_paired_ratio": together["ratio"],
+        "cluster_paired_cost_us_per_step": 1e6 * together["cost_s"],
+        "hook_ns_per_check": 1e9 * per_call,
+        "hook_share_of_a_step": per_call / local["off_s"],
+        **lat,
+        "rounds": {"without": rates[False], "with": rates[True]},
+    }
     print(f"\n2 ranks, {args.steps} steps, {args.repeats} round(s), default launch options")
     print(f"  steps/s without the live hooks          {off:9.1f}")
     print(f"  steps/s with them (shipped)             {on:9.1f}")
     print(f"  ratio                                   {on / off:9.4f}   (target >= {TARGET_RATIO})")
-    print(f"  median of each round's ratio            {paired:9.4f}   (rounds ran "
-          f"{min(rates[False] + rates[True]):.0f}-{max(rates[False] + rates[True]):.0f} steps/s)")
+    print(
+        f"  median of each round's ratio            {paired:9.4f}   (rounds ran "
+        f"{min(rates[False] + rates[True]):.0f}-{max(rates[False] + rates[True]):.0f} steps/s)"
+    )
     show_alternate("on the cluster, 2 ranks", "job", together)
     show_alternate("in process, 1 rank", "loop", local)
-    print(f"  the hook alone: {summary['hook_ns_per_check']:.0f} ns per control check (at most "
-          f"one a step): {100 * summary['hook_share_of_a_step']:.4f}% of a step")
+    print(
+        f"  the hook alone: {summary['hook_ns_per_check']:.0f} ns per control check (at most "
+        f"one a step): {100 * summary['hook_share_of_a_step']:.4f}% of a step"
+    )
     print("  one call, 2 ranks (to its answer):")
     for key in ("run_running_s", "run_paused_s", "update_running_s", "update_paused_s"):
         print(f"    {key.removesuffix('_s').replace('_', ' '):<36}{1e3 * lat[key]:9.1f} ms")

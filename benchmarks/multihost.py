@@ -31,9 +31,8 @@ from pathlib import Path
 
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _workload  # noqa: E402
+import cloudpickle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the bed lives in tests/
 from tests.multihost import netbed  # noqa: E402
@@ -59,9 +58,14 @@ def start_cluster(bed: netbed.Bed, state: str):
     import clustersdk as cs
 
     t0 = time.perf_counter()
-    cluster = cs.Cluster.ssh([h.address for h in bed.hosts], slots_per_host=SLOTS,
-                             key_file=bed.key_file, known_hosts=bed.known_hosts,
-                             python=sys.executable, state_dir=state)
+    cluster = cs.Cluster.ssh(
+        [h.address for h in bed.hosts],
+        slots_per_host=SLOTS,
+        key_file=bed.key_file,
+        known_hosts=bed.known_hosts,
+        python=sys.executable,
+        state_dir=state,
+    )
     ready = time.perf_counter() - t0
     assert len(cluster.slots()) == WORLD
     return cluster, ready
@@ -80,14 +84,30 @@ def time_torchrun(bed: netbed.Bed, steps: int, tmp: str, port: int) -> tuple[flo
     procs = []
     t0 = time.time()
     for rank, host in enumerate(bed.hosts):
-        remote = (f"cd {tmp} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 {sys.executable} -m "
-                  f"torch.distributed.run --nnodes={HOSTS} --nproc-per-node={SLOTS} "
-                  f"--node-rank={rank} --master-addr={master} --master-port={port} "
-                  f"{_workload.__file__} {out} {steps}")
-        procs.append(subprocess.Popen(
-            ["ssh", "-i", bed.key_file, "-o", f"UserKnownHostsFile={bed.known_hosts}",
-             "-o", "BatchMode=yes", f"root@{host.address}", remote],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        remote = (
+            f"cd {tmp} && GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 {sys.executable} -m "
+            f"torch.distributed.run --nnodes={HOSTS} --nproc-per-node={SLOTS} "
+            f"--node-rank={rank} --master-addr={master} --master-port={port} "
+            f"{_workload.__file__} {out} {steps}"
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ssh",
+                    "-i",
+                    bed.key_file,
+                    "-o",
+                    f"UserKnownHostsFile={bed.known_hosts}",
+                    "-o",
+                    "BatchMode=yes",
+                    f"root@{host.address}",
+                    remote,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     for proc in procs:
         _, err = proc.communicate(timeout=600)
         if proc.returncode != 0:
@@ -111,31 +131,57 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(args.repeats):
                 runs["torchrun over ssh"].append(time_torchrun(bed, args.steps, tmp, 29600 + i))
                 runs["clustersdk (warm)"].append(time_clustersdk(cluster, args.steps))
-                print(f"round {i + 1}/{args.repeats}: " + "  ".join(
-                    f"{way} {r[-1][0]:.3f}s {r[-1][1]:.0f}/s" for way, r in runs.items()),
-                    file=sys.stderr, flush=True)
+                print(
+                    f"round {i + 1}/{args.repeats}: "
+                    + "  ".join(
+                        f"{way} {r[-1][0]:.3f}s {r[-1][1]:.0f}/s" for way, r in runs.items()
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             cluster.close()
-    med = {way: {"first_step_s": statistics.median(r[0] for r in rs),
-                 "steps_per_s": statistics.median(r[1] for r in rs)} for way, rs in runs.items()}
+    med = {
+        way: {
+            "first_step_s": statistics.median(r[0] for r in rs),
+            "steps_per_s": statistics.median(r[1] for r in rs),
+        }
+        for way, rs in runs.items()
+    }
     base, ours = med["torchrun over ssh"], med["clustersdk (warm)"]
-    print(f"\n{HOSTS} hosts x {SLOTS} CPU slots ({WORLD} ranks, gloo over veth), {args.steps} "
-          f"steps, median of {args.repeats}\n")
+    print(
+        f"\n{HOSTS} hosts x {SLOTS} CPU slots ({WORLD} ranks, gloo over veth), {args.steps} "
+        f"steps, median of {args.repeats}\n"
+    )
     print(f"Cluster.ssh to ready slots          {ready:8.2f} s")
-    print(f"  then its first launch to step 0   {first[0]:8.2f} s "
-          f"(cold total {ready + first[0]:.2f} s)")
+    print(
+        f"  then its first launch to step 0   {first[0]:8.2f} s "
+        f"(cold total {ready + first[0]:.2f} s)"
+    )
     print(f"{'':<36}{'first step (s)':>15}{'steps/s':>10}")
     for way, m in med.items():
         print(f"{way:<36}{m['first_step_s']:>15.3f}{m['steps_per_s']:>10.1f}")
     speedup = base["first_step_s"] / ours["first_step_s"]
     ratio = ours["steps_per_s"] / base["steps_per_s"]
-    print(f"\nwarm launch to first step: {speedup:.1f}x faster than torchrun over ssh; "
-          f"cold (Cluster.ssh + first launch) vs torchrun: "
-          f"{base['first_step_s'] / (ready + first[0]):.2f}x; steps/s ratio {ratio:.3f}")
+    print(
+        f"\nwarm launch to first step: {speedup:.1f}x faster than torchrun over ssh; "
+        f"cold (Cluster.ssh + first launch) vs torchrun: "
+        f"{base['first_step_s'] / (ready + first[0]):.2f}x; steps/s ratio {ratio:.3f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ready_s": ready, "first_launch": first, "medians": med, "runs": runs,
-                       "speedup_first_step": speedup, "steps_ratio": ratio}, f, indent=2)
+            json.dump(
+                {
+                    "ready_s": ready,
+                    "first_launch": first,
+                    "medians": med,
+                    "runs": runs,
+                    "speedup_first_step": speedup,
+                    "steps_ratio": ratio,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -38,10 +38,17 @@ def start_server() -> subprocess.Popen | None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
-                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -85,8 +92,12 @@ def one_round(fs: Any, root: str, tensors: dict[str, Any], step: int) -> dict[st
     base = f"{root.removeprefix('s3://')}/plain-{step}"
     t3 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda kv: fs.pipe_file(*kv),
-                      [(f"{base}/a", blob[:half]), (f"{base}/b", blob[half:])]))
+        list(
+            pool.map(
+                lambda kv: fs.pipe_file(*kv),
+                [(f"{base}/a", blob[:half]), (f"{base}/b", blob[half:])],
+            )
+        )
     t4 = time.perf_counter()
     back = {k: torch.empty_like(v) for k, v in tensors.items()}
     path = files.step_dir(root, step)
@@ -97,8 +108,13 @@ def one_round(fs: Any, root: str, tensors: dict[str, Any], step: int) -> dict[st
     t7 = time.perf_counter()
     fs.rm(base, recursive=True)
     assert all(torch.equal(back[k], tensors[k]) for k in tensors)
-    return {"save": t1 - t0, "commit": t2 - t1, "upload": t4 - t3, "load": t6 - t5,
-            "download": t7 - t6}
+    return {
+        "save": t1 - t0,
+        "commit": t2 - t1,
+        "upload": t4 - t3,
+        "load": t6 - t5,
+        "download": t7 - t6,
+    }
 
 
 def main() -> None:
@@ -130,12 +146,18 @@ def main() -> None:
     upload_rate = mb / med["upload"]
     ratio = save_rate / upload_rate
     print(f"{mb} MiB, {args.repeats} round(s), medians")
-    print(f"  save (DCP, ObjectStorage)   {med['save'] * 1e3:8.1f} ms  "
-          f"+ commit {med['commit'] * 1e3:.1f} ms  = {save_rate:7.1f} MiB/s")
-    print(f"  plain upload (2 threads)    {med['upload'] * 1e3:8.1f} ms  = {upload_rate:7.1f} MiB/s")
+    print(
+        f"  save (DCP, ObjectStorage)   {med['save'] * 1e3:8.1f} ms  "
+        f"+ commit {med['commit'] * 1e3:.1f} ms  = {save_rate:7.1f} MiB/s"
+    )
+    print(
+        f"  plain upload (2 threads)    {med['upload'] * 1e3:8.1f} ms  = {upload_rate:7.1f} MiB/s"
+    )
     print(f"  ratio save/upload           {ratio:8.2f}  (target >= {TARGET_SAVE_RATIO})")
-    print(f"  load (DCP, ObjectStorage)   {med['load'] * 1e3:8.1f} ms;  plain download "
-          f"{med['download'] * 1e3:.1f} ms  (ratio {med['download'] / med['load']:.2f})")
+    print(
+        f"  load (DCP, ObjectStorage)   {med['load'] * 1e3:8.1f} ms;  plain download "
+        f"{med['download'] * 1e3:.1f} ms  (ratio {med['download'] / med['load']:.2f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"medians_s": med, "save_over_upload": ratio, "mb": mb}, f, indent=1)

@@ -42,14 +42,13 @@ from typing import Any
 # Before distributed is imported (here or in the workers, which inherit it).
 os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "warning")
 
-import cloudpickle  # noqa: E402
-
 import _parallel_workload as work  # noqa: E402
+import cloudpickle  # noqa: E402
 
 cloudpickle.register_pickle_by_value(work)  # Dask workers can't import benchmarks/
 
 TARGET_STEPS_RATIO = 0.97  # clustersdk steps/s relative to torchrun's, every strategy
-MiB = 2 ** 20
+MiB = 2**20
 
 # name -> world size, strategy, launch options (also the TrainContext spec under torchrun)
 CASES: dict[str, tuple[int, str, dict[str, Any]]] = {
@@ -70,17 +69,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (default 3)")
     parser.add_argument("--steps", type=int, default=150, help="steps per timed run (default 150)")
-    parser.add_argument("--two-ranks-only", action="store_true",
-                        help="time only the 2-rank strategies (memory still at 2 and 4 ranks)")
-    parser.add_argument("--pair", choices=("strategy", "round"), default="strategy",
-                        help="run the two launchers back to back per strategy (default) or "
-                             "per round")
-    parser.add_argument("--only", default=",".join(SECTIONS),
-                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} "
-                             "(default: all)")
-    parser.add_argument("--cases", default="",
-                        help="comma-separated parts of the strategy names to time "
-                             "(default: every strategy), e.g. '3-d,ddp'")
+    parser.add_argument(
+        "--two-ranks-only",
+        action="store_true",
+        help="time only the 2-rank strategies (memory still at 2 and 4 ranks)",
+    )
+    parser.add_argument(
+        "--pair",
+        choices=("strategy", "round"),
+        default="strategy",
+        help="run the two launchers back to back per strategy (default) or per round",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)",
+    )
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated parts of the strategy names to time "
+        "(default: every strategy), e.g. '3-d,ddp'",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args(argv)
     args.only = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -90,8 +100,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.steps <= work.WARMUP_STEPS + 1:
-        parser.error(f"--steps must exceed the {work.WARMUP_STEPS} warm-up steps by 2 or more, "
-                     f"got {args.steps}")
+        parser.error(
+            f"--steps must exceed the {work.WARMUP_STEPS} warm-up steps by 2 or more, "
+            f"got {args.steps}"
+        )
     return args
 
 
@@ -107,16 +119,19 @@ def measure_memory(cluster: Any) -> dict[str, dict[str, float]]:
 
 
 def render_memory(mem: dict[str, dict[str, float]]) -> str:
-    lines = ["per-rank memory (MiB): parameters + gradients + AdamW state, largest rank",
-             f"{'strategy':<12}{'params':>9}{'grads':>9}{'optim':>9}{'total':>9}"
-             f"{'vs DDP':>9}{'1/N':>8}"]
+    lines = [
+        "per-rank memory (MiB): parameters + gradients + AdamW state, largest rank",
+        f"{'strategy':<12}{'params':>9}{'grads':>9}{'optim':>9}{'total':>9}{'vs DDP':>9}{'1/N':>8}",
+    ]
     for name, m in mem.items():
         strategy, ranks = name.split(" x")
         total = m["params"] + m["grads"] + m["optim"]
         ddp = mem[f"ddp x{ranks}"]
         ratio = total / (ddp["params"] + ddp["grads"] + ddp["optim"])
-        lines.append(f"{name:<12}{m['params']:>9.2f}{m['grads']:>9.2f}{m['optim']:>9.2f}"
-                     f"{total:>9.2f}{ratio:>9.3f}{1 / int(ranks) if strategy == 'fsdp' else 1:>8.3f}")
+        lines.append(
+            f"{name:<12}{m['params']:>9.2f}{m['grads']:>9.2f}{m['optim']:>9.2f}"
+            f"{total:>9.2f}{ratio:>9.3f}{1 / int(ranks) if strategy == 'fsdp' else 1:>8.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -131,11 +146,23 @@ def time_torchrun(names: list[str], steps: int, tmp: str) -> dict[str, float]:
     """One torchrun per world size, running ``names`` in turn on its process group."""
     out: dict[str, float] = {}
     for ranks in sorted({CASES[n][0] for n in names}):
-        cases = [{"name": n, "strategy": CASES[n][1], "spec": CASES[n][2]}
-                 for n in names if CASES[n][0] == ranks]
+        cases = [
+            {"name": n, "strategy": CASES[n][1], "spec": CASES[n][2]}
+            for n in names
+            if CASES[n][0] == ranks
+        ]
         path = os.path.join(tmp, f"torchrun-{ranks}.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-               "--standalone", work.__file__, path, str(steps), json.dumps(cases)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={ranks}",
+            "--standalone",
+            work.__file__,
+            path,
+            str(steps),
+            json.dumps(cases),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -145,40 +172,54 @@ def time_torchrun(names: list[str], steps: int, tmp: str) -> dict[str, float]:
     return out
 
 
-def run_rounds(cluster: Any, names: list[str], repeats: int, steps: int, tmp: str,
-               pair: str) -> dict[str, dict[str, list[float]]]:
+def run_rounds(
+    cluster: Any, names: list[str], repeats: int, steps: int, tmp: str, pair: str
+) -> dict[str, dict[str, list[float]]]:
     runs: dict[str, dict[str, list[float]]] = {n: {"clustersdk": [], "torchrun": []} for n in names}
     for name in names:  # untimed: warm workers, as a notebook's second job finds them
         time_clustersdk(cluster, name, work.WARMUP_STEPS + 2)
     groups = [[n] for n in names] if pair == "strategy" else [names]
     for i in range(repeats):
         for group in groups:
-            ways = {"clustersdk": lambda group=group: {n: time_clustersdk(cluster, n, steps)
-                                                       for n in group},
-                    "torchrun": lambda group=group: time_torchrun(group, steps, tmp)}
-            for way in (list(ways) if i % 2 == 0 else list(ways)[::-1]):
+            ways = {
+                "clustersdk": lambda group=group: {
+                    n: time_clustersdk(cluster, n, steps) for n in group
+                },
+                "torchrun": lambda group=group: time_torchrun(group, steps, tmp),
+            }
+            for way in list(ways) if i % 2 == 0 else list(ways)[::-1]:
                 for name, speed in ways[way]().items():
                     runs[name][way].append(speed)
-        line = "  ".join(f"{n} {r['clustersdk'][-1]:.0f}/{r['torchrun'][-1]:.0f}"
-                         for n, r in runs.items())
-        print(f"round {i + 1}/{repeats} (clustersdk/torchrun steps/s): {line}", file=sys.stderr,
-              flush=True)
+        line = "  ".join(
+            f"{n} {r['clustersdk'][-1]:.0f}/{r['torchrun'][-1]:.0f}" for n, r in runs.items()
+        )
+        print(
+            f"round {i + 1}/{repeats} (clustersdk/torchrun steps/s): {line}",
+            file=sys.stderr,
+            flush=True,
+        )
     return runs
 
 
 def summarize(runs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
     """Median steps/s of each way, and the median of the rounds' paired ratios."""
-    return {n: {"clustersdk": statistics.median(r["clustersdk"]),
-                "torchrun": statistics.median(r["torchrun"]),
-                "ratio": statistics.median(a / b for a, b in zip(r["clustersdk"], r["torchrun"]))}
-            for n, r in runs.items()}
+    return {
+        n: {
+            "clustersdk": statistics.median(r["clustersdk"]),
+            "torchrun": statistics.median(r["torchrun"]),
+            "ratio": statistics.median(a / b for a, b in zip(r["clustersdk"], r["torchrun"])),
+        }
+        for n, r in runs.items()
+    }
 
 
 def render_speed(med: dict[str, dict[str, float]]) -> str:
     lines = [f"{'strategy':<26}{'ranks':>6}{'clustersdk':>12}{'torchrun':>10}{'ratio':>8}"]
     for name, m in med.items():
-        lines.append(f"{name:<26}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
-                     f"{m['ratio']:>8.3f}")
+        lines.append(
+            f"{name:<26}{CASES[name][0]:>6}{m['clustersdk']:>12.1f}{m['torchrun']:>10.1f}"
+            f"{m['ratio']:>8.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -187,17 +228,28 @@ def measure_tokens(cluster: Any, repeats: int, steps: int) -> dict[str, dict[str
     """Each way's figures per round (alternating which goes first)."""
     runs: dict[str, dict[str, list[float]]] = {"fixed": {}, "budget": {}}
     for way in runs:  # untimed: warm workers
-        cluster.launch(work.train_tokens, args=(work.WARMUP_STEPS + 2, way == "budget"),
-                       world_size=TOKENS_RANKS, strategy="ddp").wait()
+        cluster.launch(
+            work.train_tokens,
+            args=(work.WARMUP_STEPS + 2, way == "budget"),
+            world_size=TOKENS_RANKS,
+            strategy="ddp",
+        ).wait()
     for i in range(repeats):
-        for way in (["fixed", "budget"] if i % 2 == 0 else ["budget", "fixed"]):
-            got = cluster.launch(work.train_tokens, args=(steps, way == "budget"),
-                                 world_size=TOKENS_RANKS, strategy="ddp").wait()
+        for way in ["fixed", "budget"] if i % 2 == 0 else ["budget", "fixed"]:
+            got = cluster.launch(
+                work.train_tokens,
+                args=(steps, way == "budget"),
+                world_size=TOKENS_RANKS,
+                strategy="ddp",
+            ).wait()
             for key, value in got.items():
                 runs[way].setdefault(key, []).append(value)
-        print(f"round {i + 1}/{repeats} (tokens/s fixed/budget): "
-              f"{runs['fixed']['tokens_per_s'][-1]:.0f}/{runs['budget']['tokens_per_s'][-1]:.0f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"round {i + 1}/{repeats} (tokens/s fixed/budget): "
+            f"{runs['fixed']['tokens_per_s'][-1]:.0f}/{runs['budget']['tokens_per_s'][-1]:.0f}",
+            file=sys.stderr,
+            flush=True,
+        )
     return runs
 
 
@@ -208,10 +260,13 @@ def render_tokens(runs: dict[str, dict[str, list[float]]]) -> tuple[str, float]:
     labels = {"fixed": f"fixed, {work.BATCH} samples", "budget": f"token budget, {budget} tokens"}
     for way, r in runs.items():
         med = {k: statistics.median(v) for k, v in r.items()}
-        lines.append(f"{labels[way]:<30}{med['padding']:>9.3f}{med['tokens_per_step']:>13.0f}"
-                     f"{med['steps_per_s']:>9.1f}{med['tokens_per_s']:>10.0f}")
-    ratio = statistics.median(b / f for b, f in zip(runs["budget"]["tokens_per_s"],
-                                                     runs["fixed"]["tokens_per_s"]))
+        lines.append(
+            f"{labels[way]:<30}{med['padding']:>9.3f}{med['tokens_per_step']:>13.0f}"
+            f"{med['steps_per_s']:>9.1f}{med['tokens_per_s']:>10.0f}"
+        )
+    ratio = statistics.median(
+        b / f for b, f in zip(runs["budget"]["tokens_per_s"], runs["fixed"]["tokens_per_s"])
+    )
     lines.append(f"\ntokens/s, token budget / fixed batches: {ratio:.2f} x")
     return "\n".join(lines), ratio
 
@@ -221,37 +276,57 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_args(argv)
     wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-    names = [n for n in CASES if not (args.two_ranks_only and CASES[n][0] > 2)
-             and (not wanted or any(w in n for w in wanted))] if "speed" in args.only else []
-    workers = max([CASES[n][0] for n in names] + [4 if "memory" in args.only else 0,
-                                                  TOKENS_RANKS if "tokens" in args.only else 0])
+    names = (
+        [
+            n
+            for n in CASES
+            if not (args.two_ranks_only and CASES[n][0] > 2)
+            and (not wanted or any(w in n for w in wanted))
+        ]
+        if "speed" in args.only
+        else []
+    )
+    workers = max(
+        [CASES[n][0] for n in names]
+        + [4 if "memory" in args.only else 0, TOKENS_RANKS if "tokens" in args.only else 0]
+    )
     result: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
         with cs.Cluster.local(workers=workers, state_dir=os.path.join(tmp, "state")) as cluster:
             memory = measure_memory(cluster) if "memory" in args.only else None
-            runs = (run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
-                    if names else {})
-            tokens = (measure_tokens(cluster, args.repeats, args.steps)
-                      if "tokens" in args.only else None)
+            runs = (
+                run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
+                if names
+                else {}
+            )
+            tokens = (
+                measure_tokens(cluster, args.repeats, args.steps) if "tokens" in args.only else None
+            )
     if memory is not None:
         print(f"\n{render_memory(memory)}\n")
         result["memory_mib"] = memory
     if names:
         med = summarize(runs)
-        print(f"steps/s, median of {args.repeats} runs of {args.steps} steps "
-              f"({work.WARMUP_STEPS} warm-up), gloo on CPU, 1 torch thread per rank, batch "
-              f"{work.BATCH} per data-parallel rank\n")
+        print(
+            f"steps/s, median of {args.repeats} runs of {args.steps} steps "
+            f"({work.WARMUP_STEPS} warm-up), gloo on CPU, 1 torch thread per rank, batch "
+            f"{work.BATCH} per data-parallel rank\n"
+        )
         print(render_speed(med))
         ratios = {n: m["ratio"] for n, m in med.items()}
         worst = min(ratios, key=ratios.get)
         met = ratios[worst] >= TARGET_STEPS_RATIO
-        print(f"\ntarget: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun for every "
-              f"strategy: lowest {ratios[worst]:.3f} x ({worst}) -> {'MET' if met else 'NOT MET'}")
+        print(
+            f"\ntarget: clustersdk steps/s >= {TARGET_STEPS_RATIO} x torchrun for every "
+            f"strategy: lowest {ratios[worst]:.3f} x ({worst}) -> {'MET' if met else 'NOT MET'}"
+        )
         result.update(runs=runs, medians=med, target_met=met)
     if tokens is not None:
         table, ratio = render_tokens(tokens)
-        print(f"\ntoken budgets vs fixed batches, DDP on {TOKENS_RANKS} ranks, median of "
-              f"{args.repeats} runs of {args.steps} steps, lengths 4-128 (long-tailed)\n")
+        print(
+            f"\ntoken budgets vs fixed batches, DDP on {TOKENS_RANKS} ranks, median of "
+            f"{args.repeats} runs of {args.steps} steps, lengths 4-128 (long-tailed)\n"
+        )
         print(table)
         result["tokens"] = {"runs": tokens, "tokens_per_s_ratio": ratio}
     if args.json:

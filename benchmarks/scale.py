@@ -65,9 +65,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SIZES = (64, 256, 1024, 4096)
 RANKS_PER_PROCESS = 1024  # fake workers per _scale_ranks.py process
-KEYS = ("ranks", "scheduler_cpu", "loop_lag_p99_s", "rows_sent", "rows_journaled",
-        "launch_all_started_s", "pause_fanout_p99_s", "stop_all_out_s", "chart_delay_p95_s",
-        "history_1000_s", "scheduler_rss_mb")
+KEYS = (
+    "ranks",
+    "scheduler_cpu",
+    "loop_lag_p99_s",
+    "rows_sent",
+    "rows_journaled",
+    "launch_all_started_s",
+    "pause_fanout_p99_s",
+    "stop_all_out_s",
+    "chart_delay_p95_s",
+    "history_1000_s",
+    "scheduler_rss_mb",
+)
 
 
 def simulated(ctx: Any) -> None:
@@ -76,30 +86,66 @@ def simulated(ctx: Any) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, action="append",
-                        help=f"world size to run (repeatable; default {', '.join(map(str, SIZES))})")
-    parser.add_argument("--job-size", type=int, default=0,
-                        help="ranks per job: many small jobs instead of one (default: one job)")
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        action="append",
+        help=f"world size to run (repeatable; default {', '.join(map(str, SIZES))})",
+    )
+    parser.add_argument(
+        "--job-size",
+        type=int,
+        default=0,
+        help="ranks per job: many small jobs instead of one (default: one job)",
+    )
     parser.add_argument("--step", type=float, default=0.5, help="seconds per step (default 0.5)")
-    parser.add_argument("--steady", type=float, default=20.0,
-                        help="seconds of steady state measured (default 20)")
-    parser.add_argument("--history-steps", type=int, default=1000,
-                        help="fast steps run first, so that the journal holds them (default 1000)")
-    parser.add_argument("--fast-step", type=float, default=0.02,
-                        help="seconds per step of those first steps (default 0.02)")
-    parser.add_argument("--metrics-interval", type=float, default=None,
-                        help="launch(metrics_interval=) (default: the control plane's default)")
-    parser.add_argument("--procs", type=int, default=0,
-                        help=f"simulated-rank processes (default: one per {RANKS_PER_PROCESS} ranks)")
-    parser.add_argument("--nice", type=int, default=0,
-                        help="niceness of the simulated-rank processes (default 0: on a machine "
-                             "that others load, a lower priority starves them)")
-    parser.add_argument("--profile", metavar="PATH",
-                        help="cProfile the scheduler during the steady state; stats to PATH.N")
-    parser.add_argument("--profile-launch", metavar="PATH",
-                        help="cProfile the scheduler from launch to every rank started")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object per world size on the last lines")
+    parser.add_argument(
+        "--steady", type=float, default=20.0, help="seconds of steady state measured (default 20)"
+    )
+    parser.add_argument(
+        "--history-steps",
+        type=int,
+        default=1000,
+        help="fast steps run first, so that the journal holds them (default 1000)",
+    )
+    parser.add_argument(
+        "--fast-step",
+        type=float,
+        default=0.02,
+        help="seconds per step of those first steps (default 0.02)",
+    )
+    parser.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=None,
+        help="launch(metrics_interval=) (default: the control plane's default)",
+    )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=0,
+        help=f"simulated-rank processes (default: one per {RANKS_PER_PROCESS} ranks)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness of the simulated-rank processes (default 0: on a machine "
+        "that others load, a lower priority starves them)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the scheduler during the steady state; stats to PATH.N",
+    )
+    parser.add_argument(
+        "--profile-launch",
+        metavar="PATH",
+        help="cProfile the scheduler from launch to every rank started",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per world size on the last lines"
+    )
     args = parser.parse_args(argv)
     args.ranks = args.ranks or list(SIZES)
     for n in args.ranks:
@@ -116,13 +162,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     path = [ROOT, os.path.join(ROOT, "extension")]
-    env["PYTHONPATH"] = os.pathsep.join(path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     return env
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=HERE)
+    proc = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env, cwd=HERE
+    )
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("ready "):
         proc.kill()
@@ -189,14 +238,18 @@ def journal_counts(path: str, jobs: list[str], distinct: bool = True) -> tuple[i
         marks = ",".join("?" for _ in jobs)
         unique = "COUNT(DISTINCT job || ':' || rank || ':' || step)" if distinct else "0"
         rows, distinct_rows = db.execute(
-            f"SELECT COUNT(*), {unique} FROM metrics WHERE job IN ({marks})", jobs).fetchone()
+            f"SELECT COUNT(*), {unique} FROM metrics WHERE job IN ({marks})", jobs
+        ).fetchone()
         return int(rows), int(distinct_rows), journal_bytes(db)
     finally:
         db.close()
 
 
 def journal_bytes(db: sqlite3.Connection) -> int:
-    (pages,), (size,) = db.execute("PRAGMA page_count").fetchone(), db.execute("PRAGMA page_size").fetchone()
+    (pages,), (size,) = (
+        db.execute("PRAGMA page_count").fetchone(),
+        db.execute("PRAGMA page_size").fetchone(),
+    )
     return int(pages) * int(size)
 
 
@@ -240,9 +293,18 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         rank_env = dict(env, SCALE_FIRST_STEP="0", SCALE_NICE=str(args.nice))
         first = 0
         for k in per:
-            proc, stats = _spawn([os.path.join(HERE, "_scale_ranks.py"), address, str(k), str(first),
-                                  str(args.step), str(args.history_steps), str(args.fast_step)],
-                                 rank_env)
+            proc, stats = _spawn(
+                [
+                    os.path.join(HERE, "_scale_ranks.py"),
+                    address,
+                    str(k),
+                    str(first),
+                    str(args.step),
+                    str(args.history_steps),
+                    str(args.fast_step),
+                ],
+                rank_env,
+            )
             procs.append(proc)
             hosts.append(rpc(stats))
             first += k
@@ -254,12 +316,16 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         # launch ---------------------------------------------------------------------
         size = args.job_size or n
         kernel = Kernel()
-        options = {} if args.metrics_interval is None else {"metrics_interval": args.metrics_interval}
+        options = (
+            {} if args.metrics_interval is None else {"metrics_interval": args.metrics_interval}
+        )
         if args.profile_launch:
             cluster.sync(probe.scale_profile, path=None)
         t0 = time.time()
-        jobs = [cluster.launch(simulated, world_size=size, name=f"scale-{n}-{i}", **options)
-                for i in range(n // size)]
+        jobs = [
+            cluster.launch(simulated, world_size=size, name=f"scale-{n}-{i}", **options)
+            for i in range(n // size)
+        ]
         watched = jobs[0]
         watched.on_event(kernel)
         _wait(lambda: _running(jobs), "every rank started", 600)
@@ -269,15 +335,23 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
         # fast steps, so that history holds --history-steps steps --------------------------
         if args.history_steps:
-            _wait(lambda: sum(s["logged_rows"] for s in host_stats()) >= n * args.history_steps,
-                  f"{args.history_steps} fast steps", 1800)
+            _wait(
+                lambda: sum(s["logged_rows"] for s in host_stats()) >= n * args.history_steps,
+                f"{args.history_steps} fast steps",
+                1800,
+            )
             # steady state begins once the journal holds every row logged so far: the
             # fast steps outrun what one process of simulated ranks ships, and their
             # backlog would count as chart delay and loop lag of the steady state
             logged = sum(s["logged_rows"] for s in host_stats())
             journal_path = os.path.join(tmp, "journal.sqlite")
-            _wait(lambda: journal_counts(journal_path, [j.id for j in jobs], distinct=False)[0]
-                  >= logged, "the fast steps' rows journaled", 600)
+            _wait(
+                lambda: (
+                    journal_counts(journal_path, [j.id for j in jobs], distinct=False)[0] >= logged
+                ),
+                "the fast steps' rows journaled",
+                600,
+            )
         time.sleep(max(3 * args.step, 2.0))
 
         # steady state ----------------------------------------------------------------
@@ -296,7 +370,9 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         rss = sproc.memory_info().rss
         probed = cluster.sync(probe.scale_probe, reset=True)
         lags = probed["lags"]
-        gc_figures = {k: probed[k] for k in ("gc_seconds", "gc_full", "gc_full_max_s", "gc_objects")}
+        gc_figures = {
+            k: probed[k] for k in ("gc_seconds", "gc_full", "gc_full_max_s", "gc_objects")
+        }
         if os.environ.get("SCALE_SHOW_STUCK"):
             for where, count in probed["stuck"].items():
                 print(f"loop stuck x{count} at:\n{where}", file=sys.stderr)
@@ -313,11 +389,19 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         intervals = sorted({i for s in host_stats() for i in s["intervals"]})
 
         # queries -------------------------------------------------------------------
-        history_1000 = timed(lambda: watched.steps(last=1000)) if hasattr(watched, "steps") else None
-        history_rank0 = timed(lambda: watched.history(last_steps=1000, rank=0)) \
-            if hasattr(watched, "steps") else None
-        history_all = timed(lambda: watched.history(last_steps=1000), repeats=1) \
-            if hasattr(watched, "steps") else timed(lambda: watched.history(), repeats=1)
+        history_1000 = (
+            timed(lambda: watched.steps(last=1000)) if hasattr(watched, "steps") else None
+        )
+        history_rank0 = (
+            timed(lambda: watched.history(last_steps=1000, rank=0))
+            if hasattr(watched, "steps")
+            else None
+        )
+        history_all = (
+            timed(lambda: watched.history(last_steps=1000), repeats=1)
+            if hasattr(watched, "steps")
+            else timed(lambda: watched.history(), repeats=1)
+        )
         info = timed(lambda: watched.info())
 
         # pause, resume --------------------------------------------------------------
@@ -330,21 +414,31 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         paused = sum(len(s["events"].get("paused", ())) for s in stats)
         t0 = time.time()
         _all(cluster, [j.id for j in jobs], "resume")
-        _wait(lambda: sum(len(s["events"].get("resume", ())) for s in host_stats()) >= n,
-              "every rank resumed", 120)
-        resume_fanout = [t - t0 for s in host_stats(reset=True) for _, _, t in s["events"].get("resume", ())]
+        _wait(
+            lambda: sum(len(s["events"].get("resume", ())) for s in host_stats()) >= n,
+            "every rank resumed",
+            120,
+        )
+        resume_fanout = [
+            t - t0 for s in host_stats(reset=True) for _, _, t in s["events"].get("resume", ())
+        ]
         time.sleep(2 * args.step)
 
         # stop -------------------------------------------------------------------------
         t0 = time.time()
         _all(cluster, [j.id for j in jobs], "stop")
-        _wait(lambda: all(JobStatus[j.info()["status"]].terminal for j in jobs), "every rank out", 600)
+        _wait(
+            lambda: all(JobStatus[j.info()["status"]].terminal for j in jobs), "every rank out", 600
+        )
         stop_all_out = max(j.info()["ended"] for j in jobs) - t0
         stats = host_stats()
         rows_sent = sum(s["logged_rows"] for s in stats)
         rows_journaled, distinct, _ = journal_counts(journal, [j.id for j in jobs])
         result = {
-            "ranks": n, "jobs": len(jobs), "job_size": size, "step_s": args.step,
+            "ranks": n,
+            "jobs": len(jobs),
+            "job_size": size,
+            "step_s": args.step,
             "metrics_interval": intervals[-1] if intervals else None,
             "scheduler_cpu": round(cpu, 3),
             "loop_lag_p99_s": _round(quantile(lags, 0.99)),
@@ -353,14 +447,16 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "ranks_loop_lag_p99_s": _round(quantile(host_lags, 0.99)),
             "rank_processes": len(hosts),
             **{k: _round(v) if isinstance(v, float) else v for k, v in gc_figures.items()},
-            "rows_sent": rows_sent, "rows_journaled": rows_journaled,
+            "rows_sent": rows_sent,
+            "rows_journaled": rows_journaled,
             "rows_distinct": distinct,
             "rows_per_s": round((rows1 - rows0) / wall, 1),
             "journal_mb_per_hour": round((size1 - size0) / wall * 3600 / 1e6, 1),
             "launch_all_started_s": _round(launch_all_started),
             "pause_fanout_p50_s": _round(quantile(fanout, 0.5)),
             "pause_fanout_p99_s": _round(quantile(fanout, 0.99)),
-            "pause_all_s": _round(pause_all), "paused_ranks": paused,
+            "pause_all_s": _round(pause_all),
+            "paused_ranks": paused,
             "resume_fanout_p99_s": _round(quantile(resume_fanout, 0.99)),
             "stop_all_out_s": _round(stop_all_out),
             "chart_delay_p95_s": _round(quantile(delays, 0.95)),
@@ -398,8 +494,9 @@ def _running(jobs: list[Any]) -> bool:
     infos = [j.info() for j in jobs]
     for info in infos:
         if JobStatus[info["status"]].terminal:
-            raise RuntimeError(f"job {info['name']} ended {info['status']} before it ran: "
-                               f"{info.get('error')}")
+            raise RuntimeError(
+                f"job {info['name']} ended {info['status']} before it ran: {info.get('error')}"
+            )
     return all(info["status"] == "RUNNING" for info in infos)
 
 
@@ -416,19 +513,30 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    rows = [("ranks", "ranks"), ("jobs", "jobs"), ("metrics interval s", "metrics_interval"),
-            ("scheduler CPU (cores)", "scheduler_cpu"), ("loop lag p99 s", "loop_lag_p99_s"),
-            ("rows/s", "rows_per_s"), ("rows sent", "rows_sent"),
-            ("rows journaled", "rows_journaled"), ("journal MB/hour", "journal_mb_per_hour"),
-            ("launch -> all started s", "launch_all_started_s"),
-            ("pause fan-out p50 s", "pause_fanout_p50_s"), ("pause fan-out p99 s", "pause_fanout_p99_s"),
-            ("pause -> all paused s", "pause_all_s"), ("stop -> all out s", "stop_all_out_s"),
-            ("chart delay p95 s", "chart_delay_p95_s"), ("kernel KB/s", "kernel_bytes_per_s"),
-            ("steps(last=1000) s", "history_1000_s"),
-            ("history(last_steps=1000, rank=0) s", "history_1000_rank0_s"),
-            ("history(last_steps=1000) s", "history_1000_all_ranks_s"),
-            ("info() s", "info_s"), ("scheduler RSS MB", "scheduler_rss_mb"),
-            ("load average (1 min)", "load_average")]
+    rows = [
+        ("ranks", "ranks"),
+        ("jobs", "jobs"),
+        ("metrics interval s", "metrics_interval"),
+        ("scheduler CPU (cores)", "scheduler_cpu"),
+        ("loop lag p99 s", "loop_lag_p99_s"),
+        ("rows/s", "rows_per_s"),
+        ("rows sent", "rows_sent"),
+        ("rows journaled", "rows_journaled"),
+        ("journal MB/hour", "journal_mb_per_hour"),
+        ("launch -> all started s", "launch_all_started_s"),
+        ("pause fan-out p50 s", "pause_fanout_p50_s"),
+        ("pause fan-out p99 s", "pause_fanout_p99_s"),
+        ("pause -> all paused s", "pause_all_s"),
+        ("stop -> all out s", "stop_all_out_s"),
+        ("chart delay p95 s", "chart_delay_p95_s"),
+        ("kernel KB/s", "kernel_bytes_per_s"),
+        ("steps(last=1000) s", "history_1000_s"),
+        ("history(last_steps=1000, rank=0) s", "history_1000_rank0_s"),
+        ("history(last_steps=1000) s", "history_1000_all_ranks_s"),
+        ("info() s", "info_s"),
+        ("scheduler RSS MB", "scheduler_rss_mb"),
+        ("load average (1 min)", "load_average"),
+    ]
     out = []
     for title, key in rows:
         cells = []
@@ -447,8 +555,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = []
     for n in args.ranks:
-        print(f"--- {n} simulated ranks" + (f" in jobs of {args.job_size}" if args.job_size else "")
-              + f" (load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"--- {n} simulated ranks"
+            + (f" in jobs of {args.job_size}" if args.job_size else "")
+            + f" (load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
         results.append(run_size(n, args))
         lost = results[-1]["rows_sent"] - results[-1]["rows_journaled"]
         print(f"    rows lost: {lost}; scheduler CPU {results[-1]['scheduler_cpu']}", flush=True)

@@ -60,16 +60,27 @@ PRIORITIES = [(0, 30), (50, 50), (100, 20)]
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="fresh schedulers timed (default 5)")
-    parser.add_argument("--events", type=int, default=200,
-                        help="arrivals and completions timed per repeat (default 200)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=200,
+        help="arrivals and completions timed per repeat (default 200)",
+    )
     parser.add_argument("--queued", type=int, default=10_000, help="queued jobs (default 10000)")
     parser.add_argument("--nodes", type=int, default=1_000, help="nodes of 8 GPUs (default 1000)")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() once the cluster is built, as a long-lived scheduler "
-                             "process may do: a full collection then skips the jobs kept")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() once the cluster is built, as a long-lived scheduler "
+        "process may do: a full collection then skips the jobs kept",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the medians here")
-    parser.add_argument("--preemption", type=int, default=3,
-                        help="live preemptions timed on a local 4-slot cluster (default 3)")
+    parser.add_argument(
+        "--preemption",
+        type=int,
+        default=3,
+        help="live preemptions timed on a local 4-slot cluster (default 3)",
+    )
     args = parser.parse_args(argv)
     if min(args.repeats, args.events, args.queued, args.nodes) < 1:
         parser.error("--repeats, --events, --queued and --nodes must be at least 1")
@@ -78,25 +89,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def cluster_config(total: int) -> PolicyConfig:
     share = total // 8
-    return PolicyConfig.from_dict({
-        "queues": {
-            "prod": {"guaranteed": 3 * share, "borrowing-limit": 2 * share},
-            "research": {"guaranteed": 2 * share, "borrowing-limit": 3 * share,
-                         "idle-timeout": 3600},
-            "dev": {"guaranteed": share, "borrowing-limit": share, "idle-timeout": 1800},
-            "batch": {"guaranteed": 0},
-        },
-        "per-user-cap": max(64, total // 16),
-    })
+    return PolicyConfig.from_dict(
+        {
+            "queues": {
+                "prod": {"guaranteed": 3 * share, "borrowing-limit": 2 * share},
+                "research": {
+                    "guaranteed": 2 * share,
+                    "borrowing-limit": 3 * share,
+                    "idle-timeout": 3600,
+                },
+                "dev": {"guaranteed": share, "borrowing-limit": share, "idle-timeout": 1800},
+                "batch": {"guaranteed": 0},
+            },
+            "per-user-cap": max(64, total // 16),
+        }
+    )
 
 
 def random_request(rng: random.Random, i: int, now: float) -> Request:
     size = rng.choices([s for s, _ in SIZES], [w for _, w in SIZES])[0]
     return Request(
-        id=f"j{i}", world_size=size, owner=f"user{rng.randrange(200)}",
+        id=f"j{i}",
+        world_size=size,
+        owner=f"user{rng.randrange(200)}",
         queue=rng.choice(["prod", "research", "dev", "batch", "default"]),
         priority=rng.choices([p for p, _ in PRIORITIES], [w for _, w in PRIORITIES])[0],
-        seq=i, submitted_at=now, preemptible=rng.random() < 0.9,
+        seq=i,
+        submitted_at=now,
+        preemptible=rng.random() < 0.9,
         min_world_size=max(1, size // 2) if size > 1 and rng.random() < 0.1 else None,
         time_limit=rng.uniform(600, 86_400) if rng.random() < 0.5 else None,
         has_checkpoint_dir=rng.random() < 0.7,
@@ -134,8 +154,11 @@ def build(args: argparse.Namespace, seed: int) -> tuple[Scheduler, random.Random
 
 
 def cluster(args: argparse.Namespace) -> list[Slot]:
-    return [Slot(f"tcp://n{n}:{9000 + g}", f"n{n:04d}", "cuda", g, f"GPU-{n}-{g}")
-            for n in range(args.nodes) for g in range(8)]
+    return [
+        Slot(f"tcp://n{n}:{9000 + g}", f"n{n:04d}", "cuda", g, f"GPU-{n}-{g}")
+        for n in range(args.nodes)
+        for g in range(8)
+    ]
 
 
 def fill(args: argparse.Namespace, seed: int) -> float:
@@ -177,8 +200,9 @@ def one_repeat(args: argparse.Namespace, seed: int) -> dict[str, list[float]]:
     for _ in range(args.events):
         now += 1.0
         job = rng.choice(sorted(s.holdings))
-        times["completion"].append(timed(lambda job=job, now=now: (
-            s.released(job, now, requeue=False), s.decide(now))))
+        times["completion"].append(
+            timed(lambda job=job, now=now: (s.released(job, now, requeue=False), s.decide(now)))
+        )
         now += 0.5
         settle(s, now)  # untimed: the victims it preempted leave
         for _ in range(2):
@@ -193,21 +217,33 @@ def one_repeat(args: argparse.Namespace, seed: int) -> dict[str, list[float]]:
     return times
 
 
-LABELS = {"fill": "full pass, empty cluster", "cold": "full pass, from a whole state",
-          "warm": "full pass, kept scheduler",
-          "tick": "timer tick, nothing new", "arrival": "one arrival",
-          "completion": "one completion"}
-TARGETS = {"fill": TARGET_FULL_S, "cold": TARGET_FULL_S, "warm": TARGET_FULL_S, "tick": TARGET_EVENT_S,
-           "arrival": TARGET_EVENT_S, "completion": TARGET_EVENT_S}
+LABELS = {
+    "fill": "full pass, empty cluster",
+    "cold": "full pass, from a whole state",
+    "warm": "full pass, kept scheduler",
+    "tick": "timer tick, nothing new",
+    "arrival": "one arrival",
+    "completion": "one completion",
+}
+TARGETS = {
+    "fill": TARGET_FULL_S,
+    "cold": TARGET_FULL_S,
+    "warm": TARGET_FULL_S,
+    "tick": TARGET_EVENT_S,
+    "arrival": TARGET_EVENT_S,
+    "completion": TARGET_EVENT_S,
+}
 
 
 def reference_ms() -> float:
     """A fixed pure-Python workload (this machine's speed and load, to read the rest by)."""
+
     def work():
         total = 0
         for k in range(1_000_000):
             total += k
         return total
+
     return statistics.median(timed(work) for _ in range(3)) * 1e3
 
 
@@ -216,8 +252,11 @@ def low_job(ctx, steps: int = 100_000, width: int = 256):
     """The victim: a DDP MLP with AdamW (a real state to save), a step every ~20 ms."""
     import torch
 
-    net = ctx.prepare(torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
-                                          torch.nn.Linear(width, 1)))
+    net = ctx.prepare(
+        torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+        )
+    )
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     ctx.register(optimizer=opt)
     x, y = torch.randn(64, width), torch.randn(64, 1)
@@ -248,11 +287,18 @@ def preemption(repeats: int) -> dict[str, float]:
     import clustersdk as cs
 
     waits, steps, saves = [], [], []
-    with tempfile.TemporaryDirectory() as tmp, cs.Cluster.local(workers=4,
-                                                                 state_dir=f"{tmp}/state") as c:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        cs.Cluster.local(workers=4, state_dir=f"{tmp}/state") as c,
+    ):
         for i in range(repeats):
-            low = c.launch(low_job, world_size=4, name=f"low-{i}", priority="low",
-                           checkpoint_dir=f"{tmp}/ck-{i}")
+            low = c.launch(
+                low_job,
+                world_size=4,
+                name=f"low-{i}",
+                priority="low",
+                checkpoint_dir=f"{tmp}/ck-{i}",
+            )
             deadline = time.monotonic() + 120
             while len(low.history()) < 40 and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -268,8 +314,11 @@ def preemption(repeats: int) -> dict[str, float]:
             low.stop()
         while any(s["job"] for s in c.slots()) and time.monotonic() < deadline + 60:
             time.sleep(0.1)  # every rank out before the cluster closes
-    return {"arrival_to_first_step": statistics.median(waits),
-            "low_step": statistics.median(steps), "checkpoint": statistics.median(saves)}
+    return {
+        "arrival_to_first_step": statistics.median(waits),
+        "low_step": statistics.median(steps),
+        "checkpoint": statistics.median(saves),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,31 +330,49 @@ def main(argv: list[str] | None = None) -> int:
     medians = {k: statistics.median(v) for k, v in every.items()}
     p90 = {k: statistics.quantiles(v, n=10)[-1] if len(v) > 1 else v[0] for k, v in every.items()}
     kept = statistics.median(run["kept"][0] for run in runs)
-    print(f"{args.queued} queued jobs, {args.nodes} nodes x 8 GPUs, {args.repeats} repeat(s), "
-          f"{args.events} completions and {2 * args.events} arrivals each"
-          + (", gc.freeze() after building" if args.gc_freeze else ""))
+    print(
+        f"{args.queued} queued jobs, {args.nodes} nodes x 8 GPUs, {args.repeats} repeat(s), "
+        f"{args.events} completions and {2 * args.events} arrivals each"
+        + (", gc.freeze() after building" if args.gc_freeze else "")
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"machine: {os.cpu_count()} CPUs, load {load:.1f}; a 1M-step Python loop took "
-          f"{before:.0f} ms before and {after:.0f} ms after")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load {load:.1f}; a 1M-step Python loop took "
+        f"{before:.0f} ms before and {after:.0f} ms after"
+    )
     print(f"{'':32} {'median':>10} {'p90':>10} {'target':>10}  met")
     met = {}
     for k, label in LABELS.items():
         met[k] = medians[k] < TARGETS[k]
-        print(f"{label:32} {medians[k] * 1e3:8.2f}ms {p90[k] * 1e3:8.2f}ms "
-              f"{TARGETS[k] * 1e3:8.0f}ms  {'yes' if met[k] else 'NO'}")
+        print(
+            f"{label:32} {medians[k] * 1e3:8.2f}ms {p90[k] * 1e3:8.2f}ms "
+            f"{TARGETS[k] * 1e3:8.0f}ms  {'yes' if met[k] else 'NO'}"
+        )
     print(f"arrivals answered on the kept pass: {kept:.0%} (the others took a whole pass)")
     live = preemption(args.preemption) if args.preemption > 0 else None
     if live is not None:
         bound = live["low_step"] + live["checkpoint"]
-        print(f"preemption, live on 4 local CPU slots ({args.preemption} run(s), medians): a "
-              f"high-priority 2-rank job's first step came {live['arrival_to_first_step']:.3f} s "
-              f"after its launch; one step of the 4-rank victim {live['low_step']:.3f} s + its "
-              f"checkpoint {live['checkpoint']:.3f} s = {bound:.3f} s; "
-              f"ratio {live['arrival_to_first_step'] / bound:.2f}")
+        print(
+            f"preemption, live on 4 local CPU slots ({args.preemption} run(s), medians): a "
+            f"high-priority 2-rank job's first step came {live['arrival_to_first_step']:.3f} s "
+            f"after its launch; one step of the 4-rank victim {live['low_step']:.3f} s + its "
+            f"checkpoint {live['checkpoint']:.3f} s = {bound:.3f} s; "
+            f"ratio {live['arrival_to_first_step'] / bound:.2f}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "medians_s": medians, "p90_s": p90, "targets_met": met, "kept_share": kept,
-            "reference_loop_ms": [before, after], "preemption_s": live}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "medians_s": medians,
+                    "p90_s": p90,
+                    "targets_met": met,
+                    "kept_share": kept,
+                    "reference_loop_ms": [before, after],
+                    "preemption_s": live,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

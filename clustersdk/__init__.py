@@ -20,7 +20,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import hooks
-
 from .version import __version__ as __version__  # re-exported
 
 # public name -> the module that defines it
@@ -99,10 +98,10 @@ if TYPE_CHECKING:
         StartError,
     )
     from .job import Job
+    from .options import STRATEGIES
     from .runtime.context import TrainContext
     from .runtime.training import warmup_cosine
     from .security.tls import InsecureClusterWarning
-    from .options import STRATEGIES
     from .spec import JobSpec
     from .status import JobStatus
 
@@ -134,8 +133,7 @@ def _job_display(job: Job, include: Any = None, exclude: Any = None) -> dict[str
     return job_mimebundle(job, include=include, exclude=exclude)
 
 
-def _cluster_display(cluster: Cluster, include: Any = None, exclude: Any = None
-                     ) -> dict[str, Any]:
+def _cluster_display(cluster: Cluster, include: Any = None, exclude: Any = None) -> dict[str, Any]:
     from .widgets import cluster_mimebundle
 
     return cluster_mimebundle(cluster, include=include, exclude=exclude)
@@ -165,8 +163,13 @@ def _doctor(client: Any, **options: Any) -> Any:
     return doctor(client, **options)
 
 
-for _name, _provider in (("job_display", _job_display), ("cluster_display", _cluster_display),
-                         ("job_console", _job_console), ("queue_text", _queue_text),
-                         ("queue_html", _queue_html), ("doctor", _doctor)):
+for _name, _provider in (
+    ("job_display", _job_display),
+    ("cluster_display", _cluster_display),
+    ("job_console", _job_console),
+    ("queue_text", _queue_text),
+    ("queue_html", _queue_html),
+    ("doctor", _doctor),
+):
     hooks.provide(_name, _provider)
 del _name, _provider

@@ -19,14 +19,20 @@ def main(argv: list[str] | None = None) -> int:
 
     cli.add_commands(sub)  # jobs, show, pause, resume, checkpoint, suspend, stop, logs, history
 
-    doctor = sub.add_parser("doctor", help="pre-flight checks of a running cluster; exit 1 on "
-                                           "any problem")
+    doctor = sub.add_parser(
+        "doctor", help="pre-flight checks of a running cluster; exit 1 on any problem"
+    )
     doctor.add_argument("scheduler", help="the Dask scheduler address, e.g. tcp://10.0.0.5:8786")
-    doctor.add_argument("--checkpoint-dir", default=None,
-                        help="check free space, writes and sharing there")
+    doctor.add_argument(
+        "--checkpoint-dir", default=None, help="check free space, writes and sharing there"
+    )
     doctor.add_argument("--no-bandwidth", action="store_true", help="skip the all-reduce sweep")
-    doctor.add_argument("--max-size", type=_bytes, default=None,
-                        help="largest all-reduce, e.g. 64MiB (default 256MiB)")
+    doctor.add_argument(
+        "--max-size",
+        type=_bytes,
+        default=None,
+        help="largest all-reduce, e.g. 64MiB (default 256MiB)",
+    )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
 
     args = parser.parse_args(argv)
@@ -45,7 +51,9 @@ def _bytes(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", text, re.IGNORECASE)
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64MiB")
-    return int(float(match[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2].lower()])
+    return int(
+        float(match[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match[2].lower()]
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -54,8 +62,11 @@ def _doctor(args: argparse.Namespace) -> int:
     import clustersdk as cs
 
     with cs.Cluster.connect(args.scheduler) as cluster:
-        report = cluster.doctor(checkpoint_dir=args.checkpoint_dir,
-                                bandwidth=not args.no_bandwidth, max_size=args.max_size)
+        report = cluster.doctor(
+            checkpoint_dir=args.checkpoint_dir,
+            bandwidth=not args.no_bandwidth,
+            max_size=args.max_size,
+        )
     print(json.dumps(report.to_dict(), indent=2) if args.json else report)
     return 0 if report.ok else 1
 

@@ -8,7 +8,8 @@ import ast
 import contextlib
 import sys
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from IPython.core.error import UsageError
 
@@ -28,8 +29,11 @@ class RemoteFailure(Exception):
 
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
         e = self.error
-        return [f"Remote traceback (rank {e.rank} of job {e.job!r}):", e.traceback.rstrip(),
-                f"job {e.job!r} failed: rank {e.rank} raised {e.exc_type}: {e.message}"]
+        return [
+            f"Remote traceback (rank {e.rank} of job {e.job!r}):",
+            e.traceback.rstrip(),
+            f"job {e.job!r} failed: rank {e.rank} raised {e.exc_type}: {e.message}",
+        ]
 
 
 class RemoteRunFailure(Exception):
@@ -54,8 +58,9 @@ def one_line() -> Iterator[None]:
         raise UsageError(str(e)) from None
 
 
-def cell_function(body: str, namespace: dict[str, Any], *,
-                  returns_last: bool = False) -> types.FunctionType:
+def cell_function(
+    body: str, namespace: dict[str, Any], *, returns_last: bool = False
+) -> types.FunctionType:
     """``def cell(ctx): <body>``, with the notebook's namespace as its globals.
 
     Built from the syntax tree, not by indenting text, so multi-line strings
@@ -70,11 +75,18 @@ def cell_function(body: str, namespace: dict[str, Any], *,
         raise UsageError(f"the cell has a syntax error: {e.msg} (line {e.lineno})") from None
     if returns_last and tree.body and isinstance(tree.body[-1], ast.Expr):
         tree.body[-1] = ast.copy_location(ast.Return(value=tree.body[-1].value), tree.body[-1])
-    params = ast.arguments(posonlyargs=[], args=[ast.arg(arg="ctx")], kwonlyargs=[],
-                           kw_defaults=[], defaults=[])
+    params = ast.arguments(
+        posonlyargs=[], args=[ast.arg(arg="ctx")], kwonlyargs=[], kw_defaults=[], defaults=[]
+    )
     extra = {"type_params": []} if sys.version_info >= (3, 12) else {}
-    fn = ast.FunctionDef(name=CELL_FUNCTION, args=params, body=tree.body or [ast.Pass()],
-                         decorator_list=[], returns=None, **extra)
+    fn = ast.FunctionDef(
+        name=CELL_FUNCTION,
+        args=params,
+        body=tree.body or [ast.Pass()],
+        decorator_list=[],
+        returns=None,
+        **extra,
+    )
     module = ast.fix_missing_locations(ast.Module(body=[fn], type_ignores=[]))
     try:
         code = compile(module, "<%%distributed>", "exec")
@@ -102,7 +114,9 @@ def stream(job: cs.Job, poll: float = 0.25) -> Any:
                 break
     except KeyboardInterrupt:
         job.stop(wait=False)
-        raise UsageError(f"interrupted: job {job.name!r} is stopping at its next step boundary") from None
+        raise UsageError(
+            f"interrupted: job {job.name!r} is stopping at its next step boundary"
+        ) from None
     if isinstance(error, cs.JobFailedError):
         raise RemoteFailure(error) from None
     if error is not None:

@@ -75,27 +75,33 @@ class ControlClient:
         """The record (with ``result``) once the job is over, or when ``timeout`` passes."""
         return await self.call(Op.WAIT, job=job, timeout=timeout)
 
-    async def history(self, job: str, since: int = 0, limit: int | None = None,
-                      last_steps: int | None = None,
-                      rank: int | None = None) -> list[dict[str, Any]]:
+    async def history(
+        self,
+        job: str,
+        since: int = 0,
+        limit: int | None = None,
+        last_steps: int | None = None,
+        rank: int | None = None,
+    ) -> list[dict[str, Any]]:
         # the last two only when asked: a scheduler of an older release has no such arguments
         extra = {k: v for k, v in (("last_steps", last_steps), ("rank", rank)) if v is not None}
         return await self.call(Op.HISTORY, job=job, since=since, limit=limit, **extra)
 
-    async def steps(self, job: str, last: int | None = None,
-                    since_step: int | None = None) -> list[dict[str, Any]]:
+    async def steps(
+        self, job: str, last: int | None = None, since_step: int | None = None
+    ) -> list[dict[str, Any]]:
         """One row per step: its scalars' mean, min and max over the ranks (see job.steps)."""
         return await self.call(Op.STEPS, job=job, last=last, since_step=since_step)
 
-    async def logs(self, job: str, rank: int | None = None,
-                   since: int = 0) -> list[dict[str, Any]]:
+    async def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
         return await self.call(Op.LOGS, job=job, rank=rank, since=since)
 
     async def system(self, job: str, since: int = 0) -> list[dict[str, Any]]:
         return await self.call(Op.SYSTEM, job=job, since=since)
 
-    async def phases(self, job: str, since: int = 0, limit: int | None = None,
-                     tail: int | None = None) -> list[dict[str, Any]]:
+    async def phases(
+        self, job: str, since: int = 0, limit: int | None = None, tail: int | None = None
+    ) -> list[dict[str, Any]]:
         return await self.call(Op.PHASES, job=job, since=since, limit=limit, tail=tail)
 
     # --- control ----------------------------------------------------------------------
@@ -114,12 +120,14 @@ class ControlClient:
     async def suspend(self, job: str, timeout: float | None = None) -> dict[str, Any]:
         return await self.call(Op.SUSPEND, job=job, timeout=timeout)
 
-    async def profile(self, job: str, steps: int, timeout: float | None = None,
-                      wait: bool = True) -> dict[str, Any]:
+    async def profile(
+        self, job: str, steps: int, timeout: float | None = None, wait: bool = True
+    ) -> dict[str, Any]:
         return await self.call(Op.PROFILE, job=job, steps=steps, timeout=timeout, wait=wait)
 
-    async def profile_wait(self, job: str, seq: int,
-                           timeout: float | None = None) -> dict[str, Any]:
+    async def profile_wait(
+        self, job: str, seq: int, timeout: float | None = None
+    ) -> dict[str, Any]:
         return await self.call(Op.PROFILE_WAIT, job=job, seq=seq, timeout=timeout)
 
     # --- debugging: on_error="hold" and ctx.breakpoint() -----------------------------------
@@ -130,8 +138,9 @@ class ControlClient:
     async def restart_from_checkpoint(self, job: str) -> dict[str, Any]:
         return await self.call(Op.RESTART, job=job)
 
-    async def console(self, job: str, rank: int | None = None,
-                      text: str | None = None) -> dict[str, Any]:
+    async def console(
+        self, job: str, rank: int | None = None, text: str | None = None
+    ) -> dict[str, Any]:
         """Send ``text`` to the pdb session of ``rank`` (None: the open one); the open
         sessions and the console's messages so far (``chunks``, numbered by ``seq``)."""
         return await self.call(Op.CONSOLE, job=job, rank=rank, text=text)
@@ -146,7 +155,8 @@ class ControlClient:
         """Run request ``seq``: pickled ``results`` and ``errors`` by rank, once complete."""
         return await self.call(Op.RUN_WAIT, job=job, seq=seq, timeout=timeout)
 
-    async def update(self, job: str, changes: dict[str, Any],
-                     timeout: float | None = None) -> dict[str, Any]:
+    async def update(
+        self, job: str, changes: dict[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         """Change hyperparameters before one step on every rank; the request, with ``step``."""
         return await self.call(Op.UPDATE, job=job, changes=changes, timeout=timeout)

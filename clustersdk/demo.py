@@ -22,14 +22,20 @@ def spirals(n: int = 4096, classes: int = 3, seed: int = 0) -> torch.utils.data.
     per = n // classes
     r = torch.linspace(0.1, 1.0, per).repeat(classes)
     label = torch.arange(classes).repeat_interleave(per)
-    theta = label * (2 * math.pi / classes) + r * 3 * math.pi + 0.2 * torch.randn(per * classes, generator=g)
+    theta = (
+        label * (2 * math.pi / classes)
+        + r * 3 * math.pi
+        + 0.2 * torch.randn(per * classes, generator=g)
+    )
     x = torch.stack([r * torch.cos(theta), r * torch.sin(theta)], dim=1)
     return torch.utils.data.TensorDataset(x, label)
 
 
 def classifier() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(2, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 3))
+    return nn.Sequential(
+        nn.Linear(2, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 3)
+    )
 
 
 def train(ctx, steps: int = 400, batch_size: int = 64, lr: float = 3e-3) -> dict[str, Any]:

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 #: Every kind of diagnosis, and what it is called in a sentence.
 KINDS: dict[str, str] = {
@@ -80,8 +81,9 @@ class Diagnosis:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"unknown diagnosis kind {self.kind!r}; expected one of "
-                             f"{', '.join(KINDS)}")
+            raise ValueError(
+                f"unknown diagnosis kind {self.kind!r}; expected one of {', '.join(KINDS)}"
+            )
 
     def __str__(self) -> str:
         return f"{self.summary} — {self.advice}"
@@ -135,26 +137,32 @@ CUDA_OOM_ADVICE = (
     "lower the micro-batch (ctx.shard's batch_size) and keep the global batch with grad_accum=; "
     "shard parameters, gradients and optimizer state with strategy='fsdp'; recompute "
     "activations in the backward pass (activation checkpointing, torch.utils.checkpoint); "
-    "precision='bf16' halves activation memory")
+    "precision='bf16' halves activation memory"
+)
 _CUDA_OOM = re.compile(r"CUDA out of memory|CUDA error: out of memory", re.IGNORECASE)
 _TRIED = re.compile(r"Tried to allocate ([\d.]+ \w+)")
 # torch >= 2.1 ("capacty" in 2.1), then the older "(GPU 0; 6.00 GiB total capacity; ...)"
-_CAPACITY = (re.compile(r"total capac\w* of ([\d.]+ \w+) of which ([\d.]+ \w+) is free"),
-             re.compile(r"([\d.]+ \w+) total capacity;.*?([\d.]+ \w+) free"))
+_CAPACITY = (
+    re.compile(r"total capac\w* of ([\d.]+ \w+) of which ([\d.]+ \w+) is free"),
+    re.compile(r"([\d.]+ \w+) total capacity;.*?([\d.]+ \w+) free"),
+)
 
 
 def _cuda_oom(error: Mapping[str, Any]) -> Diagnosis | None:
     text = _text(error)
-    if not (_CUDA_OOM.search(text) or (error.get("type") == "OutOfMemoryError"
-                                       and "cpu" not in text.lower())):
+    if not (
+        _CUDA_OOM.search(text)
+        or (error.get("type") == "OutOfMemoryError" and "cpu" not in text.lower())
+    ):
         return None
     memory = _facts(error, "memory")
     peak, reserved, total = (memory.get(k) for k in ("max_allocated", "max_reserved", "total"))
     device = f" ({memory['device']})" if memory.get("device") else ""
     parts = []
     if peak is not None:
-        parts.append(f"peak {fmt_bytes(peak)} allocated" + (f" of {fmt_bytes(total)}"
-                                                            if total else ""))
+        parts.append(
+            f"peak {fmt_bytes(peak)} allocated" + (f" of {fmt_bytes(total)}" if total else "")
+        )
     tried = _TRIED.search(text)
     capacity = next((m for m in (p.search(text) for p in _CAPACITY) if m), None)
     if tried:
@@ -163,20 +171,30 @@ def _cuda_oom(error: Mapping[str, Any]) -> Diagnosis | None:
         parts.append(f"{capacity.group(2)} free of {capacity.group(1)}")
     advice = CUDA_OOM_ADVICE
     if peak and reserved and total and reserved - peak > 0.2 * total:
-        advice += ("; much memory was reserved but not allocated (fragmentation): "
-                   "env={'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}")
+        advice += (
+            "; much memory was reserved but not allocated (fragmentation): "
+            "env={'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}"
+        )
     summary = f"CUDA out of memory{_on(error.get('rank'))}{device}"
-    return Diagnosis("cuda_oom", summary + (": " + ", ".join(parts) if parts else ""), advice,
-                     detail=_first_line(error), data={k: v for k, v in memory.items()
-                                                      if v is not None})
+    return Diagnosis(
+        "cuda_oom",
+        summary + (": " + ", ".join(parts) if parts else ""),
+        advice,
+        detail=_first_line(error),
+        data={k: v for k, v in memory.items() if v is not None},
+    )
 
 
 HOST_OOM_ADVICE = (
     "lower the batch size, or what each rank holds in host memory (copies of the dataset, "
     "DataLoader num_workers, prefetch=), or give each worker more memory (memory_limit= of "
-    "Cluster.local, dask worker --memory-limit, the pod's or Slurm job's memory)")
-_HOST_OOM = re.compile(r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|"
-                       r"std::bad_alloc", re.IGNORECASE)
+    "Cluster.local, dask worker --memory-limit, the pod's or Slurm job's memory)"
+)
+_HOST_OOM = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory|"
+    r"std::bad_alloc",
+    re.IGNORECASE,
+)
 _CPU_TRIED = re.compile(r"you tried to allocate (\d+) bytes")
 
 
@@ -186,8 +204,12 @@ def _host_oom_raised(error: Mapping[str, Any]) -> Diagnosis | None:
         return None
     tried = _CPU_TRIED.search(text)
     what = f": an allocation of {fmt_bytes(int(tried.group(1)))} failed" if tried else ""
-    return Diagnosis("host_oom", f"host out of memory{_on(error.get('rank'))}{what}",
-                     HOST_OOM_ADVICE, detail=_first_line(error))
+    return Diagnosis(
+        "host_oom",
+        f"host out of memory{_on(error.get('rank'))}{what}",
+        HOST_OOM_ADVICE,
+        detail=_first_line(error),
+    )
 
 
 def _lost_worker(error: Mapping[str, Any]) -> Diagnosis | None:
@@ -198,26 +220,42 @@ def _lost_worker(error: Mapping[str, Any]) -> Diagnosis | None:
     limit, rss, code = facts.get("memory_limit"), facts.get("rss"), facts.get("exitcode")
     worker = facts.get("worker") or "?"
     rank = error.get("rank")
-    signal = f"signal {-code}, {_SIGNALS.get(-code, 'a signal')}" if isinstance(
-        code, int) and code < 0 else ""
+    signal = (
+        f"signal {-code}, {_SIGNALS.get(-code, 'a signal')}"
+        if isinstance(code, int) and code < 0
+        else ""
+    )
     at = f" at RSS {fmt_bytes(rss)}" if rss else ""
     if limit and rss:
         at += f", {100 * rss / limit:.0f}% of its memory_limit {fmt_bytes(limit)}"
     if facts.get("terminated_for_memory"):
         fraction = facts.get("terminate_fraction")
-        why = "; ".join(p for p in (f"over {100 * fraction:.0f}%" if fraction else "", signal)
-                        if p)
-        summary = (f"host out of memory: Dask's nanny terminated worker {worker} (rank "
-                   f"{rank}){at}" + (f" ({why})" if why else ""))
+        why = "; ".join(p for p in (f"over {100 * fraction:.0f}%" if fraction else "", signal) if p)
+        summary = (
+            f"host out of memory: Dask's nanny terminated worker {worker} (rank "
+            f"{rank}){at}" + (f" ({why})" if why else "")
+        )
     elif code == -9 and limit and rss and rss >= NEAR_LIMIT * limit:
-        summary = (f"host out of memory: worker {worker} (rank {rank}) was killed by SIGKILL"
-                   f"{at}: most likely the kernel's OOM killer (dmesg on its host says)")
+        summary = (
+            f"host out of memory: worker {worker} (rank {rank}) was killed by SIGKILL"
+            f"{at}: most likely the kernel's OOM killer (dmesg on its host says)"
+        )
     else:
         return None
-    data = {k: facts[k] for k in ("memory_limit", "rss", "exitcode", "terminate_fraction")
-            if facts.get(k) is not None}
-    return Diagnosis("host_oom", summary, HOST_OOM_ADVICE, detail=str(error.get("message", "")),
-                     worker=facts.get("worker"), host=facts.get("host"), data=data)
+    data = {
+        k: facts[k]
+        for k in ("memory_limit", "rss", "exitcode", "terminate_fraction")
+        if facts.get(k) is not None
+    }
+    return Diagnosis(
+        "host_oom",
+        summary,
+        HOST_OOM_ADVICE,
+        detail=str(error.get("message", "")),
+        worker=facts.get("worker"),
+        host=facts.get("host"),
+        data=data,
+    )
 
 
 _SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 7: "SIGBUS"}
@@ -226,30 +264,45 @@ TIMEOUT_ADVICE = (
     "every rank must run the same collectives in the same order: look for a rank that skips "
     "one (a branch on its rank or its data), runs out of data first, or is stuck (job.stacks() "
     "while it hangs; hang_timeout= and on_hang= catch it before the timeout); if a step "
-    "really takes that long, raise timeout=")
+    "really takes that long, raise timeout="
+)
 RENDEZVOUS_ADVICE = (
     "a rank did not reach the process group's rendezvous in time: look at its log "
     "(job.logs(rank=...)) for a slow import or start, check that every host reaches rank 0's "
-    "address and port (clustersdk doctor), or raise timeout=")
+    "address and port (clustersdk doctor), or raise timeout="
+)
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (recv|send) operation")
-_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\("
-                           r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)\)")
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\("
+    r"SeqNum=(\d+), OpType=(\w+).*?Timeout\(ms\)=(\d+)\)"
+)
 _PAIR_CLOSED = re.compile(r"Application timeout caused pair closure")
-_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients "
-                     r"joined")
-_STORE_WAIT = re.compile(r"wait timeout after (\d+)ms, keys:|client socket has timed out after "
-                         r"(\d+)ms while trying to connect to \(([^,]+), (\d+)\)")
+_JOINED = re.compile(
+    r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients "
+    r"joined"
+)
+_STORE_WAIT = re.compile(
+    r"wait timeout after (\d+)ms, keys:|client socket has timed out after "
+    r"(\d+)ms while trying to connect to \(([^,]+), (\d+)\)"
+)
 
 
 def _collective_timeout(error: Mapping[str, Any]) -> Diagnosis | None:
     text, rank = _text(error), error.get("rank")
     joined, store = _JOINED.search(text), _STORE_WAIT.search(text)
     if joined or store:
-        what = (f"{joined.group(2)}/{joined.group(3)} ranks joined within {joined.group(1)} s"
-                if joined else "a peer never came")
-        return Diagnosis("collective_timeout", f"the rendezvous timed out{_on(rank)}: {what}",
-                         RENDEZVOUS_ADVICE, detail=_first_line(error),
-                         data={"phase": "rendezvous"})
+        what = (
+            f"{joined.group(2)}/{joined.group(3)} ranks joined within {joined.group(1)} s"
+            if joined
+            else "a peer never came"
+        )
+        return Diagnosis(
+            "collective_timeout",
+            f"the rendezvous timed out{_on(rank)}: {what}",
+            RENDEZVOUS_ADVICE,
+            detail=_first_line(error),
+            data={"phase": "rendezvous"},
+        )
     gloo, nccl = _GLOO_TIMEOUT.search(text), _NCCL_TIMEOUT.search(text)
     if not (gloo or nccl or _PAIR_CLOSED.search(text)):
         return None
@@ -257,8 +310,9 @@ def _collective_timeout(error: Mapping[str, Any]) -> Diagnosis | None:
     if gloo:
         data.update(timeout_s=int(gloo.group(1)) / 1000, operation=gloo.group(2))
     elif nccl:
-        data.update(seq=int(nccl.group(1)), operation=nccl.group(2),
-                    timeout_s=int(nccl.group(3)) / 1000)
+        data.update(
+            seq=int(nccl.group(1)), operation=nccl.group(2), timeout_s=int(nccl.group(3)) / 1000
+        )
     where = _facts(error, "where")
     mine = where.get(str(rank)) or where.get(rank) if rank is not None else None
     step = mine.get("step") if mine else None
@@ -272,14 +326,23 @@ def _collective_timeout(error: Mapping[str, Any]) -> Diagnosis | None:
         data.update(reached=reached, missing=[m["rank"] for m in missing])
         summary += f": {_ranks(reached)} reached it"
         if missing:
-            summary += "; " + ", ".join(f"rank {m['rank']} did not (it was in {m['phase']} at "
-                                        f"step {m['step']})" for m in missing)
-    return Diagnosis("collective_timeout", summary, TIMEOUT_ADVICE, detail=_first_line(error),
-                     step=step, data=data)
+            summary += "; " + ", ".join(
+                f"rank {m['rank']} did not (it was in {m['phase']} at step {m['step']})"
+                for m in missing
+            )
+    return Diagnosis(
+        "collective_timeout",
+        summary,
+        TIMEOUT_ADVICE,
+        detail=_first_line(error),
+        step=step,
+        data=data,
+    )
 
 
-def split_ranks(where: Mapping[Any, Mapping[str, Any]], mine: Mapping[str, Any]
-                ) -> tuple[list[int], list[dict[str, Any]]]:
+def split_ranks(
+    where: Mapping[Any, Mapping[str, Any]], mine: Mapping[str, Any]
+) -> tuple[list[int], list[dict[str, Any]]]:
     """The ranks that were where the timed-out rank was (its step and phase), and the
     others with their step and phase."""
     reached, missing = [], []
@@ -295,9 +358,12 @@ def split_ranks(where: Mapping[Any, Mapping[str, Any]], mine: Mapping[str, Any]
 DUPLICATE_GPU_ADVICE = (
     "each rank needs a GPU of its own: one Dask worker per GPU, each seeing only its GPU "
     "(CUDA_VISIBLE_DEVICES; Cluster.local and Cluster.ssh(gpus_per_host=) do this); don't "
-    "call torch.cuda.set_device or move the model to another cuda:N in the training function")
-_DUPLICATE = re.compile(r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA "
-                        r"device (\w+)")
+    "call torch.cuda.set_device or move the model to another cuda:N in the training function"
+)
+_DUPLICATE = re.compile(
+    r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA "
+    r"device (\w+)"
+)
 
 
 def _duplicate_gpu(error: Mapping[str, Any]) -> Diagnosis | None:
@@ -305,18 +371,24 @@ def _duplicate_gpu(error: Mapping[str, Any]) -> Diagnosis | None:
     if not found:
         return None
     a, b, device = int(found.group(1)), int(found.group(2)), found.group(3)
-    return Diagnosis("duplicate_gpu", f"ranks {a} and {b} are on the same GPU (CUDA device "
-                     f"{device})", DUPLICATE_GPU_ADVICE, detail=_first_line(error),
-                     data={"ranks": [a, b], "device": device})
+    return Diagnosis(
+        "duplicate_gpu",
+        f"ranks {a} and {b} are on the same GPU (CUDA device {device})",
+        DUPLICATE_GPU_ADVICE,
+        detail=_first_line(error),
+        data={"ranks": [a, b], "device": device},
+    )
 
 
 PORT_ADVICE = (
     "another process holds that port on that host: find it (ss -ltnp on the host) and stop "
     "it; don't pin a port in the training function (MASTER_PORT is chosen for you); or give "
     "the rendezvous a wider range of free ports (clustersdk.rendezvous-ports, rendezvous_ports= "
-    "of Cluster.ssh)")
-_IN_USE = re.compile(r"EADDRINUSE|address already in use|Errno 98\b|ports? .* (is|are) in use",
-                     re.IGNORECASE)
+    "of Cluster.ssh)"
+)
+_IN_USE = re.compile(
+    r"EADDRINUSE|address already in use|Errno 98\b|ports? .* (is|are) in use", re.IGNORECASE
+)
 _PORTS = (re.compile(r"rendezvous range (\d+-\d+)"), re.compile(r"\bport:? (\d+)"))
 
 
@@ -326,18 +398,26 @@ def _port_in_use(error: Mapping[str, Any]) -> Diagnosis | None:
         return None
     found = next((m for m in (p.search(text) for p in _PORTS) if m), None)
     port = found.group(1) if found else None
-    what = f"port {port}" if port and "-" not in port else (
-        f"every port of the rendezvous range {port}" if port else "a port")
-    return Diagnosis("port_in_use", f"{what} is already in use{_on(error.get('rank'))}",
-                     PORT_ADVICE, detail=_first_line(error),
-                     data={"port": port} if port else {})
+    what = (
+        f"port {port}"
+        if port and "-" not in port
+        else (f"every port of the rendezvous range {port}" if port else "a port")
+    )
+    return Diagnosis(
+        "port_in_use",
+        f"{what} is already in use{_on(error.get('rank'))}",
+        PORT_ADVICE,
+        detail=_first_line(error),
+        data={"port": port} if port else {},
+    )
 
 
 NONFINITE_ADVICE = (
     "look at the batch of that step (bad samples, a division by zero or log(0) in "
     "preprocessing); lower the learning rate or warm it up; clip gradients (clip_grad_norm=); "
     "prefer precision='bf16' to 'fp16'; on_nan='rollback' restarts from the newest checkpoint "
-    "without that batch")
+    "without that batch"
+)
 _ANOMALY = re.compile(r"returned nan values|Function '(\w+)' returned nan", re.IGNORECASE)
 
 
@@ -345,14 +425,23 @@ def _nonfinite_raised(error: Mapping[str, Any]) -> Diagnosis | None:
     found = _ANOMALY.search(_text(error))
     if not found:
         return None
-    return Diagnosis("nonfinite", f"autograd found NaN values{_on(error.get('rank'))}",
-                     NONFINITE_ADVICE, detail=_first_line(error))
+    return Diagnosis(
+        "nonfinite",
+        f"autograd found NaN values{_on(error.get('rank'))}",
+        NONFINITE_ADVICE,
+        detail=_first_line(error),
+    )
 
 
 # most specific first: a DistBackendError about a duplicate GPU is not a timeout
 RULES: tuple[Callable[[Mapping[str, Any]], Diagnosis | None], ...] = (
-    _cuda_oom, _duplicate_gpu, _port_in_use, _lost_worker, _host_oom_raised,
-    _collective_timeout, _nonfinite_raised,
+    _cuda_oom,
+    _duplicate_gpu,
+    _port_in_use,
+    _lost_worker,
+    _host_oom_raised,
+    _collective_timeout,
+    _nonfinite_raised,
 )
 
 
@@ -360,48 +449,80 @@ RULES: tuple[Callable[[Mapping[str, Any]], Diagnosis | None], ...] = (
 _POLICY_NAN = {
     "report": "the job goes on (on_nan='report')",
     "pause": "every rank paused before step {next} (on_nan='pause'): resume() goes on, stop() "
-             "ends it",
+    "ends it",
     "rollback": "the job restarts from its newest checkpoint and drops step {step}'s batch "
-                "(on_nan='rollback')",
+    "(on_nan='rollback')",
     "fail": "the job failed (on_nan='fail')",
 }
 
 
-def nonfinite(rank: int | None, step: int, values: Mapping[str, float], policy: str
-              ) -> Diagnosis:
+def nonfinite(rank: int | None, step: int, values: Mapping[str, float], policy: str) -> Diagnosis:
     """A watched scalar (a loss, a gradient norm) was NaN or Inf at ``step``."""
     shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items())) or "a non-finite value"
-    return Diagnosis("nonfinite", f"non-finite {shown} at step {step}{_on(rank)}",
-                     NONFINITE_ADVICE, detail=_POLICY_NAN[policy].format(step=step,
-                                                                         next=step + 1),
-                     rank=rank, step=step, data={"values": {k: str(v) for k, v in
-                                                           values.items()}, "policy": policy})
+    return Diagnosis(
+        "nonfinite",
+        f"non-finite {shown} at step {step}{_on(rank)}",
+        NONFINITE_ADVICE,
+        detail=_POLICY_NAN[policy].format(step=step, next=step + 1),
+        rank=rank,
+        step=step,
+        data={"values": {k: str(v) for k, v in values.items()}, "policy": policy},
+    )
 
 
-def loss_spike(rank: int, step: int, value: float, median: float, mad: float, score: float,
-               window: int, paused: bool, mean: float | None = None,
-               ranks: int = 1, scale: float | None = None) -> Diagnosis:
+def loss_spike(
+    rank: int,
+    step: int,
+    value: float,
+    median: float,
+    mad: float,
+    score: float,
+    window: int,
+    paused: bool,
+    mean: float | None = None,
+    ranks: int = 1,
+    scale: float | None = None,
+) -> Diagnosis:
     """The loss at ``step`` (``mean`` over ``ranks`` ranks) is far above its recent scale
     (``scale``: the highest loss of the last ``window`` steps); ``rank``'s slice of the
     batch had the highest loss, ``value``."""
     then = "the job pauses (on_spike='pause')" if paused else "the job goes on"
     mean = value if mean is None else mean
-    where = (f"{mean:.4g} (the mean of {ranks} ranks; rank {rank}'s {value:.4g} the highest)"
-             if ranks > 1 else f"{value:.4g}{_on(rank)}")
-    against = (f"{mean / scale:.0f}x the highest loss of the last {window} steps ({scale:.4g}; "
-               f"median {median:.4g})" if scale else
-               f"a median of {median:.4g} over the last {window} steps")
+    where = (
+        f"{mean:.4g} (the mean of {ranks} ranks; rank {rank}'s {value:.4g} the highest)"
+        if ranks > 1
+        else f"{value:.4g}{_on(rank)}"
+    )
+    against = (
+        f"{mean / scale:.0f}x the highest loss of the last {window} steps ({scale:.4g}; "
+        f"median {median:.4g})"
+        if scale
+        else f"a median of {median:.4g} over the last {window} steps"
+    )
     return Diagnosis(
-        "loss_spike", f"loss spike at step {step}: {where}, {against}",
+        "loss_spike",
+        f"loss spike at step {step}: {where}, {against}",
         "look at the batch of that step (outliers, mislabeled or corrupted samples); lower the "
         "learning rate or warm it up, or clip gradients (clip_grad_norm=)",
-        detail=then, rank=rank, step=step,
-        data={"value": value, "mean": mean, "ranks": ranks, "median": median, "mad": mad,
-              "score": score, "window": window, "scale": scale})
+        detail=then,
+        rank=rank,
+        step=step,
+        data={
+            "value": value,
+            "mean": mean,
+            "ranks": ranks,
+            "median": median,
+            "mad": mad,
+            "score": score,
+            "window": window,
+            "scale": scale,
+        },
+    )
 
 
-def version_mismatch(versions: Mapping[int, Mapping[str, Any]],
-                     hosts: Mapping[int, str] | None = None) -> Diagnosis | None:
+def version_mismatch(
+    versions: Mapping[int, Mapping[str, Any]], hosts: Mapping[int, str] | None = None
+) -> Diagnosis | None:
     """Ranks that report different versions of what must agree, or None when all do."""
     hosts = hosts or {}
     differing: dict[str, dict[str, list[int]]] = {}
@@ -418,14 +539,20 @@ def version_mismatch(versions: Mapping[int, Mapping[str, Any]],
     parts = []
     for key, seen in differing.items():
         ordered = sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-        parts.append(f"{key} " + ", ".join(
-            f"{value} on {_ranks(ranks)}{_where(ranks, hosts)}" for value, ranks in ordered))
+        parts.append(
+            f"{key} "
+            + ", ".join(
+                f"{value} on {_ranks(ranks)}{_where(ranks, hosts)}" for value, ranks in ordered
+            )
+        )
     return Diagnosis(
-        "version_mismatch", "ranks run different versions: " + "; ".join(parts),
+        "version_mismatch",
+        "ranks run different versions: " + "; ".join(parts),
         "install the same versions in every worker's environment (clustersdk doctor lists "
         "them per host); mixed torch or NCCL versions fail or hang in collectives",
         detail="found as the ranks started; the job goes on",
-        data={"versions": {key: seen for key, seen in differing.items()}})
+        data={"versions": {key: seen for key, seen in differing.items()}},
+    )
 
 
 def _where(ranks: list[int], hosts: Mapping[int, str]) -> str:
@@ -443,8 +570,18 @@ def _first_line(error: Mapping[str, Any]) -> str:
     """The line of the message that says most: the error's own, not a C++ frame."""
     lines = [ln.strip() for ln in str(error.get("message", "")).splitlines() if ln.strip()]
     for line in lines:
-        if any(p.search(line) for p in (_CUDA_OOM, _DUPLICATE, _IN_USE, _GLOO_TIMEOUT,
-                                        _NCCL_TIMEOUT, _JOINED, _HOST_OOM)):
+        if any(
+            p.search(line)
+            for p in (
+                _CUDA_OOM,
+                _DUPLICATE,
+                _IN_USE,
+                _GLOO_TIMEOUT,
+                _NCCL_TIMEOUT,
+                _JOINED,
+                _HOST_OOM,
+            )
+        ):
             return line[:500]
     return lines[0][:500] if lines else ""
 

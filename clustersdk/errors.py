@@ -67,8 +67,14 @@ class AccessDeniedError(ClusterSDKError):
     "'bob' may not stop job 'a': it is 'alice''s"
     """
 
-    def __init__(self, message: str, job: str | None = None, owner: str | None = None,
-                 identity: str | None = None, action: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        job: str | None = None,
+        owner: str | None = None,
+        identity: str | None = None,
+        action: str | None = None,
+    ):
         # every field in args: the error crosses the wire pickled, and comes back whole
         super().__init__(message, job, owner, identity, action)
         self.job, self.owner, self.identity, self.action = job, owner, identity, action
@@ -144,9 +150,16 @@ class JobFailedError(ClusterSDKError):
     ``diagnosis`` (a :class:`~clustersdk.Diagnosis`: what went wrong, what to do).
     """
 
-    def __init__(self, job: str, rank: int, exc_type: str, message: str, traceback: str,
-                 consequences: list[dict[str, Any]] | None = None,
-                 diagnosis: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        job: str,
+        rank: int,
+        exc_type: str,
+        message: str,
+        traceback: str,
+        consequences: list[dict[str, Any]] | None = None,
+        diagnosis: dict[str, Any] | None = None,
+    ):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
@@ -165,17 +178,24 @@ class JobFailedError(ClusterSDKError):
         else:
             text = f"job {job!r} failed: rank {rank} raised {exc_type}: {message}"
         if self.diagnosis is not None:
-            text += (f"\n\nDiagnosis: {self.diagnosis.summary}\n"
-                     f"What to do: {self.diagnosis.advice}")
+            text += f"\n\nDiagnosis: {self.diagnosis.summary}\nWhat to do: {self.diagnosis.advice}"
         if self.consequences:
             text += "\n\nThen, as a consequence:" + "".join(
                 f"\n  rank {c.get('rank')} raised {c.get('type')}: {c.get('message')}"
-                for c in self.consequences)
+                for c in self.consequences
+            )
         if traceback:
             text += f"\n\nRemote traceback (rank {rank}):\n{traceback}"
         super().__init__(text)
 
     @classmethod
     def from_record(cls, job: str, error: dict[str, Any]) -> JobFailedError:
-        return cls(job, error["rank"], error["type"], error["message"], error["traceback"],
-                   error.get("consequences"), error.get("diagnosis"))
+        return cls(
+            job,
+            error["rank"],
+            error["type"],
+            error["message"],
+            error["traceback"],
+            error.get("consequences"),
+            error.get("diagnosis"),
+        )

@@ -36,7 +36,8 @@ Pure: it imports nothing, so every tier may use it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _providers: dict[str, Callable[..., Any]] = {}
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import SpecError
 
@@ -60,25 +61,33 @@ def check_hparams(hparams: Any) -> dict[str, Any] | None:
     if hparams is None:
         return None
     if not isinstance(hparams, Mapping):
-        raise SpecError(f"hparams must be a dict of names to numbers, strings or booleans, got "
-                        f"{type(hparams).__name__}")
+        raise SpecError(
+            f"hparams must be a dict of names to numbers, strings or booleans, got "
+            f"{type(hparams).__name__}"
+        )
     out = {}
     for key, value in hparams.items():
         if not isinstance(key, str) or not key.isidentifier():
             raise SpecError(f"hparams: {key!r} is not a valid name (use a Python identifier)")
         if key in BUILTIN:
-            raise SpecError(f"hparams: {key!r} is a built-in key of job.update (it changes the "
-                            "optimizers or the launch option of that name); pick another name")
-        if not isinstance(value, HPARAM_TYPES) or (isinstance(value, float)
-                                                   and not math.isfinite(value)):
-            raise SpecError(f"hparams: {key}={value!r} must be a finite number, a string or a "
-                            "boolean (job.update checks new values against its type)")
+            raise SpecError(
+                f"hparams: {key!r} is a built-in key of job.update (it changes the "
+                "optimizers or the launch option of that name); pick another name"
+            )
+        if not isinstance(value, HPARAM_TYPES) or (
+            isinstance(value, float) and not math.isfinite(value)
+        ):
+            raise SpecError(
+                f"hparams: {key}={value!r} must be a finite number, a string or a "
+                "boolean (job.update checks new values against its type)"
+            )
         out[key] = value
     return out
 
 
-def check(changes: Mapping[str, Any], spec: Any, info: Mapping[int, Mapping[str, Any]] | None
-          ) -> dict[str, Any]:
+def check(
+    changes: Mapping[str, Any], spec: Any, info: Mapping[int, Mapping[str, Any]] | None
+) -> dict[str, Any]:
     """``changes`` (``job.update``'s keywords) checked and normalized, or a SpecError.
 
     ``spec`` is the job's :class:`~clustersdk.protocol.WireSpec`; ``info`` what its ranks
@@ -97,8 +106,10 @@ def check(changes: Mapping[str, Any], spec: Any, info: Mapping[int, Mapping[str,
             out[key] = _hparam(key, value, hparams[key])
         else:
             mine = ", ".join(sorted(hparams)) or "none: launch(hparams={...}) names them"
-            raise SpecError(f"job.update({key}=...): unknown key; it changes "
-                            f"{', '.join(BUILTIN)} and the job's hparams ({mine})")
+            raise SpecError(
+                f"job.update({key}=...): unknown key; it changes "
+                f"{', '.join(BUILTIN)} and the job's hparams ({mine})"
+            )
     return out
 
 
@@ -140,8 +151,13 @@ def _what(key: str, value: Any) -> str:
 
 
 def _number(key: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         bound = "> 0" if positive else ">= 0"
         raise SpecError(f"{_what(key, value)}: {key} must be a finite number {bound}")
     return float(value)
@@ -154,12 +170,18 @@ def _count(key: str, value: Any, what: str) -> int:
 
 
 def _betas(key: str, value: Any) -> list[float]:
-    ok = (isinstance(value, (list, tuple)) and len(value) == 2
-          and all(not isinstance(b, bool) and isinstance(b, numbers.Real)
-                  and 0.0 <= b < 1.0 for b in value))
+    ok = (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(
+            not isinstance(b, bool) and isinstance(b, numbers.Real) and 0.0 <= b < 1.0
+            for b in value
+        )
+    )
     if not ok:
-        raise SpecError(f"{_what(key, value)}: betas must be two numbers in [0, 1), e.g. "
-                        "(0.9, 0.999)")
+        raise SpecError(
+            f"{_what(key, value)}: betas must be two numbers in [0, 1), e.g. (0.9, 0.999)"
+        )
     return [float(b) for b in value]
 
 
@@ -167,8 +189,9 @@ def _optimizer_value(key: str, value: Any) -> Any:
     return _betas(key, value) if key == "betas" else _number(key, value)
 
 
-def _optimizer_change(key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None
-                      ) -> dict[str, Any]:
+def _optimizer_change(
+    key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None
+) -> dict[str, Any]:
     optimizers = _optimizers(key, value, info)
     if isinstance(value, Mapping):  # per group: {group index: value}
         out = {}
@@ -180,7 +203,8 @@ def _optimizer_change(key: str, value: Any, info: Mapping[int, Mapping[str, Any]
                     raise SpecError(
                         f"{_what(key, value)}: group {index} does not exist; optimizer "
                         f"{name!r} ({opt.get('type', '?')}) has {count} param group(s), "
-                        f"0 to {count - 1}")
+                        f"0 to {count - 1}"
+                    )
                 _has_key(key, value, name, opt, [index])
             out[f"{key}[{index}]"] = _optimizer_value(key, v)
         if not out:
@@ -191,12 +215,15 @@ def _optimizer_change(key: str, value: Any, info: Mapping[int, Mapping[str, Any]
     return {key: _optimizer_value(key, value)}
 
 
-def _optimizers(key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None
-                ) -> dict[str, Mapping[str, Any]]:
+def _optimizers(
+    key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None
+) -> dict[str, Mapping[str, Any]]:
     if not info:
-        raise SpecError(f"{_what(key, value)}: the ranks report their optimizers after their "
-                        "first step, and no rank has finished one yet; try again once the "
-                        "job has run a step")
+        raise SpecError(
+            f"{_what(key, value)}: the ranks report their optimizers after their "
+            "first step, and no rank has finished one yet; try again once the "
+            "job has run a step"
+        )
     optimizers: dict[str, Mapping[str, Any]] = {}
     for rank in sorted(info):  # every rank's (pipeline stages hold different groups)
         for name, opt in (info[rank].get("optimizers") or {}).items():
@@ -204,8 +231,10 @@ def _optimizers(key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | No
             if known is None or len(opt["groups"]) < len(known["groups"]):
                 optimizers[name] = opt
     if not optimizers:
-        raise SpecError(f"{_what(key, value)}: the training function registered no optimizer; "
-                        "call ctx.register(optimizer=opt) so that job.update can reach it")
+        raise SpecError(
+            f"{_what(key, value)}: the training function registered no optimizer; "
+            "call ctx.register(optimizer=opt) so that job.update can reach it"
+        )
     return optimizers
 
 
@@ -213,8 +242,10 @@ def _group_index(key: str, value: Any, group: Any) -> int:
     if isinstance(group, str) and group.isdigit():
         group = int(group)  # a JSON object's keys are strings
     if isinstance(group, bool) or not isinstance(group, int) or group < 0:
-        raise SpecError(f"{_what(key, value)}: {group!r} is not a param group index (use "
-                        f"ints, e.g. {key}={{0: ..., 1: ...}})")
+        raise SpecError(
+            f"{_what(key, value)}: {group!r} is not a param group index (use "
+            f"ints, e.g. {key}={{0: ..., 1: ...}})"
+        )
     return group
 
 
@@ -222,9 +253,11 @@ def _has_key(key: str, value: Any, name: str, opt: Mapping[str, Any], groups: An
     for index in groups:
         held = opt["groups"][index]
         if key not in held:
-            raise SpecError(f"{_what(key, value)}: optimizer {name!r} ({opt.get('type', '?')}) "
-                            f"has no {key!r} in param group {index}; it has "
-                            f"{', '.join(sorted(held))}")
+            raise SpecError(
+                f"{_what(key, value)}: optimizer {name!r} ({opt.get('type', '?')}) "
+                f"has no {key!r} in param group {index}; it has "
+                f"{', '.join(sorted(held))}"
+            )
 
 
 def _calls(info: Mapping[int, Mapping[str, Any]] | None) -> set[str] | None:
@@ -240,39 +273,51 @@ def _clip(value: Any, spec: Any, info: Any) -> float | None:
     clip = _number("clip_grad_norm", value, positive=True)
     calls = _calls(info)
     if calls is not None and "optimizer_step" not in calls:
-        raise SpecError(f"{_what('clip_grad_norm', value)}: clipping takes effect through "
-                        "ctx.optimizer_step or ctx.train_step, which this training function "
-                        "does not call")
+        raise SpecError(
+            f"{_what('clip_grad_norm', value)}: clipping takes effect through "
+            "ctx.optimizer_step or ctx.train_step, which this training function "
+            "does not call"
+        )
     return clip
 
 
 def _accum(value: Any, spec: Any, info: Any) -> int:
     accum = _count("grad_accum", value, "micro-batches per optimizer step")
     if spec.strategy == "pp":
-        raise SpecError(f"{_what('grad_accum', value)}: under strategy='pp' the pipeline "
-                        "schedule cuts each batch into its micro-batches, and its number can't "
-                        "change while the job runs; launch again with grad_accum=")
+        raise SpecError(
+            f"{_what('grad_accum', value)}: under strategy='pp' the pipeline "
+            "schedule cuts each batch into its micro-batches, and its number can't "
+            "change while the job runs; launch again with grad_accum="
+        )
     calls = _calls(info)
     if calls is None:
-        raise SpecError(f"{_what('grad_accum', value)}: the ranks report their batch after "
-                        "their first step, and no rank has finished one yet; try again once "
-                        "the job has run a step")
+        raise SpecError(
+            f"{_what('grad_accum', value)}: the ranks report their batch after "
+            "their first step, and no rank has finished one yet; try again once "
+            "the job has run a step"
+        )
     if accum > 1 and "micro_batches" not in calls:
-        raise SpecError(f"{_what('grad_accum', value)}: gradient accumulation takes effect "
-                        "through ctx.micro_batches or ctx.train_step, which this training "
-                        "function does not call")
+        raise SpecError(
+            f"{_what('grad_accum', value)}: gradient accumulation takes effect "
+            "through ctx.micro_batches or ctx.train_step, which this training "
+            "function does not call"
+        )
     for rank in sorted(info):
         batch = info[rank].get("batch")
         if batch and batch % accum:
-            raise SpecError(f"{_what('grad_accum', value)}: grad_accum must divide the batch "
-                            f"of each rank, and rank {rank}'s is {batch} samples")
+            raise SpecError(
+                f"{_what('grad_accum', value)}: grad_accum must divide the batch "
+                f"of each rank, and rank {rank}'s is {batch} samples"
+            )
     return accum
 
 
 def _every(value: Any, spec: Any, info: Any) -> int | None:
     if not spec.checkpoint_dir:
-        raise SpecError(f"{_what('checkpoint_every', value)}: the job has no checkpoint_dir; "
-                        "launch it with checkpoint_dir=... to checkpoint")
+        raise SpecError(
+            f"{_what('checkpoint_every', value)}: the job has no checkpoint_dir; "
+            "launch it with checkpoint_dir=... to checkpoint"
+        )
     if value is None:
         return None
     return _count("checkpoint_every", value, "steps between checkpoints")
@@ -282,8 +327,12 @@ def _interval(value: Any, spec: Any, info: Any) -> float:
     return _number("metrics_interval", value, positive=True)
 
 
-_SPEC_CHECKS = {"clip_grad_norm": _clip, "grad_accum": _accum, "checkpoint_every": _every,
-                "metrics_interval": _interval}
+_SPEC_CHECKS = {
+    "clip_grad_norm": _clip,
+    "grad_accum": _accum,
+    "checkpoint_every": _every,
+    "metrics_interval": _interval,
+}
 
 
 def _hparam(key: str, value: Any, launched: Any) -> Any:
@@ -292,11 +341,18 @@ def _hparam(key: str, value: Any, launched: Any) -> Any:
     if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not kind or (kind is float and not math.isfinite(value)):
-        raise SpecError(f"{_what(key, value)}: ctx.hparams[{key!r}] is a {kind.__name__} "
-                        f"(launched as {launched!r}); give a {kind.__name__}")
+        raise SpecError(
+            f"{_what(key, value)}: ctx.hparams[{key!r}] is a {kind.__name__} "
+            f"(launched as {launched!r}); give a {kind.__name__}"
+        )
     return value
 
 
 def _show(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else repr(value) if isinstance(value, str) \
+    return (
+        f"{value:g}"
+        if isinstance(value, float)
+        else repr(value)
+        if isinstance(value, str)
         else str(value)
+    )

@@ -24,7 +24,8 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -150,8 +151,11 @@ class Job:
         """Every diagnosis of the job, oldest first (kept with its durable events)."""
         from .diagnosis import Diagnosis
 
-        return [Diagnosis.from_dict(e["diagnosis"]) for e in self.events()
-                if e.get("kind") == "diagnosis" and e.get("diagnosis")]
+        return [
+            Diagnosis.from_dict(e["diagnosis"])
+            for e in self.events()
+            if e.get("kind") == "diagnosis" and e.get("diagnosis")
+        ]
 
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error, the newest
@@ -188,8 +192,7 @@ class Job:
             except Exception:  # the cluster is gone: keep what we know
                 pass
         with self._lock:
-            return {rank: dict(row) for rank, row in self._latest.items()
-                    if rank < self.world_size}
+            return {rank: dict(row) for rank, row in self._latest.items() if rank < self.world_size}
 
     def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(msg)`` for every status change and metrics batch (from Dask's loop)."""
@@ -254,9 +257,14 @@ class Job:
             raise JobStoppedError(f"job {self.name!r} was stopped before it returned a result")
         return cloudpickle.loads(record["result"])
 
-    def history(self, since: int = 0, limit: int | None = None, *,
-                last_steps: int | None = None, rank: int | None = None
-                ) -> list[dict[str, Any]]:
+    def history(
+        self,
+        since: int = 0,
+        limit: int | None = None,
+        *,
+        last_steps: int | None = None,
+        rank: int | None = None,
+    ) -> list[dict[str, Any]]:
         """Logged rows after sequence number ``since``: seq, rank, step, time, scalars,
         in the order they came. ``last_steps``: only the newest that many steps;
         ``rank``: only that rank's rows (both in step order, then rank).
@@ -267,11 +275,18 @@ class Job:
         >>> job.history(last_steps=100, rank=0)[-1]["loss"]     # doctest: +SKIP
         1.93
         """
-        return list(self.cluster.sync(self.cluster.control.history, self.id, since=since,
-                                      limit=limit, last_steps=last_steps, rank=rank))
+        return list(
+            self.cluster.sync(
+                self.cluster.control.history,
+                self.id,
+                since=since,
+                limit=limit,
+                last_steps=last_steps,
+                rank=rank,
+            )
+        )
 
-    def steps(self, last: int | None = None, since_step: int | None = None
-              ) -> list[dict[str, Any]]:
+    def steps(self, last: int | None = None, since_step: int | None = None) -> list[dict[str, Any]]:
         """One row per step, oldest first: ``step``, ``time`` (of its newest row),
         ``ranks`` (how many logged it) and ``scalars``: per name its ``mean``, ``min``
         and ``max`` over the ranks and ``ranks`` (how many logged it). Only the newest
@@ -281,28 +296,32 @@ class Job:
         [{'step': 999, 'time': 1733.2, 'ranks': 1024,
           'scalars': {'loss': {'mean': 1.93, 'min': 1.71, 'max': 2.30, 'ranks': 1024}}}]
         """
-        return list(self.cluster.sync(self.cluster.control.steps, self.id, last=last,
-                                      since_step=since_step))
+        return list(
+            self.cluster.sync(self.cluster.control.steps, self.id, last=last, since_step=since_step)
+        )
 
     def system(self, since: int = 0) -> list[dict[str, Any]]:
         """GPU samples per rank (utilisation, memory, temperature, power) or, without a
         GPU, CPU, memory and network samples; ``source`` says which ("nvml"/"psutil")."""
         return list(self.cluster.sync(self.cluster.control.system, self.id, since=since))
 
-    def phases(self, since: int = 0, limit: int | None = None, tail: int | None = None
-               ) -> list[dict[str, Any]]:
+    def phases(
+        self, since: int = 0, limit: int | None = None, tail: int | None = None
+    ) -> list[dict[str, Any]]:
         """Where each step's time went, per rank (the first ``limit`` rows after ``since``,
         or only the newest ``tail``): seq, rank, step and the seconds of
         ``data``, ``compute``, ``optimizer``, ``checkpoint``, ``sync`` and the step's
         ``total`` (see :mod:`clustersdk.runtime.phases` for what each one counts)."""
-        return list(self.cluster.sync(self.cluster.control.phases, self.id, since=since,
-                                      limit=limit, tail=tail))
+        return list(
+            self.cluster.sync(
+                self.cluster.control.phases, self.id, since=since, limit=limit, tail=tail
+            )
+        )
 
     def log_lines(self, rank: int | None = None, since: int = 0) -> list[dict[str, Any]]:
         """Log lines after sequence number ``since`` (of one rank, or every rank):
         seq, rank, time, stream ("stdout", "stderr", "log") and text."""
-        return list(self.cluster.sync(self.cluster.control.logs, self.id, rank=rank,
-                                      since=since))
+        return list(self.cluster.sync(self.cluster.control.logs, self.id, rank=rank, since=since))
 
     def logs(self, rank: int = 0) -> str:
         """What rank ``rank`` printed or logged, as text."""
@@ -320,14 +339,14 @@ class Job:
     def resume(self, world_size: int | None = None) -> JobStatus:
         """Continue a PAUSED job, or queue a SUSPENDED one again (optionally at another
         ``world_size``; the global batch stays the same)."""
-        self._record = self.cluster.sync(self.cluster.control.resume, self.id,
-                                         world_size=world_size)
+        self._record = self.cluster.sync(
+            self.cluster.control.resume, self.id, world_size=world_size
+        )
         return JobStatus[self._record["status"]]
 
     def checkpoint(self, timeout: float | None = None) -> str:
         """Checkpoint at the next step boundary; return the committed checkpoint's path."""
-        self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id,
-                                         timeout=timeout)
+        self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id, timeout=timeout)
         return self._record["checkpoint"]
 
     def suspend(self, timeout: float | None = None) -> str:
@@ -338,8 +357,7 @@ class Job:
         self._record = self.cluster.sync(self.cluster.control.suspend, self.id, timeout=timeout)
         return self._record["checkpoint"]
 
-    def profile(self, steps: int = 5, wait: bool = True, timeout: float | None = None
-                ) -> Profile:
+    def profile(self, steps: int = 5, wait: bool = True, timeout: float | None = None) -> Profile:
         """Capture ``torch.profiler`` traces of the next ``steps`` steps on every rank.
 
         No restart: the ranks start at the next agreed step boundary (a PAUSED job's:
@@ -352,18 +370,24 @@ class Job:
         profile #1 of job 'a': 5 steps, complete
           rank 0: steps 120-124  21.4 ms: compute 93%, communication 5%, data wait 2% ...
         """
-        entry = self.cluster.sync(self.cluster.control.profile, self.id, steps, timeout=timeout,
-                                  wait=wait)
+        entry = self.cluster.sync(
+            self.cluster.control.profile, self.id, steps, timeout=timeout, wait=wait
+        )
         return Profile(self, entry)
 
     def profiles(self) -> list[Profile]:
         """Every profile taken of this job, oldest first."""
         record = self.info()
-        return [Profile(self, {**p, "status": record["status"]})
-                for p in record.get("profiles") or ()]
+        return [
+            Profile(self, {**p, "status": record["status"]}) for p in record.get("profiles") or ()
+        ]
 
-    def run(self, fn: Callable[[Any], Any], ranks: int | Iterable[int] | None = None,
-            timeout: float | None = 60.0) -> dict[int, Any]:
+    def run(
+        self,
+        fn: Callable[[Any], Any],
+        ranks: int | Iterable[int] | None = None,
+        timeout: float | None = 60.0,
+    ) -> dict[int, Any]:
         """Run ``fn(ctx)`` on ``ranks`` (default: every rank) of a RUNNING or PAUSED job,
         in each rank's own training thread, at its next step boundary (a PAUSED job's: at
         once); return ``{rank: result}``.
@@ -383,12 +407,20 @@ class Job:
         """
         if not callable(fn):
             raise SpecError(f"job.run needs a function of ctx, got {fn!r}")
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, numbers.Real) or timeout <= 0):
-            raise SpecError(f"job.run(timeout={timeout!r}): give a positive number of seconds, "
-                            "or None to wait as long as it takes")
-        chosen = [ranks] if isinstance(ranks, int) and not isinstance(ranks, bool) else \
-            None if ranks is None else list(ranks)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout <= 0
+        ):
+            raise SpecError(
+                f"job.run(timeout={timeout!r}): give a positive number of seconds, "
+                "or None to wait as long as it takes"
+            )
+        chosen = (
+            [ranks]
+            if isinstance(ranks, int) and not isinstance(ranks, bool)
+            else None
+            if ranks is None
+            else list(ranks)
+        )
         try:
             payload = cloudpickle.dumps(fn)
         except Exception as e:
@@ -396,21 +428,33 @@ class Job:
             raise SpecError(
                 f"job.run: the function {what} can't be pickled ({type(e).__name__}: {e}); it "
                 "must be picklable to reach the ranks — leave open files, locks, sockets or "
-                "clients out of it (the ranks' own objects are in ctx)") from e
+                "clients out of it (the ranks' own objects are in ctx)"
+            ) from e
         seq = self.cluster.sync(self.cluster.control.run, self.id, payload, ranks=chosen)["seq"]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
-            entry = self.cluster.sync(self.cluster.control.run_wait, self.id, seq,
-                                      timeout=max(left, 0.0))
+            entry = self.cluster.sync(
+                self.cluster.control.run_wait, self.id, seq, timeout=max(left, 0.0)
+            )
             over = deadline is not None and time.monotonic() >= deadline
-            if not entry["found"] or entry["complete"] or entry["status"] not in RUN_WAITING \
-                    or over:
+            if (
+                not entry["found"]
+                or entry["complete"]
+                or entry["status"] not in RUN_WAITING
+                or over
+            ):
                 break
         return _run_outcome(self.name, entry, timeout)
 
-    def update(self, changes: dict[str, Any] | None = None, /, *, timeout: float | None = 60.0,
-               **hparams: Any) -> int | None:
+    def update(
+        self,
+        changes: dict[str, Any] | None = None,
+        /,
+        *,
+        timeout: float | None = 60.0,
+        **hparams: Any,
+    ) -> int | None:
         """Change hyperparameters of a RUNNING or PAUSED job on every rank before the same
         step; return that step.
 
@@ -430,17 +474,21 @@ class Job:
         >>> job.update(lr=1e-4, warmup=200)                             # doctest: +SKIP
         1200
         """
-        record = self.cluster.sync(self.cluster.control.update, self.id,
-                                   {**(changes or {}), **hparams}, timeout=timeout)
+        record = self.cluster.sync(
+            self.cluster.control.update, self.id, {**(changes or {}), **hparams}, timeout=timeout
+        )
         error = record.get("error")
         if error:
-            raise SpecError(f"job.update of job {self.name!r} was refused by rank "
-                            f"{error.get('rank')}: {error.get('message')}; nothing changed, the "
-                            "job keeps its state and step")
+            raise SpecError(
+                f"job.update of job {self.name!r} was refused by rank "
+                f"{error.get('rank')}: {error.get('message')}; nothing changed, the "
+                "job keeps its state and step"
+            )
         if record["step"] is None and record["timed_out"]:
             raise JobTimeoutError(
                 f"job {self.name!r} reached no step boundary within {timeout} s; the update is "
-                "kept and its ranks apply it at their next one")
+                "kept and its ranks apply it at their next one"
+            )
         if spec_changes(record["changes"]):
             self.info()  # job.spec shows the launch options' new values at once
         return record["step"]
@@ -448,9 +496,16 @@ class Job:
     def updates(self) -> list[dict[str, Any]]:
         """Every change ``job.update`` made, oldest first: ``seq``, ``step`` (applied before
         it), ``time`` and ``changes`` (key -> ``[old, new]``)."""
-        return [{"seq": e.get("seq"), "step": e.get("step"), "time": e.get("time"),
-                 "changes": {k: list(v) for k, v in (e.get("changes") or {}).items()}}
-                for e in self.events() if e.get("kind") == "updated"]
+        return [
+            {
+                "seq": e.get("seq"),
+                "step": e.get("step"),
+                "time": e.get("time"),
+                "changes": {k: list(v) for k, v in (e.get("changes") or {}).items()},
+            }
+            for e in self.events()
+            if e.get("kind") == "updated"
+        ]
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> JobStatus:
         """Stop at the next step boundary (or dequeue); by default wait until it has.
@@ -528,30 +583,50 @@ def _run_outcome(name: str, entry: dict[str, Any], timeout: float | None) -> dic
     """``job.run``'s results from the control plane's ``entry``, or the :class:`RunError`
     that names what each rank without a result did."""
     if not entry["found"]:  # the job is over and forgot it
-        raise RunError(name, {}, {-1: {"type": "JobEnded", "traceback": "", "message": (
-            f"the job is {entry['status']}; the results of job.run were not kept")}})
+        raise RunError(
+            name,
+            {},
+            {
+                -1: {
+                    "type": "JobEnded",
+                    "traceback": "",
+                    "message": (
+                        f"the job is {entry['status']}; the results of job.run were not kept"
+                    ),
+                }
+            },
+        )
     results: dict[int, Any] = {}
     errors = {int(r): dict(e) for r, e in entry["errors"].items()}
     for key, data in entry["results"].items():
         try:
             results[int(key)] = cloudpickle.loads(data)
         except Exception as e:  # e.g. a class that only the workers can import
-            errors[int(key)] = {"type": "UnpicklingError", "traceback": "", "message": (
-                f"its result can't be unpickled in this process ({type(e).__name__}: {e})")}
+            errors[int(key)] = {
+                "type": "UnpicklingError",
+                "traceback": "",
+                "message": (
+                    f"its result can't be unpickled in this process ({type(e).__name__}: {e})"
+                ),
+            }
     started = set(entry.get("started") or ())
     for rank in entry["ranks"]:
         if rank in results or rank in errors:
             continue
         if entry["status"] not in RUN_WAITING:
-            message = (f"the job became {entry['status']} before rank {rank} ran the function")
+            message = f"the job became {entry['status']} before rank {rank} ran the function"
             kind = "JobLeft"
         elif rank in started:
-            message = (f"the function did not return within {timeout} s; the job is not "
-                       "affected: the rank goes on training once it returns")
+            message = (
+                f"the function did not return within {timeout} s; the job is not "
+                "affected: the rank goes on training once it returns"
+            )
             kind = "Timeout"
         else:
-            message = (f"the rank reached no step boundary within {timeout} s; it runs the "
-                       "function when it does")
+            message = (
+                f"the rank reached no step boundary within {timeout} s; it runs the "
+                "function when it does"
+            )
             kind = "Timeout"
         errors[rank] = {"type": kind, "message": message, "traceback": ""}
     if errors:
@@ -610,8 +685,9 @@ class Profile:
     def wait(self, timeout: float | None = None) -> Profile:
         """Until every rank wrote its trace (or the job ended or restarted first)."""
         cluster = self.job.cluster
-        self._entry = cluster.sync(cluster.control.profile_wait, self.job.id, self.seq,
-                                   timeout=timeout)
+        self._entry = cluster.sync(
+            cluster.control.profile_wait, self.job.id, self.seq, timeout=timeout
+        )
         return self
 
     # --- display ----------------------------------------------------------------------------
@@ -622,8 +698,10 @@ class Profile:
             if r.get("error"):
                 lines.append(f"  rank {rank}: failed: {r['error']}")
                 continue
-            lines.append(f"  rank {rank}: steps {r['first_step']}-{r['first_step'] + r['steps'] - 1}"
-                         f"  {_split(r)}  trace {r['path']}")
+            lines.append(
+                f"  rank {rank}: steps {r['first_step']}-{r['first_step'] + r['steps'] - 1}"
+                f"  {_split(r)}  trace {r['path']}"
+            )
             for op in r.get("top_ops", [])[:top]:
                 lines.append(f"      {_ms(_self_time(op)):>9}  x{op['calls']:<5} {op['name']}")
         return "\n".join(lines)
@@ -631,45 +709,60 @@ class Profile:
     def _headline(self) -> str:
         n, ws = len(self.ranks), int(self._entry.get("world_size", 0))
         state = "complete" if self.complete else f"{n} of {ws} ranks reported"
-        waiting = ("; starts when the job resumes" if self._entry.get("status") == "PAUSED"
-                   and not n else "")
+        waiting = (
+            "; starts when the job resumes"
+            if self._entry.get("status") == "PAUSED" and not n
+            else ""
+        )
         return f"profile #{self.seq} of job {self.job.name!r}: {self.steps} steps, {state}{waiting}"
 
     def _repr_html_(self) -> str:
         rows = []
         for rank, r in sorted(self.ranks.items()):
             if r.get("error"):
-                rows.append(f"<tr><td>{rank}</td><td colspan='5'>failed: "
-                            f"{html.escape(r['error'])}</td></tr>")
+                rows.append(
+                    f"<tr><td>{rank}</td><td colspan='5'>failed: "
+                    f"{html.escape(r['error'])}</td></tr>"
+                )
                 continue
-            ops = "<br>".join(f"{_ms(_self_time(op))} &times;{op['calls']} "
-                              f"<code>{html.escape(op['name'])}</code>"
-                              for op in r.get("top_ops", [])[:5])
+            ops = "<br>".join(
+                f"{_ms(_self_time(op))} &times;{op['calls']} <code>{html.escape(op['name'])}</code>"
+                for op in r.get("top_ops", [])[:5]
+            )
             wall = r["wall_s"] or 1.0
             bar = "".join(
                 f"<span title='{label} {_ms(r[key])}' style='display:inline-block;height:10px;"
                 f"width:{100 * r[key] / wall:.1f}px;background:{color}'></span>"
-                for key, label, color in _PARTS)
-            rows.append(f"<tr><td>{rank}</td><td>{r['first_step']}&ndash;"
-                        f"{r['first_step'] + r['steps'] - 1}</td><td>{bar}<br>"
-                        f"<small>{html.escape(_split(r))}</small></td><td>{ops}</td>"
-                        f"<td><code>{html.escape(r['path'])}</code></td></tr>")
-        return (f"<div><b>{html.escape(self._headline())}</b>"
-                "<table><tr><th>rank</th><th>steps</th><th>time</th><th>top ops (self time)</th>"
-                "<th>trace (Perfetto / TensorBoard)</th></tr>" + "".join(rows) + "</table></div>")
+                for key, label, color in _PARTS
+            )
+            rows.append(
+                f"<tr><td>{rank}</td><td>{r['first_step']}&ndash;"
+                f"{r['first_step'] + r['steps'] - 1}</td><td>{bar}<br>"
+                f"<small>{html.escape(_split(r))}</small></td><td>{ops}</td>"
+                f"<td><code>{html.escape(r['path'])}</code></td></tr>"
+            )
+        return (
+            f"<div><b>{html.escape(self._headline())}</b>"
+            "<table><tr><th>rank</th><th>steps</th><th>time</th><th>top ops (self time)</th>"
+            "<th>trace (Perfetto / TensorBoard)</th></tr>" + "".join(rows) + "</table></div>"
+        )
 
     def __repr__(self) -> str:
         return self.summary()
 
 
-_PARTS = (("compute_s", "compute", "#2563eb"), ("communication_s", "communication", "#d97706"),
-          ("data_wait_s", "data wait", "#dc2626"))
+_PARTS = (
+    ("compute_s", "compute", "#2563eb"),
+    ("communication_s", "communication", "#d97706"),
+    ("data_wait_s", "data wait", "#dc2626"),
+)
 
 
 def _split(r: dict[str, Any]) -> str:
     wall = r["wall_s"] or 1.0
-    return (f"{_ms(r['wall_s'])}: " + ", ".join(
-        f"{label} {100 * r[key] / wall:.0f}%" for key, label, _ in _PARTS))
+    return f"{_ms(r['wall_s'])}: " + ", ".join(
+        f"{label} {100 * r[key] / wall:.0f}%" for key, label, _ in _PARTS
+    )
 
 
 def _self_time(op: dict[str, Any]) -> float:

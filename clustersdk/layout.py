@@ -34,18 +34,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import SpecError
 
 ORDER = ("pp", "dp", "ep", "tp")  # outermost first
-DATA_DIMS = ("dp", "ep")          # dims whose ranks read different samples
+DATA_DIMS = ("dp", "ep")  # dims whose ranks read different samples
 
 # strategy -> the mesh layouts it accepts (sets of dim names); the first is its default
 LAYOUTS: dict[str, tuple[frozenset[str], ...]] = {
     "ddp": (frozenset({"dp"}),),
-    "fsdp": (frozenset({"dp"}), frozenset({"dp", "tp"}), frozenset({"dp", "pp"}),
-             frozenset({"dp", "tp", "pp"})),
+    "fsdp": (
+        frozenset({"dp"}),
+        frozenset({"dp", "tp"}),
+        frozenset({"dp", "pp"}),
+        frozenset({"dp", "tp", "pp"}),
+    ),
     "tp": (frozenset({"tp"}),),
     "pp": (frozenset({"pp"}),),
     "ep": (frozenset({"ep"}),),
@@ -71,29 +76,37 @@ class Layout:
         if mesh is None:
             return cls(strategy, ((_DEFAULT_DIM.get(strategy, "dp"), world_size),))
         if not isinstance(mesh, Mapping) or not mesh:
-            raise SpecError(f"mesh must be a dict of dimension sizes like {{'dp': 2, 'tp': 2}}, "
-                            f"got {mesh!r}")
+            raise SpecError(
+                f"mesh must be a dict of dimension sizes like {{'dp': 2, 'tp': 2}}, got {mesh!r}"
+            )
         allowed = LAYOUTS.get(strategy, ())
         names = frozenset(mesh)
         if strategy != "none" and names not in allowed:
             options = " or ".join(repr({n: "…" for n in _ordered(a)}) for a in allowed)
             hint = ""
             if "pp" in names and "dp" in names:
-                hint = ("; for pipeline stages over FSDP (3-D) use strategy='fsdp' with "
-                        "mesh={'dp': ..., 'tp': ..., 'pp': ...}")
+                hint = (
+                    "; for pipeline stages over FSDP (3-D) use strategy='fsdp' with "
+                    "mesh={'dp': ..., 'tp': ..., 'pp': ...}"
+                )
             elif "tp" in names and "dp" in names:
                 hint = "; for FSDP over TP use strategy='fsdp' with mesh={'dp': ..., 'tp': ...}"
-            raise SpecError(f"strategy={strategy!r} takes a mesh of {options}, got "
-                            f"{dict(mesh)!r}{hint}")
+            raise SpecError(
+                f"strategy={strategy!r} takes a mesh of {options}, got {dict(mesh)!r}{hint}"
+            )
         unknown = sorted(names - set(ORDER))
         if unknown:
             raise SpecError(f"mesh dimension(s) {unknown} unknown; use names from {list(ORDER)}")
         sizes: dict[str, int] = {}
         for name, size in mesh.items():
-            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or (
-                    size < 1 and size != -1):
-                raise SpecError(f"mesh[{name!r}] must be a positive int or -1 (the rest), "
-                                f"got {size!r}")
+            if (
+                isinstance(size, bool)
+                or not isinstance(size, numbers.Integral)
+                or (size < 1 and size != -1)
+            ):
+                raise SpecError(
+                    f"mesh[{name!r}] must be a positive int or -1 (the rest), got {size!r}"
+                )
             sizes[name] = int(size)
         free = [n for n, s in sizes.items() if s == -1]
         if len(free) > 1:
@@ -101,13 +114,17 @@ class Layout:
         fixed = math.prod(s for s in sizes.values() if s != -1)
         if free:
             if world_size % fixed:
-                raise SpecError(f"mesh {dict(mesh)!r} can't fill world_size={world_size}: "
-                                f"{world_size} is not a multiple of {fixed}")
+                raise SpecError(
+                    f"mesh {dict(mesh)!r} can't fill world_size={world_size}: "
+                    f"{world_size} is not a multiple of {fixed}"
+                )
             sizes[free[0]] = world_size // fixed
         elif fixed != world_size:
             product = " x ".join(str(sizes[n]) for n in _ordered(sizes))
-            raise SpecError(f"mesh {dict(mesh)!r} has {fixed} ranks ({product}) but "
-                            f"world_size={world_size}; make the product equal the world size")
+            raise SpecError(
+                f"mesh {dict(mesh)!r} has {fixed} ranks ({product}) but "
+                f"world_size={world_size}; make the product equal the world size"
+            )
         return cls(strategy, tuple((n, sizes[n]) for n in _ordered(sizes)))
 
     # --- shape ----------------------------------------------------------------------

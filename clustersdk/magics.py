@@ -44,8 +44,6 @@ from IPython.core.magic_arguments import (
 import clustersdk as cs
 
 from . import options
-from .cli.flags import flag, flag_names
-
 from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported from here
     RemoteFailure,
     RemoteRunFailure,
@@ -53,6 +51,7 @@ from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported
     one_line,
     stream,
 )
+from .cli.flags import flag, flag_names
 from .widgets import render, source
 
 
@@ -86,8 +85,11 @@ def launch_flags(magic: Any, kind: str = options.FUNCTION, skip: tuple[str, ...]
     one group per option group, after its own flags in ``--help``."""
     decorators: list[Any] = []  # in the order --help shows them
     for group, (what, _) in options.GROUPS.items():
-        flags = [flag(o) for o in options.OPTIONS if o.group == group and kind in o.kinds
-                 and o.name not in skip]
+        flags = [
+            flag(o)
+            for o in options.OPTIONS
+            if o.group == group and kind in o.kinds and o.name not in skip
+        ]
         given = [f for f in flags if f is not None]
         if given:
             decorators.append(argument_group(f"{group} ({what})"))
@@ -113,12 +115,20 @@ class ClusterMagics(Magics):
     # %cluster ------------------------------------------------------------------------
     @line_magic("cluster")
     @magic_arguments()
-    @argument("mode", nargs="?",
-              help="local | connect | ssh | slurm | doctor | close (none: show the current cluster)")
+    @argument(
+        "mode",
+        nargs="?",
+        help="local | connect | ssh | slurm | doctor | close (none: show the current cluster)",
+    )
     @argument("targets", nargs="*", help="connect: the scheduler address; ssh: the hosts")
-    @argument("-n", "--workers", type=int, default=None,
-              help="local: worker slots (default: one per GPU, or 2 without a GPU); slurm: "
-                   "workers to start now (default: as launches need them)")
+    @argument(
+        "-n",
+        "--workers",
+        type=int,
+        default=None,
+        help="local: worker slots (default: one per GPU, or 2 without a GPU); slurm: "
+        "workers to start now (default: as launches need them)",
+    )
     @argument("--gpus-per-host", type=int, default=None, help="ssh: GPUs (workers) per host")
     @argument("--slots-per-host", type=int, default=None, help="ssh: CPU slots per GPU-less host")
     @argument("--user", default=None, help="ssh: the login name")
@@ -130,10 +140,16 @@ class ClusterMagics(Magics):
     @argument("--checkpoint-dir", default=None, help="doctor: check free space and writes here")
     @argument("--no-bandwidth", action="store_true", help="doctor: skip the all-reduce sweep")
     @argument("--state-dir", default=None, help="where job records live (default: ~/.clustersdk)")
-    @argument("--credentials", default=None,
-              help="connect: your credentials file for a tls:// scheduler (cluster.add_user's)")
-    @argument("--no-tls", action="store_true",
-              help="local, ssh, slurm: plain tcp://, no identities (security=False; warned)")
+    @argument(
+        "--credentials",
+        default=None,
+        help="connect: your credentials file for a tls:// scheduler (cluster.add_user's)",
+    )
+    @argument(
+        "--no-tls",
+        action="store_true",
+        help="local, ssh, slurm: plain tcp://, no identities (security=False; warned)",
+    )
     @argument("-h", "--help", action="store_true", help="show this help")
     def cluster(self, line: str = "") -> Any:
         """Start, connect to, show or close the cluster the other magics use."""
@@ -145,8 +161,9 @@ class ClusterMagics(Magics):
             return self._current(None)
         if mode == "doctor":
             with one_line():
-                return self._current(None).doctor(checkpoint_dir=args.checkpoint_dir,
-                                                  bandwidth=not args.no_bandwidth)
+                return self._current(None).doctor(
+                    checkpoint_dir=args.checkpoint_dir, bandwidth=not args.no_bandwidth
+                )
         if mode == "close":
             cluster = self._current(None)
             cluster.close()
@@ -156,38 +173,61 @@ class ClusterMagics(Magics):
         options = {} if args.state_dir is None else {"state_dir": args.state_dir}
         if args.no_tls:
             if mode == "connect":
-                raise UsageError("--no-tls is for clusters this starts (local, ssh, slurm); "
-                                 "connect follows the address's scheme")
+                raise UsageError(
+                    "--no-tls is for clusters this starts (local, ssh, slurm); "
+                    "connect follows the address's scheme"
+                )
             options["security"] = False
         if args.credentials is not None:
             if mode != "connect":
-                raise UsageError("--credentials is for %cluster connect; a cluster this starts "
-                                 "makes its own (you are its admin)")
+                raise UsageError(
+                    "--credentials is for %cluster connect; a cluster this starts "
+                    "makes its own (you are its admin)"
+                )
             options["credentials"] = args.credentials
         with one_line():
             if mode == "local":
                 if args.targets:
-                    raise UsageError("%cluster local takes no hosts or addresses, got "
-                                     f"{' '.join(args.targets)}")
+                    raise UsageError(
+                        f"%cluster local takes no hosts or addresses, got {' '.join(args.targets)}"
+                    )
                 cluster = cs.Cluster.local(workers=args.workers, **options)
             elif mode == "connect":
                 if len(args.targets) != 1:
-                    raise UsageError("%cluster connect needs one scheduler address, e.g. "
-                                     "%cluster connect tls://10.0.0.5:8786 --credentials me.pem")
+                    raise UsageError(
+                        "%cluster connect needs one scheduler address, e.g. "
+                        "%cluster connect tls://10.0.0.5:8786 --credentials me.pem"
+                    )
                 cluster = _connect(args.targets[0], options)
             elif mode == "ssh":
                 if not args.targets:
-                    raise UsageError("%cluster ssh needs at least one host, e.g. %cluster ssh node1 node2")
-                cluster = cs.Cluster.ssh(args.targets, **options, **_given(
-                    args, "gpus_per_host", "slots_per_host", "user", "key_file", "known_hosts",
-                    "python"))
+                    raise UsageError(
+                        "%cluster ssh needs at least one host, e.g. %cluster ssh node1 node2"
+                    )
+                cluster = cs.Cluster.ssh(
+                    args.targets,
+                    **options,
+                    **_given(
+                        args,
+                        "gpus_per_host",
+                        "slots_per_host",
+                        "user",
+                        "key_file",
+                        "known_hosts",
+                        "python",
+                    ),
+                )
             elif mode == "slurm":
-                cluster = cs.Cluster.slurm(**options, **_given(
-                    args, "gpus_per_worker", "partition", "python"), **(
-                    {"workers": args.workers} if args.workers is not None else {}))
+                cluster = cs.Cluster.slurm(
+                    **options,
+                    **_given(args, "gpus_per_worker", "partition", "python"),
+                    **({"workers": args.workers} if args.workers is not None else {}),
+                )
             else:
-                raise UsageError(f"unknown mode {mode!r}: use local, connect, ssh, slurm, doctor "
-                                 "or close (%cluster --help)")
+                raise UsageError(
+                    f"unknown mode {mode!r}: use local, connect, ssh, slurm, doctor "
+                    "or close (%cluster --help)"
+                )
         self._replace(cluster, local=mode == "local")
         return cluster
 
@@ -207,20 +247,30 @@ class ClusterMagics(Magics):
             return found
         if self.current is not None and not self.current.closed:
             return self.current
-        clusters = {k: v for k, v in self.shell.user_ns.items()
-                    if isinstance(v, cs.Cluster) and not v.closed and not k.startswith("_")}
+        clusters = {
+            k: v
+            for k, v in self.shell.user_ns.items()
+            if isinstance(v, cs.Cluster) and not v.closed and not k.startswith("_")
+        }
         if len(set(map(id, clusters.values()))) == 1:
             return next(iter(clusters.values()))
         if not clusters:
-            raise UsageError("no cluster yet: start one with %cluster local (or cs.Cluster.local())")
-        raise UsageError(f"several clusters in the namespace ({', '.join(sorted(clusters))}): "
-                         "pick one with --cluster NAME")
+            raise UsageError(
+                "no cluster yet: start one with %cluster local (or cs.Cluster.local())"
+            )
+        raise UsageError(
+            f"several clusters in the namespace ({', '.join(sorted(clusters))}): "
+            "pick one with --cluster NAME"
+        )
 
     # %%distributed ------------------------------------------------------------------------
     @cell_magic("distributed")
     @magic_arguments()
-    @argument("--no-wait", action="store_true",
-              help="return the job at once and show its dashboard instead of streaming output")
+    @argument(
+        "--no-wait",
+        action="store_true",
+        help="return the job at once and show its dashboard instead of streaming output",
+    )
     @argument("--cluster", default=None, help="the Cluster variable to run on")
     @argument("-h", "--help", action="store_true", help="show this help")
     @launch_flags
@@ -235,8 +285,9 @@ class ClusterMagics(Magics):
             return None
         cluster = self._current(args.cluster)
         fn = cell_function(cell or "", self.shell.user_ns)
-        chosen = {name: getattr(args, name) for name in FLAGS
-                  if getattr(args, name) is not None}  # the others: launch's defaults
+        chosen = {
+            name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None
+        }  # the others: launch's defaults
         chosen.setdefault("world_size", len(cluster.slots()))
         with one_line():
             job = cluster.launch(fn, **chosen)
@@ -249,8 +300,11 @@ class ClusterMagics(Magics):
     @magic_arguments()
     @argument("script", nargs="?", help="the Python file each rank runs (or -m MODULE)")
     @argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
-    @argument("--no-wait", action="store_true",
-              help="return the job at once and show its dashboard instead of streaming output")
+    @argument(
+        "--no-wait",
+        action="store_true",
+        help="return the job at once and show its dashboard instead of streaming output",
+    )
     @argument("--cluster", default=None, help="the Cluster variable to run on")
     @argument("-h", "--help", action="store_true", help="show this help")
     @_script_flags
@@ -268,8 +322,11 @@ class ClusterMagics(Magics):
     @cell_magic("torchrun")
     @magic_arguments()
     @argument("script_args", nargs=argparse.REMAINDER, help="the cell's sys.argv[1:]")
-    @argument("--no-wait", action="store_true",
-              help="return the job at once and show its dashboard instead of streaming output")
+    @argument(
+        "--no-wait",
+        action="store_true",
+        help="return the job at once and show its dashboard instead of streaming output",
+    )
     @argument("--cluster", default=None, help="the Cluster variable to run on")
     @argument("-h", "--help", action="store_true", help="show this help")
     @_script_flags
@@ -292,8 +349,11 @@ class ClusterMagics(Magics):
 
     def _launch_script(self, args: Any, script: str | None, rest: list[str]) -> Any:
         cluster = self._current(args.cluster)
-        chosen = {name: getattr(args, name) for name in SCRIPT_FLAGS
-                  if getattr(args, name, None) is not None}
+        chosen = {
+            name: getattr(args, name)
+            for name in SCRIPT_FLAGS
+            if getattr(args, name, None) is not None
+        }
         chosen.setdefault("world_size", len(cluster.slots()))
         with one_line():
             job = cluster.launch_script(script, rest, **chosen)
@@ -326,18 +386,29 @@ class ClusterMagics(Magics):
 
     @line_cell_magic("job")
     @magic_arguments()
-    @argument("action", nargs="?",
-              help="pause | resume | checkpoint | suspend | stop | show | logs | run | update | "
-                   "debug | console | restart (a HELD job, from its checkpoint)")
+    @argument(
+        "action",
+        nargs="?",
+        help="pause | resume | checkpoint | suspend | stop | show | logs | run | update | "
+        "debug | console | restart (a HELD job, from its checkpoint)",
+    )
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
-    @argument("rest", nargs="*", metavar="RANK | KEY=VALUE",
-              help="debug: the held rank (default: the one whose error is the cause); "
-                   "update: KEY=VALUE ... (e.g. lr=1e-4 warmup=50)")
+    @argument(
+        "rest",
+        nargs="*",
+        metavar="RANK | KEY=VALUE",
+        help="debug: the held rank (default: the one whose error is the cause); "
+        "update: KEY=VALUE ... (e.g. lr=1e-4 warmup=50)",
+    )
     @argument("--world-size", type=int, default=None, help="resume: continue on this many ranks")
     @argument("--rank", type=int, default=0, help="logs: whose output (default 0)")
     @argument("--ranks", default=None, help="run: the ranks, e.g. 0,1 (default: every rank)")
-    @argument("--timeout", type=float, default=60.0,
-              help="run, update: seconds to wait for the ranks (default 60)")
+    @argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="run, update: seconds to wait for the ranks (default 60)",
+    )
     @argument("--cluster", default=None, help="the Cluster variable the job runs on")
     @argument("-h", "--help", action="store_true", help="show this help")
     def job(self, line: str = "", cell: str | None = None) -> Any:
@@ -352,23 +423,41 @@ class ClusterMagics(Magics):
         args = parse_argstring(self.job, line)
         if _help(self.job, args):
             return None
-        actions = ("pause", "resume", "checkpoint", "suspend", "stop", "show", "logs", "run",
-                   "update", "debug", "console", "restart")
+        actions = (
+            "pause",
+            "resume",
+            "checkpoint",
+            "suspend",
+            "stop",
+            "show",
+            "logs",
+            "run",
+            "update",
+            "debug",
+            "console",
+            "restart",
+        )
         if args.action not in actions or not args.name:
-            raise UsageError(f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; "
-                             "%job --help)")
+            raise UsageError(
+                f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; %job --help)"
+            )
         cluster = self._current(args.cluster)
         known = [r["name"] for r in source.job_records(cluster)]
         if args.name not in known:
-            raise UsageError(f"no job named {args.name!r} on this cluster; known jobs: "
-                             f"{', '.join(dict.fromkeys(reversed(known))) or 'none'}")
+            raise UsageError(
+                f"no job named {args.name!r} on this cluster; known jobs: "
+                f"{', '.join(dict.fromkeys(reversed(known))) or 'none'}"
+            )
         if (args.action == "run") != (cell is not None):
-            raise UsageError("%%job run NAME takes the code as a cell; the other actions are "
-                             "line magics (%job ACTION NAME)")
+            raise UsageError(
+                "%%job run NAME takes the code as a cell; the other actions are "
+                "line magics (%job ACTION NAME)"
+            )
         rank = _held_rank(args) if args.action == "debug" else None
         if args.rest and args.action not in ("update", "debug"):
-            raise UsageError(f"%job {args.action} NAME takes nothing after the name (got "
-                             f"{' '.join(args.rest)})")
+            raise UsageError(
+                f"%job {args.action} NAME takes nothing after the name (got {' '.join(args.rest)})"
+            )
         with one_line():
             job = cs.Job.attach(cluster, args.name)
             if args.action == "run":
@@ -399,7 +488,6 @@ class ClusterMagics(Magics):
         print(f"job {job.name!r}: {_said(args.action, result)}")
         return None
 
-
     def _run_cell(self, job: cs.Job, cell: str, args: Any) -> dict[int, Any]:
         fn = cell_function(cell, self.shell.user_ns, returns_last=True)
         try:
@@ -417,8 +505,9 @@ def _held_rank(args: Any) -> int | None:
     if not args.rest:
         return None
     if len(args.rest) > 1 or not args.rest[0].isdigit():
-        raise UsageError(f"%job debug NAME [RANK] takes one rank number, got "
-                         f"{' '.join(args.rest)!r}")
+        raise UsageError(
+            f"%job debug NAME [RANK] takes one rank number, got {' '.join(args.rest)!r}"
+        )
     return int(args.rest[0])
 
 
@@ -452,12 +541,16 @@ def _connect(target: str, options: dict[str, Any]) -> cs.Cluster:
 
 
 def _said(action: str, result: Any) -> str:
-    return {"pause": f"paused before step {result}", "resume": f"resumed ({result})",
-            "checkpoint": f"checkpoint saved at {result}", "suspend": f"suspended; checkpoint {result}",
-            "stop": f"now {result}",
-            "update": f"updated before step {result}" if result is not None else
-                      "update kept; the job applies it when it runs again"
-            }.get(action, str(result))
+    return {
+        "pause": f"paused before step {result}",
+        "resume": f"resumed ({result})",
+        "checkpoint": f"checkpoint saved at {result}",
+        "suspend": f"suspended; checkpoint {result}",
+        "stop": f"now {result}",
+        "update": f"updated before step {result}"
+        if result is not None
+        else "update kept; the job applies it when it runs again",
+    }.get(action, str(result))
 
 
 def load_ipython_extension(ipython: Any) -> None:

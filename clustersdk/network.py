@@ -41,8 +41,9 @@ def parse_ports(value: Any) -> tuple[int, int] | None:
     if len(parts) == 1:
         parts = parts * 2
     if len(parts) != 2 or not 1 <= parts[0] <= parts[1] <= 65535:
-        raise SpecError(f"a port range must look like '29400-29499' (1-65535, low first), "
-                        f"got {value!r}")
+        raise SpecError(
+            f"a port range must look like '29400-29499' (1-65535, low first), got {value!r}"
+        )
     return parts[0], parts[1]
 
 

@@ -51,7 +51,8 @@ import dataclasses
 import numbers
 import os
 import re
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .errors import SpecError
 from .hparams import check_hparams
@@ -84,14 +85,14 @@ ENTRY_POINTS = ("script", "module", "command")  # what a script job runs: exactl
 STRATEGIES: dict[str, str] = {
     "ddp": "DistributedDataParallel: every rank holds the whole model, gradients are averaged",
     "fsdp": "FSDP2 (fully_shard per block): each rank holds 1/N of the parameters, gradients "
-            "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D); "
-            "with mesh={'dp': D, 'tp': T, 'pp': P}, pipeline stages over FSDP x TP (3-D)",
+    "and optimizer state; with mesh={'dp': D, 'tp': T}, FSDP over tensor parallel (2-D); "
+    "with mesh={'dp': D, 'tp': T, 'pp': P}, pipeline stages over FSDP x TP (3-D)",
     "tp": "tensor parallel: planned layers split by column/row over the ranks (a plan= or the "
-          "model's tp_plan(tp))",
+    "model's tp_plan(tp))",
     "pp": "pipeline parallel: each rank runs a slice of the layers under a GPipe or 1F1B "
-          "schedule (microbatches=, schedule=, split=)",
+    "schedule (microbatches=, schedule=, split=)",
     "ep": "expert parallel: each rank holds 1/N of every MoE layer's experts, tokens exchanged "
-          "with all-to-all; the dense layers are data parallel",
+    "with all-to-all; the dense layers are data parallel",
     "none": "no wrapping: ctx.prepare only moves the model to the rank's device",
 }
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -101,11 +102,22 @@ ON_ERROR = ("fail", "hold")  # what a rank that raises does to its job
 ON_NAN = ("report", "pause", "rollback", "fail")  # what a non-finite loss does
 ON_SPIKE = ("report", "pause")  # what a loss spike does
 # set for each rank by clustersdk itself; MASTER_ADDR is rank 0's worker address
-RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT")
+RESERVED_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 # options that only one strategy understands
-ONLY_FOR = {"microbatches": "pp", "schedule": "pp", "split": "pp",
-            "reshard_after_forward": "fsdp", "cpu_offload": "fsdp"}
+ONLY_FOR = {
+    "microbatches": "pp",
+    "schedule": "pp",
+    "split": "pp",
+    "reshard_after_forward": "fsdp",
+    "cpu_offload": "fsdp",
+}
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # a job's name
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -168,6 +180,7 @@ def _positive_int(name: str, what: str) -> Callable[[Any], int]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"{name} must be a positive int{what}, got {value!r}")
         return value
+
     return check
 
 
@@ -176,15 +189,18 @@ def _seconds(name: str, why: str = "") -> Callable[[Any], float]:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
             raise SpecError(f"{name} must be a positive number of seconds{why}, got {value!r}")
         return float(value)
+
     return check
 
 
 def _one_of(name: str, values: tuple[str, ...], show: str | None = None) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in values:
-            raise SpecError(f"{name} must be one of {show or ', '.join(map(repr, values))}, got "
-                            f"{value!r}")
+            raise SpecError(
+                f"{name} must be one of {show or ', '.join(map(repr, values))}, got {value!r}"
+            )
         return value
+
     return check
 
 
@@ -193,6 +209,7 @@ def _flag(name: str, optional: bool = False) -> Callable[[Any], Any]:
         if not (isinstance(value, bool) or (optional and value is None)):
             raise SpecError(f"{name} must be True or False, got {value!r}")
         return value
+
     return check
 
 
@@ -217,8 +234,10 @@ def _strategy(value: Any) -> str:
 
 def _name(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not NAME.match(value)):
-        raise SpecError(f"job name {value!r} is invalid: use 1-64 letters, digits, '_', '.' or "
-                        "'-', starting with a letter or digit")
+        raise SpecError(
+            f"job name {value!r} is invalid: use 1-64 letters, digits, '_', '.' or "
+            "'-', starting with a letter or digit"
+        )
     return value
 
 
@@ -292,7 +311,8 @@ def check_env(env: Any) -> dict[str, str] | None:
             raise SpecError(
                 f"env: {name} is set by clustersdk for each rank; MASTER_ADDR is rank 0's worker "
                 "address, so pick the interface the workers listen on instead "
-                "(Cluster.ssh(interface=...)), and the port range with rendezvous_ports=")
+                "(Cluster.ssh(interface=...)), and the port range with rendezvous_ports="
+            )
         if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
             raise SpecError(f"env: {name}={value!r} must be a string or a number")
         out[name] = str(value)
@@ -323,8 +343,9 @@ def _queue(value: Any) -> str | None:
 
 def _priority(value: Any) -> int | str | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
-        raise SpecError(f"priority must be a class name ('low', 'normal', 'high'...) or an "
-                        f"int, got {value!r}")
+        raise SpecError(
+            f"priority must be a class name ('low', 'normal', 'high'...) or an int, got {value!r}"
+        )
     return value
 
 
@@ -341,18 +362,22 @@ def _script(value: Any) -> str | None:
 
 
 def _module(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not all(
-            part.isidentifier() for part in value.split("."))):
-        raise SpecError(f"module must be a module's dotted name (as python -m takes it), got "
-                        f"{value!r}")
+    if value is not None and (
+        not isinstance(value, str) or not all(part.isidentifier() for part in value.split("."))
+    ):
+        raise SpecError(
+            f"module must be a module's dotted name (as python -m takes it), got {value!r}"
+        )
     return value
 
 
 def _command(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()
-                              or any(c.isspace() for c in value)):
-        raise SpecError(f"command must be one program's name or path (its arguments go in "
-                        f"args=), got {value!r}")
+    if value is not None and (
+        not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)
+    ):
+        raise SpecError(
+            f"command must be one program's name or path (its arguments go in args=), got {value!r}"
+        )
     return value
 
 
@@ -362,143 +387,393 @@ def _copy_or_none(value: Any) -> dict[str, Any] | None:
 
 # --- the table ---------------------------------------------------------------------------------
 OPTIONS: tuple[Option, ...] = (
-    Option("world_size", "int", REQUIRED, "core",
-           "how many ranks (one slot each) the job runs on", _world_size),
-    Option("strategy", "str", "ddp", "core",
-           "how the model is spread over the ranks: one of clustersdk.STRATEGIES", _strategy,
-           choices=tuple(STRATEGIES),
-           kinds=(FUNCTION,)),
-    Option("name", "str | None", None, "core",
-           "the job's name (default: the function's name and the start of the job's id)", _name),
-    Option("timeout", "float", Config("timeout"), "core",
-           "seconds a collective may wait for a peer", _seconds("timeout")),
-    Option("metrics_interval", "float", Config("metrics-interval"), "core",
-           "seconds between each rank's shipments of metrics and log lines",
-           _seconds("metrics_interval")),
-    Option("checkpoint_dir", "str | None", None, "checkpointing",
-           "where checkpoints go (a directory every worker reaches, or a URL like s3://...)",
-           _checkpoint_dir),
-    Option("checkpoint_every", "int | None", None, "checkpointing",
-           "steps between periodic checkpoints (needs checkpoint_dir)",
-           _optional(_positive_int("checkpoint_every", " (steps)")),
-           kinds=(FUNCTION,)),
-    Option("keep", "int", 3, "checkpointing", "how many committed checkpoints are kept", _keep,
-           kinds=(FUNCTION,)),
-    Option("async_checkpoint", "bool", True, "checkpointing",
-           "save checkpoints in the background while training goes on", bool,
-           kinds=(FUNCTION,)),
-    Option("resume", "str | None", None, "checkpointing",
-           "'auto' (the newest checkpoint in checkpoint_dir, if any) or a checkpoint's path",
-           _resume,
-           kinds=(FUNCTION,)),
-    Option("tensorboard_dir", "str | None", None, "checkpointing",
-           "write every ctx.log scalar there as TensorBoard events", _directory_path),
-    Option("max_restarts", "int", Config("max-restarts"), "faults",
-           "how many times the gang restarts after a lost worker (or a hang, a rollback)",
-           _max_restarts),
-    Option("mesh", "dict[str, int] | None", None, "parallelism",
-           "the ranks' layout, e.g. {'dp': 2, 'tp': 2}; one size may be -1 (the rest)",
-           wire=_copy_or_none,
-           kinds=(FUNCTION,)),  # checked with the strategy and world size by check()
-    Option("precision", "str", "fp32", "training",
-           "'bf16' (autocast) or 'fp16' (autocast and a grad scaler; CUDA only)",
-           _one_of("precision", PRECISIONS, str(PRECISIONS)), choices=PRECISIONS,
-           kinds=(FUNCTION,)),
-    Option("grad_accum", "int", 1, "training", "micro-batches per optimizer step",
-           _positive_int("grad_accum", ""),
-           kinds=(FUNCTION,)),
-    Option("clip_grad_norm", "float | None", None, "training",
-           "clip the whole model's gradient norm to this", _clip,
-           kinds=(FUNCTION,)),
-    Option("microbatches", "int | None", None, "parallelism",
-           "pp or a 3-D mesh: micro-batches per schedule step (default: the stages)",
-           _optional(_positive_int("microbatches", "")),
-           kinds=(FUNCTION,)),
-    Option("schedule", "str | None", None, "parallelism", "pp: 'gpipe' (default) or '1f1b'",
-           _schedule, choices=SCHEDULES,
-           kinds=(FUNCTION,)),
-    Option("split", "list[str] | None", None, "parallelism",
-           "pp: the module names where stages 1.. begin", _split,
-           kinds=(FUNCTION,)),
-    Option("reshard_after_forward", "bool | None", None, "parallelism",
-           "fsdp: free the gathered blocks after the forward pass",
-           _flag("reshard_after_forward", optional=True),
-           kinds=(FUNCTION,)),
-    Option("cpu_offload", "bool | None", None, "parallelism",
-           "fsdp: keep parameters and optimizer state in CPU memory",
-           _flag("cpu_offload", optional=True),
-           kinds=(FUNCTION,)),
-    Option("model", "Any", None, "parallelism",
-           "an nn.Module or a function that builds one: checked against the layout at launch "
-           "(on the meta device), built by ctx.prepare()", wire=None,
-           kinds=(FUNCTION,)),
-    Option("plan", "dict[str, Any] | None", None, "parallelism",
-           "tp and 2-D: module name -> 'colwise', 'rowwise' or a ParallelStyle", wire=None,
-           kinds=(FUNCTION,)),
-    Option("env", "dict[str, str] | None", None, "code",
-           "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
-           "docs: guide/multi-node, \"Network settings\")",
-           check_env, _copy_or_none),
-    Option("working_dir", "str | None", None, "code",
-           "a directory shipped to every worker: its modules and files; the ranks' cwd",
-           _working_dir),
-    Option("py_modules", "list[Any] | None", None, "code",
-           "modules (or their names) shipped to every worker; a package goes whole",
-           _py_modules, _module_names),
-    Option("queue", "str | None", None, "sharing",
-           "the queue it runs in (default: clustersdk.scheduling.default-queue)", _queue),
-    Option("priority", "int | str | None", None, "sharing",
-           "a class ('low', 'normal', 'high') or an int; higher runs first and may preempt "
-           "lower (default: clustersdk.scheduling.default-priority)", _priority),
-    Option("preemptible", "bool", True, "sharing",
-           "may be suspended (or stopped) for a higher-priority job; False needs priority "
-           "normal or higher", _flag("preemptible")),
-    Option("time_limit", "float | None", None, "sharing",
-           "an estimate of its run time in seconds: lets backfill plan around it",
-           _optional(_seconds("time_limit"))),
-    Option("min_world_size", "int | None", None, "sharing",
-           "it may start (or resume) on this many ranks or more, up to world_size"),
-    Option("hang_timeout", "float | None", None, "faults",
-           "seconds without a finished step before the job is HUNG (default: max(60 s, 20x "
-           "the slowest recent step))", _optional(_seconds("hang_timeout"))),
-    Option("on_hang", "str", "report", "faults",
-           "what a HUNG job does: 'report', 'restart' (within max_restarts) or 'fail'",
-           _one_of("on_hang", ON_HANG), choices=ON_HANG),
-    Option("on_error", "str", "fail", "debugging",
-           "what a rank that raises does: 'fail' the job, or 'hold' it (HELD, for job.debug)",
-           _one_of("on_error", ON_ERROR), choices=ON_ERROR,
-           kinds=(FUNCTION,)),
-    Option("hold_timeout", "float", Config("hold-timeout"), "debugging",
-           "seconds a HELD job waits for you before it fails",
-           _seconds("hold_timeout", " (how long a HELD job waits for you before it fails)"),
-           kinds=(FUNCTION,)),
-    Option("debug", "bool", False, "debugging",
-           "ctx.breakpoint() pauses the job and opens a pdb console (else it does nothing)",
-           _flag("debug"),
-           kinds=(FUNCTION,)),
-    Option("hparams", "dict[str, Any] | None", None, "live",
-           "ctx.hparams: names -> numbers, strings or booleans that job.update may change",
-           check_hparams, _copy_or_none,
-           kinds=(FUNCTION,)),
-    Option("on_nan", "str", "report", "diagnosis",
-           "what a NaN or Inf loss does: 'report', 'pause', 'rollback' (needs checkpoint_dir) "
-           "or 'fail'", _one_of("on_nan", ON_NAN), choices=ON_NAN,
-           kinds=(FUNCTION,)),
-    Option("on_spike", "str", "report", "diagnosis", "what a loss spike does: 'report' or 'pause'",
-           _one_of("on_spike", ON_SPIKE), choices=ON_SPIKE,
-           kinds=(FUNCTION,)),
-    Option("script", "str | None", None, "scripts",
-           "a Python file each rank runs as `python -u script *args`, torchrun's way "
-           "(launch_script)", _script, kinds=(SCRIPT,)),
-    Option("module", "str | None", None, "scripts",
-           "a module each rank runs as `python -u -m module *args` (instead of script)",
-           _module, kinds=(SCRIPT,)),
-    Option("command", "str | None", None, "scripts",
-           "a console command each rank runs as `command *args`, found on the workers' PATH "
-           "(instead of script)", _command, kinds=(SCRIPT,)),
-    Option("grace", "float", Config("term-grace"), "scripts",
-           "seconds a script's rank has to exit after SIGTERM (stop, suspend, preemption) "
-           "before SIGKILL", _seconds("grace"), kinds=(SCRIPT,)),
+    Option(
+        "world_size",
+        "int",
+        REQUIRED,
+        "core",
+        "how many ranks (one slot each) the job runs on",
+        _world_size,
+    ),
+    Option(
+        "strategy",
+        "str",
+        "ddp",
+        "core",
+        "how the model is spread over the ranks: one of clustersdk.STRATEGIES",
+        _strategy,
+        choices=tuple(STRATEGIES),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "name",
+        "str | None",
+        None,
+        "core",
+        "the job's name (default: the function's name and the start of the job's id)",
+        _name,
+    ),
+    Option(
+        "timeout",
+        "float",
+        Config("timeout"),
+        "core",
+        "seconds a collective may wait for a peer",
+        _seconds("timeout"),
+    ),
+    Option(
+        "metrics_interval",
+        "float",
+        Config("metrics-interval"),
+        "core",
+        "seconds between each rank's shipments of metrics and log lines",
+        _seconds("metrics_interval"),
+    ),
+    Option(
+        "checkpoint_dir",
+        "str | None",
+        None,
+        "checkpointing",
+        "where checkpoints go (a directory every worker reaches, or a URL like s3://...)",
+        _checkpoint_dir,
+    ),
+    Option(
+        "checkpoint_every",
+        "int | None",
+        None,
+        "checkpointing",
+        "steps between periodic checkpoints (needs checkpoint_dir)",
+        _optional(_positive_int("checkpoint_every", " (steps)")),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "keep",
+        "int",
+        3,
+        "checkpointing",
+        "how many committed checkpoints are kept",
+        _keep,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "async_checkpoint",
+        "bool",
+        True,
+        "checkpointing",
+        "save checkpoints in the background while training goes on",
+        bool,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "resume",
+        "str | None",
+        None,
+        "checkpointing",
+        "'auto' (the newest checkpoint in checkpoint_dir, if any) or a checkpoint's path",
+        _resume,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "tensorboard_dir",
+        "str | None",
+        None,
+        "checkpointing",
+        "write every ctx.log scalar there as TensorBoard events",
+        _directory_path,
+    ),
+    Option(
+        "max_restarts",
+        "int",
+        Config("max-restarts"),
+        "faults",
+        "how many times the gang restarts after a lost worker (or a hang, a rollback)",
+        _max_restarts,
+    ),
+    Option(
+        "mesh",
+        "dict[str, int] | None",
+        None,
+        "parallelism",
+        "the ranks' layout, e.g. {'dp': 2, 'tp': 2}; one size may be -1 (the rest)",
+        wire=_copy_or_none,
+        kinds=(FUNCTION,),
+    ),  # checked with the strategy and world size by check()
+    Option(
+        "precision",
+        "str",
+        "fp32",
+        "training",
+        "'bf16' (autocast) or 'fp16' (autocast and a grad scaler; CUDA only)",
+        _one_of("precision", PRECISIONS, str(PRECISIONS)),
+        choices=PRECISIONS,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "grad_accum",
+        "int",
+        1,
+        "training",
+        "micro-batches per optimizer step",
+        _positive_int("grad_accum", ""),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "clip_grad_norm",
+        "float | None",
+        None,
+        "training",
+        "clip the whole model's gradient norm to this",
+        _clip,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "microbatches",
+        "int | None",
+        None,
+        "parallelism",
+        "pp or a 3-D mesh: micro-batches per schedule step (default: the stages)",
+        _optional(_positive_int("microbatches", "")),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "schedule",
+        "str | None",
+        None,
+        "parallelism",
+        "pp: 'gpipe' (default) or '1f1b'",
+        _schedule,
+        choices=SCHEDULES,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "split",
+        "list[str] | None",
+        None,
+        "parallelism",
+        "pp: the module names where stages 1.. begin",
+        _split,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "reshard_after_forward",
+        "bool | None",
+        None,
+        "parallelism",
+        "fsdp: free the gathered blocks after the forward pass",
+        _flag("reshard_after_forward", optional=True),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "cpu_offload",
+        "bool | None",
+        None,
+        "parallelism",
+        "fsdp: keep parameters and optimizer state in CPU memory",
+        _flag("cpu_offload", optional=True),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "model",
+        "Any",
+        None,
+        "parallelism",
+        "an nn.Module or a function that builds one: checked against the layout at launch "
+        "(on the meta device), built by ctx.prepare()",
+        wire=None,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "plan",
+        "dict[str, Any] | None",
+        None,
+        "parallelism",
+        "tp and 2-D: module name -> 'colwise', 'rowwise' or a ParallelStyle",
+        wire=None,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "env",
+        "dict[str, str] | None",
+        None,
+        "code",
+        "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
+        'docs: guide/multi-node, "Network settings")',
+        check_env,
+        _copy_or_none,
+    ),
+    Option(
+        "working_dir",
+        "str | None",
+        None,
+        "code",
+        "a directory shipped to every worker: its modules and files; the ranks' cwd",
+        _working_dir,
+    ),
+    Option(
+        "py_modules",
+        "list[Any] | None",
+        None,
+        "code",
+        "modules (or their names) shipped to every worker; a package goes whole",
+        _py_modules,
+        _module_names,
+    ),
+    Option(
+        "queue",
+        "str | None",
+        None,
+        "sharing",
+        "the queue it runs in (default: clustersdk.scheduling.default-queue)",
+        _queue,
+    ),
+    Option(
+        "priority",
+        "int | str | None",
+        None,
+        "sharing",
+        "a class ('low', 'normal', 'high') or an int; higher runs first and may preempt "
+        "lower (default: clustersdk.scheduling.default-priority)",
+        _priority,
+    ),
+    Option(
+        "preemptible",
+        "bool",
+        True,
+        "sharing",
+        "may be suspended (or stopped) for a higher-priority job; False needs priority "
+        "normal or higher",
+        _flag("preemptible"),
+    ),
+    Option(
+        "time_limit",
+        "float | None",
+        None,
+        "sharing",
+        "an estimate of its run time in seconds: lets backfill plan around it",
+        _optional(_seconds("time_limit")),
+    ),
+    Option(
+        "min_world_size",
+        "int | None",
+        None,
+        "sharing",
+        "it may start (or resume) on this many ranks or more, up to world_size",
+    ),
+    Option(
+        "hang_timeout",
+        "float | None",
+        None,
+        "faults",
+        "seconds without a finished step before the job is HUNG (default: max(60 s, 20x "
+        "the slowest recent step))",
+        _optional(_seconds("hang_timeout")),
+    ),
+    Option(
+        "on_hang",
+        "str",
+        "report",
+        "faults",
+        "what a HUNG job does: 'report', 'restart' (within max_restarts) or 'fail'",
+        _one_of("on_hang", ON_HANG),
+        choices=ON_HANG,
+    ),
+    Option(
+        "on_error",
+        "str",
+        "fail",
+        "debugging",
+        "what a rank that raises does: 'fail' the job, or 'hold' it (HELD, for job.debug)",
+        _one_of("on_error", ON_ERROR),
+        choices=ON_ERROR,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "hold_timeout",
+        "float",
+        Config("hold-timeout"),
+        "debugging",
+        "seconds a HELD job waits for you before it fails",
+        _seconds("hold_timeout", " (how long a HELD job waits for you before it fails)"),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "debug",
+        "bool",
+        False,
+        "debugging",
+        "ctx.breakpoint() pauses the job and opens a pdb console (else it does nothing)",
+        _flag("debug"),
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "hparams",
+        "dict[str, Any] | None",
+        None,
+        "live",
+        "ctx.hparams: names -> numbers, strings or booleans that job.update may change",
+        check_hparams,
+        _copy_or_none,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "on_nan",
+        "str",
+        "report",
+        "diagnosis",
+        "what a NaN or Inf loss does: 'report', 'pause', 'rollback' (needs checkpoint_dir) "
+        "or 'fail'",
+        _one_of("on_nan", ON_NAN),
+        choices=ON_NAN,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "on_spike",
+        "str",
+        "report",
+        "diagnosis",
+        "what a loss spike does: 'report' or 'pause'",
+        _one_of("on_spike", ON_SPIKE),
+        choices=ON_SPIKE,
+        kinds=(FUNCTION,),
+    ),
+    Option(
+        "script",
+        "str | None",
+        None,
+        "scripts",
+        "a Python file each rank runs as `python -u script *args`, torchrun's way (launch_script)",
+        _script,
+        kinds=(SCRIPT,),
+    ),
+    Option(
+        "module",
+        "str | None",
+        None,
+        "scripts",
+        "a module each rank runs as `python -u -m module *args` (instead of script)",
+        _module,
+        kinds=(SCRIPT,),
+    ),
+    Option(
+        "command",
+        "str | None",
+        None,
+        "scripts",
+        "a console command each rank runs as `command *args`, found on the workers' PATH "
+        "(instead of script)",
+        _command,
+        kinds=(SCRIPT,),
+    ),
+    Option(
+        "grace",
+        "float",
+        Config("term-grace"),
+        "scripts",
+        "seconds a script's rank has to exit after SIGTERM (stop, suspend, preemption) "
+        "before SIGKILL",
+        _seconds("grace"),
+        kinds=(SCRIPT,),
+    ),
 )
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 NAMES: tuple[str, ...] = tuple(OPTIONS_BY_NAME)
@@ -535,8 +810,10 @@ def default(name: str) -> Any:
         return option.check(value)
     except SpecError as e:
         env = "DASK_CLUSTERSDK__" + key.upper().replace("-", "_")
-        raise SpecError(f"the setting clustersdk.{key} is invalid ({e}); fix it in "
-                        f"clustersdk.yaml, dask.config or {env}") from None
+        raise SpecError(
+            f"the setting clustersdk.{key} is invalid ({e}); fix it in "
+            f"clustersdk.yaml, dask.config or {env}"
+        ) from None
 
 
 def spec_field(name: str) -> Any:
@@ -584,17 +861,27 @@ def _check_kind(values: Mapping[str, Any], kind: str) -> None:
     """Every option given belongs to the job's kind; a script job runs one thing."""
     given = [n for n in ENTRY_POINTS if values.get(n) is not None]
     if len(given) > 1:
-        raise SpecError(f"a script job runs one thing: give script=, module= or command=, not "
-                        f"{' and '.join(f'{n}=' for n in given)}")
-    other, launcher = (FUNCTION, "cluster.launch(fn, ...)") if kind == SCRIPT else \
-        (SCRIPT, "cluster.launch_script(...)")
-    wrong = [o.name for o in OPTIONS if kind not in o.kinds
-             and _is_given(values[o.name], o.launch_default)]
+        raise SpecError(
+            f"a script job runs one thing: give script=, module= or command=, not "
+            f"{' and '.join(f'{n}=' for n in given)}"
+        )
+    other, launcher = (
+        (FUNCTION, "cluster.launch(fn, ...)")
+        if kind == SCRIPT
+        else (SCRIPT, "cluster.launch_script(...)")
+    )
+    wrong = [
+        o.name
+        for o in OPTIONS
+        if kind not in o.kinds and _is_given(values[o.name], o.launch_default)
+    ]
     if wrong:
         what = "a training function" if kind == FUNCTION else "a script"
         verb = "is an option" if len(wrong) == 1 else "are options"
-        raise SpecError(f"{', '.join(f'{n}=' for n in wrong)} {verb} of {other} jobs "
-                        f"({launcher}), not of a job that runs {what}")
+        raise SpecError(
+            f"{', '.join(f'{n}=' for n in wrong)} {verb} of {other} jobs "
+            f"({launcher}), not of a job that runs {what}"
+        )
 
 
 def _is_given(value: Any, launch_default: Any) -> bool:
@@ -609,24 +896,36 @@ def _check_parallel(spec: dict[str, Any]) -> None:
         spec["mesh"] = dict(spec["mesh"])
     for name, strategy in ONLY_FOR.items():
         # a pipeline's options also go with a 3-D mesh (strategy 'fsdp' with 'pp')
-        if spec[name] is not None and spec["strategy"] != strategy and not (
-                strategy == "pp" and layout.pipelined):
-            also = (" (or of strategy='fsdp' with a mesh that has a 'pp' dimension)"
-                    if strategy == "pp" else "")
-            raise SpecError(f"{name}= is an option of strategy={strategy!r}, not "
-                            f"{spec['strategy']!r}{also}")
+        if (
+            spec[name] is not None
+            and spec["strategy"] != strategy
+            and not (strategy == "pp" and layout.pipelined)
+        ):
+            also = (
+                " (or of strategy='fsdp' with a mesh that has a 'pp' dimension)"
+                if strategy == "pp"
+                else ""
+            )
+            raise SpecError(
+                f"{name}= is an option of strategy={strategy!r}, not {spec['strategy']!r}{also}"
+            )
     if spec["plan"] is not None and layout.size("tp") == 1:
-        raise SpecError("plan= is for tensor parallelism: use strategy='tp', or 'fsdp' with a "
-                        "mesh that has a 'tp' dimension")
+        raise SpecError(
+            "plan= is for tensor parallelism: use strategy='tp', or 'fsdp' with a "
+            "mesh that has a 'tp' dimension"
+        )
     if not layout.pipelined:
         return
     stages, micro, split = layout.size("pp"), spec["microbatches"], spec["split"]
     if spec["schedule"] == "1f1b" and (micro or stages) < stages:
-        raise SpecError(f"schedule='1f1b' needs at least as many microbatches as stages: "
-                        f"microbatches={micro}, pp={stages}")
+        raise SpecError(
+            f"schedule='1f1b' needs at least as many microbatches as stages: "
+            f"microbatches={micro}, pp={stages}"
+        )
     if split is not None and len(split) + 1 != stages:
-        raise SpecError(f"split={split} makes {len(split) + 1} stages, but the pipeline has "
-                        f"pp={stages} ranks")
+        raise SpecError(
+            f"split={split} makes {len(split) + 1} stages, but the pipeline has pp={stages} ranks"
+        )
 
 
 def _check_together(spec: dict[str, Any]) -> None:
@@ -634,23 +933,30 @@ def _check_together(spec: dict[str, Any]) -> None:
     if needs_dir and spec["checkpoint_dir"] is None:
         raise SpecError(f"{' and '.join(needs_dir)} need checkpoint_dir=...")
     low, size = spec["min_world_size"], spec["world_size"]
-    if low is not None and (isinstance(low, bool) or not isinstance(low, int)
-                            or not 1 <= low <= size):
-        raise SpecError(f"min_world_size must be an int from 1 to world_size={size}, got "
-                        f"{low!r}")
+    if low is not None and (
+        isinstance(low, bool) or not isinstance(low, int) or not 1 <= low <= size
+    ):
+        raise SpecError(f"min_world_size must be an int from 1 to world_size={size}, got {low!r}")
     if spec["on_hang"] == "restart" and not spec["max_restarts"]:
-        raise SpecError("on_hang='restart' needs max_restarts=1 or more (a restart after a "
-                        "hang counts against it)")
+        raise SpecError(
+            "on_hang='restart' needs max_restarts=1 or more (a restart after a "
+            "hang counts against it)"
+        )
     if spec["on_nan"] == "rollback" and spec["checkpoint_dir"] is None:
-        raise SpecError("on_nan='rollback' needs checkpoint_dir=... (it restarts from the "
-                        "newest checkpoint, skipping the batch of the non-finite step)")
+        raise SpecError(
+            "on_nan='rollback' needs checkpoint_dir=... (it restarts from the "
+            "newest checkpoint, skipping the batch of the non-finite step)"
+        )
 
 
 def to_wire(values: Mapping[str, Any]) -> dict[str, Any]:
     """The options of checked ``values`` that cross the wire, in their wire form."""
     # an option of the other kind of job, unset, takes WireSpec's default
-    return {o.name: o.wire(values[o.name]) for o in OPTIONS if o.wire is not None
-            and not (o.setting is not None and values[o.name] is None)}
+    return {
+        o.name: o.wire(values[o.name])
+        for o in OPTIONS
+        if o.wire is not None and not (o.setting is not None and values[o.name] is None)
+    }
 
 
 # --- documentation -----------------------------------------------------------------------------

@@ -56,8 +56,10 @@ class PostMortem:
         err = self.error
         at = f" at step {self.step}" if self.step is not None else ""
         ended = f"; {self._entry['ended']}" if self._entry.get("ended") else ""
-        return (f"rank {self.rank} of job {self._entry.get('name', '?')!r} raised "
-                f"{err.get('type')}{at}: {err.get('message')} ({self.status}{ended})")
+        return (
+            f"rank {self.rank} of job {self._entry.get('name', '?')!r} raised "
+            f"{err.get('type')}{at}: {err.get('message')} ({self.status}{ended})"
+        )
 
     @property
     def text(self) -> str:
@@ -84,17 +86,23 @@ class PostMortem:
 
     def _repr_html_(self) -> str:
         """The frames innermost first, the failing one open, each with a table of locals."""
-        parts = [f'<div class="clustersdk-postmortem"><strong>{html.escape(self.headline())}'
-                 "</strong>"]
+        parts = [
+            f'<div class="clustersdk-postmortem"><strong>{html.escape(self.headline())}</strong>'
+        ]
         for index, frame in enumerate(reversed(self.frames)):
-            rows = "".join(f"<tr><td><code>{html.escape(n)}</code></td><td><code>"
-                           f"{html.escape(v)}</code></td></tr>"
-                           for n, v in (frame.get("locals") or {}).items())
-            where = (f'{html.escape(frame["function"])} — {html.escape(frame["file"])}, '
-                     f'line {frame["line"]}')
+            rows = "".join(
+                f"<tr><td><code>{html.escape(n)}</code></td><td><code>"
+                f"{html.escape(v)}</code></td></tr>"
+                for n, v in (frame.get("locals") or {}).items()
+            )
+            where = (
+                f"{html.escape(frame['function'])} — {html.escape(frame['file'])}, "
+                f"line {frame['line']}"
+            )
             opened = " open" if index == 0 else ""
             parts.append(
                 f"<details{opened}><summary><code>{where}</code></summary>"
                 f'<pre style="margin:2px 0 4px 12px;">{html.escape(frame.get("code") or "")}'
-                f"</pre>{f'<table>{rows}</table>' if rows else ''}</details>")
+                f"</pre>{f'<table>{rows}</table>' if rows else ''}</details>"
+            )
         return "".join(parts) + "</div>"

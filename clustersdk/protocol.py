@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Literal, Mapping, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
 
 from .errors import ProtocolError
 from .options import spec_field
@@ -39,16 +40,16 @@ class Word(enum.IntEnum):
     """Positions in the control vector. Each entry only ever grows (element-wise max
     merges copies in any order)."""
 
-    STOP = 0        # 1 once a stop is asked
-    SUSPEND = 1     # 1 once a suspend is asked
-    PAUSE = 2       # pause generation: incremented by every pause
-    RESUME = 3      # resume generation: equal to PAUSE after a resume
+    STOP = 0  # 1 once a stop is asked
+    SUSPEND = 1  # 1 once a suspend is asked
+    PAUSE = 2  # pause generation: incremented by every pause
+    RESUME = 3  # resume generation: equal to PAUSE after a resume
     CHECKPOINT = 4  # sequence number of the newest checkpoint request
-    PROFILE = 5     # the newest profile request: profile_word(seq, steps)
-    RUN = 6         # sequence number of the newest job.run request (code run on the ranks)
-    UPDATE = 7      # sequence number of the newest job.update (hyperparameters changed)
-    RELEASE = 8     # breakpoints released: a rank at its k-th ctx.breakpoint waits for >= k
-    NONFINITE = 9   # raised by the ranks themselves: 1 + the step of a non-finite loss
+    PROFILE = 5  # the newest profile request: profile_word(seq, steps)
+    RUN = 6  # sequence number of the newest job.run request (code run on the ranks)
+    UPDATE = 7  # sequence number of the newest job.update (hyperparameters changed)
+    RELEASE = 8  # breakpoints released: a rank at its k-th ctx.breakpoint waits for >= k
+    NONFINITE = 9  # raised by the ranks themselves: 1 + the step of a non-finite loss
 
 
 def no_words() -> list[int]:
@@ -96,26 +97,28 @@ class Op(str, enum.Enum):
     CHECKPOINT = "checkpoint"
     SUSPEND = "suspend"
     HISTORY = "history"
-    STEPS = "steps"                  # per-step summaries over the ranks: mean, min, max
+    STEPS = "steps"  # per-step summaries over the ranks: mean, min, max
     LOGS = "logs"
     SYSTEM = "system"
     RANK_EVENT = "rank_event"
-    SET_CAPACITY = "set_capacity"    # an autoscaling deployer: how far it grows, why jobs wait
-    QUEUE = "queue"                  # the queues: who holds what, what waits and why
-    CONFIGURE = "configure"          # an admin's change of the scheduling settings
-    STACKS = "stacks"                # where each rank of a job is (its training thread's stack)
-    PROFILE = "profile"              # capture torch.profiler traces for N steps
-    PROFILE_WAIT = "profile_wait"    # the profile of request seq, once every rank reported
-    PHASES = "phases"                # the per-step phase timings of a job
-    DEBUG = "debug"                  # a HELD rank's failing stack with its locals
-    RESTART = "restart"              # a HELD job: restart from its newest checkpoint
-    CONSOLE = "console"              # a breakpoint's pdb session: input in, transcript out
-    RUN = "run"                      # job.run: a function for some ranks at their next boundary
-    RUN_WAIT = "run_wait"            # the results of job.run request seq, once every rank reported
-    UPDATE = "update"                # job.update: hyperparameters changed at one step boundary
-    LIVE_PENDING = "live_pending"    # from a rank: the job.run / job.update requests it must carry out
-    WHOAMI = "whoami"                # the identity a request comes from, and what it may do
-    REVOKE = "revoke"                # an admin's new revocation list: refused from now on
+    SET_CAPACITY = "set_capacity"  # an autoscaling deployer: how far it grows, why jobs wait
+    QUEUE = "queue"  # the queues: who holds what, what waits and why
+    CONFIGURE = "configure"  # an admin's change of the scheduling settings
+    STACKS = "stacks"  # where each rank of a job is (its training thread's stack)
+    PROFILE = "profile"  # capture torch.profiler traces for N steps
+    PROFILE_WAIT = "profile_wait"  # the profile of request seq, once every rank reported
+    PHASES = "phases"  # the per-step phase timings of a job
+    DEBUG = "debug"  # a HELD rank's failing stack with its locals
+    RESTART = "restart"  # a HELD job: restart from its newest checkpoint
+    CONSOLE = "console"  # a breakpoint's pdb session: input in, transcript out
+    RUN = "run"  # job.run: a function for some ranks at their next boundary
+    RUN_WAIT = "run_wait"  # the results of job.run request seq, once every rank reported
+    UPDATE = "update"  # job.update: hyperparameters changed at one step boundary
+    LIVE_PENDING = (
+        "live_pending"  # from a rank: the job.run / job.update requests it must carry out
+    )
+    WHOAMI = "whoami"  # the identity a request comes from, and what it may do
+    REVOKE = "revoke"  # an admin's new revocation list: refused from now on
 
     @property
     def handler(self) -> str:
@@ -128,9 +131,9 @@ class WorkerOp(str, enum.Enum):
     OPEN_STORE = "open_store"
     START_RANK = "start_rank"
     CONTROL = "control"
-    STACKS = "stacks"                # the stack of a job's rank thread on this worker
-    CONSOLE = "console"              # a line of input for the rank's pdb session
-    REVOKE = "revoke"                # a new revocation list for this worker's listeners
+    STACKS = "stacks"  # the stack of a job's rank thread on this worker
+    CONSOLE = "console"  # a line of input for the rank's pdb session
+    REVOKE = "revoke"  # a new revocation list for this worker's listeners
 
     @property
     def handler(self) -> str:
@@ -145,33 +148,33 @@ def op(rpc: Any, operation: Op | WorkerOp) -> Any:
 
 # --- what ranks report ---------------------------------------------------------------------
 class RankEvent(str, enum.Enum):
-    STARTED = "started"                  # inside the user's function
-    METRICS = "metrics"                  # rows, logs and samples only
-    LOOP = "loop"                        # total_steps of ctx.loop (rank 0)
-    RESTORED = "restored"                # step, path: a checkpoint was loaded (rank 0)
-    PAUSED = "paused"                    # step
-    RESUMED = "resumed"                  # step
-    CHECKPOINT = "checkpoint"            # seq, step, path: committed (rank 0)
+    STARTED = "started"  # inside the user's function
+    METRICS = "metrics"  # rows, logs and samples only
+    LOOP = "loop"  # total_steps of ctx.loop (rank 0)
+    RESTORED = "restored"  # step, path: a checkpoint was loaded (rank 0)
+    PAUSED = "paused"  # step
+    RESUMED = "resumed"  # step
+    CHECKPOINT = "checkpoint"  # seq, step, path: committed (rank 0)
     CHECKPOINT_FAILED = "checkpoint_failed"  # seq, step, message (rank 0)
-    PROFILED = "profiled"                # seq, profile: this rank's trace and summary
-    TUNABLE = "tunable"                  # info: what job.update may change here (its optimizers...)
-    RAN = "ran"                          # seq, result (pickled) or error: a job.run on this rank
-    UPDATED = "updated"                  # seq, step, changes {key: [old, new]} or error
-    NONFINITE = "nonfinite"              # step, values: a watched scalar was NaN or Inf
-    FAILED = "failed"                    # error: the rank raised
-    HELD = "held"                        # error, frames, step: raised under on_error="hold"
-    BREAK = "break"                      # k, step: at its k-th ctx.breakpoint(), pdb opens
-    CONSOLE = "console"                  # k, text, closed: what the rank's pdb session printed
-    CONTROLS = "controls"                # accepts: what a script rank opted into (pause...)
-    EXIT = "exit"                        # status (ExitStatus), result (rank 0): the rank is gone
+    PROFILED = "profiled"  # seq, profile: this rank's trace and summary
+    TUNABLE = "tunable"  # info: what job.update may change here (its optimizers...)
+    RAN = "ran"  # seq, result (pickled) or error: a job.run on this rank
+    UPDATED = "updated"  # seq, step, changes {key: [old, new]} or error
+    NONFINITE = "nonfinite"  # step, values: a watched scalar was NaN or Inf
+    FAILED = "failed"  # error: the rank raised
+    HELD = "held"  # error, frames, step: raised under on_error="hold"
+    BREAK = "break"  # k, step: at its k-th ctx.breakpoint(), pdb opens
+    CONSOLE = "console"  # k, text, closed: what the rank's pdb session printed
+    CONTROLS = "controls"  # accepts: what a script rank opted into (pause...)
+    EXIT = "exit"  # status (ExitStatus), result (rank 0): the rank is gone
 
 
 class ExitStatus(str, enum.Enum):
-    OK = "ok"                    # returned
-    STOPPED = "stopped"          # left ctx.loop on a stop
-    SUSPENDED = "suspended"      # left ctx.loop after its suspend checkpoint
-    FAILED = "failed"            # raised
-    LOST = "lost"                # its worker left the cluster (set by the control plane)
+    OK = "ok"  # returned
+    STOPPED = "stopped"  # left ctx.loop on a stop
+    SUSPENDED = "suspended"  # left ctx.loop after its suspend checkpoint
+    FAILED = "failed"  # raised
+    LOST = "lost"  # its worker left the cluster (set by the control plane)
     NOT_STARTED = "not started"  # its worker could not start it (set by the control plane)
 
 
@@ -192,21 +195,21 @@ class MetricsMessage(TypedDict, total=False):
     kind: Literal["metrics"]
     rank: int
     attempt: int
-    sent: float                  # when the rank sent it (time.time())
-    event: str                   # the RankEvent it came with, if any
+    sent: float  # when the rank sent it (time.time())
+    event: str  # the RankEvent it came with, if any
     rows: list[Row]
-    logs: list[tuple[int, float, str, str]]   # rank, time, stream, text
-    system: list[dict[str, Any]]              # rank, time, sample
-    phases: list[list[float]]                 # [step, *PHASES] of this rank's steps
+    logs: list[tuple[int, float, str, str]]  # rank, time, stream, text
+    system: list[dict[str, Any]]  # rank, time, sample
+    phases: list[list[float]]  # [step, *PHASES] of this rank's steps
 
 
 class StepBand(TypedDict):
     """One step of a job's scalars over its ranks: per scalar ``[min, mean, max]``."""
 
     step: int
-    time: float                  # when its newest row was logged
-    oldest: float                # when the oldest row new in this message was logged
-    ranks: int                   # how many ranks logged the step so far
+    time: float  # when its newest row was logged
+    oldest: float  # when the oldest row new in this message was logged
+    ranks: int  # how many ranks logged the step so far
     scalars: dict[str, list[float]]
 
 
@@ -214,7 +217,7 @@ class SystemBand(TypedDict):
     """One tick's system samples over the ranks: per reading ``[min, mean, max]``."""
 
     time: float
-    source: str                  # "nvml" or "psutil"
+    source: str  # "nvml" or "psutil"
     ranks: int
     fields: dict[str, list[float]]
 
@@ -227,8 +230,8 @@ class PhaseBand(TypedDict):
     min: list[float]
     mean: list[float]
     max: list[float]
-    slowest: int                 # the rank whose own work (data, compute, optimizer,
-    slowest_work: float          # checkpoint) took longest, and those seconds
+    slowest: int  # the rank whose own work (data, compute, optimizer,
+    slowest_work: float  # checkpoint) took longest, and those seconds
 
 
 class StepsMessage(TypedDict):
@@ -239,15 +242,15 @@ class StepsMessage(TypedDict):
 
     kind: Literal["steps"]
     attempt: int
-    steps: list[StepBand]        # the steps that changed, in step order
+    steps: list[StepBand]  # the steps that changed, in step order
     system: SystemBand | None
     phases: list[PhaseBand]
-    logs: list[tuple[int, float, str, str]]   # rank, time, stream, text
+    logs: list[tuple[int, float, str, str]]  # rank, time, stream, text
 
 
 class StatusMessage(TypedDict):
     kind: Literal["status"]
-    status: str                  # a JobStatus name
+    status: str  # a JobStatus name
     attempt: int
 
 
@@ -283,7 +286,7 @@ class ConsoleMessage(TypedDict):
     kind: Literal["console"]
     seq: int
     rank: int
-    k: int                       # the rank's k-th ctx.breakpoint()
+    k: int  # the rank's k-th ctx.breakpoint()
     text: str
     open: bool
 
@@ -321,9 +324,20 @@ class RollbackMessage(TypedDict):
     step: int
 
 
-Message = (MetricsMessage | StepsMessage | StatusMessage | ProgressMessage | CheckpointMessage
-           | CheckpointFailedMessage | ProfileMessage | RollbackMessage | ConsoleMessage
-           | UpdatedMessage | DiagnosisMessage | ControlsMessage)
+Message = (
+    MetricsMessage
+    | StepsMessage
+    | StatusMessage
+    | ProgressMessage
+    | CheckpointMessage
+    | CheckpointFailedMessage
+    | ProfileMessage
+    | RollbackMessage
+    | ConsoleMessage
+    | UpdatedMessage
+    | DiagnosisMessage
+    | ControlsMessage
+)
 
 
 def what_runs(spec: Mapping[str, Any]) -> str:
@@ -358,20 +372,20 @@ class WireSpec:
     id: str
     name: str
     world_size: int
-    fn: str = "job"                           # the training function's qualified name
-    owner: str | None = None                  # who launched it (login name)
+    fn: str = "job"  # the training function's qualified name
+    owner: str | None = None  # who launched it (login name)
     # the launch options that cross the wire, their defaults clustersdk.options's
     strategy: str = spec_field("strategy")
-    timeout: float = spec_field("timeout")    # process-group timeout, seconds
+    timeout: float = spec_field("timeout")  # process-group timeout, seconds
     metrics_interval: float = spec_field("metrics_interval")  # ranks ship metrics, logs
     checkpoint_dir: str | None = spec_field("checkpoint_dir")
     checkpoint_every: int | None = spec_field("checkpoint_every")
-    keep: int = spec_field("keep")            # committed checkpoints kept
+    keep: int = spec_field("keep")  # committed checkpoints kept
     async_checkpoint: bool = spec_field("async_checkpoint")
     resume: str | None = spec_field("resume")  # "auto" or a checkpoint path
     tensorboard_dir: str | None = spec_field("tensorboard_dir")
     max_restarts: int = spec_field("max_restarts")  # gang restarts after a lost worker
-    attempt: int = 0                          # gang starts after the first (restarts, resumes)
+    attempt: int = 0  # gang starts after the first (restarts, resumes)
     mesh: dict[str, int] | None = spec_field("mesh")
     precision: str = spec_field("precision")
     grad_accum: int = spec_field("grad_accum")
@@ -385,28 +399,28 @@ class WireSpec:
     working_dir: str | None = spec_field("working_dir")  # shipped code: the ranks' cwd
     py_modules: list[str] | None = spec_field("py_modules")  # shipped code: module names
     # sharing the cluster (control/scheduling): resolved by the control plane at submit
-    queue: str | None = spec_field("queue")   # None: the default queue
+    queue: str | None = spec_field("queue")  # None: the default queue
     priority: int | str | None = spec_field("priority")  # an int once admitted
     preemptible: bool = spec_field("preemptible")
     time_limit: float | None = spec_field("time_limit")  # the owner's estimate, seconds
     min_world_size: int | None = spec_field("min_world_size")  # fewest ranks to run on
-    asked_world_size: int | None = None       # running on fewer than asked: the size to regain
+    asked_world_size: int | None = None  # running on fewer than asked: the size to regain
     hang_timeout: float | None = spec_field("hang_timeout")  # None: derived from step times
-    on_hang: str = spec_field("on_hang")      # "report", "restart" or "fail"
-    profile_dir: str | None = None            # the control plane's state dir (profile traces)
-    on_error: str = spec_field("on_error")    # "fail", or "hold": a rank that raises waits (HELD)
+    on_hang: str = spec_field("on_hang")  # "report", "restart" or "fail"
+    profile_dir: str | None = None  # the control plane's state dir (profile traces)
+    on_error: str = spec_field("on_error")  # "fail", or "hold": a rank that raises waits (HELD)
     hold_timeout: float = spec_field("hold_timeout")  # seconds a HELD job waits before it fails
-    debug: bool = spec_field("debug")         # ctx.breakpoint() opens a pdb console (else a no-op)
+    debug: bool = spec_field("debug")  # ctx.breakpoint() opens a pdb console (else a no-op)
     hparams: dict[str, Any] | None = spec_field("hparams")  # JSON scalars job.update may change
-    on_nan: str = spec_field("on_nan")        # "report", "pause", "rollback" or "fail"
-    on_spike: str = spec_field("on_spike")    # "report" or "pause"
+    on_nan: str = spec_field("on_nan")  # "report", "pause", "rollback" or "fail"
+    on_spike: str = spec_field("on_spike")  # "report" or "pause"
     # a script job (launch_script): what each rank runs as a child process of its worker
     script: str | None = spec_field("script")  # python -u script *args
     module: str | None = spec_field("module")  # python -u -m module *args
     command: str | None = spec_field("command")  # command *args
-    args: list[str] | None = None             # the script's arguments
-    grace: float = spec_field("grace")        # seconds from SIGTERM to SIGKILL
-    skip_steps: list[int] | None = None       # steps whose batch is drawn and dropped (rollbacks)
+    args: list[str] | None = None  # the script's arguments
+    grace: float = spec_field("grace")  # seconds from SIGTERM to SIGKILL
+    skip_steps: list[int] | None = None  # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
 
     @property
@@ -444,4 +458,3 @@ class WireSpec:
 
     def replace(self, **changes: Any) -> WireSpec:
         return dataclasses.replace(self, **changes)
-

@@ -47,9 +47,16 @@ def safe_name(address: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "-", address).strip("-") or "cluster"
 
 
-def register(address: str, *, kind: str, local: bool,
-             state_dir: str | os.PathLike | None = None, pid: int | None = None,
-             credentials: str | None = None, authority: str | None = None) -> str | None:
+def register(
+    address: str,
+    *,
+    kind: str,
+    local: bool,
+    state_dir: str | os.PathLike | None = None,
+    pid: int | None = None,
+    credentials: str | None = None,
+    authority: str | None = None,
+) -> str | None:
     """Record that this process uses the scheduler at ``address``; return the entry's path.
     A TLS cluster's entry also names the ``credentials`` file this process connects
     with and, for its creator, its certificate ``authority``'s directory: other
@@ -59,8 +66,14 @@ def register(address: str, *, kind: str, local: bool,
     is logged and ``None`` is returned, since the cluster itself works without it.
     """
     pid = os.getpid() if pid is None else pid
-    entry = {"address": address, "kind": kind, "local": bool(local), "pid": pid,
-             "host": socket.gethostname(), "created": time.time()}
+    entry = {
+        "address": address,
+        "kind": kind,
+        "local": bool(local),
+        "pid": pid,
+        "host": socket.gethostname(),
+        "created": time.time(),
+    }
     if credentials:
         entry["credentials"] = credentials
     if authority:
@@ -105,8 +118,11 @@ def entries(state_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         entry = _read(path)
         if entry is None:
             continue
-        if entry.get("local") and entry.get("host") == socket.gethostname() \
-                and not pid_alive(int(entry.get("pid", 0))):
+        if (
+            entry.get("local")
+            and entry.get("host") == socket.gethostname()
+            and not pid_alive(int(entry.get("pid", 0)))
+        ):
             unregister(path)
             continue
         entry["path"] = path

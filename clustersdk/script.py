@@ -52,8 +52,7 @@ from typing import Any
 
 from .protocol import Word, no_words
 
-__all__ = ["Request", "checkpoint_dir", "in_job", "log", "restarts", "resume_from", "saved",
-           "step"]
+__all__ = ["Request", "checkpoint_dir", "in_job", "log", "restarts", "resume_from", "saved", "step"]
 
 ENV_CONTROL = "CLUSTERSDK_CONTROL"
 STEP_REPORT_S = 0.5  # a rank that only calls step() says where it is this often (hangs)
@@ -154,9 +153,9 @@ class _Channel:
         self.words = no_words()
         self.sigterm = False
         self.opted = False
-        self.check: Any = None       # the ranks' agreement (clustersdk.runtime.control_words)
-        self.agreed = no_words()     # the newest words every rank acted on
-        self.done = no_words()       # what this script handled: the request seqs
+        self.check: Any = None  # the ranks' agreement (clustersdk.runtime.control_words)
+        self.agreed = no_words()  # the newest words every rank acted on
+        self.done = no_words()  # what this script handled: the request seqs
         self.step = 0
         self.last_report = 0.0
         threading.Thread(target=self._listen, daemon=True, name="clustersdk-script").start()
@@ -194,8 +193,7 @@ class _Channel:
         words = self._agree(step)
         if words is None:
             return NOTHING
-        if words[Word.PAUSE] > words[Word.RESUME] and not (words[Word.STOP] or
-                                                            words[Word.SUSPEND]):
+        if words[Word.PAUSE] > words[Word.RESUME] and not (words[Word.STOP] or words[Word.SUSPEND]):
             words = self._paused(step, words)
         checkpoint = words[Word.CHECKPOINT] > self.done[Word.CHECKPOINT]
         if checkpoint:
@@ -203,20 +201,31 @@ class _Channel:
         suspend = bool(words[Word.SUSPEND]) and not words[Word.STOP]
         stop = bool(words[Word.STOP] or words[Word.SUSPEND])
         if checkpoint or stop:
-            self.send({"op": "phase", "phase": "checkpoint" if checkpoint or suspend
-                       else "step", "step": step})
+            self.send(
+                {
+                    "op": "phase",
+                    "phase": "checkpoint" if checkpoint or suspend else "step",
+                    "step": step,
+                }
+            )
         return Request(checkpoint=checkpoint or suspend, stop=stop, suspend=suspend)
 
     def _opt_in(self, step: int, saves: bool) -> None:
         self.opted = True
         accepts = ["pause", "checkpoint"] if saves else ["pause"]
         self.send({"op": "controls", "accepts": accepts, "step": step})
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        ):
             signal.signal(signal.SIGTERM, self._on_sigterm)
         dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized() \
-                and dist.get_world_size() > 1:
+        if (
+            dist is not None
+            and dist.is_available()
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+        ):
             from .runtime.control_words import Control, ControlCheck
 
             group = dist.new_group(backend="gloo")  # every rank is at its first boundary
@@ -271,13 +280,22 @@ class _Channel:
 
     def _leaves_pause(self, generation: int) -> bool:
         words = self.words
-        return (words[Word.RESUME] >= generation or bool(words[Word.STOP])
-                or bool(words[Word.SUSPEND]) or self.sigterm)
+        return (
+            words[Word.RESUME] >= generation
+            or bool(words[Word.STOP])
+            or bool(words[Word.SUSPEND])
+            or self.sigterm
+        )
 
     def saved(self, path: str | None, step: int | None) -> None:
-        self.send({"op": "saved", "seq": self.done[Word.CHECKPOINT],
-                   "step": self.step if step is None else int(step),
-                   "path": None if path is None else os.fspath(path)})
+        self.send(
+            {
+                "op": "saved",
+                "seq": self.done[Word.CHECKPOINT],
+                "step": self.step if step is None else int(step),
+                "path": None if path is None else os.fspath(path),
+            }
+        )
 
 
 _lock = threading.Lock()

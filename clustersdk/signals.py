@@ -43,7 +43,8 @@ import collections
 import dataclasses
 import heapq
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 MAX_SCORE = 1e6  # a MAD of zero makes any rise infinite; keep it a number JSON can carry
 
@@ -63,13 +64,17 @@ def nonfinite_values(scalars: Mapping[str, Any]) -> dict[str, float]:
     >>> nonfinite_values({"loss": float("nan"), "lr": float("inf"), "grad_norm": 1.0})
     {'loss': nan}
     """
-    return {k: float(v) for k, v in scalars.items()
-            if watched(k) and isinstance(v, (int, float)) and not isinstance(v, bool)
-            and not math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in scalars.items()
+        if watched(k)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and not math.isfinite(v)
+    }
 
 
-def first_nonfinite(rows: Iterable[Mapping[str, Any]]
-                    ) -> tuple[int, int, dict[str, float]] | None:
+def first_nonfinite(rows: Iterable[Mapping[str, Any]]) -> tuple[int, int, dict[str, float]] | None:
     """``(rank, step, values)`` of the first row with a non-finite watched scalar."""
     for row in rows:
         bad = nonfinite_values(row.get("scalars") or {})
@@ -92,15 +97,21 @@ class SpikeDetector:
     """A job's recent losses, and whether the newest is a spike (the defaults are those of
     ``clustersdk.diagnosis.spike-*`` in clustersdk.yaml)."""
 
-    def __init__(self, window: int = 50, min_steps: int = 20, threshold: float = 10.0,
-                 ratio: float = 10.0):
-        if not (isinstance(window, int) and isinstance(min_steps, int)
-                and 3 <= min_steps <= window):
-            raise ValueError(f"spike detection needs 3 <= min_steps <= window, got "
-                             f"min_steps={min_steps!r}, window={window!r}")
+    def __init__(
+        self, window: int = 50, min_steps: int = 20, threshold: float = 10.0, ratio: float = 10.0
+    ):
+        if not (
+            isinstance(window, int) and isinstance(min_steps, int) and 3 <= min_steps <= window
+        ):
+            raise ValueError(
+                f"spike detection needs 3 <= min_steps <= window, got "
+                f"min_steps={min_steps!r}, window={window!r}"
+            )
         if not (threshold > 0 and ratio >= 1):
-            raise ValueError(f"spike threshold must be > 0 and ratio >= 1, got "
-                             f"threshold={threshold!r}, ratio={ratio!r}")
+            raise ValueError(
+                f"spike threshold must be > 0 and ratio >= 1, got "
+                f"threshold={threshold!r}, ratio={ratio!r}"
+            )
         self.window, self.min_steps = window, min_steps
         self.threshold, self.ratio = float(threshold), float(ratio)
         self.values: collections.deque[float] = collections.deque(maxlen=window)
@@ -167,14 +178,14 @@ class StepMeans:
 
     def __init__(self, world_size: int, patience: int = 50) -> None:
         self.world_size, self.patience = world_size, patience
-        self.newest: dict[int, int] = {}             # rank -> its newest step with a loss
+        self.newest: dict[int, int] = {}  # rank -> its newest step with a loss
         self.pending: dict[int, dict[int, float]] = {}  # step -> rank -> loss
         # kept as rows come, so that a row costs the same at 4,096 ranks as at 2 (taking
         # min(newest.values()) for every row made a step cost the world size squared)
         self._at: collections.Counter[int] = collections.Counter()  # step -> ranks newest there
-        self._lows: list[int] = []   # a heap of the steps in _at (stale ones dropped lazily)
+        self._lows: list[int] = []  # a heap of the steps in _at (stale ones dropped lazily)
         self._waiting: list[int] = []  # a heap of the steps in pending
-        self._high = -1              # max(newest.values())
+        self._high = -1  # max(newest.values())
 
     def add(self, rank: int, step: int, value: float) -> list[StepLoss]:
         old = self.newest.get(rank)
@@ -209,8 +220,9 @@ class StepMeans:
             if not finite:
                 continue  # non-finite values are reported on their own
             worst = max(finite, key=lambda r: (finite[r], -r))
-            out.append(StepLoss(s, sum(finite.values()) / len(finite), len(finite), worst,
-                                finite[worst]))
+            out.append(
+                StepLoss(s, sum(finite.values()) / len(finite), len(finite), worst, finite[worst])
+            )
         return out
 
 

@@ -7,12 +7,15 @@ import getpass
 import os
 import re
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
-from . import config  # noqa: F401 - loads the settings as defaults before any dask.config.set
-from . import options
+from . import (
+    config,  # noqa: F401 - loads the settings as defaults before any dask.config.set
+    options,
+)
 from .errors import SpecError
 from .options import default
 from .protocol import WireSpec
@@ -94,10 +97,14 @@ class JobSpec:
         if kind == options.SCRIPT:
             self._check_script_call()
         elif self.fn is None:
-            raise SpecError("a job runs a training function (fn=...) or a script (script=, "
-                            "module= or command=); got neither")
+            raise SpecError(
+                "a job runs a training function (fn=...) or a script (script=, "
+                "module= or command=); got neither"
+            )
         elif not callable(self.fn):
-            raise SpecError(f"fn must be callable, got {self.fn!r} of type {type(self.fn).__name__}")
+            raise SpecError(
+                f"fn must be callable, got {self.fn!r} of type {type(self.fn).__name__}"
+            )
         if not isinstance(self.args, (tuple, list)):
             raise SpecError(f"args must be a tuple, got {type(self.args).__name__}")
         self.args = tuple(self.args)
@@ -124,21 +131,28 @@ class JobSpec:
     def _check_script_call(self) -> None:
         """A script job: no function, and its arguments are a command line's."""
         if self.fn is not None:
-            raise SpecError(f"a job runs a training function or a script, not both: got "
-                            f"fn={getattr(self.fn, '__qualname__', self.fn)!r} and "
-                            f"{self.entry_point()}")
+            raise SpecError(
+                f"a job runs a training function or a script, not both: got "
+                f"fn={getattr(self.fn, '__qualname__', self.fn)!r} and "
+                f"{self.entry_point()}"
+            )
         if isinstance(self.args, (str, bytes)) or not isinstance(self.args, (tuple, list)):
             raise SpecError(f"args must be a list of the script's arguments, got {self.args!r}")
-        bad = [a for a in self.args if isinstance(a, bool)
-               or not isinstance(a, (str, int, float, os.PathLike))]
+        bad = [
+            a
+            for a in self.args
+            if isinstance(a, bool) or not isinstance(a, (str, int, float, os.PathLike))
+        ]
         if bad:
-            raise SpecError(f"args are a command line: strings (or numbers, paths), got "
-                            f"{bad[0]!r} of type {type(bad[0]).__name__}")
-        self.args = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a)
-                          for a in self.args)
+            raise SpecError(
+                f"args are a command line: strings (or numbers, paths), got "
+                f"{bad[0]!r} of type {type(bad[0]).__name__}"
+            )
+        self.args = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in self.args)
         if self.kwargs:
-            raise SpecError(f"a script takes no kwargs (its arguments go in args=), got "
-                            f"{self.kwargs!r}")
+            raise SpecError(
+                f"a script takes no kwargs (its arguments go in args=), got {self.kwargs!r}"
+            )
 
     def entry_point(self) -> str:
         """What a script job runs, as a command line would say it (``train.py``,
@@ -161,10 +175,15 @@ class JobSpec:
         >>> JobSpec(fn=print, world_size=1, id="0123456789ab").name
         'print-012345'
         """
-        named = (os.path.splitext(os.path.basename(self.script))[0] if self.script else
-                 self.module.rsplit(".", 1)[-1] if self.module else
-                 os.path.basename(self.command) if self.command else
-                 getattr(self.fn, "__name__", "job"))
+        named = (
+            os.path.splitext(os.path.basename(self.script))[0]
+            if self.script
+            else self.module.rsplit(".", 1)[-1]
+            if self.module
+            else os.path.basename(self.command)
+            if self.command
+            else getattr(self.fn, "__name__", "job")
+        )
         base = re.sub(r"[^A-Za-z0-9_.-]+", "-", named)
         return f"{base.strip('_.-')[:50] or 'job'}-{self.id[:6]}"
 
@@ -179,8 +198,9 @@ class JobSpec:
         (True, 'a')
         """
         derived = self.name == self.default_name()
-        return dataclasses.replace(self, **{"id": new_id(), "name": None if derived else self.name,
-                                            **changes})
+        return dataclasses.replace(
+            self, **{"id": new_id(), "name": None if derived else self.name, **changes}
+        )
 
     def _check_model(self, layout: Any) -> None:
         """Build ``model`` on the meta device (no memory, no weights) and check that it
@@ -192,8 +212,10 @@ class JobSpec:
         model = self.model
         if not isinstance(model, torch.nn.Module):
             if not callable(model):
-                raise SpecError(f"model must be an nn.Module or a function returning one, got "
-                                f"{type(model).__name__}")
+                raise SpecError(
+                    f"model must be an nn.Module or a function returning one, got "
+                    f"{type(model).__name__}"
+                )
             with torch.device("meta"):
                 model = model()
             if not isinstance(model, torch.nn.Module):
@@ -204,8 +226,10 @@ class JobSpec:
         """The function, its arguments and the Python objects given to launch (a model
         factory, a TP plan), pickled by ``dumps``; a clear error if they can't be."""
         if self.fn is None:
-            raise SpecError(f"job {self.name!r} runs {self.entry_point()}: a script job has no "
-                            "function to pickle")
+            raise SpecError(
+                f"job {self.name!r} runs {self.entry_point()}: a script job has no "
+                "function to pickle"
+            )
         objects = {k: v for k, v in (("model", self.model), ("plan", self.plan)) if v is not None}
         try:
             return dumps((self.fn, self.args, self.kwargs, objects))
@@ -220,9 +244,13 @@ class JobSpec:
     def to_wire(self) -> WireSpec:
         """What the scheduler keeps and the ranks get: every option, no Python objects."""
         script = self.kind == options.SCRIPT
-        return WireSpec(id=self.id, fn=self.entry_point(), owner=owner(),
-                        args=list(self.args) if script else None,
-                        **options.to_wire(self.options()))
+        return WireSpec(
+            id=self.id,
+            fn=self.entry_point(),
+            owner=owner(),
+            args=list(self.args) if script else None,
+            **options.to_wire(self.options()),
+        )
 
 
 def _script_file(script: str, working_dir: str | None) -> str:
@@ -235,9 +263,11 @@ def _script_file(script: str, working_dir: str | None) -> str:
     if not os.path.isfile(path):
         raise SpecError(f"script {script!r} is not a file ({path} does not exist)")
     if working_dir and os.path.commonpath([path, working_dir]) != working_dir:
-        raise SpecError(f"script {script!r} is outside working_dir={working_dir!r}, which is "
-                        "what the ranks get: put it there, or leave working_dir out (the script "
-                        "is then shipped alone)")
+        raise SpecError(
+            f"script {script!r} is outside working_dir={working_dir!r}, which is "
+            "what the ranks get: put it there, or leave working_dir out (the script "
+            "is then shipped alone)"
+        )
     return path
 
 
@@ -255,11 +285,12 @@ def _checkpoint_root(value: str) -> str:
     from .checkpoint_files import is_url
 
     if value.startswith("file://"):
-        value = value[len("file://"):]
+        value = value[len("file://") :]
     if not is_url(value):
         return os.path.abspath(os.path.expanduser(value))
     url = value.rstrip("/")
     if url.endswith((":", ":/", "::")) or url.endswith("://"):
-        raise SpecError(f"checkpoint_dir {value!r} names no bucket or path: "
-                        "give one, e.g. 's3://bucket/runs/a'")
+        raise SpecError(
+            f"checkpoint_dir {value!r} names no bucket or path: give one, e.g. 's3://bucket/runs/a'"
+        )
     return url

@@ -36,19 +36,19 @@ from .errors import InvalidTransitionError
 
 
 class JobStatus(str, enum.Enum):
-    QUEUED = "queued"          # waiting for a gang of free slots
-    STARTING = "starting"      # slots allocated, process group coming up
-    RUNNING = "running"        # every rank is inside the user's function
-    PAUSED = "paused"          # every rank waits at the same step boundary, slots held
-    HUNG = "hung"              # no rank has finished a step for hang_timeout
-    HELD = "held"              # a rank raised under on_error="hold": kept alive for a post-mortem
+    QUEUED = "queued"  # waiting for a gang of free slots
+    STARTING = "starting"  # slots allocated, process group coming up
+    RUNNING = "running"  # every rank is inside the user's function
+    PAUSED = "paused"  # every rank waits at the same step boundary, slots held
+    HUNG = "hung"  # no rank has finished a step for hang_timeout
+    HELD = "held"  # a rank raised under on_error="hold": kept alive for a post-mortem
     RESTARTING = "restarting"  # a worker was lost: the other ranks wind down, then it queues again
     SUSPENDING = "suspending"  # checkpointing, then giving the slots back
-    SUSPENDED = "suspended"    # checkpointed, no slots; resume() queues it again
-    STOPPING = "stopping"      # stop asked; ranks leave at the next step boundary
-    FINISHED = "finished"      # every rank returned
-    FAILED = "failed"          # a rank raised or its worker was lost
-    STOPPED = "stopped"        # stopped on request
+    SUSPENDED = "suspended"  # checkpointed, no slots; resume() queues it again
+    STOPPING = "stopping"  # stop asked; ranks leave at the next step boundary
+    FINISHED = "finished"  # every rank returned
+    FAILED = "failed"  # a rank raised or its worker was lost
+    STOPPED = "stopped"  # stopped on request
 
     @property
     def terminal(self) -> bool:
@@ -63,14 +63,25 @@ TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED})
 _S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED,
-                            _S.HELD}),
-    _S.RUNNING: frozenset({_S.PAUSED, _S.HUNG, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING,
-                           _S.FINISHED, _S.FAILED, _S.HELD}),
-    _S.HUNG: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED,
-                        _S.HELD}),
-    _S.PAUSED: frozenset({_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED,
-                          _S.FAILED, _S.HELD}),
+    _S.STARTING: frozenset(
+        {_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED, _S.HELD}
+    ),
+    _S.RUNNING: frozenset(
+        {
+            _S.PAUSED,
+            _S.HUNG,
+            _S.RESTARTING,
+            _S.SUSPENDING,
+            _S.STOPPING,
+            _S.FINISHED,
+            _S.FAILED,
+            _S.HELD,
+        }
+    ),
+    _S.HUNG: frozenset({_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED, _S.HELD}),
+    _S.PAUSED: frozenset(
+        {_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED, _S.FAILED, _S.HELD}
+    ),
     _S.HELD: frozenset({_S.STOPPING, _S.RESTARTING, _S.FAILED}),
     _S.RESTARTING: frozenset({_S.QUEUED, _S.STOPPING, _S.FAILED}),
     _S.SUSPENDING: frozenset({_S.SUSPENDED, _S.QUEUED, _S.STOPPING, _S.FINISHED, _S.FAILED}),

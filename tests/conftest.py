@@ -109,6 +109,7 @@ def own_cluster(tmp_path_factory):
 def healed(own_cluster):
     """``own_cluster`` with both slots there (a test restarted a worker) and free, before
     and after the test."""
+
     def ready() -> bool:
         slots = own_cluster.slots()
         return len(slots) == 2 and not any(s["job"] for s in slots)

@@ -11,7 +11,8 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -122,4 +123,4 @@ class Statuses:
     def after(self, status: str) -> list[str]:
         """The statuses from the first ``status`` on (none if it never came)."""
         with self._lock:
-            return self.seen[self.seen.index(status):] if status in self.seen else []
+            return self.seen[self.seen.index(status) :] if status in self.seen else []

@@ -43,8 +43,9 @@ async def attempt(role: str, address: str, way: str, marker: str, other: str | N
         target, args = f"tls://{host}", {"ssl_context": context, "require_encryption": True}
     else:
         target = f"tls://{host}"
-        args = Security(tls_ca_file=other, tls_client_cert=other, tls_client_key=other,
-                        require_encryption=True).get_connection_args("client")
+        args = Security(
+            tls_ca_file=other, tls_client_cert=other, tls_client_key=other, require_encryption=True
+        ).get_connection_args("client")
     try:
         comm = await connect(target, timeout=3, **args)
     except Exception as e:  # noqa: BLE001 - what refused it is the answer
@@ -53,7 +54,7 @@ async def attempt(role: str, address: str, way: str, marker: str, other: str | N
         function = dumps(make_marker)
         if role == "scheduler":  # client.run_on_scheduler
             message = {"op": "run_function", "function": function, "args": dumps((marker,))}
-        else:                    # client.run, on a worker or a nanny
+        else:  # client.run, on a worker or a nanny
             message = {"op": "run", "function": function, "args": dumps((marker,))}
         answer = await asyncio.wait_for(send_recv(comm, **message), 5)
         return f"ANSWERED: {str(answer)[:160]}"
@@ -70,8 +71,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for way in ("tcp", "tls-no-certificate", "tls-other-ca"):
             if way == "tls-other-ca" and not args.other_credentials:
                 continue
-            out[f"{role} {address} {way}"] = await attempt(role, address, way, args.marker,
-                                                           args.other_credentials)
+            out[f"{role} {address} {way}"] = await attempt(
+                role, address, way, args.marker, args.other_credentials
+            )
     return out
 
 

@@ -17,9 +17,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_launch_benchmark_smoke(tmp_path):
     out = tmp_path / "launch.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "launch.py"), "--repeats", "1", "--steps", "20",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "launch.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "20",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "clustersdk (warm)" in proc.stdout and "torchrun" in proc.stdout
@@ -31,23 +41,50 @@ def test_launch_benchmark_smoke(tmp_path):
 def test_security_benchmark_smoke(tmp_path):
     out = tmp_path / "security.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "security.py"), "--starts", "1", "--repeats",
-         "1", "--steps", "20", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "security.py"),
+            "--starts",
+            "1",
+            "--repeats",
+            "1",
+            "--steps",
+            "20",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "TLS steps/s vs plain" in proc.stdout and "cluster start (s)" in proc.stdout
     figures = json.loads(out.read_text())
-    assert set(figures["medians"]) == {"tls", "plain"} and len(figures["runs"]["tls"]["start_s"]) == 1
+    assert (
+        set(figures["medians"]) == {"tls", "plain"} and len(figures["runs"]["tls"]["start_s"]) == 1
+    )
 
 
 @pytest.mark.slow
 def test_scripts_benchmark_smoke(tmp_path):
     out = tmp_path / "scripts.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scripts.py"), "--repeats", "1", "--steps",
-         "10", "--calls", "500", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scripts.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "10",
+            "--calls",
+            "500",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -59,9 +96,19 @@ def test_scripts_benchmark_smoke(tmp_path):
 def test_checkpoint_benchmark_smoke(tmp_path):
     out = tmp_path / "checkpoint.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "checkpoint.py"), "--repeats", "1",
-         "--model-mb", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "checkpoint.py"),
+            "--repeats",
+            "1",
+            "--model-mb",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pause latency" in proc.stdout and "resume to first step" in proc.stdout
@@ -81,9 +128,20 @@ def test_object_storage_benchmark_smoke(tmp_path):
     out = tmp_path / "object.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # its own server
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "object_storage.py"), "--repeats", "1",
-         "--mb", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, env=env,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "object_storage.py"),
+            "--repeats",
+            "1",
+            "--mb",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ratio save/upload" in proc.stdout
@@ -95,18 +153,37 @@ def test_object_storage_benchmark_smoke(tmp_path):
 def test_parallel_benchmark_smoke(tmp_path):
     out = tmp_path / "parallel.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "parallel.py"), "--repeats", "1", "--steps", "12",
-         "--two-ranks-only", "--pair", "round", "--json", str(out)],
-        capture_output=True, text=True, timeout=180,  # ~40 s; slack for a loaded machine
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "parallel.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "12",
+            "--two-ranks-only",
+            "--pair",
+            "round",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "per-rank memory" in proc.stdout and "clustersdk" in proc.stdout and "torchrun" in proc.stdout
+    assert (
+        "per-rank memory" in proc.stdout
+        and "clustersdk" in proc.stdout
+        and "torchrun" in proc.stdout
+    )
     assert "tokens/s, token budget / fixed batches" in proc.stdout
     result = json.loads(out.read_text())
     memory = result["memory_mib"]
     for ranks in (2, 4):  # FSDP holds about 1/N of what DDP holds
-        ddp, fsdp = (sum(memory[f"{s} x{ranks}"][k] for k in ("params", "grads", "optim"))
-                     for s in ("ddp", "fsdp"))
+        ddp, fsdp = (
+            sum(memory[f"{s} x{ranks}"][k] for k in ("params", "grads", "optim"))
+            for s in ("ddp", "fsdp")
+        )
         assert fsdp / ddp == pytest.approx(1 / ranks, rel=0.05)
     assert set(result["medians"]) == {"ddp", "fsdp", "tp", "pp (gpipe, 4 mb)", "ep (4 experts)"}
     assert all(m["clustersdk"] > 0 and m["torchrun"] > 0 for m in result["medians"].values())
@@ -118,7 +195,9 @@ def test_parallel_benchmark_smoke(tmp_path):
 def test_data_benchmark_smoke():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "data.py"), "--repeats", "1", "--rows", "20000"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "prefetch=2 / prefetch=0" in proc.stdout and "prefetch=2 / datasets" in proc.stdout
@@ -128,10 +207,25 @@ def test_data_benchmark_smoke():
 def test_scheduler_benchmark_smoke(tmp_path):
     out = tmp_path / "scheduler.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scheduler.py"), "--repeats", "1",
-         "--events", "5", "--queued", "300", "--nodes", "30", "--preemption", "1",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scheduler.py"),
+            "--repeats",
+            "1",
+            "--events",
+            "5",
+            "--queued",
+            "300",
+            "--nodes",
+            "30",
+            "--preemption",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "one arrival" in proc.stdout and "one completion" in proc.stdout
@@ -146,10 +240,27 @@ def test_scheduler_benchmark_smoke(tmp_path):
 def test_chaos_benchmark_smoke(tmp_path):
     out = tmp_path / "chaos.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--steps", "40", "--kills", "1",
-         "--stops", "1", "--raises", "1", "--fills", "1", "--stop-seconds", "1",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300,  # ~40 s; slack for a loaded machine
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "chaos.py"),
+            "--steps",
+            "40",
+            "--kills",
+            "1",
+            "--stops",
+            "1",
+            "--raises",
+            "1",
+            "--fills",
+            "1",
+            "--stop-seconds",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "bitwise    ok" in proc.stdout and "recovery after kill" in proc.stdout
@@ -168,9 +279,19 @@ def test_chaos_benchmark_smoke(tmp_path):
 def test_live_overhead_benchmark_smoke(tmp_path):
     out = tmp_path / "live.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "live_overhead.py"), "--repeats", "1",
-         "--steps", "60", "--json", str(out)],
-        capture_output=True, text=True, timeout=240,  # ~40 s; slack for a loaded machine
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "live_overhead.py"),
+            "--repeats",
+            "1",
+            "--steps",
+            "60",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps/s without the live hooks" in proc.stdout and "run paused" in proc.stdout
@@ -178,8 +299,10 @@ def test_live_overhead_benchmark_smoke(tmp_path):
     assert result["steps_per_s_without"] > 0 and result["steps_per_s_with"] > 0
     assert "on the cluster, 2 ranks, hooks on and off at alternate steps" in proc.stdout
     assert 0.5 < result["cluster_paired_ratio"] < 2 and 0.5 < result["in_process_ratio"] < 2
-    assert all(0 < result[k] < 60 for k in ("run_running_s", "run_paused_s", "update_running_s",
-                                            "update_paused_s"))
+    assert all(
+        0 < result[k] < 60
+        for k in ("run_running_s", "run_paused_s", "update_running_s", "update_paused_s")
+    )
 
 
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check.py"
@@ -190,8 +313,12 @@ def test_gpu_check_without_cuda_exits_at_once_naming_what_is_missing(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the check would run")
-    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert last.startswith("gpu_check: no CUDA device") and "--rehearse" in last
@@ -199,8 +326,20 @@ def test_gpu_check_without_cuda_exits_at_once_naming_what_is_missing(tmp_path):
 
 
 def test_gpu_check_refuses_an_unknown_section_naming_the_known_ones(tmp_path):
-    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--rehearse", "--only", "nccl,gpus",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GPU_CHECK),
+            "--rehearse",
+            "--only",
+            "nccl,gpus",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "unknown section(s) gpus" in proc.stderr and "duplicate_gpu" in proc.stderr
 
@@ -211,18 +350,31 @@ def test_gpu_check_pairs_telemetry_with_the_nearest_reference_read_in_steady_pha
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    marks = [{"name": "idle", "began": 100.0, "ended": 104.0},
-             {"name": "busy", "began": 104.0, "ended": 108.0}]
-    samples = [{"time": t, "gpu_util": u, "gpu_mem_used": m * 2**20}
-               for t, u, m in ((100.5, 0, 500), (102.0, 0, 500), (104.6, 90, 8500),
-                               (106.0, 100, 8700), (109.5, 0, 600))]
-    reads = [{"time": t, "util": u, "mem_mib": m}
-             for t, u, m in ((101.9, 1, 501), (102.3, 40, 900), (106.2, 97, 8700),
-                             (104.5, 30, 8400))]
+    marks = [
+        {"name": "idle", "began": 100.0, "ended": 104.0},
+        {"name": "busy", "began": 104.0, "ended": 108.0},
+    ]
+    samples = [
+        {"time": t, "gpu_util": u, "gpu_mem_used": m * 2**20}
+        for t, u, m in (
+            (100.5, 0, 500),
+            (102.0, 0, 500),
+            (104.6, 90, 8500),
+            (106.0, 100, 8700),
+            (109.5, 0, 600),
+        )
+    ]
+    reads = [
+        {"time": t, "util": u, "mem_mib": m}
+        for t, u, m in ((101.9, 1, 501), (102.3, 40, 900), (106.2, 97, 8700), (104.5, 30, 8400))
+    ]
     pairs = gpu_check.pair_samples(samples, reads, marks, ("gpu_util", "gpu_mem_used"))
     # 100.5 and 109.5 have no read within 0.35 s; 104.6 is paired but still settling
     assert [(p["time"], p["ref_util"], p["steady"], p["phase"]) for p in pairs] == [
-        (102.0, 1, True, "idle"), (104.6, 30, False, None), (106.0, 97, True, "busy")]
+        (102.0, 1, True, "idle"),
+        (104.6, 30, False, None),
+        (106.0, 97, True, "busy"),
+    ]
     assert pairs[2]["mem_mib"] == 8700 and pairs[2]["ref_mem_mib"] == 8700
 
 
@@ -232,19 +384,32 @@ def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
     """The whole script on this machine's CPU, stand-ins for the GPU: every section runs,
     the JSON holds them all, marked as a rehearsal (100-200 s on a loaded 2-core VM: three
     local clusters come up, and pytest in a process of its own)."""
-    proc = subprocess.run([sys.executable, str(GPU_CHECK), "--rehearse", "--quick",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--rehearse", "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "REHEARSAL: no GPU figures" in proc.stdout.strip().splitlines()[-1]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["mode"] == "rehearsal" and result["rehearsal"] is True
     sections = result["sections"]
-    assert list(sections) == ["doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom",
-                              "duplicate_gpu", "gpu_tests"]
+    assert list(sections) == [
+        "doctor",
+        "nccl",
+        "telemetry",
+        "bf16",
+        "checkpoint",
+        "cuda_oom",
+        "duplicate_gpu",
+        "gpu_tests",
+    ]
     for name, section in sections.items():
         assert section["status"] == "ok" and section["stand_in"], (name, section.get("error"))
-        failed = [k for k, c in section["checks"].items()
-                  if not c["ok"] and not c.get("informational")]
+        failed = [
+            k for k, c in section["checks"].items() if not c["ok"] and not c.get("informational")
+        ]
         assert not failed, (name, failed)
     nccl = sections["nccl"]["figures"]
     assert nccl["ddp"]["backend"] == "gloo" and nccl["ddp"]["bitwise"]  # same CPU kernels

@@ -38,8 +38,13 @@ def answer(console, text: str) -> None:
 
 
 def test_the_console_drives_pdb_at_a_breakpoint_and_continue_finishes_the_job(idle):
-    job = idle.launch(workloads_debug.break_at, kwargs={"steps": 12, "at": (3,)}, world_size=2,
-                      debug=True, name="debugged")
+    job = idle.launch(
+        workloads_debug.break_at,
+        kwargs={"steps": 12, "at": (3,)},
+        world_size=2,
+        debug=True,
+        name="debugged",
+    )
     seen = Statuses(job)
     dash = widgets.dashboard(job)
     wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=90)
@@ -66,21 +71,27 @@ def test_the_console_drives_pdb_at_a_breakpoint_and_continue_finishes_the_job(id
     type_line(console, "c")
     assert job.wait(timeout=120) == {"steps": 12, "breaks": [3]}
     # the transcript follows the job's events, which may reach the client after its end
-    wait_for(lambda: "(Pdb rank 0) c\n(continuing: the job runs on)\n" in console.text,
-             timeout=30)
+    wait_for(lambda: "(Pdb rank 0) c\n(continuing: the job runs on)\n" in console.text, timeout=30)
     assert seen.after("PAUSED") == ["PAUSED", "RUNNING", "FINISHED"]
     assert sorted(losses(job, 1)) == list(range(12))  # every rank did every step, once
     wait_for(lambda: console.send_button.disabled, timeout=30)  # no session open now
 
 
 def test_resume_ends_a_session_and_the_next_breakpoint_pauses_again_and_quit_runs_on(idle):
-    job = idle.launch(workloads_debug.break_at, kwargs={"steps": 12, "at": (2, 7)},
-                      world_size=2, debug=True, name="twice")
+    job = idle.launch(
+        workloads_debug.break_at,
+        kwargs={"steps": 12, "at": (2, 7)},
+        world_size=2,
+        debug=True,
+        name="twice",
+    )
     console = job.console()
     wait_for(lambda: job.status is cs.JobStatus.PAUSED and prompts(console) == 1, timeout=90)
     assert job.resume() is cs.JobStatus.RUNNING  # as `continue`
-    wait_for(lambda: "ctx.breakpoint() #2 at step 7" in console.text and prompts(console) == 2,
-             timeout=90)
+    wait_for(
+        lambda: "ctx.breakpoint() #2 at step 7" in console.text and prompts(console) == 2,
+        timeout=90,
+    )
     assert "quit  # job.resume()\n(continuing: the job runs on)\n" in console.text
     assert job.status is cs.JobStatus.PAUSED and "step 7" in job.reason
     type_line(console, "q")  # leaves the debugger: the job runs on
@@ -88,8 +99,13 @@ def test_resume_ends_a_session_and_the_next_breakpoint_pauses_again_and_quit_run
 
 
 def test_a_stop_at_a_breakpoint_stops_the_job_at_its_next_step_boundary(idle):
-    job = idle.launch(workloads_debug.break_at, kwargs={"steps": 1000, "at": (4,)},
-                      world_size=2, debug=True, name="stopped-there")
+    job = idle.launch(
+        workloads_debug.break_at,
+        kwargs={"steps": 1000, "at": (4,)},
+        world_size=2,
+        debug=True,
+        name="stopped-there",
+    )
     console = job.console()
     wait_for(lambda: prompts(console) == 1, timeout=90)
     assert job.stop(timeout=60) is cs.JobStatus.STOPPED
@@ -99,8 +115,9 @@ def test_a_stop_at_a_breakpoint_stops_the_job_at_its_next_step_boundary(idle):
 
 
 def test_without_debug_a_breakpoint_does_nothing(idle):
-    job = idle.launch(workloads_debug.break_always, kwargs={"steps": 200}, world_size=2,
-                      name="not-debugged")
+    job = idle.launch(
+        workloads_debug.break_always, kwargs={"steps": 200}, world_size=2, name="not-debugged"
+    )
     seen = Statuses(job)
     assert job.wait(timeout=120) == 200  # 400 calls, not one pause
     assert "PAUSED" not in seen.seen
@@ -123,16 +140,24 @@ def test_without_debug_the_call_is_one_attribute_check():
 
 def test_bad_ranks_fail_the_job_naming_them_and_input_without_a_session_is_refused(idle):
     job = idle.launch(workloads_debug.break_badly, world_size=2, debug=True, name="bad-ranks")
-    with pytest.raises(cs.JobFailedError, match=r"ctx.breakpoint\(ranks=\[5\]\): ranks must be "
-                                                 r"ranks of this job, from 0 to 1"):
+    with pytest.raises(
+        cs.JobFailedError,
+        match=r"ctx.breakpoint\(ranks=\[5\]\): ranks must be "
+        r"ranks of this job, from 0 to 1",
+    ):
         job.wait(timeout=120)
     running = idle.launch(workloads.spin, world_size=2, debug=True, name="no-session")
     wait_for(lambda: running.status is cs.JobStatus.RUNNING, timeout=90)
-    with pytest.raises(cs.InvalidTransitionError, match=r"has no debugger session open on rank 1 "
-                                                        r"\(open: none\); ctx.breakpoint\(\)"):
+    with pytest.raises(
+        cs.InvalidTransitionError,
+        match=r"has no debugger session open on rank 1 "
+        r"\(open: none\); ctx.breakpoint\(\)",
+    ):
         idle.sync(idle.control.console, running.id, rank=1, text="p 1")
     console = running.console()
     type_line(console, "p 1")
-    assert "not sent: job 'no-session' has no debugger session open; ctx.breakpoint() opens " \
+    assert (
+        "not sent: job 'no-session' has no debugger session open; ctx.breakpoint() opens "
         "one in a job launched with debug=True" in html.unescape(console.status.value)
+    )
     running.stop()

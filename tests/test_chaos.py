@@ -31,9 +31,17 @@ JOB = {"steps": STEPS, "global_batch": 24, "dropout": 0.0}
 
 def launch(cluster, root, **options):
     kwargs = {**JOB, "delay": 0.05, "raise_marker": f"{root}-raise.json"}
-    return cluster.launch(workloads.train_exact, kwargs=kwargs, world_size=3, timeout=30,
-                          checkpoint_dir=root, checkpoint_every=5, max_restarts=100,
-                          hang_timeout=60, **options)
+    return cluster.launch(
+        workloads.train_exact,
+        kwargs=kwargs,
+        world_size=3,
+        timeout=30,
+        checkpoint_dir=root,
+        checkpoint_every=5,
+        max_restarts=100,
+        hang_timeout=60,
+        **options,
+    )
 
 
 def top_step(job) -> int:
@@ -54,8 +62,11 @@ def committed(segments: list[list[dict]]) -> list[dict]:
     checkpoint: a later job's first step cuts off the earlier job's rows."""
     out = []
     for i, rows in enumerate(segments):
-        cut = min((r["step"] for r in segments[i + 1]), default=None) if i + 1 < len(segments) \
+        cut = (
+            min((r["step"] for r in segments[i + 1]), default=None)
+            if i + 1 < len(segments)
             else None
+        )
         out += [r for r in rows if cut is None or r["step"] < cut]
     return out
 
@@ -96,8 +107,9 @@ def test_three_sigkills_and_a_raise_end_bitwise_equal_to_the_uninterrupted_run(c
     for rank in range(3):
         assert sorted(r["step"] for r in rows if r["rank"] == rank) == list(range(STEPS)), rank
     # each restart names the worker that was killed; the raise is a failure, not a restart
-    restarts = [[e["message"] for e in job.events() if e["kind"] == "restarted"]
-                for job in (first, second)]
+    restarts = [
+        [e["message"] for e in job.events() if e["kind"] == "restarted"] for job in (first, second)
+    ]
     assert len(restarts[0]) == 2 and len(restarts[1]) == 1, restarts
     for worker, message in zip(killed, restarts[0] + restarts[1]):
         assert f"worker {worker}" in message and "left the cluster" in message
@@ -108,10 +120,14 @@ def test_three_sigkills_and_a_raise_end_bitwise_equal_to_the_uninterrupted_run(c
     assert sorted(os.listdir(root)) == sorted(names) and names
     wait_for(lambda: len(cluster4.slots()) == 4, timeout=120)
     wait_idle(cluster4)
-    known = (set(cluster4.client.run(os.getpid).values())
-             | set(cluster4.client.run(os.getppid).values()))
-    stray = [p for p in psutil.Process().children(recursive=True)
-             if p.pid not in known | before and "resource_tracker" not in " ".join(p.cmdline())]
+    known = set(cluster4.client.run(os.getpid).values()) | set(
+        cluster4.client.run(os.getppid).values()
+    )
+    stray = [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in known | before and "resource_tracker" not in " ".join(p.cmdline())
+    ]
     assert not stray, [(p.pid, p.cmdline()) for p in stray]
 
 

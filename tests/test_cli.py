@@ -34,8 +34,14 @@ def state(cluster) -> Path:
 
 def run(state: Path, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [CLI, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def ok(result: subprocess.CompletedProcess) -> str:
@@ -55,23 +61,35 @@ def running(idle, tmp_path):
 
 
 def test_jobs_lists_every_registered_cluster_and_hides_ended_jobs_without_all(
-        idle, state, tmp_path):
+    idle, state, tmp_path
+):
     done = idle.launch(count_to, world_size=1, name="cli-short")
     assert done.wait(timeout=60) == "done"
     running = start_ticker(idle, tmp_path / "ck")
 
     live = json.loads(ok(run(state, "jobs", "--json")))
     assert [(j["name"], j["status"], j["cluster"]) for j in live] == [
-        ("cli-tick", "RUNNING", idle.scheduler_address)]
+        ("cli-tick", "RUNNING", idle.scheduler_address)
+    ]
     assert live[0]["id"] == running.id and live[0]["spec"]["world_size"] == 2
 
     every = json.loads(ok(run(state, "jobs", "--all", "--json")))
-    assert {(j["name"], j["status"]) for j in every} >= {("cli-tick", "RUNNING"),
-                                                        ("cli-short", "FINISHED")}
+    assert {(j["name"], j["status"]) for j in every} >= {
+        ("cli-tick", "RUNNING"),
+        ("cli-short", "FINISHED"),
+    }
 
     table = ok(run(state, "jobs", idle.scheduler_address, "--all")).splitlines()
-    assert table[0].split() == ["NAME", "ID", "STATUS", "RANKS", "STRATEGY", "OWNER", "SUBMITTED",
-                                "CLUSTER"]
+    assert table[0].split() == [
+        "NAME",
+        "ID",
+        "STATUS",
+        "RANKS",
+        "STRATEGY",
+        "OWNER",
+        "SUBMITTED",
+        "CLUSTER",
+    ]
     row = next(line.split() for line in table if line.startswith("cli-tick "))
     assert row[:5] == ["cli-tick", running.id, "RUNNING", "2", "ddp"]
 
@@ -81,8 +99,11 @@ def test_show_and_history_of_a_job(idle, state):
     job.wait(timeout=60)
 
     shown = json.loads(ok(run(state, "show", "cli-hist", "--json")))
-    assert (shown["id"], shown["status"], shown["cluster"]) == (job.id, "FINISHED",
-                                                                 idle.scheduler_address)
+    assert (shown["id"], shown["status"], shown["cluster"]) == (
+        job.id,
+        "FINISHED",
+        idle.scheduler_address,
+    )
     assert shown["progress"] == {"steps": 12, "total_steps": 12, "scalars": {"value": 5.5}}
 
     text = ok(run(state, "show", job.id))
@@ -92,7 +113,8 @@ def test_show_and_history_of_a_job(idle, state):
     expected = job.history()
     assert len(rows) == len(expected) == 24  # 12 steps on 2 ranks
     assert [(int(r["rank"]), int(r["step"]), float(r["value"])) for r in rows] == [
-        (e["rank"], e["step"], e["value"]) for e in expected]
+        (e["rank"], e["step"], e["value"]) for e in expected
+    ]
 
 
 def test_pause_checkpoint_suspend_resume_at_another_size_and_stop(running, state):
@@ -130,9 +152,14 @@ def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state
     assert "on rank 0" not in first
 
     env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": str(state), "PYTHONUNBUFFERED": "1"}
-    follow = subprocess.Popen([CLI, "logs", "cli-tick", "--rank", "0", "-f"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL)
+    follow = subprocess.Popen(
+        [CLI, "logs", "cli-tick", "--rank", "0", "-f"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     watchdog = threading.Timer(TIMEOUT, follow.kill)  # reads below block: never for ever
     watchdog.start()
     try:
@@ -158,14 +185,18 @@ def test_logs_of_one_rank_and_follow_a_running_job_until_it_stops(running, state
 
 def test_update_changes_hyperparameters_and_stacks_show_every_rank(idle, state):
     cloudpickle.register_pickle_by_value(workloads_live)
-    job = idle.launch(workloads_live.train_live, kwargs={"steps": 100_000, "delay": 0.01},
-                      world_size=2, hparams={"scale": 1.0}, name="cli-live")
+    job = idle.launch(
+        workloads_live.train_live,
+        kwargs={"steps": 100_000, "delay": 0.01},
+        world_size=2,
+        hparams={"scale": 1.0},
+        name="cli-live",
+    )
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and len(job.history()) >= 4, 60)
 
     out = ok(run(state, "update", "cli-live", "lr=0.01", "scale=2"))
     step = job.updates()[-1]["step"]
-    assert out.strip() == f"updated job 'cli-live' before step {step}: lr 0.05 → 0.01, " \
-                          "scale 1 → 2"
+    assert out.strip() == f"updated job 'cli-live' before step {step}: lr 0.05 → 0.01, scale 1 → 2"
     done = json.loads(ok(run(state, "update", job.id, "lr[0]=0.02", "--json")))
     assert done["changes"] == {"lr[0]": [0.01, 0.02]} and done["step"] >= step
     wait_for(lambda: {r["lr"] for r in job.history() if r["step"] == done["step"]} == {0.02})
@@ -181,19 +212,24 @@ def test_update_changes_hyperparameters_and_stacks_show_every_rank(idle, state):
     text = ok(run(state, "stacks", "cli-live"))
     assert text.startswith("rank 0 on tls://") and "\nrank 1 on tls://" in text
     assert text.count("in train_live") == 2  # each rank's own frame
-    assert "MainThread" not in text and "MainThread" in ok(run(state, "stacks", "cli-live",
-                                                               "--all-threads"))
+    assert "MainThread" not in text and "MainThread" in ok(
+        run(state, "stacks", "cli-live", "--all-threads")
+    )
     job.stop()
 
 
-def test_debug_shows_the_held_rank_and_restart_continues_from_the_checkpoint(idle, state,
-                                                                              tmp_path):
+def test_debug_shows_the_held_rank_and_restart_continues_from_the_checkpoint(idle, state, tmp_path):
     cloudpickle.register_pickle_by_value(workloads_debug)
-    job = idle.launch(workloads_debug.raise_at,
-                      kwargs={"rank": 1, "step": 6, "steps": 10,
-                              "marker": str(tmp_path / "raised")},
-                      world_size=2, timeout=5, on_error="hold", name="cli-held",
-                      checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4)
+    job = idle.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 1, "step": 6, "steps": 10, "marker": str(tmp_path / "raised")},
+        world_size=2,
+        timeout=5,
+        on_error="hold",
+        name="cli-held",
+        checkpoint_dir=str(tmp_path / "ck"),
+        checkpoint_every=4,
+    )
     wait_for(lambda: job.status is cs.JobStatus.HELD, 90)
     wait_for(lambda: checkpointed_at(job, 4), 30)
 
@@ -206,8 +242,9 @@ def test_debug_shows_the_held_rank_and_restart_continues_from_the_checkpoint(idl
     assert missing.returncode == 1 and "rank 7 of job 'cli-held' is not held" in missing.stderr
 
     out = ok(run(state, "restart", "cli-held"))
-    assert out.strip() == "job 'cli-held' is RESTARTING: its hold ended, and it continues " \
-                          "from step 4"
+    assert (
+        out.strip() == "job 'cli-held' is RESTARTING: its hold ended, and it continues from step 4"
+    )
     assert job.wait(timeout=120)["step"] == 10  # the marker is there: it does not raise again
     again = run(state, "restart", "cli-held")
     assert again.returncode == 1 and "FINISHED" in again.stderr

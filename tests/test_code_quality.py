@@ -18,18 +18,22 @@ def run_tool(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m module args`` from this venv, in the repository root (where pyproject.toml
     configures it)."""
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed in {sys.executable}: "
-                    "pip install -e '.[test]' installs it")
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+        pytest.skip(
+            f"{module} is not installed in {sys.executable}: pip install -e '.[test]' installs it"
+        )
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def check(result: subprocess.CompletedProcess[str], hint: str = "") -> None:
     """Fail with the tool's report unless it exited 0."""
     if result.returncode != 0:
         command = " ".join(["python", *map(str, result.args[1:])])
-        pytest.fail(f"{command} exited {result.returncode}:\n{result.stdout}{result.stderr}{hint}",
-                    pytrace=False)
+        pytest.fail(
+            f"{command} exited {result.returncode}:\n{result.stdout}{result.stderr}{hint}",
+            pytrace=False,
+        )
 
 
 def test_ruff_finds_no_lint():
@@ -37,8 +41,10 @@ def test_ruff_finds_no_lint():
 
 
 def test_ruff_format_would_change_nothing():
-    check(run_tool("ruff", "format", "--check", "--no-cache", "--output-format", "concise", "."),
-          "\n(`ruff format .` formats them; `ruff format --diff .` shows how)")
+    check(
+        run_tool("ruff", "format", "--check", "--no-cache", "--output-format", "concise", "."),
+        "\n(`ruff format .` formats them; `ruff format --diff .` shows how)",
+    )
 
 
 def test_mypy_finds_no_type_error(tmp_path):

@@ -52,8 +52,9 @@ def small(tmp_path):
 
 
 def test_a_rank_that_eats_its_workers_memory_is_diagnosed_host_oom(small):
-    job = small.launch(workloads_diag.hog, kwargs={"rank": 1, "at_step": 3}, world_size=2,
-                       timeout=20)
+    job = small.launch(
+        workloads_diag.hog, kwargs={"rank": 1, "at_step": 3}, world_size=2, timeout=20
+    )
     with pytest.raises(cs.JobFailedError) as failed:
         job.wait(timeout=120)
     e = failed.value
@@ -76,8 +77,9 @@ NAN = float("nan")
 
 def test_a_nan_is_reported_and_the_job_goes_on(idle):
     sample = sample_at(5, rank=1)
-    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN},
-                      world_size=2)
+    job = idle.launch(
+        workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN}, world_size=2
+    )
     out = job.wait(timeout=120)
     assert out["steps"] == list(range(14)) and not out["finite"]  # it went on, diverged
     d = job.diagnosis  # the first NaN (rows of a later one may have come first)
@@ -90,9 +92,12 @@ def test_a_nan_is_reported_and_the_job_goes_on(idle):
 
 def test_on_nan_pause_holds_the_job_before_the_next_step(idle):
     sample = sample_at(5, rank=1)
-    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN,
-                                                             "steps": 100},
-                      world_size=2, on_nan="pause")
+    job = idle.launch(
+        workloads_diag.train_poisoned,
+        kwargs={"sample": sample, "x": NAN, "steps": 100},
+        world_size=2,
+        on_nan="pause",
+    )
     wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=60)
     assert job.info()["paused_at"] == 6  # the very next boundary
     d = job.diagnosis
@@ -107,9 +112,15 @@ def test_on_nan_rollback_finishes_without_the_poisoned_batch(idle, tmp_path):
     clean = idle.launch(workloads_diag.train_poisoned, world_size=2)
     clean.wait(timeout=120)
     sample = sample_at(9, rank=0)
-    job = idle.launch(workloads_diag.train_poisoned, kwargs={"sample": sample, "x": NAN},
-                      world_size=2, on_nan="rollback", checkpoint_dir=str(tmp_path),
-                      checkpoint_every=4, timeout=20)
+    job = idle.launch(
+        workloads_diag.train_poisoned,
+        kwargs={"sample": sample, "x": NAN},
+        world_size=2,
+        on_nan="rollback",
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=4,
+        timeout=20,
+    )
     out = job.wait(timeout=180)
     assert out["finite"] and out["steps"][-1] == 13
     # rolled back once, from the checkpoint of step 8 (none taken after the NaN was)
@@ -152,10 +163,12 @@ def test_small_batches_make_no_spike_of_the_jobs_loss_nor_of_one_ranks_slice():
         at = step % (len(data) // 24) * 24
         if at == 0:  # a new epoch, a new order
             order = torch.randperm(len(data), generator=shuffle)
-        x, y = data[order[at:at + 24]]
+        x, y = data[order[at : at + 24]]
         out = net(x)
-        losses = [torch.nn.functional.mse_loss(out[8 * r:8 * r + 8], y[8 * r:8 * r + 8]).item()
-                  for r in range(3)]
+        losses = [
+            torch.nn.functional.mse_loss(out[8 * r : 8 * r + 8], y[8 * r : 8 * r + 8]).item()
+            for r in range(3)
+        ]
         torch.nn.functional.mse_loss(out, y).backward()
         opt.step()
         opt.zero_grad()
@@ -168,8 +181,9 @@ def test_small_batches_make_no_spike_of_the_jobs_loss_nor_of_one_ranks_slice():
     assert alone == 0 and judged == 0, (alone, judged)
 
 
-def demo_job_losses(seed: int, steps: int = 2000, ranks: int = 2, batch: int = 64,
-                    spike_at: int | None = None) -> list[float]:
+def demo_job_losses(
+    seed: int, steps: int = 2000, ranks: int = 2, batch: int = 64, spike_at: int | None = None
+) -> list[float]:
     """The job loss (the mean over ``ranks`` ranks' slices of ``batch``) of the demo's
     spirals classifier trained to convergence, in process; ``spike_at``: that step's
     batch is mislabeled, every sample of it."""
@@ -178,9 +192,13 @@ def demo_job_losses(seed: int, steps: int = 2000, ranks: int = 2, batch: int = 6
     from clustersdk.demo import spirals
 
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(2, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 3),
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x, y = spirals(seed=seed).tensors
     order = torch.Generator().manual_seed(seed)
@@ -188,7 +206,7 @@ def demo_job_losses(seed: int, steps: int = 2000, ranks: int = 2, batch: int = 6
     for step in range(steps):
         if at + size > len(x):
             perm, at = torch.randperm(len(x), generator=order), 0
-        index, at = perm[at:at + size], at + size
+        index, at = perm[at : at + size], at + size
         target = (y[index] + 1) % 3 if step == spike_at else y[index]
         loss = torch.nn.functional.cross_entropy(model(x[index]), target)
         loss.backward()
@@ -231,9 +249,12 @@ def test_a_loss_spike_is_diagnosed_marked_and_pauses_with_on_spike_pause(idle):
     step, rank = 40, 1
     perm = torch.randperm(512, generator=torch.Generator().manual_seed(0))
     sample = int(perm[step * batch * 2 + rank * batch])
-    job = idle.launch(workloads_diag.train_poisoned, kwargs={
-        "sample": sample, "y_scale": 20.0, "steps": 500, "batch": batch, "delay": 0.01},
-        world_size=2, on_spike="pause")
+    job = idle.launch(
+        workloads_diag.train_poisoned,
+        kwargs={"sample": sample, "y_scale": 20.0, "steps": 500, "batch": batch, "delay": 0.01},
+        world_size=2,
+        on_spike="pause",
+    )
     wait_for(lambda: job.status is cs.JobStatus.PAUSED, timeout=60)
     # the poisoned batch's (its update may spike a later step too, and the ranks' rows
     # arrive in any order)

@@ -19,9 +19,22 @@ from clustersdk import options
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-GUIDE = ["launching", "checkpoints", "model-parallel", "data", "scripts", "sharing",
-         "multi-node", "security", "faults", "live", "jupyterlab", "cli", "rest-api",
-         "monitoring"]
+GUIDE = [
+    "launching",
+    "checkpoints",
+    "model-parallel",
+    "data",
+    "scripts",
+    "sharing",
+    "multi-node",
+    "security",
+    "faults",
+    "live",
+    "jupyterlab",
+    "cli",
+    "rest-api",
+    "monitoring",
+]
 API = ["client", "context", "script", "errors", "options", "models", "integrations", "rest"]
 
 
@@ -39,8 +52,11 @@ class Page(HTMLParser):
                 continue
             if name in ("id", "name") and (name == "id" or tag == "a"):
                 self.ids.add(value)
-            elif name in ("href", "src") and not urlsplit(value).scheme \
-                    and not value.startswith("//"):
+            elif (
+                name in ("href", "src")
+                and not urlsplit(value).scheme
+                and not value.startswith("//")
+            ):
                 self.urls.append(value)
 
 
@@ -51,9 +67,25 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         "-d", str(out / ".doctrees"), str(DOCS), str(out / "html")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            "-d",
+            str(out / ".doctrees"),
+            str(DOCS),
+            str(out / "html"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, f"sphinx-build failed:\n{done.stdout}\n{done.stderr}"
     assert not done.stderr.strip(), done.stderr  # -q: warnings only, and -W made them errors
     print(f"docs built in {time.monotonic() - started:.1f} s")
@@ -101,8 +133,11 @@ def test_every_internal_link_and_anchor_resolves(site):
                 target = target / "index.html"
             if not target.exists():
                 broken.append(f"{path.relative_to(site)}: {url} (no such file)")
-            elif parts.fragment and target.suffix == ".html" \
-                    and unquote(parts.fragment) not in parsed[target].ids:
+            elif (
+                parts.fragment
+                and target.suffix == ".html"
+                and unquote(parts.fragment) not in parsed[target].ids
+            ):
                 broken.append(f"{path.relative_to(site)}: {url} (no such anchor)")
     assert not broken, "\n".join(broken)
     assert sum(len(p.urls) for p in parsed.values()) > 1000  # the check saw the site
@@ -112,7 +147,7 @@ def test_every_internal_link_and_anchor_resolves(site):
 def test_the_reference_renders_every_launch_option_and_rest_route(site):
     text = (site / "api" / "options.html").read_text(encoding="utf-8")
     for option in options.OPTIONS:
-        assert f"<span class=\"pre\">{option.name}</span>" in text, option.name
+        assert f'<span class="pre">{option.name}</span>' in text, option.name
     rest = (site / "api" / "rest.html").read_text(encoding="utf-8")
     import yaml
 

@@ -47,15 +47,27 @@ def add_back(cluster: cs.Cluster, name: str, spec: dict) -> None:
 
 def test_a_lost_worker_without_a_spare_shrinks_the_job_which_grows_back(cluster4e, tmp_path):
     want = cluster4e.launch(workloads.train_exact, kwargs=KW, world_size=4).wait(timeout=120)
-    job = cluster4e.launch(workloads.train_exact, kwargs={**KW, "delay": 0.3}, world_size=4,
-                           min_world_size=2, max_restarts=2, checkpoint_dir=str(tmp_path),
-                           checkpoint_every=4, timeout=20, name="elastic")
+    job = cluster4e.launch(
+        workloads.train_exact,
+        kwargs={**KW, "delay": 0.3},
+        world_size=4,
+        min_world_size=2,
+        max_restarts=2,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=4,
+        timeout=20,
+        name="elastic",
+    )
     wait_for(lambda: checkpointed_at(job, 4), timeout=60)
     victim = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == 3)
     name, spec = take_away(cluster4e, victim)
     try:
-        wait_for(lambda: (lambda i: i["spec"]["world_size"] == 3 and i["status"] == "RUNNING")(
-            job.info()), timeout=60)
+        wait_for(
+            lambda: (lambda i: i["spec"]["world_size"] == 3 and i["status"] == "RUNNING")(
+                job.info()
+            ),
+            timeout=60,
+        )
         job.pause()  # while the node comes back (a worker takes seconds to start)
     finally:
         add_back(cluster4e, name, spec)

@@ -13,7 +13,11 @@ def test_job_failed_error_names_rank_type_message_and_traceback():
     assert "job 'train-1' failed: rank 3 raised ZeroDivisionError: division by zero" in text
     assert text.endswith(f"Remote traceback (rank 3):\n{TRACEBACK}")
     assert (error.rank, error.exc_type, error.message, error.traceback) == (
-        3, "ZeroDivisionError", "division by zero", TRACEBACK)
+        3,
+        "ZeroDivisionError",
+        "division by zero",
+        TRACEBACK,
+    )
 
 
 def test_job_failed_error_from_a_journal_record():

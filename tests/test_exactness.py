@@ -59,8 +59,9 @@ IDS = [f"{name}-{ws}" for name, ws in CASES]
 def launch(cluster, name: str, world_size: int, *, kwargs: dict | None = None, **options):
     strategy, workload = STRATEGIES[name]
     job_kwargs = {"steps": STEPS, "global_batch": GLOBAL_BATCH, **workload, **(kwargs or {})}
-    return cluster.launch(workloads.train_exact, kwargs=job_kwargs, world_size=world_size,
-                          **strategy, **options)
+    return cluster.launch(
+        workloads.train_exact, kwargs=job_kwargs, world_size=world_size, **strategy, **options
+    )
 
 
 def assert_close(got: dict, want: dict, atol: float = 1e-6) -> None:
@@ -77,8 +78,9 @@ def earlier(tmp_path_factory):
     with cs.Cluster.local(workers=4, state_dir=str(tmp_path_factory.mktemp("earlier"))) as c:
         for name, ws in CASES:
             root = str(tmp_path_factory.mktemp(f"earlier-{name}-{ws}"))
-            launch(c, name, ws, kwargs={"stop_at": 7}, checkpoint_dir=root,
-                   checkpoint_every=7).wait(timeout=120)
+            launch(
+                c, name, ws, kwargs={"stop_at": 7}, checkpoint_dir=root, checkpoint_every=7
+            ).wait(timeout=120)
             roots[name, ws] = root
     return roots
 
@@ -104,6 +106,7 @@ def reference(cluster4):
 @pytest.fixture
 def ready(cluster4):
     """The four-slot cluster with all four workers back (a test may kill one) and free."""
+
     def healed() -> bool:
         slots = cluster4.slots()
         return len(slots) == 4 and not any(s["job"] for s in slots)
@@ -145,8 +148,16 @@ def test_pause_and_suspend_resume_bitwise(ready, reference, tmp_path, name, ws):
 @pytest.mark.parametrize("name, ws", CASES, ids=IDS)
 def test_a_lost_worker_restarts_the_job_bitwise(ready, reference, tmp_path, name, ws):
     want, want_rows = reference(name, ws)
-    job = launch(ready, name, ws, kwargs={"delay": DELAY}, checkpoint_dir=str(tmp_path),
-                 checkpoint_every=6, max_restarts=1, timeout=10)
+    job = launch(
+        ready,
+        name,
+        ws,
+        kwargs={"delay": DELAY},
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=6,
+        max_restarts=1,
+        timeout=10,
+    )
     wait_for(lambda: checkpointed_at(job, 6), timeout=60)
     kill_worker_of(ready, job, rank=ws - 1)
     got = job.wait(timeout=120)
@@ -162,8 +173,9 @@ def test_a_lost_worker_restarts_the_job_bitwise(ready, reference, tmp_path, name
 def test_a_resume_at_another_world_size_stays_within_1e_6(ready, reference, tmp_path, name, ws, to):
     # no dropout: the ranks of the new size draw from other ranks' random streams
     want, _ = reference(name, ws, dropout=0.0)
-    job = launch(ready, name, ws, kwargs={"delay": DELAY, "dropout": 0.0},
-                 checkpoint_dir=str(tmp_path))
+    job = launch(
+        ready, name, ws, kwargs={"delay": DELAY, "dropout": 0.0}, checkpoint_dir=str(tmp_path)
+    )
     wait_for(lambda: step_reached(job, 6), timeout=60)
     job.suspend()
     job.resume(world_size=to)
@@ -178,9 +190,21 @@ def test_stock_ddp_rewrapped_mid_run_drifts_and_the_fixed_layout_does_not(tmp_pa
     stock DDP - which shows the check can fail - and identically under ours."""
     out = tmp_path / "buckets.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ddp_buckets.py"), "--ranks", "3",
-         "--repeats", "1", "--steps", "5", "--json", str(out)],
-        capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ddp_buckets.py"),
+            "--ranks",
+            "3",
+            "--repeats",
+            "1",
+            "--steps",
+            "5",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -193,8 +217,9 @@ def test_ddp_at_four_ranks_resumes_bitwise_from_a_checkpoint(ready, reference, t
     step with DDP's first-step layout, the uninterrupted run with the rebuilt one,
     and ended 3e-8 to 7e-8 off."""
     want, _ = reference("ddp", 4)
-    launch(ready, "ddp", 4, kwargs={"stop_at": 5}, checkpoint_dir=str(tmp_path),
-           checkpoint_every=5).wait(timeout=120)
+    launch(
+        ready, "ddp", 4, kwargs={"stop_at": 5}, checkpoint_dir=str(tmp_path), checkpoint_every=5
+    ).wait(timeout=120)
     job = launch(ready, "ddp", 4, checkpoint_dir=str(tmp_path), resume="auto")
     assert_bitwise(job.wait(timeout=120), want, STEPS)
 
@@ -214,12 +239,25 @@ def test_every_layout_resumes_bitwise_at_four_ranks(ready, tmp_path, layout):
     options, model = LAYOUTS[layout]
     kwargs = {"kind": "lm", "steps": STEPS, "global_batch": GLOBAL_BATCH, **model}
     root = str(tmp_path)
-    want = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4, checkpoint_dir=root,
-                        checkpoint_every=7, keep=5, **options).wait(timeout=120)
+    want = ready.launch(
+        workloads.train_exact,
+        kwargs=kwargs,
+        world_size=4,
+        checkpoint_dir=root,
+        checkpoint_every=7,
+        keep=5,
+        **options,
+    ).wait(timeout=120)
     first = sorted(ckpt.committed(root))[0]
     assert first[0] == 7
-    job = ready.launch(workloads.train_exact, kwargs=kwargs, world_size=4,
-                       checkpoint_dir=str(tmp_path / "resumed"), resume=first[1], **options)
+    job = ready.launch(
+        workloads.train_exact,
+        kwargs=kwargs,
+        world_size=4,
+        checkpoint_dir=str(tmp_path / "resumed"),
+        resume=first[1],
+        **options,
+    )
     assert_bitwise(job.wait(timeout=120), want, STEPS)
 
 

@@ -18,7 +18,9 @@ def test_every_worker_owns_a_distinct_gpu_and_nccl_ddp_matches_reference(tmp_pat
         slots = cluster.slots()
         assert all(s["kind"] == "cuda" for s in slots)
         assert len({s["uuid"] for s in slots}) == len(slots)  # no two workers on one GPU
-        out = cluster.launch(workloads.train_mlp, kwargs={"steps": 10}, world_size=n).wait(timeout=120)
+        out = cluster.launch(workloads.train_mlp, kwargs={"steps": 10}, world_size=n).wait(
+            timeout=120
+        )
     reference = workloads.reference_mlp(world_size=n, steps=10)
     for key, expected in reference.items():
         torch.testing.assert_close(out["params"][key].cpu(), expected, rtol=1e-5, atol=1e-5)

@@ -26,8 +26,14 @@ def last_step_time(job) -> float:
 
 
 def test_a_stuck_rank_is_reported_hung_with_every_ranks_stack_and_stop_ends_it(healed):
-    job = healed.launch(workloads.hang_at, kwargs={"rank": 1, "step": 5}, world_size=2,
-                        timeout=120, hang_timeout=HANG, name="stuck")
+    job = healed.launch(
+        workloads.hang_at,
+        kwargs={"rank": 1, "step": 5},
+        world_size=2,
+        timeout=120,
+        hang_timeout=HANG,
+        name="stuck",
+    )
     wait_for(lambda: job.status is cs.JobStatus.HUNG, timeout=30)
     (event,) = [e for e in job.events() if e["kind"] == "hung"]
     assert event["time"] - last_step_time(job) <= 2 * HANG + 1  # found within 2x the timeout
@@ -47,8 +53,15 @@ def test_a_stuck_rank_is_reported_hung_with_every_ranks_stack_and_stop_ends_it(h
 
 
 def test_a_frozen_process_is_named_and_on_hang_fail_fails_the_job(healed):
-    job = healed.launch(workloads.ticker, kwargs={"sleep": 0.02}, world_size=2, timeout=120,
-                        hang_timeout=HANG, on_hang="fail", name="frozen")
+    job = healed.launch(
+        workloads.ticker,
+        kwargs={"sleep": 0.02},
+        world_size=2,
+        timeout=120,
+        hang_timeout=HANG,
+        on_hang="fail",
+        name="frozen",
+    )
     wait_for(lambda: step_reached(job, 5), timeout=60)
     worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == 1)
     pid = healed.client.run(os.getpid, workers=[worker])[worker]
@@ -69,10 +82,17 @@ def test_a_frozen_process_is_named_and_on_hang_fail_fails_the_job(healed):
 
 
 def test_on_hang_restart_restarts_from_the_checkpoint_and_finishes(healed, tmp_path):
-    job = healed.launch(workloads.hang_at, kwargs={"rank": 0, "step": 6, "steps": 12,
-                                                   "marker": str(tmp_path / "hung-once")},
-                        world_size=2, timeout=120, hang_timeout=HANG, on_hang="restart",
-                        max_restarts=1, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4)
+    job = healed.launch(
+        workloads.hang_at,
+        kwargs={"rank": 0, "step": 6, "steps": 12, "marker": str(tmp_path / "hung-once")},
+        world_size=2,
+        timeout=120,
+        hang_timeout=HANG,
+        on_hang="restart",
+        max_restarts=1,
+        checkpoint_dir=str(tmp_path / "ck"),
+        checkpoint_every=4,
+    )
     assert job.wait(timeout=120) == 12
     assert job.restarts == 1
     kinds = [e["kind"] for e in job.events()]

@@ -26,19 +26,27 @@ cloudpickle.register_pickle_by_value(workloads_debug)
 
 
 def held_ranks(job) -> set[str]:
-    return set(((job.info().get("held") or {}).get("ranks") or {}))
+    return set((job.info().get("held") or {}).get("ranks") or {})
 
 
 # --- end to end -------------------------------------------------------------------------
 def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(healed, capsys):
-    job = healed.launch(workloads_debug.raise_at, kwargs={"rank": 1, "step": 5}, world_size=2,
-                        timeout=3, on_error="hold", name="held")
+    job = healed.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 1, "step": 5},
+        world_size=2,
+        timeout=3,
+        on_error="hold",
+        name="held",
+    )
     seen = Statuses(job)
     dash = widgets.dashboard(job)
     wait_for(lambda: job.status is cs.JobStatus.HELD, timeout=90)
-    assert job.reason.startswith("held: rank 1 raised ValueError at step 5: bad batch at step 5 "
-                                 "on rank 1; job.debug(1) shows its stack, job.run(fn, "
-                                 "ranks=[1]) inspects it; job.stop() or ")
+    assert job.reason.startswith(
+        "held: rank 1 raised ValueError at step 5: bad batch at step 5 "
+        "on rank 1; job.debug(1) shows its stack, job.run(fn, "
+        "ranks=[1]) inspects it; job.stop() or "
+    )
     assert sorted(s["job"] for s in healed.slots()) == [job.id, job.id]  # the slots are kept
 
     post = job.debug()  # the rank whose error is the cause
@@ -71,13 +79,20 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     # job.run reaches the held rank, in its own thread: its exception, the failing frame's
     # live locals, its model; and a function that raises there leaves the job HELD
     assert job.run(workloads_debug.look_at_failure, ranks=[1], timeout=30) == {
-        1: {"error": "ValueError", "nans": 16, "step": 5, "secret": 10_000,
-            "params": sum(p.numel() for p in workloads.model().parameters())}}
+        1: {
+            "error": "ValueError",
+            "nans": 16,
+            "step": 5,
+            "secret": 10_000,
+            "params": sum(p.numel() for p in workloads.model().parameters()),
+        }
+    }
     with pytest.raises(cs.RunError, match="rank 1: KeyError: 'missing'") as refused:
         job.run(lambda ctx: {}["missing"], ranks=[1], timeout=30)
     assert "During handling" not in str(refused.value)  # not chained to the held error
-    with pytest.raises(cs.InvalidTransitionError,
-                       match="is HELD; job.update needs a RUNNING or PAUSED job"):
+    with pytest.raises(
+        cs.InvalidTransitionError, match="is HELD; job.update needs a RUNNING or PAUSED job"
+    ):
         job.update(lr=0.1)  # the ranks can't agree on a step boundary while held
     assert job.status is cs.JobStatus.HELD and job.debug().step == 5
 
@@ -88,7 +103,9 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
     assert "Timed out" in job.debug(0).error["message"]
     # of a HELD job, job.run's default ranks are the held ones
     assert job.run(lambda ctx: type(ctx.error).__name__, timeout=30) == {
-        0: job.debug(0).error["type"], 1: "ValueError"}
+        0: job.debug(0).error["type"],
+        1: "ValueError",
+    }
 
     # imported here: the module's GPU test runs where IPython is not installed (the GPU
     # machine of benchmarks/gpu_check.py)
@@ -118,8 +135,14 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
 
 
 def test_stop_frees_the_slot_of_a_peer_still_waiting_in_a_collective(healed):
-    job = healed.launch(workloads_debug.raise_at, kwargs={"rank": 0, "step": 3}, world_size=2,
-                        timeout=120, on_error="hold", name="stuck-peer")
+    job = healed.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 0, "step": 3},
+        world_size=2,
+        timeout=120,
+        on_error="hold",
+        name="stuck-peer",
+    )
     wait_for(lambda: job.status is cs.JobStatus.HELD, timeout=90)
     assert held_ranks(job) == {"0"}  # rank 1 waits in a collective for 120 s
     assert "raise_at" in job.stacks()[1]
@@ -129,15 +152,20 @@ def test_stop_frees_the_slot_of_a_peer_still_waiting_in_a_collective(healed):
 
 
 def test_restart_from_checkpoint_continues_from_the_checkpoint_and_finishes(healed, tmp_path):
-    options = dict(world_size=2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4,
-                   timeout=120)
-    plain = healed.launch(workloads_debug.raise_at, kwargs={"rank": 5, "steps": 12},
-                          **options, name="uninterrupted").wait(timeout=120)
+    options = dict(
+        world_size=2, checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=4, timeout=120
+    )
+    plain = healed.launch(
+        workloads_debug.raise_at, kwargs={"rank": 5, "steps": 12}, **options, name="uninterrupted"
+    ).wait(timeout=120)
     marker = tmp_path / "raised-once"
-    job = healed.launch(workloads_debug.raise_at,
-                        kwargs={"rank": 0, "step": 6, "steps": 12, "marker": str(marker)},
-                        on_error="hold", **{**options, "checkpoint_dir": str(tmp_path / "h")},
-                        name="restarted")
+    job = healed.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 0, "step": 6, "steps": 12, "marker": str(marker)},
+        on_error="hold",
+        **{**options, "checkpoint_dir": str(tmp_path / "h")},
+        name="restarted",
+    )
     wait_for(lambda: job.status is cs.JobStatus.HELD, timeout=90)
     wait_for(lambda: checkpointed_at(job, 4), timeout=30)
     assert job.restart_from_checkpoint() is cs.JobStatus.RESTARTING
@@ -152,19 +180,32 @@ def test_restart_from_checkpoint_continues_from_the_checkpoint_and_finishes(heal
 
 
 def test_the_hold_timeout_fails_the_job(healed):
-    job = healed.launch(workloads_debug.raise_at, kwargs={"rank": 1, "step": 2}, world_size=2,
-                        timeout=120, on_error="hold", hold_timeout=3, name="timed-out")
+    job = healed.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 1, "step": 2},
+        world_size=2,
+        timeout=120,
+        on_error="hold",
+        hold_timeout=3,
+        name="timed-out",
+    )
     with pytest.raises(cs.JobFailedError, match="rank 1 raised ValueError: bad batch at step 2"):
         job.wait(timeout=120)
     released = [e for e in job.events() if e["kind"] == "released"]
-    assert len(released) == 1 and "hold_timeout: nobody ended it within 3 s" in \
-        released[0]["message"]
+    assert (
+        len(released) == 1 and "hold_timeout: nobody ended it within 3 s" in released[0]["message"]
+    )
     wait_for(lambda: not any(s["job"] for s in healed.slots()), timeout=60)
 
 
 def test_without_hold_a_rank_that_raises_fails_the_job_at_once(healed):
-    job = healed.launch(workloads_debug.raise_at, kwargs={"rank": 1, "step": 2}, world_size=2,
-                        timeout=120, name="not-held")
+    job = healed.launch(
+        workloads_debug.raise_at,
+        kwargs={"rank": 1, "step": 2},
+        world_size=2,
+        timeout=120,
+        name="not-held",
+    )
     with pytest.raises(cs.JobFailedError, match="bad batch at step 2"):
         job.wait(timeout=120)
     assert not job.info().get("held") and "held" not in [e["kind"] for e in job.events()]
@@ -174,13 +215,38 @@ def test_without_hold_a_rank_that_raises_fails_the_job_at_once(healed):
 
 # --- the static view ------------------------------------------------------------------------
 def test_the_static_view_of_a_held_job_shows_its_reason_and_failing_frames():
-    frames = [{"file": "train.py", "line": 9, "function": "train", "code": "raise ValueError(s)",
-               "ours": False, "locals": {"s": "'<b>'"}, "omitted": 0}]
-    record = {"id": "j", "name": "a", "status": "HELD", "reason": "held: rank 1 raised ValueError",
-              "spec": {"world_size": 2, "strategy": "ddp"},
-              "held": {"cause": 1, "since": 1.0, "ended": "", "ranks": {"1": {
-                  "rank": 1, "step": 4, "time": 1.0, "frames": frames,
-                  "error": {"type": "ValueError", "message": "m", "traceback": ""}}}}}
+    frames = [
+        {
+            "file": "train.py",
+            "line": 9,
+            "function": "train",
+            "code": "raise ValueError(s)",
+            "ours": False,
+            "locals": {"s": "'<b>'"},
+            "omitted": 0,
+        }
+    ]
+    record = {
+        "id": "j",
+        "name": "a",
+        "status": "HELD",
+        "reason": "held: rank 1 raised ValueError",
+        "spec": {"world_size": 2, "strategy": "ddp"},
+        "held": {
+            "cause": 1,
+            "since": 1.0,
+            "ended": "",
+            "ranks": {
+                "1": {
+                    "rank": 1,
+                    "step": 4,
+                    "time": 1.0,
+                    "frames": frames,
+                    "error": {"type": "ValueError", "message": "m", "traceback": ""},
+                }
+            },
+        },
+    }
     html = render.job_html(JobView.from_record(record))
     assert ">HELD<" in html and "held: rank 1 raised ValueError" in html
     assert "Held: rank 1's failing frames" in html and "raise ValueError(s)" in html

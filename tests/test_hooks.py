@@ -20,15 +20,38 @@ from clustersdk.widgets.queue import queue_html, queue_text
 ROOT = Path(__file__).resolve().parents[1]
 
 QUEUES = {
-    "slots": 4, "free": 1, "per_user_cap": None, "users": {"ana": 3},
-    "queues": [{
-        "name": "default", "guaranteed": 0, "limit": None, "used": 3,
-        "holding": [{"name": "big", "owner": "ana", "priority_name": "high", "slots": 3,
-                     "status": "running", "ends_by": None}],
-        "waiting": [{"name": "small", "owner": "bo", "priority_name": "normal",
-                     "world_size": 2, "reason": "waiting for 2 slots to be free",
-                     "estimated_start": None}],
-    }],
+    "slots": 4,
+    "free": 1,
+    "per_user_cap": None,
+    "users": {"ana": 3},
+    "queues": [
+        {
+            "name": "default",
+            "guaranteed": 0,
+            "limit": None,
+            "used": 3,
+            "holding": [
+                {
+                    "name": "big",
+                    "owner": "ana",
+                    "priority_name": "high",
+                    "slots": 3,
+                    "status": "running",
+                    "ends_by": None,
+                }
+            ],
+            "waiting": [
+                {
+                    "name": "small",
+                    "owner": "bo",
+                    "priority_name": "normal",
+                    "world_size": 2,
+                    "reason": "waiting for 2 slots to be free",
+                    "estimated_start": None,
+                }
+            ],
+        }
+    ],
 }
 
 
@@ -40,18 +63,29 @@ def hooks_the_client_uses() -> set[str]:
         if path == ROOT / "clustersdk" / "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "hooks"
-                    and node.func.attr in ("call", "provided") and node.args
-                    and isinstance(node.args[0], ast.Constant)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "hooks"
+                and node.func.attr in ("call", "provided")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 names.add(node.args[0].value)
     return names
 
 
 def test_the_package_face_provides_every_hook_the_client_calls():
     used = hooks_the_client_uses()
-    assert {"job_display", "cluster_display", "job_console", "queue_text", "queue_html",
-            "doctor"} <= used
+    assert {
+        "job_display",
+        "cluster_display",
+        "job_console",
+        "queue_text",
+        "queue_html",
+        "doctor",
+    } <= used
     assert [name for name in sorted(used) if not hooks.provided(name)] == []
 
 
@@ -93,17 +127,23 @@ def test_a_plain_script_prints_the_queue_as_text_without_ipython(tmp_path):
         "import json, sys\n"
         "from clustersdk.cluster.base import QueueView\n"
         f"print(QueueView(json.loads({json.dumps(json.dumps(QUEUES))})))\n"
-        "print('IPython' in sys.modules)\n", encoding="utf-8")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+        "print('IPython' in sys.modules)\n",
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out == queue_text(QUEUES) + "\nFalse\n"
 
 
 def test_the_face_wires_hooks_without_importing_presentation():
-    code = ("import sys, clustersdk, clustersdk.hooks as h\n"
-            "print(sorted(n for n in ('job_display', 'doctor') if h.provided(n)), "
-            "any(m.startswith(('clustersdk.widgets', 'clustersdk.doctor')) for m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    code = (
+        "import sys, clustersdk, clustersdk.hooks as h\n"
+        "print(sorted(n for n in ('job_display', 'doctor') if h.provided(n)), "
+        "any(m.startswith(('clustersdk.widgets', 'clustersdk.doctor')) for m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip() == "['doctor', 'job_display'] False"
     assert clustersdk.hooks is hooks

@@ -14,8 +14,8 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -50,10 +50,13 @@ PURE = [
 
 
 def loaded_after(statement: str) -> set[str]:
-    code = (f"import sys, json\n{statement}\n"
-            f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    code = (
+        f"import sys, json\n{statement}\n"
+        f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -78,16 +81,21 @@ def test_a_public_name_loads_its_module_on_first_use():
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def import_statements(source: str, path: Path, root: Path = ROOT
-                      ) -> Iterator[tuple[int, str, list[str] | None, bool]]:
+def import_statements(
+    source: str, path: Path, root: Path = ROOT
+) -> Iterator[tuple[int, str, list[str] | None, bool]]:
     """``(line, module, names, for_annotations)`` for each import of ``source`` (read as the
     file at ``path`` under ``root``), at any depth: ``names`` is None for ``import module``,
     what ``from module import ...`` takes otherwise; ``for_annotations``: the import is
     under ``if TYPE_CHECKING:``. Relative imports are resolved."""
     tree = ast.parse(source)
-    annotations_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
-                        and "TYPE_CHECKING" in ast.unparse(block.test)
-                        for stmt in block.body for node in ast.walk(stmt)}
+    annotations_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for node in ast.walk(stmt)
+    }
     parts = list(path.relative_to(root).with_suffix("").parts)
     package = parts[:-1]  # a package's __init__ is in its own package too
     for node in ast.walk(tree):
@@ -95,20 +103,46 @@ def import_statements(source: str, path: Path, root: Path = ROOT
             for alias in node.names:
                 yield node.lineno, alias.name, None, id(node) in annotations_only
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
-            yield (node.lineno, module, [alias.name for alias in node.names],
-                   id(node) in annotations_only)
+            yield (
+                node.lineno,
+                module,
+                [alias.name for alias in node.names],
+                id(node) in annotations_only,
+            )
 
 
 # the client tier never imports the tiers above it -------------------------------------------
-CLIENT = sorted([*(ROOT / "clustersdk" / "cluster").glob("*.py"),
-                 *(ROOT / "clustersdk" / name for name in (
-                     "job.py", "client.py", "spec.py", "registry.py", "hooks.py",
-                     "postmortem.py"))])
-ABOVE = ("clustersdk.widgets", "clustersdk.magics", "clustersdk.cells", "clustersdk.cli",
-         "clustersdk.doctor", "clustersdk.demo", "clustersdk.__main__",
-         "IPython", "ipywidgets", "bqplot", "jinja2")
+CLIENT = sorted(
+    [
+        *(ROOT / "clustersdk" / "cluster").glob("*.py"),
+        *(
+            ROOT / "clustersdk" / name
+            for name in (
+                "job.py",
+                "client.py",
+                "spec.py",
+                "registry.py",
+                "hooks.py",
+                "postmortem.py",
+            )
+        ),
+    ]
+)
+ABOVE = (
+    "clustersdk.widgets",
+    "clustersdk.magics",
+    "clustersdk.cells",
+    "clustersdk.cli",
+    "clustersdk.doctor",
+    "clustersdk.demo",
+    "clustersdk.__main__",
+    "IPython",
+    "ipywidgets",
+    "bqplot",
+    "jinja2",
+)
 
 
 def imported_names(path: Path) -> list[tuple[int, str]]:
@@ -129,35 +163,56 @@ def imported_names_of(source: str, path: Path) -> list[tuple[int, str]]:
 
 def test_the_client_api_imports_no_presentation_and_not_the_doctor():
     assert len(CLIENT) >= 15  # cluster/*, job, client, spec, registry, hooks, postmortem
-    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in CLIENT
-             for line, name in imported_names(path)
-             if any(name == above or name.startswith(above + ".") for above in ABOVE)]
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in CLIENT
+        for line, name in imported_names(path)
+        if any(name == above or name.startswith(above + ".") for above in ABOVE)
+    ]
     assert wrong == []
 
 
 def test_imported_names_sees_relative_imports_inside_functions():
     # the check above must be able to fail: a relative import in a method is caught
     probe = ROOT / "clustersdk" / "cluster" / "base.py"  # only its path is used
-    names = [name for _, name in imported_names_of(
-        "class C:\n    def f(self):\n        from ..widgets import console\n", probe)]
+    names = [
+        name
+        for _, name in imported_names_of(
+            "class C:\n    def f(self):\n        from ..widgets import console\n", probe
+        )
+    ]
     assert names == ["clustersdk.widgets", "clustersdk.widgets.console"]
 
 
 def test_using_cluster_and_job_loads_no_presentation():
-    code = ("import sys, clustersdk.cluster.base, clustersdk.job\n"
-            "print([m for m in sys.modules if m.split('.')[:2] in (['clustersdk', 'widgets'], "
-            "['clustersdk', 'doctor'], ['clustersdk', 'magics'], ['clustersdk', 'cli'])])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    code = (
+        "import sys, clustersdk.cluster.base, clustersdk.job\n"
+        "print([m for m in sys.modules if m.split('.')[:2] in (['clustersdk', 'widgets'], "
+        "['clustersdk', 'doctor'], ['clustersdk', 'magics'], ['clustersdk', 'cli'])])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     assert out.strip().splitlines()[-1] == "[]"
 
 
 # the runtime and the control plane never import each other; the base tier nothing above it
 #: the base tier: pure rules every tier may import (modules, or packages with all they hold)
-BASE = ("clustersdk.protocol", "clustersdk.status", "clustersdk.errors", "clustersdk.layout",
-        "clustersdk.config", "clustersdk.hparams", "clustersdk.diagnosis", "clustersdk.signals",
-        "clustersdk.checkpoint_files", "clustersdk.options", "clustersdk.network",
-        "clustersdk.version", "clustersdk.security")
+BASE = (
+    "clustersdk.protocol",
+    "clustersdk.status",
+    "clustersdk.errors",
+    "clustersdk.layout",
+    "clustersdk.config",
+    "clustersdk.hparams",
+    "clustersdk.diagnosis",
+    "clustersdk.signals",
+    "clustersdk.checkpoint_files",
+    "clustersdk.options",
+    "clustersdk.network",
+    "clustersdk.version",
+    "clustersdk.security",
+)
 
 
 def module_of(path: Path, root: Path = ROOT) -> str:
@@ -178,7 +233,8 @@ def imported(path: Path, known: set[str], root: Path = ROOT) -> set[str]:
     ``if TYPE_CHECKING:``."""
     found = set()
     for _line, module, names, for_annotations in import_statements(
-            path.read_text(encoding="utf-8"), path, root):
+        path.read_text(encoding="utf-8"), path, root
+    ):
         if for_annotations:
             continue
         if names is None:
@@ -192,9 +248,12 @@ def offences(package: str, allowed, root: Path = ROOT) -> list[str]:
     """``module -> imported`` for each import of a ``clustersdk`` module by a module of
     ``package`` that ``allowed(imported)`` refuses."""
     known = set(modules("clustersdk", root))
-    return sorted(f"{name} -> {target}" for name, path in modules(package, root).items()
-                  for target in imported(path, known, root)
-                  if target.split(".")[0] == "clustersdk" and not allowed(target))
+    return sorted(
+        f"{name} -> {target}"
+        for name, path in modules(package, root).items()
+        for target in imported(path, known, root)
+        if target.split(".")[0] == "clustersdk" and not allowed(target)
+    )
 
 
 def under(name: str, *packages: str) -> bool:
@@ -207,8 +266,7 @@ def test_the_runtime_imports_only_itself_the_base_tier_and_the_reference_models(
 
 
 def test_the_control_plane_imports_only_itself_and_the_base_tier():
-    assert offences("clustersdk.control",
-                    lambda m: under(m, *BASE, "clustersdk.control")) == []
+    assert offences("clustersdk.control", lambda m: under(m, *BASE, "clustersdk.control")) == []
 
 
 def test_the_reference_models_import_only_themselves_and_the_base_tier():
@@ -222,24 +280,35 @@ def test_the_base_tier_imports_only_the_base_tier(package):
 
 def test_the_tier_checks_see_imports_inside_functions_but_not_annotation_only_ones(tmp_path):
     """The reading above, on a package made for it (the checks must be able to fail)."""
-    for name in ("__init__", "runtime/__init__", "control/__init__", "control/journal",
-                 "control/plugin"):
+    for name in (
+        "__init__",
+        "runtime/__init__",
+        "control/__init__",
+        "control/journal",
+        "control/plugin",
+    ):
         (tmp_path / "clustersdk" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "clustersdk" / f"{name}.py").write_text("")
     (tmp_path / "clustersdk" / "runtime" / "agent.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from ..control import plugin\n"
-        "def f():\n    from ..control.journal import Journal\n")
-    assert offences("clustersdk.runtime", lambda m: not under(m, "clustersdk.control"),
-                    root=tmp_path) == ["clustersdk.runtime.agent -> clustersdk.control.journal"]
+        "def f():\n    from ..control.journal import Journal\n"
+    )
+    assert offences(
+        "clustersdk.runtime", lambda m: not under(m, "clustersdk.control"), root=tmp_path
+    ) == ["clustersdk.runtime.agent -> clustersdk.control.journal"]
 
 
 def test_no_test_module_imports_another_test_module():
     known = set(modules("tests"))
-    importers = {name for name, path in modules("tests").items()
-                 if name.rpartition(".")[2].startswith("test_")
-                 and any(t in known and t.rpartition(".")[2].startswith("test_")
-                         for t in imported(path, known))}
+    importers = {
+        name
+        for name, path in modules("tests").items()
+        if name.rpartition(".")[2].startswith("test_")
+        and any(
+            t in known and t.rpartition(".")[2].startswith("test_") for t in imported(path, known)
+        )
+    }
     assert importers == set()
 
 
@@ -250,8 +319,9 @@ def test_every_import_of_a_clustersdk_module_names_one_that_exists():
     missing = []
     for root, package in ((ROOT, "clustersdk"), (ROOT / "extension", "jupyter_clustersdk")):
         for name, path in modules(package, root).items():
-            for line, module, _names, _ in import_statements(path.read_text(encoding="utf-8"),
-                                                            path, root):
+            for line, module, _names, _ in import_statements(
+                path.read_text(encoding="utf-8"), path, root
+            ):
                 if module.split(".")[0] not in ("clustersdk", "jupyter_clustersdk"):
                     continue
                 if module not in known:

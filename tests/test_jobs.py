@@ -35,7 +35,9 @@ def test_history_has_every_step_of_every_rank(idle):
     job = idle.launch(workloads.train_mlp, kwargs={"steps": 25}, world_size=2)
     out = job.wait(timeout=120)
     rows = job.history()
-    assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in (0, 1) for s in range(25)]
+    assert sorted((r["rank"], r["step"]) for r in rows) == [
+        (r, s) for r in (0, 1) for s in range(25)
+    ]
     assert [r["loss"] for r in rows if r["rank"] == 0] == pytest.approx(out["losses"])
     assert all(isinstance(r["time"], float) for r in rows)
     # incremental reads: nothing new after the last sequence number
@@ -96,9 +98,11 @@ def test_queued_job_says_what_it_waits_for_then_runs(idle):
     queued = idle.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2, name="patient")
     wait_for(lambda: running.status is cs.JobStatus.RUNNING)
     assert queued.status is cs.JobStatus.QUEUED
-    assert queued.reason == ("waiting for 2 slots to be free; no estimate of when (the jobs "
-                             "holding them gave no time_limit); slots are held for it as they "
-                             "free up")
+    assert queued.reason == (
+        "waiting for 2 slots to be free; no estimate of when (the jobs "
+        "holding them gave no time_limit); slots are held for it as they "
+        "free up"
+    )
     running.stop()
     assert len(queued.wait(timeout=60)["losses"]) == 3
 
@@ -151,7 +155,9 @@ def test_unpicklable_function_fails_at_launch(idle):
 
 
 def test_more_ranks_than_the_cluster_can_hold(idle):
-    with pytest.raises(cs.CapacityError, match="world_size=3 is more than this cluster can ever hold: it has 2"):
+    with pytest.raises(
+        cs.CapacityError, match="world_size=3 is more than this cluster can ever hold: it has 2"
+    ):
         idle.launch(workloads.train_mlp, world_size=3)
 
 
@@ -184,7 +190,9 @@ def test_another_process_attaches_by_name(idle):
     wait_for(lambda: len(job.history()) >= 6)
     proc = subprocess.run(
         [sys.executable, "-c", ATTACH_SCRIPT, idle.scheduler_address, "shared-run", idle.state_dir],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -229,7 +237,11 @@ def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
     assert all(later[r]["step"] > first[r]["step"] for r in (0, 1))  # it keeps up
     job.stop()
     rows = job.history()
-    events = [e for _, e in idle.client.get_events(f"clustersdk-job-{job.id}") if e.get("kind") == "metrics"]
+    events = [
+        e
+        for _, e in idle.client.get_events(f"clustersdk-job-{job.id}")
+        if e.get("kind") == "metrics"
+    ]
     # hundreds of steps, but batched: between two flushes of one rank at least the
     # interval passes (a rank's own events, started/exit, carry what is left)
     assert len(rows) > 200
@@ -237,7 +249,9 @@ def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
         sent = sorted(e["sent"] for e in events if e["rank"] == rank and e["event"] == "metrics")
         assert len(sent) >= 2
         assert min(b - a for a, b in zip(sent, sent[1:])) >= 0.25 - 0.01
-        assert sum(len(e["rows"]) for e in events if e["rank"] == rank) == len([r for r in rows if r["rank"] == rank])
+        assert sum(len(e["rows"]) for e in events if e["rank"] == rank) == len(
+            [r for r in rows if r["rank"] == rank]
+        )
     assert sum(len(e["rows"]) for e in events) == len(rows)
 
 
@@ -250,9 +264,11 @@ def test_job_fails_when_a_worker_dies(tmp_path):
         os.kill(pid, signal.SIGKILL)
         victim_rank = next(r["rank"] for r in job.info()["ranks"] if r["worker"] == victim)
         # the cause, however the survivor's broken connection and Dask's notice race
-        with pytest.raises(cs.JobFailedError, match=rf"failed: worker {victim} \(host [^)]+\) "
-                                                    rf"of rank {victim_rank} left the cluster"
-                           ) as info:
+        with pytest.raises(
+            cs.JobFailedError,
+            match=rf"failed: worker {victim} \(host [^)]+\) "
+            rf"of rank {victim_rank} left the cluster",
+        ) as info:
             job.wait(timeout=60)
         assert (info.value.rank, info.value.exc_type) == (victim_rank, "WorkerLost")
         assert job.status is cs.JobStatus.FAILED
@@ -261,7 +277,9 @@ def test_job_fails_when_a_worker_dies(tmp_path):
         assert [c["rank"] for c in event["consequences"]] in ([], [1 - victim_rank])
         # the nanny brings the worker back; its slot rejoins and takes new work
         wait_for(lambda: len(cluster.slots()) == 2, timeout=60)
-        out = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2).wait(timeout=60)
+        out = cluster.launch(workloads.train_mlp, kwargs={"steps": 3}, world_size=2).wait(
+            timeout=60
+        )
         assert len(out["losses"]) == 3
 
 
@@ -293,6 +311,7 @@ def test_stop_right_after_launch_is_not_lost(idle):
 
 def _subscribers(cluster, job_id: str) -> int:
     """How many clients the scheduler sends the job's events to."""
+
     def count(dask_scheduler, topic):
         found = dask_scheduler._broker._topics.get(topic)
         return len(found.subscribers) if found is not None else 0

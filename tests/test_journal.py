@@ -20,8 +20,15 @@ def journal(path):
 
 
 def record(id: str, name: str = "train", scheduler: str = "s1", submitted: float = 0.0, **fields):
-    return {"id": id, "name": name, "scheduler": scheduler, "status": "QUEUED",
-            "spec": {"world_size": 2}, "submitted": submitted, **fields}
+    return {
+        "id": id,
+        "name": name,
+        "scheduler": scheduler,
+        "status": "QUEUED",
+        "spec": {"world_size": 2},
+        "submitted": submitted,
+        **fields,
+    }
 
 
 def metric(step: int, rank: int = 0, **scalars):
@@ -40,24 +47,41 @@ def test_update_changes_only_the_given_fields(journal):
     journal.add_job(record("a1"))
     journal.update("a1", status="RUNNING", started=5.0, ranks=[{"rank": 0, "host": "h"}])
     got = journal.get("a1")
-    assert (got["status"], got["started"], got["ranks"]) == ("RUNNING", 5.0, [{"rank": 0, "host": "h"}])
+    assert (got["status"], got["started"], got["ranks"]) == (
+        "RUNNING",
+        5.0,
+        [{"rank": 0, "host": "h"}],
+    )
     assert got["spec"] == {"world_size": 2}
 
 
 def test_json_fields_round_trip(journal):
-    spec = {"world_size": 4, "timeout": 1.5, "nested": {"l": [1, "two", None]}, "name": "entraînement"}
+    spec = {
+        "world_size": 4,
+        "timeout": 1.5,
+        "nested": {"l": [1, "two", None]},
+        "name": "entraînement",
+    }
     error = {"rank": 1, "type": "ValueError", "message": "bad", "traceback": "Traceback...\n"}
     journal.add_job(record("a1", spec=spec, ranks=[{"rank": 0}, {"rank": 1}]))
     journal.update("a1", error=error, result=b"\x80\x05pickled")
     got = journal.get("a1")
     assert (got["spec"], got["ranks"], got["error"], got["result"]) == (
-        spec, [{"rank": 0}, {"rank": 1}], error, b"\x80\x05pickled")
+        spec,
+        [{"rank": 0}, {"rank": 1}],
+        error,
+        b"\x80\x05pickled",
+    )
 
 
 def test_find_returns_the_newest_job_of_that_name_on_that_scheduler(journal):
-    for id, name, scheduler, submitted in [("old", "x", "s1", 1.0), ("new", "x", "s1", 3.0),
-                                           ("mid", "x", "s1", 2.0), ("other", "y", "s1", 9.0),
-                                           ("elsewhere", "x", "s2", 9.0)]:
+    for id, name, scheduler, submitted in [
+        ("old", "x", "s1", 1.0),
+        ("new", "x", "s1", 3.0),
+        ("mid", "x", "s1", 2.0),
+        ("other", "y", "s1", 9.0),
+        ("elsewhere", "x", "s2", 9.0),
+    ]:
         journal.add_job(record(id, name=name, scheduler=scheduler, submitted=submitted))
     assert journal.find("s1", "x")["id"] == "new"
     assert journal.find("s1", "z") is None
@@ -92,8 +116,9 @@ def test_a_scalar_named_like_a_column_does_not_clobber_it(journal):
 
 
 def test_logs_filter_by_rank_and_cursor(journal):
-    journal.add_logs("a1", [(0, 1.0, "stdout", "r0 a"), (1, 1.0, "stdout", "r1 a"),
-                            (0, 2.0, "stderr", "r0 b")])
+    journal.add_logs(
+        "a1", [(0, 1.0, "stdout", "r0 a"), (1, 1.0, "stdout", "r1 a"), (0, 2.0, "stderr", "r0 b")]
+    )
     journal.add_logs("b2", [(0, 1.0, "stdout", "other job")])
     assert [e["text"] for e in journal.logs("a1")] == ["r0 a", "r1 a", "r0 b"]
     rank0 = journal.logs("a1", rank=0)

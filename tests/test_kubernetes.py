@@ -35,13 +35,18 @@ def container(docs, name: str) -> dict:
 
 
 def test_the_manifest_has_a_scheduler_its_service_and_gpu_workers(docs):
-    assert set(docs) == {"Deployment/clustersdk-scheduler", "Service/clustersdk-scheduler",
-                         "Deployment/clustersdk-worker"}
+    assert set(docs) == {
+        "Deployment/clustersdk-scheduler",
+        "Service/clustersdk-scheduler",
+        "Deployment/clustersdk-worker",
+    }
     for name in ("scheduler", "worker"):
         deployment = docs[f"Deployment/clustersdk-{name}"]
         assert deployment["apiVersion"] == "apps/v1"
-        assert deployment["spec"]["selector"]["matchLabels"].items() <= \
-            deployment["spec"]["template"]["metadata"]["labels"].items()
+        assert (
+            deployment["spec"]["selector"]["matchLabels"].items()
+            <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        )
     worker = container(docs, "worker")
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["args"][3:5] == ["--nthreads", "1"]  # one rank per worker thread
@@ -91,22 +96,33 @@ def test_the_probes_point_at_routes_the_real_dask_servers_serve(docs, tmp_path):
     for c in (scheduler, worker):
         assert {port for _, _, port in probes(c)} == {dashboard_port(c)}  # the HTTP server's port
     comm, s_http, w_http = free_port(), free_port(), free_port()
-    s_args = [a.replace("8786", str(comm)).replace(":8787", f"127.0.0.1:{s_http}")
-              for a in scheduler["args"]]
-    w_args = [a.replace("clustersdk-scheduler:8786", f"127.0.0.1:{comm}")
-              .replace(":8788", f"127.0.0.1:{w_http}").replace("$(POD_NAME)", "w0")
-              for a in worker["args"]]
+    s_args = [
+        a.replace("8786", str(comm)).replace(":8787", f"127.0.0.1:{s_http}")
+        for a in scheduler["args"]
+    ]
+    w_args = [
+        a.replace("clustersdk-scheduler:8786", f"127.0.0.1:{comm}")
+        .replace(":8788", f"127.0.0.1:{w_http}")
+        .replace("$(POD_NAME)", "w0")
+        for a in worker["args"]
+    ]
     assert s_args[0] == w_args[0] == "dask"
     env = {**os.environ, "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "warning"}
     procs = []
     try:
         with open(tmp_path / "dask.log", "wb") as log:
-            procs.append(subprocess.Popen([DASK, *s_args[1:], "--host", "127.0.0.1"],
-                                          stdout=log, stderr=log, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [DASK, *s_args[1:], "--host", "127.0.0.1"], stdout=log, stderr=log, env=env
+                )
+            )
             for kind, path, _ in probes(scheduler):
                 assert answers(f"http://127.0.0.1:{s_http}{path}") == 200, kind
-            procs.append(subprocess.Popen([DASK, *w_args[1:], "--host", "127.0.0.1"],
-                                          stdout=log, stderr=log, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [DASK, *w_args[1:], "--host", "127.0.0.1"], stdout=log, stderr=log, env=env
+                )
+            )
             for kind, path, _ in probes(worker):
                 assert answers(f"http://127.0.0.1:{w_http}{path}") == 200, kind
     finally:

@@ -43,8 +43,16 @@ def one_line_error(capsys) -> str:
     return text
 
 
-@pytest.mark.parametrize("magic", ["%cluster --help", "%%distributed --help\npass", "%jobs --help",
-                                   "%job --help", "%queue --help"])
+@pytest.mark.parametrize(
+    "magic",
+    [
+        "%cluster --help",
+        "%%distributed --help\npass",
+        "%jobs --help",
+        "%job --help",
+        "%queue --help",
+    ],
+)
 def test_every_magic_has_help(shell, capsys, magic):
     result = run(shell, magic)
     assert result.success
@@ -54,21 +62,29 @@ def test_every_magic_has_help(shell, capsys, magic):
     assert "--help" in out
 
 
-@pytest.mark.parametrize("line, message", [
-    ("%cluster frobnicate", "unknown mode 'frobnicate'"),
-    ("%cluster connect", "needs one scheduler address"),
-    ("%cluster local -n two", "argument -n/--workers: invalid int value: 'two'"),
-    ("%job pause no-such-job", "no job named 'no-such-job' on this cluster"),
-    ("%job frob x", "usage: %job {pause|resume|checkpoint|suspend|stop|show|logs|run|update|"
-                    "debug|console|restart} NAME"),
-    ("%%distributed -n 5\npass", "world_size=5 is more than this cluster can ever hold"),
-    ("%%distributed --strategy zero\npass", "unknown strategy 'zero'"),
-    ("%%distributed\nfor x in:\n    pass", "the cell has a syntax error"),
-    ("%%distributed --cluster nope\npass", "--cluster nope: no Cluster called 'nope'"),
-    ("%%distributed -n 1 --queue nowhere\npass", "unknown queue 'nowhere'"),
-    ("%%distributed -n 1 --priority low --not-preemptible\npass",
-     "preemptible=False needs priority normal (50) or higher"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("%cluster frobnicate", "unknown mode 'frobnicate'"),
+        ("%cluster connect", "needs one scheduler address"),
+        ("%cluster local -n two", "argument -n/--workers: invalid int value: 'two'"),
+        ("%job pause no-such-job", "no job named 'no-such-job' on this cluster"),
+        (
+            "%job frob x",
+            "usage: %job {pause|resume|checkpoint|suspend|stop|show|logs|run|update|"
+            "debug|console|restart} NAME",
+        ),
+        ("%%distributed -n 5\npass", "world_size=5 is more than this cluster can ever hold"),
+        ("%%distributed --strategy zero\npass", "unknown strategy 'zero'"),
+        ("%%distributed\nfor x in:\n    pass", "the cell has a syntax error"),
+        ("%%distributed --cluster nope\npass", "--cluster nope: no Cluster called 'nope'"),
+        ("%%distributed -n 1 --queue nowhere\npass", "unknown queue 'nowhere'"),
+        (
+            "%%distributed -n 1 --priority low --not-preemptible\npass",
+            "preemptible=False needs priority normal (50) or higher",
+        ),
+    ],
+)
 def test_mistakes_are_one_line(ip, capsys, line, message):
     result = run(ip, line)
     assert not result.success
@@ -100,10 +116,13 @@ def test_cluster_local_starts_shows_and_closes(shell, tmp_path, capsys):
 
 def test_distributed_runs_the_cell_on_every_rank_with_notebook_globals(ip, capsys):
     ip.user_ns["greeting"] = "hello"
-    result = run(ip, "%%distributed -n 2 --name magic-ranks\n"
-                     "print(greeting, 'from', ctx.rank)\n"
-                     "import torch\n"
-                     "return {'rank': ctx.rank, 'world': ctx.world_size}\n")
+    result = run(
+        ip,
+        "%%distributed -n 2 --name magic-ranks\n"
+        "print(greeting, 'from', ctx.rank)\n"
+        "import torch\n"
+        "return {'rank': ctx.rank, 'world': ctx.world_size}\n",
+    )
     assert result.success, result.error_in_exec
     assert result.result == {"rank": 0, "world": 2}
     out = capsys.readouterr().out
@@ -112,25 +131,27 @@ def test_distributed_runs_the_cell_on_every_rank_with_notebook_globals(ip, capsy
 
 
 def test_distributed_failure_shows_the_remote_traceback_only(ip, capsys):
-    result = run(ip, "%%distributed -n 2\n"
-                     "x = 1\n"
-                     "if ctx.rank == 1:\n"
-                     "    raise ValueError(f'bad value {x}')\n")
+    result = run(
+        ip, "%%distributed -n 2\nx = 1\nif ctx.rank == 1:\n    raise ValueError(f'bad value {x}')\n"
+    )
     assert isinstance(result.error_in_exec, RemoteFailure)
     out = capsys.readouterr()
     text = out.out + out.err
     assert "Remote traceback (rank 1" in text
-    assert 'line 3, in cell' in text and "ValueError: bad value 1" in text
+    assert "line 3, in cell" in text and "ValueError: bad value 1" in text
     assert "failed: rank 1 raised ValueError: bad value 1" in text
     assert "magics.py" not in text  # none of our frames
 
 
 def test_no_wait_then_job_magics_and_jobs_table(ip, capsys):
-    result = run(ip, "%%distributed -n 2 --no-wait --name magic-spin --priority high\n"
-                     "import time\n"
-                     "for step, _ in ctx.loop(None, steps=1_000_000):\n"
-                     "    time.sleep(0.01)\n"
-                     "    ctx.log(value=float(step))\n")
+    result = run(
+        ip,
+        "%%distributed -n 2 --no-wait --name magic-spin --priority high\n"
+        "import time\n"
+        "for step, _ in ctx.loop(None, steps=1_000_000):\n"
+        "    time.sleep(0.01)\n"
+        "    ctx.log(value=float(step))\n",
+    )
     job = result.result
     assert isinstance(job, cs.Job)
     deadline = time.monotonic() + 30

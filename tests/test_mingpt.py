@@ -43,10 +43,14 @@ def config(mingpt, epochs: int = 2):
     from model import GPTConfig
     from trainer import TrainerConfig
 
-    small = GPTConfig(n_layer=2, n_head=2, n_embd=32, embd_pdrop=0.0, resid_pdrop=0.0,
-                      attn_pdrop=0.0)  # no dropout: one rank and two draw masks differently
-    return mingpt.Config(gpt=small, data=DataConfig(block_size=16, truncate=0.25),
-                         trainer=TrainerConfig(max_epochs=epochs, batch_size=8, log_every=1000))
+    small = GPTConfig(
+        n_layer=2, n_head=2, n_embd=32, embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0
+    )  # no dropout: one rank and two draw masks differently
+    return mingpt.Config(
+        gpt=small,
+        data=DataConfig(block_size=16, truncate=0.25),
+        trainer=TrainerConfig(max_epochs=epochs, batch_size=8, log_every=1000),
+    )
 
 
 def rows(job) -> dict[int, dict]:
@@ -66,8 +70,13 @@ def runs(cluster, mingpt):
     """Two epochs at 2 ranks under each strategy: strategy -> (result, rows)."""
     out = {}
     for strategy in ("ddp", "fsdp"):
-        job = cluster.launch(mingpt.train, kwargs={"cfg": config(mingpt)}, world_size=2,
-                             strategy=strategy, working_dir=EXAMPLE)
+        job = cluster.launch(
+            mingpt.train,
+            kwargs={"cfg": config(mingpt)},
+            world_size=2,
+            strategy=strategy,
+            working_dir=EXAMPLE,
+        )
         out[strategy] = (job.wait(timeout=180), rows(job))
     return out
 
@@ -88,11 +97,18 @@ def test_ddp_and_fsdp_train_alike_with_an_optimizer_built_before_prepare(idle, r
         torch.testing.assert_close(fsdp["state"]["model"][key], value, rtol=1e-3, atol=1e-4)
 
 
-def test_fsdp_suspended_at_two_and_resumed_at_one_keeps_epochs_and_steps(idle, mingpt, runs,
-                                                                        tmp_path):
+def test_fsdp_suspended_at_two_and_resumed_at_one_keeps_epochs_and_steps(
+    idle, mingpt, runs, tmp_path
+):
     reference, reference_rows = runs["fsdp"]
-    job = idle.launch(mingpt.train, kwargs={"cfg": config(mingpt)}, world_size=2,
-                      strategy="fsdp", working_dir=EXAMPLE, checkpoint_dir=str(tmp_path))
+    job = idle.launch(
+        mingpt.train,
+        kwargs={"cfg": config(mingpt)},
+        world_size=2,
+        strategy="fsdp",
+        working_dir=EXAMPLE,
+        checkpoint_dir=str(tmp_path),
+    )
     wait_for(lambda: job.history(), timeout=120)
     paused_at = job.pause()
     assert 0 < paused_at < reference["steps"] // 2  # suspended in the first epoch

@@ -49,8 +49,9 @@ SCRIPTS = {
 def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, name):
     script = tmp_path / f"{name.replace('-', '_')}.py"
     script.write_text(f"STATE = {str(tmp_path / 'state')!r}\n" + textwrap.dedent(SCRIPTS[name]))
-    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     if name == "guarded":
         assert run.returncode == 0, run.stderr
         assert "slots 1" in run.stdout
@@ -64,10 +65,12 @@ def test_a_script_without_the_main_guard_is_told_in_one_line(tmp_path, name):
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_an_optimizer_built_before_prepare_trains_the_prepared_model(idle, strategy):
-    after = idle.launch(W.optimizer_before_prepare, kwargs={"when": "after"}, world_size=2,
-                        strategy=strategy).wait(timeout=120)
-    job = idle.launch(W.optimizer_before_prepare, kwargs={"when": "before"}, world_size=2,
-                      strategy=strategy)
+    after = idle.launch(
+        W.optimizer_before_prepare, kwargs={"when": "after"}, world_size=2, strategy=strategy
+    ).wait(timeout=120)
+    job = idle.launch(
+        W.optimizer_before_prepare, kwargs={"when": "before"}, world_size=2, strategy=strategy
+    )
     before = job.wait(timeout=120)
     assert before["losses"] == after["losses"]
     for key, value in after["state"]["model"].items():
@@ -78,14 +81,21 @@ def test_an_optimizer_built_before_prepare_trains_the_prepared_model(idle, strat
     assert rebound == (strategy == "fsdp")  # DDP keeps the parameters: nothing to rebind
 
 
-@pytest.mark.parametrize("when, message", [
-    ("stepped", "has stepped on them already: build it after model = ctx.prepare\\(model\\)"),
-    ("stale-scheduler", "the LR scheduler registered as 'scheduler' adjusts an optimizer that "
-                        "is not registered and did not step in the first step"),
-])
+@pytest.mark.parametrize(
+    "when, message",
+    [
+        ("stepped", "has stepped on them already: build it after model = ctx.prepare\\(model\\)"),
+        (
+            "stale-scheduler",
+            "the LR scheduler registered as 'scheduler' adjusts an optimizer that "
+            "is not registered and did not step in the first step",
+        ),
+    ],
+)
 def test_what_cannot_be_rebound_fails_at_the_first_step_naming_the_fix(idle, when, message):
-    job = idle.launch(W.optimizer_before_prepare, kwargs={"when": when}, world_size=2,
-                      strategy="fsdp")
+    job = idle.launch(
+        W.optimizer_before_prepare, kwargs={"when": when}, world_size=2, strategy="fsdp"
+    )
     with pytest.raises(cs.JobFailedError, match=message) as info:
         job.wait(timeout=120)
     assert info.value.exc_type == "SpecError"

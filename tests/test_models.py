@@ -48,10 +48,12 @@ def test_moe_routes_each_token_to_one_expert():
     moe = models.MoE(d_model=8, hidden=16, n_experts=4)
     x = torch.randn(2, 5, 8)
     gate, expert = moe.router(x.reshape(-1, 8)).softmax(-1).max(-1)
-    by_token = torch.stack([
-        torch.nn.functional.gelu(t @ moe.w1[e]) @ moe.w2[e] * g
-        for t, e, g in zip(x.reshape(-1, 8), expert, gate)
-    ]).reshape(x.shape)
+    by_token = torch.stack(
+        [
+            torch.nn.functional.gelu(t @ moe.w1[e]) @ moe.w2[e] * g
+            for t, e, g in zip(x.reshape(-1, 8), expert, gate)
+        ]
+    ).reshape(x.shape)
     torch.testing.assert_close(moe(x), by_token)
 
 

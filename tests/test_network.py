@@ -13,10 +13,18 @@ from clustersdk.runtime import process_group
 from clustersdk.spec import JobSpec
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("29400-29499", (29400, 29499)), ((29400, 29410), (29400, 29410)), ([1, 1], (1, 1)),
-    (29500, (29500, 29500)), ("29500", (29500, 29500)), (None, None), ("", None),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("29400-29499", (29400, 29499)),
+        ((29400, 29410), (29400, 29410)),
+        ([1, 1], (1, 1)),
+        (29500, (29500, 29500)),
+        ("29500", (29500, 29500)),
+        (None, None),
+        ("", None),
+    ],
+)
 def test_port_ranges(value, expected):
     assert network.parse_ports(value) == expected
 
@@ -41,8 +49,18 @@ def test_the_job_env_is_checked_at_launch():
 
 @pytest.fixture
 def clean_env():
-    names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "NCCL_DEBUG", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "X_TEST_KEEP"]
+    names = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NCCL_DEBUG",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+        "X_TEST_KEEP",
+    ]
     saved = {n: os.environ.get(n) for n in names}
     for n in names:
         os.environ.pop(n, None)
@@ -86,8 +104,9 @@ def test_the_store_opens_inside_the_rendezvous_range(clean_env):
             assert 29650 <= first.port <= 29659
             others = [process_group.open_store(1, 5) for _ in range(9)]  # the rest of the range
             assert sorted([first.port] + [s.port for s in others]) == list(range(29650, 29660))
-            with pytest.raises(RuntimeError, match="every port of the rendezvous range "
-                                                   "29650-29659 is in use"):
+            with pytest.raises(
+                RuntimeError, match="every port of the rendezvous range 29650-29659 is in use"
+            ):
                 process_group.open_store(1, 5)
         finally:
             del first
@@ -99,19 +118,26 @@ def test_the_store_listens_on_the_workers_address_only():
 
     store = process_group.open_store(1, 5, host="127.0.0.1")
     try:
-        listening = subprocess.run(["ss", "-ltnH", f"sport = :{store.port}"], capture_output=True,
-                                   text=True, check=True).stdout.split()
+        listening = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{store.port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
         assert f"127.0.0.1:{store.port}" in listening  # not 0.0.0.0 or [::]
-        assert not [a for a in listening if a.endswith(f":{store.port}") and
-                    not a.startswith("127.0.0.1")]
+        assert not [
+            a for a in listening if a.endswith(f":{store.port}") and not a.startswith("127.0.0.1")
+        ]
     finally:
         del store
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ("node1", Target("node1", 22, None)), ("alice@node1:2222", Target("node1", 2222, "alice")),
-    ("[fe80::1]:2200", Target("fe80::1", 2200, None)), ("fe80::1", Target("fe80::1", 22, None)),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("node1", Target("node1", 22, None)),
+        ("alice@node1:2222", Target("node1", 2222, "alice")),
+        ("[fe80::1]:2200", Target("fe80::1", 2200, None)),
+        ("fe80::1", Target("fe80::1", 22, None)),
+    ],
+)
 def test_ssh_targets(spec, expected):
     assert Target.parse(spec) == expected
     assert Target.parse("n:2222").known_hosts_name == "[n]:2222"

@@ -38,13 +38,24 @@ SETTINGS = {"timeout": 7, "metrics_interval": 0.5, "max_restarts": 2, "hold_time
 CHANGED = {f"clustersdk.{options.OPTIONS_BY_NAME[k].setting}": v for k, v in SETTINGS.items()}
 
 # WireSpec fields that are not launch options: the control plane's and the launcher's
-WIRE_ONLY = {"id", "fn", "owner", "attempt", "asked_world_size", "profile_dir", "skip_steps",
-             "args", "version"}
+WIRE_ONLY = {
+    "id",
+    "fn",
+    "owner",
+    "attempt",
+    "asked_world_size",
+    "profile_dir",
+    "skip_steps",
+    "args",
+    "version",
+}
 # launch options that do not cross the wire: Python objects, pickled into the payload
 NOT_ON_THE_WIRE = {"model", "plan"}
 # where an option's wire form has another type than what launch takes
-WIRE_TYPES = {"py_modules": "list[str] | None",  # module objects travel as their names
-              "name": "str"}                     # derived from the function when not given
+WIRE_TYPES = {
+    "py_modules": "list[str] | None",  # module objects travel as their names
+    "name": "str",
+}  # derived from the function when not given
 
 
 def signature_type(option: Option) -> str:
@@ -64,22 +75,25 @@ def test_every_option_is_documented_grouped_and_checked_once():
         assert option.doc and "\n" not in option.doc, option.name
         if option.choices:
             assert option.check(option.choices[0]) == option.choices[0]
-            with pytest.raises(SpecError, match=option.name if option.name != "strategy"
-                               else "unknown strategy"):
+            with pytest.raises(
+                SpecError, match=option.name if option.name != "strategy" else "unknown strategy"
+            ):
                 option.check("no-such-choice")
     # every default the configuration has is read from it, and only those
     settings = {o.setting for o in OPTIONS if o.setting is not None}
-    assert settings == {"timeout", "metrics-interval", "max-restarts", "hold-timeout",
-                        "term-grace"}
+    assert settings == {"timeout", "metrics-interval", "max-restarts", "hold-timeout", "term-grace"}
     shipped = yaml.safe_load((ROOT / "clustersdk" / "clustersdk.yaml").read_text())["clustersdk"]
     assert settings <= set(shipped)
 
 
 def test_a_bad_setting_is_refused_naming_it():
     with dask.config.set({"clustersdk.hold-timeout": "soon"}):
-        with pytest.raises(SpecError, match=r"the setting clustersdk.hold-timeout is invalid "
-                                            r"\(hold_timeout must be a positive number.*"
-                                            r"DASK_CLUSTERSDK__HOLD_TIMEOUT"):
+        with pytest.raises(
+            SpecError,
+            match=r"the setting clustersdk.hold-timeout is invalid "
+            r"\(hold_timeout must be a positive number.*"
+            r"DASK_CLUSTERSDK__HOLD_TIMEOUT",
+        ):
             JobSpec(fn=train, world_size=1)
 
 
@@ -91,8 +105,9 @@ def test_jobspec_has_one_field_per_option_in_the_tables_order():
     for option in OPTIONS:
         field = fields[option.name]
         assert field.type == signature_type(option), option.name
-        expected = dataclasses.MISSING if option.default is options.REQUIRED \
-            else option.launch_default
+        expected = (
+            dataclasses.MISSING if option.default is options.REQUIRED else option.launch_default
+        )
         assert field.default == expected, option.name
 
 
@@ -123,16 +138,26 @@ def test_every_option_belongs_to_a_kind_and_the_other_kind_refuses_it(tmp_path):
     script.write_text("print(1)\n")
     for option in OPTIONS:
         if option.kinds == ("function",) and option.name not in ("model", "plan"):
-            value = option.choices[-1] if option.choices else {
-                "str": "x", "int": 2, "bool": not option.launch_default, "float": 2.0,
-                "dict[str, int]": {"dp": 1}, "dict[str, Any]": {"a": 1}, "list[str]": ["a"],
-            }[option.type.removesuffix(" | None")]
+            value = (
+                option.choices[-1]
+                if option.choices
+                else {
+                    "str": "x",
+                    "int": 2,
+                    "bool": not option.launch_default,
+                    "float": 2.0,
+                    "dict[str, int]": {"dp": 1},
+                    "dict[str, Any]": {"a": 1},
+                    "list[str]": ["a"],
+                }[option.type.removesuffix(" | None")]
+            )
             with pytest.raises(SpecError, match=f"{option.name}= is an option of function jobs"):
                 JobSpec(fn=None, world_size=1, script=str(script), **{option.name: value})
     with pytest.raises(SpecError, match="grace= is an option of script jobs"):
         JobSpec(fn=train, world_size=1, grace=5)
-    with pytest.raises(SpecError, match="give script=, module= or command=, not script= and "
-                                        "module="):
+    with pytest.raises(
+        SpecError, match="give script=, module= or command=, not script= and module="
+    ):
         JobSpec(fn=None, world_size=1, script=str(script), module="a.b")
     with pytest.raises(SpecError, match="a training function or a script, not both"):
         JobSpec(fn=train, world_size=1, module="a.b")
@@ -163,12 +188,31 @@ def test_wirespec_has_every_option_that_crosses_the_wire():
 
 
 def test_to_wire_carries_every_checked_option():
-    spec = JobSpec(fn=train, world_size=4, strategy="pp", microbatches=4, schedule="1f1b",
-                   split=["b", "c", "d"], precision="bf16", clip_grad_norm=1, keep=5,
-                   py_modules=[json], env={"NCCL_DEBUG": "INFO"}, hparams={"warmup": 3},
-                   queue="q", priority=7, preemptible=False, time_limit=10, on_hang="fail",
-                   hang_timeout=30, on_error="hold", debug=True, on_spike="pause",
-                   min_world_size=2, async_checkpoint=False)
+    spec = JobSpec(
+        fn=train,
+        world_size=4,
+        strategy="pp",
+        microbatches=4,
+        schedule="1f1b",
+        split=["b", "c", "d"],
+        precision="bf16",
+        clip_grad_norm=1,
+        keep=5,
+        py_modules=[json],
+        env={"NCCL_DEBUG": "INFO"},
+        hparams={"warmup": 3},
+        queue="q",
+        priority=7,
+        preemptible=False,
+        time_limit=10,
+        on_hang="fail",
+        hang_timeout=30,
+        on_error="hold",
+        debug=True,
+        on_spike="pause",
+        min_world_size=2,
+        async_checkpoint=False,
+    )
     wire = spec.to_wire()
     for name in options.names(options.FUNCTION):
         if name not in NOT_ON_THE_WIRE and name != "py_modules":
@@ -194,13 +238,25 @@ def test_a_setting_changes_jobspec_wirespec_and_an_old_journal_entry():
 
 
 def test_an_environment_variable_changes_the_defaults():
-    code = ("import json; from clustersdk.spec import JobSpec; from clustersdk.protocol import "
-            "WireSpec; s = JobSpec(fn=print, world_size=1); w = WireSpec(id='j', name='j', "
-            "world_size=1); print(json.dumps([s.timeout, s.max_restarts, w.hold_timeout]))")
-    env = {**os.environ, "DASK_CLUSTERSDK__TIMEOUT": "9", "DASK_CLUSTERSDK__MAX_RESTARTS": "4",
-           "DASK_CLUSTERSDK__HOLD_TIMEOUT": "120"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    code = (
+        "import json; from clustersdk.spec import JobSpec; from clustersdk.protocol import "
+        "WireSpec; s = JobSpec(fn=print, world_size=1); w = WireSpec(id='j', name='j', "
+        "world_size=1); print(json.dumps([s.timeout, s.max_restarts, w.hold_timeout]))"
+    )
+    env = {
+        **os.environ,
+        "DASK_CLUSTERSDK__TIMEOUT": "9",
+        "DASK_CLUSTERSDK__MAX_RESTARTS": "4",
+        "DASK_CLUSTERSDK__HOLD_TIMEOUT": "120",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert json.loads(out.strip().splitlines()[-1]) == [9.0, 4, 120.0]
 
 
@@ -231,23 +287,47 @@ def test_every_option_a_command_line_can_spell_is_a_flag():
         assert (option.name in FLAGS) == (spellable and "function" in option.kinds)
     # the rest are dicts, lists and Python objects: cluster.launch in the cell takes them
     assert set(options.names(options.FUNCTION)) - set(FLAGS) == {
-        "mesh", "split", "model", "plan", "env", "py_modules", "hparams"}
+        "mesh",
+        "split",
+        "model",
+        "plan",
+        "env",
+        "py_modules",
+        "hparams",
+    }
     assert set(flag_names(options.SCRIPT)) == {
-        n for n in options.names(options.SCRIPT) if n not in ("env", "py_modules")}
+        n for n in options.names(options.SCRIPT) if n not in ("env", "py_modules")
+    }
 
 
 def test_flags_parse_to_launch_keywords_and_default_to_none():
     parser = ClusterMagics.distributed
-    args = parse_argstring(parser, "-n 3 --timeout 5 --priority 7 --not-preemptible "
-                                   "--no-async-checkpoint --cpu-offload --debug --on-nan pause "
-                                   "--checkpoint-every 10 --clip-grad-norm 0.5")
+    args = parse_argstring(
+        parser,
+        "-n 3 --timeout 5 --priority 7 --not-preemptible "
+        "--no-async-checkpoint --cpu-offload --debug --on-nan pause "
+        "--checkpoint-every 10 --clip-grad-norm 0.5",
+    )
     given = {n: getattr(args, n) for n in FLAGS if getattr(args, n) is not None}
-    assert given == {"world_size": 3, "timeout": 5.0, "priority": 7, "preemptible": False,
-                     "async_checkpoint": False, "cpu_offload": True, "debug": True,
-                     "on_nan": "pause", "checkpoint_every": 10, "clip_grad_norm": 0.5}
+    assert given == {
+        "world_size": 3,
+        "timeout": 5.0,
+        "priority": 7,
+        "preemptible": False,
+        "async_checkpoint": False,
+        "cpu_offload": True,
+        "debug": True,
+        "on_nan": "pause",
+        "checkpoint_every": 10,
+        "clip_grad_norm": 0.5,
+    }
     args = parse_argstring(parser, "--priority high --no-cpu-offload")
-    assert (args.priority, args.cpu_offload, args.timeout, args.strategy) == ("high", False,
-                                                                              None, None)
+    assert (args.priority, args.cpu_offload, args.timeout, args.strategy) == (
+        "high",
+        False,
+        None,
+        None,
+    )
 
 
 def test_magic_help_lists_the_flags_by_group(capsys):
@@ -270,8 +350,13 @@ def json_type(annotation: str) -> tuple[str, bool]:
     base = annotation.removesuffix(" | None")
     if base == "int | str":  # priority: a class name, resolved to an int at submit
         base = "int"
-    kind = "object" if base.startswith("dict[") else "array" if base.startswith("list[") \
+    kind = (
+        "object"
+        if base.startswith("dict[")
+        else "array"
+        if base.startswith("list[")
         else JSON_TYPES[base]
+    )
     return kind, annotation.endswith(" | None")
 
 
@@ -309,14 +394,20 @@ def test_the_rest_update_body_types_the_launch_options_it_changes():
 def test_launch_docstring_lists_every_option_in_its_group():
     doc = inspect.getdoc(cs.Cluster.launch)
     listed = {}
-    for block in re.findall(r'^- (\w+) \(:doc:`/([^`]+)`\): (.*?)(?=^- |^$)', doc + "\n\n",
-                            re.M | re.S):
+    for block in re.findall(
+        r"^- (\w+) \(:doc:`/([^`]+)`\): (.*?)(?=^- |^$)", doc + "\n\n", re.M | re.S
+    ):
         group, page, names = block
         listed[group] = (page, names.split())
-    of_functions = {group: [o.name for o in OPTIONS if o.group == group
-                            and "function" in o.kinds] for group in options.GROUPS}
-    assert listed == {group: (page, of_functions[group])
-                      for group, (_, page) in options.GROUPS.items() if of_functions[group]}
+    of_functions = {
+        group: [o.name for o in OPTIONS if o.group == group and "function" in o.kinds]
+        for group in options.GROUPS
+    }
+    assert listed == {
+        group: (page, of_functions[group])
+        for group, (_, page) in options.GROUPS.items()
+        if of_functions[group]
+    }
     # each group's page is one of the documentation's (the docs build checks the links)
     for _, page in options.GROUPS.values():
         assert (ROOT / "docs" / f"{page}.md").is_file(), page
@@ -342,18 +433,25 @@ def test_launch_takes_a_jobspec_and_each_launch_is_a_new_job(idle):
     assert cs.Job.attach(idle, "from-a-spec").id == job.id and job.world_size == 1
 
 
-@pytest.mark.parametrize("extra, named", [
-    ({"world_size": 4}, "world_size=4"),
-    ({"strategy": "fsdp", "keep": 5}, "strategy='fsdp', keep=5"),
-    ({"kwargs": {"steps": 2}}, "kwargs={'steps': 2}"),
-    ({"timeout": 5.0}, "timeout=5.0"),
-])
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"world_size": 4}, "world_size=4"),
+        ({"strategy": "fsdp", "keep": 5}, "strategy='fsdp', keep=5"),
+        ({"kwargs": {"steps": 2}}, "kwargs={'steps': 2}"),
+        ({"timeout": 5.0}, "timeout=5.0"),
+    ],
+)
 def test_a_jobspec_with_other_arguments_is_refused_naming_them(idle, extra, named):
     spec = JobSpec(fn=workloads.count_to, world_size=1)
     before = len(idle.jobs())
-    with pytest.raises(SpecError, match=re.escape(
+    with pytest.raises(
+        SpecError,
+        match=re.escape(
             f"launch(spec) takes every option from the JobSpec, but was also given {named}; "
-            f"change the spec instead, e.g. cluster.launch(dataclasses.replace(spec, {named}))")):
+            f"change the spec instead, e.g. cluster.launch(dataclasses.replace(spec, {named}))"
+        ),
+    ):
         idle.launch(spec, **extra)
     assert len(idle.jobs()) == before
 
@@ -365,10 +463,12 @@ def test_a_setting_reaches_the_ranks_through_launch_and_the_magic(idle):
     try:
         with dask.config.set(CHANGED):
             job = idle.launch(workloads.count_to, world_size=1, kwargs={"steps": 2})
-            cell = shell.run_cell("%%distributed -n 1 --no-wait --cluster cluster\n"
-                                  "return [ctx.spec.timeout, ctx.spec.metrics_interval, "
-                                  "ctx.spec.max_restarts, ctx.spec.hold_timeout]",
-                                  store_history=False)
+            cell = shell.run_cell(
+                "%%distributed -n 1 --no-wait --cluster cluster\n"
+                "return [ctx.spec.timeout, ctx.spec.metrics_interval, "
+                "ctx.spec.max_restarts, ctx.spec.hold_timeout]",
+                store_history=False,
+            )
         assert cell.success, cell.error_in_exec
         assert cell.result.wait(timeout=60) == list(SETTINGS.values())
         assert job.wait(timeout=60) == "done"

@@ -12,8 +12,7 @@ from clustersdk.widgets.straggler import phases_html
 
 
 def _row(step, compute, sync=0.0, data=0.001):
-    values = {"data": data, "compute": compute, "optimizer": 0.002, "checkpoint": 0.0,
-              "sync": sync}
+    values = {"data": data, "compute": compute, "optimizer": 0.002, "checkpoint": 0.0, "sync": sync}
     values["total"] = sum(values.values())
     return [step, *(values[p] for p in PHASES)]
 
@@ -21,8 +20,13 @@ def _row(step, compute, sync=0.0, data=0.001):
 def _feed(view, ranks, steps, slow=None):
     for rank in range(ranks):
         # the slow rank computes 3x longer; its peers then wait for it at the sync
-        view.add(rank, [_row(s, 0.03 if rank == slow else 0.01, 0.0 if rank == slow else 0.02)
-                        for s in range(steps)])
+        view.add(
+            rank,
+            [
+                _row(s, 0.03 if rank == slow else 0.01, 0.0 if rank == slow else 0.02)
+                for s in range(steps)
+            ],
+        )
 
 
 def test_bands_aggregate_every_rank_and_the_slowest_rank_is_named():
@@ -74,11 +78,23 @@ def test_the_view_keeps_the_newest_steps_in_order_and_rows_read_twice_count_once
 def test_a_job_view_takes_phases_from_events_and_the_journal():
     view = JobView(name="a", world_size=2, strategy="ddp", status="RUNNING")
     view.load_phases([{"rank": 0, "step": 0, **dict(zip(PHASES, _row(0, 0.01)[1:]))}])
-    view.apply({"kind": "metrics", "rank": 1, "rows": [], "logs": [], "system": [],
-                "phases": [_row(0, 0.02), _row(1, 0.02)]})
+    view.apply(
+        {
+            "kind": "metrics",
+            "rank": 1,
+            "rows": [],
+            "logs": [],
+            "system": [],
+            "phases": [_row(0, 0.02), _row(1, 0.02)],
+        }
+    )
     assert "phases" in view.take_dirty()
-    assert view.phases.band("compute") == {"steps": [0, 1], "min": [0.01, 0.02],
-                                           "mean": [0.015, 0.02], "max": [0.02, 0.02]}
+    assert view.phases.band("compute") == {
+        "steps": [0, 1],
+        "min": [0.01, 0.02],
+        "mean": [0.015, 0.02],
+        "max": [0.02, 0.02],
+    }
     assert view.phases.slowest()["rank"] == 1
     assert "Step phases, 2 ranks" in job_html(view)
     view.set_status("RUNNING", {"spec": {"world_size": 1}})  # resumed at one rank

@@ -27,7 +27,12 @@ def test_rank_order_is_by_host_then_device():
     slots = cluster(hosts=2, per_host=3)
     shuffled = random.Random(0).sample(slots, len(slots))
     assert [(s.host, s.index) for s in rank_order(shuffled)] == [
-        ("node0", 0), ("node0", 1), ("node0", 2), ("node1", 0), ("node1", 1), ("node1", 2),
+        ("node0", 0),
+        ("node0", 1),
+        ("node0", 2),
+        ("node1", 0),
+        ("node1", 1),
+        ("node1", 2),
     ]
 
 

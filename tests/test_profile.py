@@ -38,8 +38,13 @@ def idle3(cluster3):
 
 
 def _launch(cluster, tmp_path, name, steps=40, delay=0.02):
-    return cluster.launch(workloads.train_ckpt, kwargs={"steps": steps, "delay": delay},
-                          world_size=WS, name=name, checkpoint_dir=str(tmp_path / name))
+    return cluster.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": steps, "delay": delay},
+        world_size=WS,
+        name=name,
+        checkpoint_dir=str(tmp_path / name),
+    )
 
 
 def _all_losses(job):
@@ -64,8 +69,9 @@ def test_profile_of_a_running_job_writes_one_trace_per_rank_and_changes_nothing(
         assert trace["traceEvents"], f"rank {rank}: empty trace"
     summary = profile.ranks[0]
     assert summary["top_ops"] and summary["wall_s"] > 0
-    assert summary["compute_s"] + summary["communication_s"] + summary["data_wait_s"] \
-        == pytest.approx(summary["wall_s"])
+    assert summary["compute_s"] + summary["communication_s"] + summary[
+        "data_wait_s"
+    ] == pytest.approx(summary["wall_s"])
     assert summary["communication_s"] > 0  # DDP's all-reduce, under gloo
     text = profile.summary()
     assert "rank 2" in text and "complete" in text
@@ -101,17 +107,24 @@ def test_bad_profile_requests_say_what_is_wrong(idle3, tmp_path):
 
 
 def test_phases_cover_every_step_and_rank_and_add_up(idle3, tmp_path):
-    job = idle3.launch(workloads.train_ckpt, kwargs={"steps": 12, "delay": 0.01}, world_size=WS,
-                       name="phases", checkpoint_dir=str(tmp_path / "phases"), checkpoint_every=4,
-                       async_checkpoint=False)
+    job = idle3.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 12, "delay": 0.01},
+        world_size=WS,
+        name="phases",
+        checkpoint_dir=str(tmp_path / "phases"),
+        checkpoint_every=4,
+        async_checkpoint=False,
+    )
     wait_for(lambda: step_reached(job, 2), timeout=60)
     job.pause()
     time.sleep(PAUSE)
     job.resume()
     job.wait(timeout=120)
     rows = job.phases()
-    assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in range(WS)
-                                                            for s in range(12)]
+    assert sorted((r["rank"], r["step"]) for r in rows) == [
+        (r, s) for r in range(WS) for s in range(12)
+    ]
     for row in rows:
         parts = sum(row[p] for p in PHASES if p != "total")
         assert all(row[p] >= 0 for p in PHASES)
@@ -129,12 +142,16 @@ def test_the_dashboard_shows_the_phases_of_every_rank(idle3, tmp_path):
 
     job = _launch(idle3, tmp_path, "dash", steps=8, delay=0.05)
     live = []
-    job.on_event(lambda msg: live.extend((msg["rank"], int(row[0])) for row in msg.get("phases", ())))
+    job.on_event(
+        lambda msg: live.extend((msg["rank"], int(row[0])) for row in msg.get("phases", ()))
+    )
     job.wait(timeout=120)
     wait_for(lambda: len(live) >= WS)  # the phases travel with the live metrics too
     dash = JobDashboard(job)  # opened on a finished job: read back from the journal
     try:
         assert dash.view.phases.band("total")["steps"] == list(range(8))
-        assert "Step phases, 3 ranks" in dash.phases.value and "slowest: <b>rank" in dash.phases.value
+        assert (
+            "Step phases, 3 ranks" in dash.phases.value and "slowest: <b>rank" in dash.phases.value
+        )
     finally:
         dash.close()

@@ -44,8 +44,10 @@ def cluster3(tmp_path_factory):
 @pytest.fixture
 def healed(cluster3):
     """All three slots present and free before the test (the nanny restarts killed workers)."""
-    wait_for(lambda: len(cluster3.slots()) == 3 and not any(s["job"] for s in cluster3.slots()),
-             timeout=60)
+    wait_for(
+        lambda: len(cluster3.slots()) == 3 and not any(s["job"] for s in cluster3.slots()),
+        timeout=60,
+    )
     yield cluster3
 
 
@@ -55,10 +57,19 @@ def uninterrupted(cluster3):
     return job.wait(timeout=120), losses(job)
 
 
-def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, uninterrupted, tmp_path):
+def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(
+    healed, uninterrupted, tmp_path
+):
     reference, reference_losses = uninterrupted
-    job = healed.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=2, timeout=10,
-                        checkpoint_dir=str(tmp_path), checkpoint_every=10, max_restarts=2)
+    job = healed.launch(
+        workloads.train_ckpt,
+        kwargs=TRAIN,
+        world_size=2,
+        timeout=10,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=10,
+        max_restarts=2,
+    )
     statuses = Statuses(job)
     view = JobView.from_record(job.info())  # a dashboard's model, fed by the live stream
     job.on_event(view.apply)
@@ -67,7 +78,13 @@ def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, unin
     out = job.wait(timeout=120)
     wait_for(lambda: "FINISHED" in statuses)  # the stream may trail wait() a little
     # it went through the restart, and finished exactly like the uninterrupted run
-    assert statuses.after("RESTARTING") == ["RESTARTING", "QUEUED", "STARTING", "RUNNING", "FINISHED"]
+    assert statuses.after("RESTARTING") == [
+        "RESTARTING",
+        "QUEUED",
+        "STARTING",
+        "RUNNING",
+        "FINISHED",
+    ]
     assert job.restarts == 1
     assert lost not in [r["worker"] for r in job.info()["ranks"]]
     assert_same_run(out, reference, exact=True)
@@ -84,8 +101,14 @@ def test_a_lost_worker_restarts_the_job_from_its_checkpoint_bitwise(healed, unin
 
 def test_a_paused_job_that_loses_a_worker_comes_back_paused(healed, uninterrupted, tmp_path):
     reference, reference_losses = uninterrupted
-    job = healed.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=2, timeout=10,
-                        checkpoint_dir=str(tmp_path), max_restarts=1)
+    job = healed.launch(
+        workloads.train_ckpt,
+        kwargs=TRAIN,
+        world_size=2,
+        timeout=10,
+        checkpoint_dir=str(tmp_path),
+        max_restarts=1,
+    )
     wait_for(lambda: any(r["step"] >= 15 for r in job.history()), timeout=60)
     job.pause()
     saved = job.checkpoint()
@@ -111,8 +134,11 @@ def test_the_restart_budget_runs_out_and_then_the_job_fails(healed):
         steps = [r["step"] for r in job.history() if r["rank"] == rank]
         assert len(steps) == len(set(steps))
     kill_worker_of(healed, job, rank=1)
-    with pytest.raises(cs.JobFailedError, match=r"left the cluster \(all 1 restart\(s\) of the "
-                                                r"job are used up\)") as info:
+    with pytest.raises(
+        cs.JobFailedError,
+        match=r"left the cluster \(all 1 restart\(s\) of the "
+        r"job are used up\)",
+    ) as info:
         job.wait(timeout=60)
     assert info.value.rank == 1 and info.value.exc_type == "WorkerLost"
     assert job.restarts == 1
@@ -141,8 +167,9 @@ def test_stop_during_a_restart_stops_the_job(healed):
 def test_a_rank_that_cannot_be_started_restarts_the_gang(healed):
     second = healed.slots()[1]["worker"]  # rank 1 of the next two-rank gang
     healed.client.run(workloads.break_start_once, workers=[second])
-    job = healed.launch(workloads.train_mlp, kwargs={"steps": 5}, world_size=2, timeout=3,
-                        max_restarts=1)
+    job = healed.launch(
+        workloads.train_mlp, kwargs={"steps": 5}, world_size=2, timeout=3, max_restarts=1
+    )
     out = job.wait(timeout=60)  # rank 0 gave up on its missing peer; the restart ran
     assert len(out["losses"]) == 5
     assert job.restarts == 1
@@ -172,13 +199,17 @@ def test_late_control_words_of_an_earlier_attempt_are_dropped():
 def test_a_state_dir_of_an_older_release_gains_the_restart_count(tmp_path):
     path = str(tmp_path / "journal.sqlite")
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, scheduler TEXT NOT NULL, "
-               "status TEXT NOT NULL, spec TEXT NOT NULL, submitted REAL NOT NULL, started REAL, "
-               "ended REAL, reason TEXT NOT NULL DEFAULT '', ranks TEXT NOT NULL DEFAULT '[]', "
-               "error TEXT, result BLOB, paused_at INTEGER, checkpoint TEXT, checkpoint_step "
-               "INTEGER, checkpoint_error TEXT, total_steps INTEGER)")
-    db.execute("INSERT INTO jobs (id, name, scheduler, status, spec, submitted) "
-               "VALUES ('old1', 'old', 's', 'FINISHED', '{}', 0)")
+    db.execute(
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, scheduler TEXT NOT NULL, "
+        "status TEXT NOT NULL, spec TEXT NOT NULL, submitted REAL NOT NULL, started REAL, "
+        "ended REAL, reason TEXT NOT NULL DEFAULT '', ranks TEXT NOT NULL DEFAULT '[]', "
+        "error TEXT, result BLOB, paused_at INTEGER, checkpoint TEXT, checkpoint_step "
+        "INTEGER, checkpoint_error TEXT, total_steps INTEGER)"
+    )
+    db.execute(
+        "INSERT INTO jobs (id, name, scheduler, status, spec, submitted) "
+        "VALUES ('old1', 'old', 's', 'FINISHED', '{}', 0)"
+    )
     db.commit()
     db.close()
     journal = Journal(path)
@@ -192,5 +223,7 @@ def test_a_state_dir_of_an_older_release_gains_the_restart_count(tmp_path):
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
 def test_max_restarts_must_be_a_count(bad, cluster3):
-    with pytest.raises(cs.SpecError, match=f"max_restarts must be an int of at least 0, got {bad!r}"):
+    with pytest.raises(
+        cs.SpecError, match=f"max_restarts must be an int of at least 0, got {bad!r}"
+    ):
         cluster3.launch(workloads.spin, world_size=1, max_restarts=bad)

@@ -24,9 +24,23 @@ def test_scale_256_ranks_loses_no_row_and_pauses_within_a_step():
     t0 = time.monotonic()
     # its own session: a timeout ends the scheduler and the rank processes it started too
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--ranks", str(RANKS),
-         "--step", str(STEP_S), "--steady", "4", "--history-steps", str(HISTORY_STEPS), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scale.py"),
+            "--ranks",
+            str(RANKS),
+            "--step",
+            str(STEP_S),
+            "--steady",
+            "4",
+            "--history-steps",
+            str(HISTORY_STEPS),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=240)

@@ -33,8 +33,13 @@ class Processes:
         self.log = open(home / "dask.log", "a")
 
     def start(self, *args: str) -> subprocess.Popen:
-        proc = subprocess.Popen([self.dask, *args], cwd=self.home, stdout=self.log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [self.dask, *args],
+            cwd=self.home,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -70,10 +75,23 @@ def dask_processes(tmp_path):
 
 
 def start_cluster(procs: Processes, address: str, port: int, workers: int = 2) -> tuple:
-    scheduler = procs.start("scheduler", "--host", "127.0.0.1", "--port", str(port),
-                            "--no-dashboard")
-    nannies = [procs.start("worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                           "--no-dashboard", "--name", f"w{i}") for i in range(workers)]
+    scheduler = procs.start(
+        "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"
+    )
+    nannies = [
+        procs.start(
+            "worker",
+            address,
+            "--nthreads",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--no-dashboard",
+            "--name",
+            f"w{i}",
+        )
+        for i in range(workers)
+    ]
     from distributed import Client
 
     with Client(address, timeout=60) as client:
@@ -82,22 +100,32 @@ def start_cluster(procs: Processes, address: str, port: int, workers: int = 2) -
 
 
 def test_a_restarted_scheduler_takes_over_the_queue_suspended_jobs_and_settings(
-        dask_processes, tmp_path):
+    dask_processes, tmp_path
+):
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     state = str(tmp_path / "state")
     scheduler, nannies = start_cluster(dask_processes, address, port)
     first = cs.Cluster.connect(address, state_dir=state)
     try:
-        suspended = first.launch(workloads.ticker, kwargs={"steps": 30, "sleep": 0.02},
-                                 world_size=2, name="suspended", checkpoint_dir=str(tmp_path / "ck"))
+        suspended = first.launch(
+            workloads.ticker,
+            kwargs={"steps": 30, "sleep": 0.02},
+            world_size=2,
+            name="suspended",
+            checkpoint_dir=str(tmp_path / "ck"),
+        )
         wait_for(lambda: step_reached(suspended, 3), timeout=60)
         suspended.suspend()
         step = suspended.info()["checkpoint_step"]
         running = first.launch(workloads.spin, world_size=2, name="running")
         wait_for(lambda: running.status is cs.JobStatus.RUNNING, timeout=60)
-        queued = [first.launch(workloads.count_to, kwargs={"steps": 3 + i}, world_size=1,
-                               name=f"queued-{i}") for i in range(3)]
+        queued = [
+            first.launch(
+                workloads.count_to, kwargs={"steps": 3 + i}, world_size=1, name=f"queued-{i}"
+            )
+            for i in range(3)
+        ]
         assert all(j.status is cs.JobStatus.QUEUED for j in queued)
         first.configure_scheduling({"preemption-grace": 77})
         # the scheduler dies (and its workers with it)
@@ -127,7 +155,9 @@ def test_a_restarted_scheduler_takes_over_the_queue_suspended_jobs_and_settings(
         # the job the dead scheduler ran is over, saying why
         lost = cs.Job.attach(second, "running")
         assert lost.status is cs.JobStatus.FAILED
-        assert "the Dask scheduler stopped while the job was RUNNING" in lost.info()["error"][
-            "message"]
+        assert (
+            "the Dask scheduler stopped while the job was RUNNING"
+            in lost.info()["error"]["message"]
+        )
     finally:
         second.close()

@@ -19,14 +19,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_python(code: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, **kwargs)
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        **kwargs,
+    )
 
 
 def test_outside_a_job_every_call_does_nothing():
     env = {k: v for k, v in os.environ.items() if k != "CLUSTERSDK_CONTROL"}
-    proc = run_python("""
+    proc = run_python(
+        """
         import sys
         from clustersdk import script
         script.log(step=1, loss=0.5)
@@ -34,7 +39,9 @@ def test_outside_a_job_every_call_does_nothing():
         script.saved("/x")
         print(bool(todo), script.in_job(), script.restarts(), script.checkpoint_dir(),
               "torch" in sys.modules)
-    """, env={**env, "CLUSTERSDK_CONTROL": ""})
+    """,
+        env={**env, "CLUSTERSDK_CONTROL": ""},
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.split() == ["False", "False", "0", "None", "False"]
@@ -76,7 +83,8 @@ class FakeRank:
 def test_log_step_pause_checkpoint_and_stop_through_the_rank_s_socket(tmp_path):
     path = str(tmp_path / "control.sock")
     rank = FakeRank(path)
-    proc = run_python("""
+    proc = run_python(
+        """
         import sys
         from clustersdk import script
         script.log(step=1, loss=0.5, acc=1)
@@ -88,7 +96,9 @@ def test_log_step_pause_checkpoint_and_stop_through_the_rank_s_socket(tmp_path):
             if todo.stop:
                 print("stop", step, todo.suspend, flush=True)
                 break
-    """, env={"CLUSTERSDK_CONTROL": path})
+    """,
+        env={"CLUSTERSDK_CONTROL": path},
+    )
     try:
         rank.accept()
         assert rank.next("hello")["pid"] == proc.pid
@@ -115,7 +125,8 @@ def test_log_step_pause_checkpoint_and_stop_through_the_rank_s_socket(tmp_path):
 def test_sigterm_after_opting_in_is_a_stop_at_the_next_boundary(tmp_path):
     path = str(tmp_path / "control.sock")
     rank = FakeRank(path)
-    proc = run_python("""
+    proc = run_python(
+        """
         import os, signal
         from clustersdk import script
         for step in range(1, 10**6):
@@ -125,7 +136,9 @@ def test_sigterm_after_opting_in_is_a_stop_at_the_next_boundary(tmp_path):
             if todo.stop:
                 print("left at", step, todo.suspend, flush=True)
                 break
-    """, env={"CLUSTERSDK_CONTROL": path})
+    """,
+        env={"CLUSTERSDK_CONTROL": path},
+    )
     try:
         rank.accept()
         out, err = proc.communicate(timeout=60)

@@ -42,9 +42,23 @@ def torchrun(script: str, args: list[str], nproc: int, tmp: Path) -> subprocess.
     """``torchrun --nproc-per-node N script args`` on this machine (the reference)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "RANK"))}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-         "--standalone", script, *args], cwd=tmp, env=env, capture_output=True,
-        text=True, timeout=180, check=True)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--standalone",
+            script,
+            *args,
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
 
 
 def test_a_ddp_script_runs_unmodified_and_ends_as_under_torchrun(idle4, tmp_path):
@@ -59,8 +73,9 @@ def test_a_ddp_script_runs_unmodified_and_ends_as_under_torchrun(idle4, tmp_path
     # every rank's lines are its log, the loss of each step as the script printed it
     for rank in range(3):
         text = job.logs(rank)
-        assert [int(s) for s in re.findall(rf"rank {rank} step (\d+) loss", text)] == \
-            list(range(12))
+        assert [int(s) for s in re.findall(rf"rank {rank} step (\d+) loss", text)] == list(
+            range(12)
+        )
         assert f"rank {rank} done env LOCAL_RANK={rank} RESTART=0" in text
     # (torchrun's ranks share one stdout: their lines can run into each other)
     theirs_losses = re.findall(r"rank 1 step \d+ loss (\d+\.\d{6})", ref.stdout)
@@ -74,25 +89,50 @@ keys = sys.argv[1].split(",")
 print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 """
 
-TORCHRUN_KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE",
-                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                 "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                 "OMP_NUM_THREADS"]
-PRESENT_KEYS = ["MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-                "CLUSTERSDK_JOB", "CLUSTERSDK_CHECKPOINT_DIR"]
+TORCHRUN_KEYS = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",
+]
+PRESENT_KEYS = [
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "CLUSTERSDK_JOB",
+    "CLUSTERSDK_CHECKPOINT_DIR",
+]
 
 
 def test_each_rank_has_torchrun_s_environment(idle4, tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(ENV_PROBE)
     keys = ",".join(TORCHRUN_KEYS + PRESENT_KEYS)
-    job = idle4.launch_script(str(probe), [keys], world_size=2, name="env-probe",
-                              checkpoint_dir=str(tmp_path / "ck"), working_dir=str(tmp_path))
+    job = idle4.launch_script(
+        str(probe),
+        [keys],
+        world_size=2,
+        name="env-probe",
+        checkpoint_dir=str(tmp_path / "ck"),
+        working_dir=str(tmp_path),
+    )
     assert job.wait(timeout=120) == 0
     ref = torchrun(str(probe), [keys], 2, tmp_path)
-    theirs = sorted((json.loads(line[4:]) for line in ref.stdout.splitlines()
-                     if line.startswith("ENV ")), key=lambda e: e["RANK"])
+    theirs = sorted(
+        (json.loads(line[4:]) for line in ref.stdout.splitlines() if line.startswith("ENV ")),
+        key=lambda e: e["RANK"],
+    )
     for rank in range(2):
         ours = json.loads(job.logs(rank).split("ENV ", 1)[1].splitlines()[0])
         assert {k: ours[k] for k in TORCHRUN_KEYS} == {k: theirs[rank][k] for k in TORCHRUN_KEYS}
@@ -103,8 +143,9 @@ def test_each_rank_has_torchrun_s_environment(idle4, tmp_path):
 
 
 def test_a_rank_that_exits_3_restarts_the_gang_once_and_the_job_finishes(idle4):
-    job = idle4.launch_script(FAULTY, ["--rank", "1", "--code", "3"], world_size=3,
-                              max_restarts=1, name="exits-once")
+    job = idle4.launch_script(
+        FAULTY, ["--rank", "1", "--code", "3"], world_size=3, max_restarts=1, name="exits-once"
+    )
     assert job.wait(timeout=120) == 0
     assert job.restarts == 1
     restarted = [e for e in job.events() if e["kind"] == "restarted"]
@@ -115,8 +156,9 @@ def test_a_rank_that_exits_3_restarts_the_gang_once_and_the_job_finishes(idle4):
 
 
 def test_without_restarts_the_exit_code_is_the_cause(idle4):
-    job = idle4.launch_script(FAULTY, ["--rank", "1", "--code", "3"], world_size=3,
-                              name="exits-fails")
+    job = idle4.launch_script(
+        FAULTY, ["--rank", "1", "--code", "3"], world_size=3, name="exits-fails"
+    )
     with pytest.raises(JobFailedError) as failed:
         job.wait(timeout=120)
     e = failed.value
@@ -128,8 +170,7 @@ def test_without_restarts_the_exit_code_is_the_cause(idle4):
 
 
 def test_a_raise_under_record_names_the_exception_from_the_error_file(idle4):
-    job = idle4.launch_script(FAULTY, ["--rank", "2", "--raise"], world_size=3,
-                              name="raises")
+    job = idle4.launch_script(FAULTY, ["--rank", "2", "--raise"], world_size=3, name="raises")
     with pytest.raises(JobFailedError) as failed:
         job.wait(timeout=120)
     e = failed.value
@@ -139,8 +180,13 @@ def test_a_raise_under_record_names_the_exception_from_the_error_file(idle4):
 
 def test_pause_checkpoint_suspend_and_resume_at_step_boundaries(idle4, tmp_path):
     ck = tmp_path / "ck"
-    job = idle4.launch_script(STEPPER, ["--control", "--steps", "40", "--sleep", "0.05"],
-                              world_size=2, checkpoint_dir=str(ck), name="stepper")
+    job = idle4.launch_script(
+        STEPPER,
+        ["--control", "--steps", "40", "--sleep", "0.05"],
+        world_size=2,
+        checkpoint_dir=str(ck),
+        name="stepper",
+    )
     wait_for(lambda: step_of(job) >= 3, timeout=60)
     assert sorted(job.info()["controls"]) == ["checkpoint", "pause", "stop", "suspend"]
     assert job.checkpoint(timeout=30) == str(ck / "state.pt")
@@ -175,12 +221,23 @@ def test_requests_a_script_did_not_opt_into_are_refused(idle4):
     assert job.stop(timeout=60) is JobStatus.STOPPED  # by SIGTERM
 
 
-@pytest.mark.skipif(shutil.which("py-spy", path=os.pathsep.join(
-    [os.environ.get("PATH", ""), os.path.dirname(sys.executable)])) is None,
-    reason="py-spy (clustersdk[scripts]) is not installed")
+@pytest.mark.skipif(
+    shutil.which(
+        "py-spy",
+        path=os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)]),
+    )
+    is None,
+    reason="py-spy (clustersdk[scripts]) is not installed",
+)
 def test_a_sigstopped_rank_is_hung_with_every_rank_s_stack_and_stop_ends_it(idle4):
-    job = idle4.launch_script(STEPPER, ["--steps", "100000", "--sleep", "0.02"], world_size=3,
-                              hang_timeout=3, name="frozen", grace=5)
+    job = idle4.launch_script(
+        STEPPER,
+        ["--steps", "100000", "--sleep", "0.02"],
+        world_size=3,
+        hang_timeout=3,
+        name="frozen",
+        grace=5,
+    )
     wait_for(lambda: step_of(job) >= 3, timeout=60)
     pid = int(re.search(r"rank 1 pid (\d+)", job.logs(1)).group(1))
     os.kill(pid, signal.SIGSTOP)
@@ -219,8 +276,13 @@ def reference_params(steps: int, world: int) -> dict[str, torch.Tensor]:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     for step in range(steps):
-        loss = sum(torch.nn.functional.mse_loss(model(x), y)
-                   for x, y in (stepper.batch(step, r) for r in range(world))) / world
+        loss = (
+            sum(
+                torch.nn.functional.mse_loss(model(x), y)
+                for x, y in (stepper.batch(step, r) for r in range(world))
+            )
+            / world
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -229,12 +291,16 @@ def reference_params(steps: int, world: int) -> dict[str, torch.Tensor]:
 
 def test_a_preempted_script_saves_on_sigterm_comes_back_and_ends_the_same(idle4, tmp_path):
     out = tmp_path / "final.pt"
-    low = idle4.launch_script(STEPPER, ["--sigterm", "--steps", "30", "--sleep", "0.05",
-                                        "--out", str(out)], world_size=3, priority="low",
-                              checkpoint_dir=str(tmp_path / "ck"), name="low")
+    low = idle4.launch_script(
+        STEPPER,
+        ["--sigterm", "--steps", "30", "--sleep", "0.05", "--out", str(out)],
+        world_size=3,
+        priority="low",
+        checkpoint_dir=str(tmp_path / "ck"),
+        name="low",
+    )
     wait_for(lambda: step_of(low) >= 3, timeout=60)
-    high = idle4.launch_script(DDP, ["--steps", "3"], world_size=2, priority="high",
-                               name="high")
+    high = idle4.launch_script(DDP, ["--steps", "3"], world_size=2, priority="high", name="high")
     assert high.wait(timeout=120) == 0
     assert low.wait(timeout=180) == 0
     kinds = [e["kind"] for e in low.events()]
@@ -246,21 +312,42 @@ def test_a_preempted_script_saves_on_sigterm_comes_back_and_ends_the_same(idle4,
 
 
 def test_clustersdk_submit_runs_a_script_and_follows_its_lines(idle4, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), str(ROOT / "extension"), os.environ.get("PYTHONPATH", "")]),
-        "DASK_CLUSTERSDK__STATE_DIR": idle4.state_dir}  # its registry: the TLS credentials
-    cmd = [sys.executable, "-m", "clustersdk", "submit", "--address",
-           idle4.scheduler_address, "--world-size", "2", "--name", "from-a-terminal",
-           "--follow", DDP, "--", "--steps", "4"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), str(ROOT / "extension"), os.environ.get("PYTHONPATH", "")]
+        ),
+        "DASK_CLUSTERSDK__STATE_DIR": idle4.state_dir,
+    }  # its registry: the TLS credentials
+    cmd = [
+        sys.executable,
+        "-m",
+        "clustersdk",
+        "submit",
+        "--address",
+        idle4.scheduler_address,
+        "--world-size",
+        "2",
+        "--name",
+        "from-a-terminal",
+        "--follow",
+        DDP,
+        "--",
+        "--steps",
+        "4",
+    ]
     # a terminal without the cluster's credentials is refused, in one line naming the fix
     elsewhere = {**env, "DASK_CLUSTERSDK__STATE_DIR": str(tmp_path / "nobody")}
-    refused = subprocess.run(cmd, env=elsewhere, capture_output=True, text=True, timeout=180,
-                             cwd=tmp_path, check=False)
+    refused = subprocess.run(
+        cmd, env=elsewhere, capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False
+    )
     assert refused.returncode == 1 and refused.stderr.startswith(
-        "clustersdk submit: the scheduler at tls://"), refused.stderr
+        "clustersdk submit: the scheduler at tls://"
+    ), refused.stderr
     assert "wants credentials" in refused.stderr
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
-                          cwd=tmp_path, check=False)
+    done = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path, check=False
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "from-a-terminal"
@@ -276,17 +363,22 @@ def test_the_notebook_magics_run_a_script_and_a_cell_as_torchrun_would(idle4, ca
     shell.run_line_magic("load_ext", "clustersdk")
     shell.user_ns["cluster"] = idle4
     try:
-        ran = shell.run_cell(f"%run_distributed -n 2 --cluster cluster --name magic-script "
-                             f"{DDP} --steps 2", store_history=False)
+        ran = shell.run_cell(
+            f"%run_distributed -n 2 --cluster cluster --name magic-script {DDP} --steps 2",
+            store_history=False,
+        )
         assert ran.success, ran.error_in_exec
         assert ran.result == 0
         out = capsys.readouterr().out
         assert "[rank 1] rank 1 step 1 loss" in out
-        cell = ("import os\nimport sys\n"
-                "print('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
-                "sys.argv[1:])\n")
-        ran = shell.run_cell(f"%%torchrun -n 3 --cluster cluster --name magic-cell a b\n{cell}",
-                             store_history=False)
+        cell = (
+            "import os\nimport sys\n"
+            "print('hello from', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], "
+            "sys.argv[1:])\n"
+        )
+        ran = shell.run_cell(
+            f"%%torchrun -n 3 --cluster cluster --name magic-cell a b\n{cell}", store_history=False
+        )
         assert ran.success, ran.error_in_exec
         out = capsys.readouterr().out
         for rank in range(3):

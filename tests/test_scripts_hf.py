@@ -26,8 +26,9 @@ def step_of(job: cs.Job) -> int:
 
 
 def test_an_unmodified_trainer_script_finishes_at_2_ranks(idle, tmp_path):
-    job = idle.launch_script(HF, ["--out", str(tmp_path / "out"), "--steps", "6"],
-                             world_size=2, name="hf-plain")
+    job = idle.launch_script(
+        HF, ["--out", str(tmp_path / "out"), "--steps", "6"], world_size=2, name="hf-plain"
+    )
     assert job.wait(timeout=240) == 0
     for rank in range(2):
         assert f"rank {rank} global step 6" in job.logs(rank)
@@ -36,8 +37,12 @@ def test_an_unmodified_trainer_script_finishes_at_2_ranks(idle, tmp_path):
 
 def test_with_the_callback_loss_is_charted_pause_holds_and_suspend_resumes(idle, tmp_path):
     out = tmp_path / "out"
-    job = idle.launch_script(HF, ["--out", str(out), "--steps", "24", "--sleep", "0.1",
-                                  "--callback"], world_size=2, name="hf-callback")
+    job = idle.launch_script(
+        HF,
+        ["--out", str(out), "--steps", "24", "--sleep", "0.1", "--callback"],
+        world_size=2,
+        name="hf-callback",
+    )
     wait_for(lambda: step_of(job) >= 3, timeout=180)
     assert sorted(job.info()["controls"]) == ["checkpoint", "pause", "stop", "suspend"]
     paused_at = job.pause(timeout=60)

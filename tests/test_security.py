@@ -40,13 +40,29 @@ def test_every_operation_of_the_control_plane_has_a_rule():
     assert set(KINDS) == set(Op)
 
 
-@pytest.mark.parametrize("operation", [Op.STOP, Op.PAUSE, Op.RESUME, Op.CHECKPOINT, Op.SUSPEND,
-                                       Op.UPDATE, Op.RUN, Op.RESTART, Op.DEBUG, Op.CONSOLE,
-                                       Op.PROFILE])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        Op.STOP,
+        Op.PAUSE,
+        Op.RESUME,
+        Op.CHECKPOINT,
+        Op.SUSPEND,
+        Op.UPDATE,
+        Op.RUN,
+        Op.RESTART,
+        Op.DEBUG,
+        Op.CONSOLE,
+        Op.PROFILE,
+    ],
+)
 def test_only_the_owner_or_an_admin_changes_a_job(operation):
     rules, job = Access(enforced=True), Job("j1", "train", "alice")
-    with pytest.raises(cs.AccessDeniedError, match=r"'bob' may not .* job 'train' \(id j1\): "
-                                                   r"it belongs to 'alice'") as refused:
+    with pytest.raises(
+        cs.AccessDeniedError,
+        match=r"'bob' may not .* job 'train' \(id j1\): "
+        r"it belongs to 'alice'",
+    ) as refused:
         rules.check(operation, BOB, job)
     assert (refused.value.owner, refused.value.identity) == ("alice", "bob")
     rules.check(operation, Identity("alice", "user", 3), job)  # its owner
@@ -76,15 +92,20 @@ def test_hidden_metrics_are_their_owners_and_a_revoked_certificate_gets_nothing(
     rules.check(Op.JOBS, BOB)  # the queue and the records stay visible
     rules.check(Op.HISTORY, Identity("alice", "user", 3), job)
     rules.revoke({2})
-    with pytest.raises(cs.AccessDeniedError, match=r"certificate of 'bob' \(serial 2\) was "
-                                                   "revoked"):
+    with pytest.raises(
+        cs.AccessDeniedError,
+        match=r"certificate of 'bob' \(serial 2\) was "
+        "revoked",
+    ):
         rules.check(Op.JOBS, BOB)
     assert not rules.may_change(Identity("bob", "admin", 2), "bob")
 
 
 def test_identities_come_from_the_certificate_subject():
-    cert = {"subject": ((("commonName", "bob"),), (("organizationalUnitName", "user"),)),
-            "serialNumber": "0A"}
+    cert = {
+        "subject": ((("commonName", "bob"),), (("organizationalUnitName", "user"),)),
+        "serialNumber": "0A",
+    }
     assert Identity.from_peercert(cert) == Identity("bob", "user", 10)
     # another PKI's certificate without a role: a user, unless it is the scheduler's own
     other = {"subject": ((("commonName", "dask-internal"),),), "serialNumber": "01"}
@@ -130,8 +151,11 @@ def alice(tmp_path_factory):
 def bob(alice, tmp_path_factory):
     """bob's own connection to alice's cluster, with the credentials she gave him."""
     path = alice.add_user("bob", path=str(tmp_path_factory.mktemp("bob") / "bob.pem"))
-    cluster = cs.Cluster.connect(alice.scheduler_address, credentials=path,
-                                 state_dir=str(tmp_path_factory.mktemp("bob-state")))
+    cluster = cs.Cluster.connect(
+        alice.scheduler_address,
+        credentials=path,
+        state_dir=str(tmp_path_factory.mktemp("bob-state")),
+    )
     try:
         yield cluster
     finally:
@@ -140,14 +164,29 @@ def bob(alice, tmp_path_factory):
 
 def targets(cluster: cs.Cluster) -> list[str]:
     info = cluster.client.scheduler_info(n_workers=-1)["workers"]
-    return ([f"scheduler={cluster.scheduler_address}"] + [f"worker={w}" for w in info]
-            + [f"nanny={w['nanny']}" for w in info.values()])
+    return (
+        [f"scheduler={cluster.scheduler_address}"]
+        + [f"worker={w}" for w in info]
+        + [f"nanny={w['nanny']}" for w in info.values()]
+    )
 
 
 def probe(cluster: cs.Cluster, marker: Path, other: str) -> dict[str, str]:
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "security_probe.py"), "--marker",
-                          str(marker), "--other-credentials", other, *targets(cluster)],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "security_probe.py"),
+            "--marker",
+            str(marker),
+            "--other-credentials",
+            other,
+            *targets(cluster),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -169,16 +208,21 @@ def test_bob_sees_alices_job_and_may_not_change_it(alice, bob, tmp_path):
         assert his.owner == "alice" and his.status is cs.JobStatus.RUNNING
         assert "alice-train" in [j.name for j in bob.jobs()] and his.history()
         marker = tmp_path / "bob-ran-this"
-        attempts = {"pause": lambda: his.pause(timeout=10), "stop": his.stop,
-                    "update": lambda: his.update(lr=0.5),
-                    "run code in (job.run)": lambda: his.run(lambda ctx: marker.touch()),
-                    "checkpoint": his.checkpoint, "resume": his.resume}
+        attempts = {
+            "pause": lambda: his.pause(timeout=10),
+            "stop": his.stop,
+            "update": lambda: his.update(lr=0.5),
+            "run code in (job.run)": lambda: his.run(lambda ctx: marker.touch()),
+            "checkpoint": his.checkpoint,
+            "resume": his.resume,
+        }
         for verb, attempt in attempts.items():
             with pytest.raises(cs.AccessDeniedError) as refused:
                 attempt()
             assert str(refused.value) == (
                 f"'bob' may not {verb} job 'alice-train' (id {job.id}): it belongs to 'alice'; "
-                "only its owner or an admin may change it")
+                "only its owner or an admin may change it"
+            )
         step = max(r["step"] for r in job.history())
         wait_for(lambda: max(r["step"] for r in job.history()) > step, timeout=30)
         assert job.status is cs.JobStatus.RUNNING and not marker.exists()
@@ -206,7 +250,9 @@ def test_bobs_job_is_his_whatever_his_client_claims_and_alice_may_stop_it(alice,
     bob.job("claims-alice").wait(timeout=60)
 
 
-TICKER = "import time\nfor i in range(3000):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+TICKER = (
+    "import time\nfor i in range(3000):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+)
 
 
 def test_a_script_job_is_its_launchers_and_bob_may_not_change_alices(alice, bob, tmp_path):
@@ -217,14 +263,18 @@ def test_a_script_job_is_its_launchers_and_bob_may_not_change_alices(alice, bob,
         wait_for(lambda: "tick 3" in job.logs(), timeout=90)
         his = cs.Job.attach(bob, "alice-script")
         assert his.owner == "alice" and his.status is cs.JobStatus.RUNNING
-        for verb, attempt in {"stop": his.stop, "suspend": his.suspend,
-                              "pause": lambda: his.pause(timeout=10),
-                              "checkpoint": his.checkpoint}.items():
+        for verb, attempt in {
+            "stop": his.stop,
+            "suspend": his.suspend,
+            "pause": lambda: his.pause(timeout=10),
+            "checkpoint": his.checkpoint,
+        }.items():
             with pytest.raises(cs.AccessDeniedError) as refused:
                 attempt()
             assert str(refused.value) == (
                 f"'bob' may not {verb} job 'alice-script' (id {job.id}): it belongs to "
-                "'alice'; only its owner or an admin may change it")
+                "'alice'; only its owner or an admin may change it"
+            )
         printed = job.logs().count("tick")
         wait_for(lambda: job.logs().count("tick") > printed, timeout=30)  # still running
         assert job.status is cs.JobStatus.RUNNING
@@ -248,8 +298,9 @@ def test_a_script_job_is_its_launchers_and_bob_may_not_change_alices(alice, bob,
 
 def test_what_runs_code_in_the_scheduler_is_an_admins(alice, bob, tmp_path):
     marker = tmp_path / "in-the-scheduler"
-    with pytest.raises(cs.AccessDeniedError, match="'bob' may not call the scheduler's "
-                                                   "'run_function'"):
+    with pytest.raises(
+        cs.AccessDeniedError, match="'bob' may not call the scheduler's 'run_function'"
+    ):
         bob.client.run_on_scheduler(security_probe.make_marker, str(marker))
     future = bob.client.submit(security_probe.make_marker, str(marker))  # unpickled there
     with pytest.raises(cs.AccessDeniedError, match="'update-graph'"):
@@ -267,11 +318,16 @@ def test_what_runs_code_in_the_scheduler_is_an_admins(alice, bob, tmp_path):
         with pytest.raises(cs.AccessDeniedError, match="only the control plane does"):
             bob.sync(op(bob.client.rpc(worker), WorkerOp.CONTROL), job=job.id, words=stop)
         with pytest.raises(cs.AccessDeniedError, match="through the scheduler's 'broadcast'"):
-            bob.sync(bob.client.scheduler.broadcast,
-                     msg={"op": WorkerOp.CONTROL.handler, "job": job.id, "words": stop})
+            bob.sync(
+                bob.client.scheduler.broadcast,
+                msg={"op": WorkerOp.CONTROL.handler, "job": job.id, "words": stop},
+            )
         with pytest.raises(cs.AccessDeniedError, match="may not publish on"):
-            bob.sync(bob.client.scheduler.log_event, topic=topic(job.id),
-                     msg={"kind": "status", "status": "FINISHED"})
+            bob.sync(
+                bob.client.scheduler.log_event,
+                topic=topic(job.id),
+                msg={"kind": "status", "status": "FINISHED"},
+            )
         assert job.status is cs.JobStatus.RUNNING
     finally:
         job.stop()
@@ -288,8 +344,9 @@ def cs_agent():
 
 def test_a_removed_user_is_refused_at_once(alice, tmp_path):
     path = alice.add_user("carol", path=str(tmp_path / "carol.pem"))
-    carol = cs.Cluster.connect(alice.scheduler_address, credentials=path,
-                               state_dir=str(tmp_path / "carol-state"))
+    carol = cs.Cluster.connect(
+        alice.scheduler_address, credentials=path, state_dir=str(tmp_path / "carol-state")
+    )
     try:
         assert carol.whoami()["name"] == "carol" and carol.jobs() is not None
         alice.remove_user("carol")
@@ -303,13 +360,15 @@ def test_a_removed_user_is_refused_at_once(alice, tmp_path):
     # the workers and nannies refuse her certificate too (their handshakes check the list)
     for target in targets(alice)[1:]:
         role, _, address = target.partition("=")
-        answer = asyncio.run(security_probe.attempt(role, address, "tls-other-ca",
-                                                    str(tmp_path / "m"), path))
+        answer = asyncio.run(
+            security_probe.attempt(role, address, "tls-other-ca", str(tmp_path / "m"), path)
+        )
         assert answer.startswith("refused"), (target, answer)
 
 
 def test_without_tls_the_cluster_warns_once_strangers_get_in_and_the_doctor_says_so(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(tls, "_warned", False)
     with pytest.warns(cs.InsecureClusterWarning, match="plain tcp://"):
         cluster = cs.Cluster.local(workers=1, state_dir=str(tmp_path), security=False)
@@ -324,8 +383,10 @@ def test_without_tls_the_cluster_warns_once_strangers_get_in_and_the_doctor_says
         assert answers[f"scheduler {cluster.scheduler_address} tcp"].startswith("ANSWERED")
         assert marker.exists()
         report = cluster.doctor(bandwidth=False)
-        assert any(p.check == "security" and "listens on plain tcp://" in p.message
-                   for p in report.problems), report.problems
+        assert any(
+            p.check == "security" and "listens on plain tcp://" in p.message
+            for p in report.problems
+        ), report.problems
     finally:
         cluster.close()
 
@@ -337,12 +398,19 @@ def test_the_doctor_reports_readable_keys_and_certificates_near_their_end(tmp_pa
     ca = Authority.create(str(tmp_path / "tls"), admin="alice", days=3)
     os.chmod(ca.worker_file, 0o644)
     facts = file_facts([ca.ca_file, ca.worker_file, ca.crl_file])
-    report = Report([{"host": "h1", "tls": facts}], {}, {}, {}, [],
-                    tls={"address": "tls://h1:8786", "files": []})
+    report = Report(
+        [{"host": "h1", "tls": facts}],
+        {},
+        {},
+        {},
+        [],
+        tls={"address": "tls://h1:8786", "files": []},
+    )
     messages = [p.message for p in security_problems(report)]
-    assert f"host h1: {ca.worker_file} holds a private key and can be read by other users " \
-           f"(mode 644): whoever reads it acts as its holder; chmod 600 {ca.worker_file}" \
-        in messages
+    assert (
+        f"host h1: {ca.worker_file} holds a private key and can be read by other users "
+        f"(mode 644): whoever reads it acts as its holder; chmod 600 {ca.worker_file}" in messages
+    )
     assert sum("expires in 3.0 days" in m for m in messages) == 2  # the CA's, the worker's
     os.chmod(ca.worker_file, 0o600)
     report.workers[0]["tls"] = file_facts([ca.ca_file, ca.worker_file, ca.crl_file])
@@ -358,8 +426,9 @@ def test_bobs_dashboard_of_alices_job_greys_every_button_out(alice, bob):
         wait_for(lambda: job.status is cs.JobStatus.RUNNING, timeout=60)
         his = JobDashboard(cs.Job.attach(bob, "dashboards"))
         assert all(b.disabled for b in his.buttons.values())
-        assert his.buttons["stop"].tooltip == ("This job belongs to 'alice'; only its owner or "
-                                               "an admin may change it (you are 'bob')")
+        assert his.buttons["stop"].tooltip == (
+            "This job belongs to 'alice'; only its owner or an admin may change it (you are 'bob')"
+        )
         hers = JobDashboard(job)
         assert not hers.buttons["stop"].disabled and not hers.buttons["pause"].disabled
     finally:
@@ -367,15 +436,17 @@ def test_bobs_dashboard_of_alices_job_greys_every_button_out(alice, bob):
 
 
 def test_the_cluster_magic_connects_with_credentials_and_starts_without_tls_only_when_told(
-        alice, bob):
+    alice, bob
+):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "clustersdk")
     bob_file = bob.credentials
-    cluster = shell.run_line_magic("cluster", f"connect {alice.scheduler_address} "
-                                              f"--credentials {bob_file}")
+    cluster = shell.run_line_magic(
+        "cluster", f"connect {alice.scheduler_address} --credentials {bob_file}"
+    )
     try:
         assert cluster.whoami()["name"] == "bob"
     finally:
@@ -385,21 +456,24 @@ def test_the_cluster_magic_connects_with_credentials_and_starts_without_tls_only
 
 
 def test_hidden_metrics_stay_with_their_owner(tmp_path):
-    with dask.config.set({"clustersdk.security.user": "alice",
-                          "clustersdk.security.hide-metrics": True}):
+    with dask.config.set(
+        {"clustersdk.security.user": "alice", "clustersdk.security.hide-metrics": True}
+    ):
         alice = cs.Cluster.local(workers=1, state_dir=str(tmp_path / "alice"))
     try:
         path = alice.add_user("bob", path=str(tmp_path / "bob.pem"))
         job = alice.launch(workloads.spin, world_size=1, name="private")
         wait_for(lambda: len(job.history()) >= 3, timeout=60)  # its owner reads them
-        with cs.Cluster.connect(alice.scheduler_address, credentials=path,
-                                state_dir=str(tmp_path / "bob")) as bob:
+        with cs.Cluster.connect(
+            alice.scheduler_address, credentials=path, state_dir=str(tmp_path / "bob")
+        ) as bob:
             assert bob.whoami()["hide_metrics"] is True
             his = bob.job("private")  # the job and its record: visible
             assert his.status is cs.JobStatus.RUNNING and his.owner == "alice"
             for read in (his.history, his.logs, his.stacks):
-                with pytest.raises(cs.AccessDeniedError, match="may not see the metrics of job "
-                                                               "'private'"):
+                with pytest.raises(
+                    cs.AccessDeniedError, match="may not see the metrics of job 'private'"
+                ):
                     read()
             his.watch()  # subscribing to its topic gets him nothing either
             wait_for(lambda: len(job.history()) >= 10, timeout=60)
@@ -413,8 +487,13 @@ def test_the_cli_adds_lists_and_removes_users(alice, tmp_path):
     env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": alice.state_dir}  # alice's registry
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "clustersdk", "cluster", *argv], env=env,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "clustersdk", "cluster", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     out = tmp_path / "dave.pem"
     added = cli("add-user", "dave", "--out", str(out))

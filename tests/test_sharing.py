@@ -25,21 +25,34 @@ def shared(idle4):
     defaults = idle4.configure_scheduling({})
     yield idle4
     added = set(idle4.configure_scheduling({})["queues"]) - set(defaults["queues"])
-    idle4.configure_scheduling({**defaults, "queues": {**defaults["queues"],
-                                                       **dict.fromkeys(added)}})
+    idle4.configure_scheduling(
+        {**defaults, "queues": {**defaults["queues"], **dict.fromkeys(added)}}
+    )
 
 
 def test_a_high_priority_job_preempts_a_low_one_which_comes_back_by_itself_bitwise(
-        shared, tmp_path):
+    shared, tmp_path
+):
     want = shared.launch(workloads.train_exact, kwargs=KW, world_size=4)
     want_state, want_rows = want.wait(timeout=120), rows(want)
 
-    low = shared.launch(workloads.train_exact, kwargs={**KW, "delay": 0.05}, world_size=4,
-                        name="low", priority="low", checkpoint_dir=str(tmp_path))
+    low = shared.launch(
+        workloads.train_exact,
+        kwargs={**KW, "delay": 0.05},
+        world_size=4,
+        name="low",
+        priority="low",
+        checkpoint_dir=str(tmp_path),
+    )
     seen = Statuses(low)
     wait_for(lambda: step_reached(low, 4), timeout=60)
-    high = shared.launch(workloads.ticker, kwargs={"steps": 30, "sleep": 0.05}, world_size=2,
-                         name="high", priority="high")
+    high = shared.launch(
+        workloads.ticker,
+        kwargs={"steps": 30, "sleep": 0.05},
+        world_size=2,
+        name="high",
+        priority="high",
+    )
     # it checkpoints at the next step boundary, leaves, and waits for four free slots
     wait_for(lambda: low.status is cs.JobStatus.QUEUED, timeout=60)
     assert low.reason.startswith("preempted by job 'high' (priority high) at step ")
@@ -54,20 +67,30 @@ def test_a_high_priority_job_preempts_a_low_one_which_comes_back_by_itself_bitwi
 
 def test_a_job_that_can_never_fit_is_refused_at_launch_naming_the_limit(shared):
     shared.configure_scheduling({"queues": {"small": {"guaranteed": 1, "borrowing-limit": 1}}})
-    with pytest.raises(cs.CapacityError, match=r"world_size=3 can never fit queue 'small': it "
-                                               r"may hold at most 2 slots \(1 guaranteed \+ 1 "
-                                               r"borrowing limit\)"):
+    with pytest.raises(
+        cs.CapacityError,
+        match=r"world_size=3 can never fit queue 'small': it "
+        r"may hold at most 2 slots \(1 guaranteed \+ 1 "
+        r"borrowing limit\)",
+    ):
         shared.launch(workloads.count_to, world_size=3, queue="small")
     with pytest.raises(cs.SpecError, match=r"unknown queue 'nowhere'; the queues are"):
         shared.launch(workloads.count_to, world_size=1, queue="nowhere")
-    with pytest.raises(cs.SpecError, match=r"preemptible=False needs priority normal \(50\) or "
-                                           r"higher, got low \(0\)"):
+    with pytest.raises(
+        cs.SpecError,
+        match=r"preemptible=False needs priority normal \(50\) or "
+        r"higher, got low \(0\)",
+    ):
         shared.launch(workloads.count_to, world_size=1, priority="low", preemptible=False)
-    with pytest.raises(cs.SpecError, match=r"unknown priority 'urgent': expected an int or a "
-                                           r"priority class"):
+    with pytest.raises(
+        cs.SpecError,
+        match=r"unknown priority 'urgent': expected an int or a "
+        r"priority class",
+    ):
         shared.launch(workloads.count_to, world_size=1, priority="urgent")
-    assert not [j for j in shared.jobs() if j.name.startswith("count_to")
-                and not j.status.terminal]  # nothing was queued by a refused launch
+    assert not [
+        j for j in shared.jobs() if j.name.startswith("count_to") and not j.status.terminal
+    ]  # nothing was queued by a refused launch
     # within the limit it runs, in its queue
     job = shared.launch(workloads.count_to, world_size=2, queue="small", priority="high")
     assert job.wait(timeout=60) == "done"
@@ -79,12 +102,17 @@ def test_the_queue_view_says_who_holds_what_and_why_the_others_wait(shared):
     wait_for(lambda: holder.status is cs.JobStatus.RUNNING, timeout=60)
     waiter = shared.launch(workloads.count_to, world_size=2, name="waiter")
     try:
-        view = wait_for(lambda: (lambda v: v if v.waiting() and v.waiting()[0]["reason"]
-                                 else None)(shared.queue()), timeout=30)
+        view = wait_for(
+            lambda: (lambda v: v if v.waiting() and v.waiting()[0]["reason"] else None)(
+                shared.queue()
+            ),
+            timeout=30,
+        )
         (queue,) = view.data["queues"]
         assert queue["name"] == "default" and queue["used"] == 3
         assert [(h["name"], h["slots"], h["priority_name"]) for h in queue["holding"]] == [
-            ("holder", 3, "high")]
+            ("holder", 3, "high")
+        ]
         (waiting,) = view.waiting()
         assert waiting["name"] == "waiter" and waiting["priority_name"] == "normal"
         assert waiting["reason"].startswith("waiting for 2 slots to be free")
@@ -97,14 +125,20 @@ def test_the_queue_view_says_who_holds_what_and_why_the_others_wait(shared):
 
 
 def test_an_idle_paused_job_is_reclaimed_and_resumes_when_asked(shared, tmp_path):
-    job = shared.launch(workloads.ticker, kwargs={"steps": 40}, world_size=2, name="idler",
-                        checkpoint_dir=str(tmp_path))
+    job = shared.launch(
+        workloads.ticker,
+        kwargs={"steps": 40},
+        world_size=2,
+        name="idler",
+        checkpoint_dir=str(tmp_path),
+    )
     wait_for(lambda: step_reached(job, 3), timeout=60)
     job.pause()
     shared.configure_scheduling({"idle-timeout": 1})
     wait_for(lambda: job.status is cs.JobStatus.SUSPENDED, timeout=30)
     assert job.reason.startswith("suspended after ") and "idle timeout of queue 'default'" in (
-        job.reason)
+        job.reason
+    )
     assert not [s for s in shared.slots() if s["job"] == job.id]  # its slots are free
     shared.configure_scheduling({"idle-timeout": None})
     job.resume()

@@ -15,7 +15,7 @@ import pytest
 
 from .helpers import wait_for
 
-HELPERS = '''
+HELPERS = """
 VERSION = {version}
 
 def scale(x):
@@ -25,14 +25,14 @@ def scale(x):
 class Result:
     def __init__(self, **fields):
         self.fields = fields
-'''
+"""
 
-PACKAGE = '''
+PACKAGE = """
 def triple(x):
     return 3 * x
-'''
+"""
 
-SCRIPT = '''
+SCRIPT = """
 import json, os, sys
 
 import clustersdk as cs
@@ -76,7 +76,7 @@ def main(address):
 
 if __name__ == "__main__":
     main(sys.argv[1])
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +92,42 @@ def remote(tmp_path_factory):
     log = open(home / "dask.log", "w")
 
     def start(*args: str) -> None:
-        procs.append(subprocess.Popen([dask, *args], cwd=home, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [dask, *args],
+                cwd=home,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     try:
-        start("scheduler", "--scheduler-file", str(scheduler_file), "--host", "127.0.0.1",
-              "--port", "0", "--no-dashboard")
+        start(
+            "scheduler",
+            "--scheduler-file",
+            str(scheduler_file),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+        )
         wait_for(lambda: scheduler_file.exists() and scheduler_file.stat().st_size, timeout=60)
         for i in range(2):
-            start("worker", "--scheduler-file", str(scheduler_file), "--nthreads", "1",
-                  "--host", "127.0.0.1", "--no-dashboard", "--name", f"remote-{i}")
+            start(
+                "worker",
+                "--scheduler-file",
+                str(scheduler_file),
+                "--nthreads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--no-dashboard",
+                "--name",
+                f"remote-{i}",
+            )
         address = json.loads(scheduler_file.read_text())["address"]
         from distributed import Client
 
@@ -133,8 +159,9 @@ def outcomes(remote, tmp_path_factory) -> dict[str, dict]:
     (project / "data").mkdir()
     (project / "data" / "note.txt").write_text("shipped with the job\n")
     (project / "run.py").write_text(textwrap.dedent(SCRIPT))
-    run = subprocess.run([sys.executable, "run.py", remote], cwd=project, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "run.py", remote], cwd=project, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     cases = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return {case.pop("case"): case for case in cases} | {"project": {"path": str(project)}}

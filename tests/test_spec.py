@@ -75,10 +75,14 @@ def test_any_function_gets_a_valid_default_name(fn_name):
     assert spec.name.endswith(f"-{spec.id[:6]}") and spec.name[0] in (fn_name.strip("_") or "j")[0]
 
 
-@pytest.mark.parametrize("field, value", [("timeout", 0), ("timeout", "5"), ("metrics_interval", -1.0),
-                                          ("metrics_interval", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("timeout", 0), ("timeout", "5"), ("metrics_interval", -1.0), ("metrics_interval", True)],
+)
 def test_durations_must_be_positive_numbers(field, value):
-    with pytest.raises(SpecError, match=f"{field} must be a positive number .*got {re.escape(repr(value))}"):
+    with pytest.raises(
+        SpecError, match=f"{field} must be a positive number .*got {re.escape(repr(value))}"
+    ):
         JobSpec(fn=train, world_size=1, **{field: value})
 
 
@@ -116,37 +120,85 @@ def test_to_wire_is_msgpackable_and_has_no_function():
     spec = JobSpec(fn=train, world_size=2, name="run", timeout=5)
     wire = spec.to_wire().as_dict()
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
-    assert wire == {"id": spec.id, "name": "run", "world_size": 2, "strategy": "ddp",
-                    "timeout": 5.0, "metrics_interval": 0.2, "fn": "train",
-                    "owner": getpass.getuser(),
-                    "checkpoint_dir": None, "checkpoint_every": None, "keep": 3,
-                    "async_checkpoint": True, "resume": None, "tensorboard_dir": None,
-                    "max_restarts": 0, "attempt": 0, "mesh": None, "precision": "fp32",
-                    "grad_accum": 1, "clip_grad_norm": None, "microbatches": None,
-                    "schedule": None, "split": None, "reshard_after_forward": None,
-                    "cpu_offload": None, "env": None, "working_dir": None,
-                    "py_modules": None, "queue": None, "priority": None,
-                    "preemptible": True, "time_limit": None, "min_world_size": None,
-                    "asked_world_size": None, "hang_timeout": None, "on_hang": "report",
-                    "profile_dir": None, "on_error": "fail", "hold_timeout": 1800.0,
-                    "debug": False, "hparams": None,
-                    "on_nan": "report", "on_spike": "report", "script": None,
-                    "module": None, "command": None, "args": None, "grace": 30.0,
-                    "skip_steps": None, "version": 1}
+    assert wire == {
+        "id": spec.id,
+        "name": "run",
+        "world_size": 2,
+        "strategy": "ddp",
+        "timeout": 5.0,
+        "metrics_interval": 0.2,
+        "fn": "train",
+        "owner": getpass.getuser(),
+        "checkpoint_dir": None,
+        "checkpoint_every": None,
+        "keep": 3,
+        "async_checkpoint": True,
+        "resume": None,
+        "tensorboard_dir": None,
+        "max_restarts": 0,
+        "attempt": 0,
+        "mesh": None,
+        "precision": "fp32",
+        "grad_accum": 1,
+        "clip_grad_norm": None,
+        "microbatches": None,
+        "schedule": None,
+        "split": None,
+        "reshard_after_forward": None,
+        "cpu_offload": None,
+        "env": None,
+        "working_dir": None,
+        "py_modules": None,
+        "queue": None,
+        "priority": None,
+        "preemptible": True,
+        "time_limit": None,
+        "min_world_size": None,
+        "asked_world_size": None,
+        "hang_timeout": None,
+        "on_hang": "report",
+        "profile_dir": None,
+        "on_error": "fail",
+        "hold_timeout": 1800.0,
+        "debug": False,
+        "hparams": None,
+        "on_nan": "report",
+        "on_spike": "report",
+        "script": None,
+        "module": None,
+        "command": None,
+        "args": None,
+        "grace": 30.0,
+        "skip_steps": None,
+        "version": 1,
+    }
 
 
 def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():
     import torch
 
     plan = {"0": "colwise", "2": "rowwise"}
-    spec = JobSpec(fn=train, world_size=4, strategy="fsdp", mesh={"dp": -1, "tp": 2},
-                   precision="bf16", grad_accum=2, clip_grad_norm=1, plan=plan,
-                   model=lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
-                                                     torch.nn.Linear(8, 4)))
+    spec = JobSpec(
+        fn=train,
+        world_size=4,
+        strategy="fsdp",
+        mesh={"dp": -1, "tp": 2},
+        precision="bf16",
+        grad_accum=2,
+        clip_grad_norm=1,
+        plan=plan,
+        model=lambda: torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)
+        ),
+    )
     wire = spec.to_wire().as_dict()
     assert msgpack.unpackb(msgpack.packb(wire)) == wire
     assert (wire["mesh"], wire["precision"], wire["grad_accum"], wire["clip_grad_norm"]) == (
-        {"dp": -1, "tp": 2}, "bf16", 2, 1.0)
+        {"dp": -1, "tp": 2},
+        "bf16",
+        2,
+        1.0,
+    )
     fn, _, _, objects = cloudpickle.loads(spec.payload())
     assert objects["plan"] == plan and fn.__qualname__ == "train" and callable(objects["model"])
 
@@ -157,11 +209,19 @@ def test_parallel_options_travel_on_the_wire_and_objects_in_the_payload():
         ({"precision": "fp8"}, "precision must be one of ('fp32', 'bf16', 'fp16'), got 'fp8'"),
         ({"grad_accum": 0}, "grad_accum must be a positive int, got 0"),
         ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number, got -1.0"),
-        ({"strategy": "fsdp", "cpu_offload": "yes"}, "cpu_offload must be True or False, got 'yes'"),
-        ({"strategy": "tp", "reshard_after_forward": False},
-         "reshard_after_forward= is an option of strategy='fsdp', not 'tp'"),
+        (
+            {"strategy": "fsdp", "cpu_offload": "yes"},
+            "cpu_offload must be True or False, got 'yes'",
+        ),
+        (
+            {"strategy": "tp", "reshard_after_forward": False},
+            "reshard_after_forward= is an option of strategy='fsdp', not 'tp'",
+        ),
         ({"strategy": "fsdp", "plan": {"a": "colwise"}}, "plan= is for tensor parallelism"),
-        ({"strategy": "pp", "schedule": "zb"}, "schedule must be one of ('gpipe', '1f1b'), got 'zb'"),
+        (
+            {"strategy": "pp", "schedule": "zb"},
+            "schedule must be one of ('gpipe', '1f1b'), got 'zb'",
+        ),
         ({"strategy": "pp", "microbatches": 0}, "microbatches must be a positive int, got 0"),
         ({"strategy": "pp", "split": "layers.1"}, "split must be a list of module names"),
         ({"strategy": "pp", "model": 3}, "model must be an nn.Module or a function returning one"),
@@ -177,7 +237,10 @@ def test_parallel_options_are_checked(options, match):
     [
         ({"checkpoint_every": 10}, "checkpoint_every need checkpoint_dir"),
         ({"resume": "auto"}, "resume need checkpoint_dir"),
-        ({"checkpoint_dir": "/tmp/x", "checkpoint_every": 0}, "checkpoint_every must be a positive int"),
+        (
+            {"checkpoint_dir": "/tmp/x", "checkpoint_every": 0},
+            "checkpoint_every must be a positive int",
+        ),
         ({"checkpoint_dir": "/tmp/x", "keep": 0}, "keep must be an int of at least 1, got 0"),
         ({"checkpoint_dir": 3}, "checkpoint_dir must be a path, got 3"),
     ],
@@ -202,20 +265,29 @@ def test_debug_options_are_checked(options, match):
 
 
 def test_debug_options_travel_on_the_wire():
-    wire = JobSpec(fn=train, world_size=1, on_error="hold", hold_timeout=60,
-                   debug=True).to_wire()
+    wire = JobSpec(fn=train, world_size=1, on_error="hold", hold_timeout=60, debug=True).to_wire()
     assert (wire.on_error, wire.hold_timeout, wire.debug) == ("hold", 60.0, True)
 
 
 def test_hparams_are_json_scalars_and_not_a_builtin_key_of_job_update():
-    spec = JobSpec(fn=train, world_size=1, hparams={"warmup": 10, "smoothing": 0.1,
-                                                     "schedule": "cosine", "ema": True})
-    assert spec.to_wire().hparams == {"warmup": 10, "smoothing": 0.1, "schedule": "cosine",
-                                      "ema": True}
+    spec = JobSpec(
+        fn=train,
+        world_size=1,
+        hparams={"warmup": 10, "smoothing": 0.1, "schedule": "cosine", "ema": True},
+    )
+    assert spec.to_wire().hparams == {
+        "warmup": 10,
+        "smoothing": 0.1,
+        "schedule": "cosine",
+        "ema": True,
+    }
     with pytest.raises(SpecError, match=r"hparams: 'lr' is a built-in key of job.update"):
         JobSpec(fn=train, world_size=1, hparams={"lr": 0.1})
-    with pytest.raises(SpecError, match=r"hparams: layers=\[1, 2\] must be a finite number, "
-                                        "a string or a boolean"):
+    with pytest.raises(
+        SpecError,
+        match=r"hparams: layers=\[1, 2\] must be a finite number, "
+        "a string or a boolean",
+    ):
         JobSpec(fn=train, world_size=1, hparams={"layers": [1, 2]})
     with pytest.raises(SpecError, match=r"hparams: 'a b' is not a valid name"):
         JobSpec(fn=train, world_size=1, hparams={"a b": 1})

@@ -29,8 +29,12 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def metrics(rank, step, t, **scalars):
-    return {"kind": "metrics", "rows": [{"rank": rank, "step": step, "time": t, "scalars": scalars}],
-            "logs": [], "system": []}
+    return {
+        "kind": "metrics",
+        "rows": [{"rank": rank, "step": step, "time": t, "scalars": scalars}],
+        "logs": [],
+        "system": [],
+    }
 
 
 # the view model (pure) ----------------------------------------------------------------------
@@ -57,12 +61,25 @@ def test_series_rewinds_when_a_job_resumes_from_an_older_step():
 def test_a_rollback_drops_the_rows_a_restart_will_replay():
     view = JobView(name="j", world_size=2, strategy="ddp", status="RUNNING")
     for rank in (0, 1):
-        view.apply({"kind": "metrics", "rows": [
-            {"rank": rank, "step": step, "time": 1.0 + step, "scalars": {"loss": 1.0 / (step + 1)}}
-            for step in range(rank * 2, 10)]})
+        view.apply(
+            {
+                "kind": "metrics",
+                "rows": [
+                    {
+                        "rank": rank,
+                        "step": step,
+                        "time": 1.0 + step,
+                        "scalars": {"loss": 1.0 / (step + 1)},
+                    }
+                    for step in range(rank * 2, 10)
+                ],
+            }
+        )
     view.apply({"kind": "rollback", "step": 4})  # restarted from the checkpoint of step 4
     assert [view.scalars["loss"][r].points()[0] for r in (0, 1)] == [
-        [0.0, 1.0, 2.0, 3.0], [2.0, 3.0]]
+        [0.0, 1.0, 2.0, 3.0],
+        [2.0, 3.0],
+    ]
     assert view.last_row == {}  # no rank's newest row survives the rollback
 
 
@@ -83,8 +100,12 @@ def test_cutoff_drops_what_the_journal_already_gave_even_with_equal_times():
 
 def test_view_takes_events_and_history_alike_without_duplicates():
     view = JobView(name="a", world_size=2, strategy="ddp", status="RUNNING", started=100.0)
-    view.load_history([{"seq": 1, "rank": 0, "step": 0, "time": 100.5, "loss": 2.0},
-                       {"seq": 2, "rank": 0, "step": 1, "time": 101.0, "loss": 1.5}])
+    view.load_history(
+        [
+            {"seq": 1, "rank": 0, "step": 0, "time": 100.5, "loss": 2.0},
+            {"seq": 2, "rank": 0, "step": 1, "time": 101.0, "loss": 1.5},
+        ]
+    )
     view.apply(metrics(0, 1, 101.0, loss=1.5))  # the same row, delivered again as an event
     view.apply(metrics(0, 2, 101.5, loss=1.0))
     view.apply(metrics(1, 2, 101.6, loss=1.1))
@@ -111,10 +132,28 @@ def test_progress_shows_eta_only_when_the_total_is_known():
 
 def test_psutil_samples_are_labelled_as_cpu_never_as_gpu():
     view = JobView(name="a", world_size=1, strategy="ddp", status="RUNNING", started=0.0)
-    view.apply({"kind": "metrics", "rows": [], "logs": [], "system": [
-        {"rank": 0, "time": 1.0, "sample": {"source": "psutil", "cpu_percent": 50.0, "mem_used": 1e9,
-                                            "mem_total": 8e9, "rss": 2**30, "net_sent_per_s": 1e6,
-                                            "net_recv_per_s": 1e6}}]})
+    view.apply(
+        {
+            "kind": "metrics",
+            "rows": [],
+            "logs": [],
+            "system": [
+                {
+                    "rank": 0,
+                    "time": 1.0,
+                    "sample": {
+                        "source": "psutil",
+                        "cpu_percent": 50.0,
+                        "mem_used": 1e9,
+                        "mem_total": 8e9,
+                        "rss": 2**30,
+                        "net_sent_per_s": 1e6,
+                        "net_recv_per_s": 1e6,
+                    },
+                }
+            ],
+        }
+    )
     assert sorted(view.system) == ["cpu", "net", "rss"]
     assert view.system["rss"][0].points() == ([1.0], [1.0])
     html = render.job_html(view)
@@ -122,8 +161,12 @@ def test_psutil_samples_are_labelled_as_cpu_never_as_gpu():
 
 
 def test_static_html_escapes_and_shows_the_failed_ranks_traceback():
-    error = {"rank": 1, "type": "ValueError", "message": "bad <b>",
-             "traceback": "Traceback ...\nValueError: bad <b>"}
+    error = {
+        "rank": 1,
+        "type": "ValueError",
+        "message": "bad <b>",
+        "traceback": "Traceback ...\nValueError: bad <b>",
+    }
     view = JobView(name="a", world_size=2, strategy="ddp", status="FAILED", error=error)
     html = render.job_html(view)
     assert "rank 1 raised ValueError" in html and "bad &lt;b&gt;" in html and "<b>" not in html
@@ -131,9 +174,20 @@ def test_static_html_escapes_and_shows_the_failed_ranks_traceback():
 
 
 def test_who_launched_a_job_its_queue_and_priority_are_shown():
-    record = {"id": "j", "name": "big<run>", "status": "QUEUED", "reason": "preempted by job 'x'",
-              "spec": {"world_size": 4, "strategy": "ddp", "owner": "alice", "queue": "research",
-                       "priority": 100, "preemptible": False}}
+    record = {
+        "id": "j",
+        "name": "big<run>",
+        "status": "QUEUED",
+        "reason": "preempted by job 'x'",
+        "spec": {
+            "world_size": 4,
+            "strategy": "ddp",
+            "owner": "alice",
+            "queue": "research",
+            "priority": 100,
+            "preemptible": False,
+        },
+    }
     html = render.job_html(JobView.from_record(record))
     assert "alice · queue research · priority 100 · not preemptible" in html
     assert "big&lt;run&gt;" in html and "preempted by job" in html
@@ -144,30 +198,65 @@ def test_who_launched_a_job_its_queue_and_priority_are_shown():
 
 
 def test_a_hung_job_shows_where_each_rank_was():
-    stacks = {"0": {"rank": 0, "step": 5, "phase": "control", "answered": True,
-                    "text": "  File \"train.py\", line 3, in train <all_reduce>"},
-              "1": {"rank": 1, "answered": False, "text": "worker tcp://w1 did not answer"}}
-    record = {"id": "j", "name": "a", "status": "HUNG", "reason": "hung: no rank has finished",
-              "stacks": stacks, "spec": {"world_size": 2, "strategy": "ddp"}}
+    stacks = {
+        "0": {
+            "rank": 0,
+            "step": 5,
+            "phase": "control",
+            "answered": True,
+            "text": '  File "train.py", line 3, in train <all_reduce>',
+        },
+        "1": {"rank": 1, "answered": False, "text": "worker tcp://w1 did not answer"},
+    }
+    record = {
+        "id": "j",
+        "name": "a",
+        "status": "HUNG",
+        "reason": "hung: no rank has finished",
+        "stacks": stacks,
+        "spec": {"world_size": 2, "strategy": "ddp"},
+    }
     html = render.job_html(JobView.from_record(record))
     assert "HUNG" in html and "hung: no rank has finished" in html
     assert "rank 0 · step 5 · control" in html and "&lt;all_reduce&gt;" in html
     assert "rank 1 · no answer" in html and "did not answer" in html
-    assert "Where each rank was" not in render.job_html(JobView.from_record(
-        {**record, "status": "RUNNING", "stacks": {}}))
+    assert "Where each rank was" not in render.job_html(
+        JobView.from_record({**record, "status": "RUNNING", "stacks": {}})
+    )
 
 
 def test_the_newest_durable_events_are_shown():
-    events = [{"time": float(i), "step": 10 * i, "kind": "restarted",
-               "message": f"worker tcp://w{i} (host h) of rank 1 left the cluster"} for i in range(5)]
-    record = {"id": "j", "name": "a", "status": "RUNNING", "reason": "", "events": events,
-              "spec": {"world_size": 2, "strategy": "ddp"}}
+    events = [
+        {
+            "time": float(i),
+            "step": 10 * i,
+            "kind": "restarted",
+            "message": f"worker tcp://w{i} (host h) of rank 1 left the cluster",
+        }
+        for i in range(5)
+    ]
+    record = {
+        "id": "j",
+        "name": "a",
+        "status": "RUNNING",
+        "reason": "",
+        "events": events,
+        "spec": {"world_size": 2, "strategy": "ddp"},
+    }
     view = JobView.from_record(record)
     html = render.job_html(view)
     assert "step 40 · restarted: worker tcp://w4" in html and "tcp://w1 " not in html  # last 3
     view.take_dirty()
-    view.set_status("RUNNING", {**record, "events": [*events, {
-        "time": 9.0, "step": None, "kind": "failed", "message": "rank 0: E: boom"}]})
+    view.set_status(
+        "RUNNING",
+        {
+            **record,
+            "events": [
+                *events,
+                {"time": 9.0, "step": None, "kind": "failed", "message": "rank 0: E: boom"},
+            ],
+        },
+    )
     assert "status" in view.take_dirty() and "failed: rank 0: E: boom" in render.job_html(view)
 
 
@@ -181,16 +270,37 @@ def test_a_restarting_job_says_why():
 
 
 def test_the_newest_diagnosis_is_shown_with_its_advice_and_spikes_are_marked():
-    spike = {"kind": "loss_spike", "summary": "loss spike at step 3 on rank 0: 9 against a "
-             "median of 1", "advice": "look at the batch of that step", "step": 3, "rank": 0,
-             "data": {"value": 9.0}}
-    record = {"id": "j", "name": "a", "status": "RUNNING", "reason": "", "spec": {
-        "world_size": 1, "strategy": "ddp"}, "events": [
-        {"time": 1.0, "step": 3, "kind": "diagnosis", "message": spike["summary"],
-         "diagnosis": spike}]}
+    spike = {
+        "kind": "loss_spike",
+        "summary": "loss spike at step 3 on rank 0: 9 against a median of 1",
+        "advice": "look at the batch of that step",
+        "step": 3,
+        "rank": 0,
+        "data": {"value": 9.0},
+    }
+    record = {
+        "id": "j",
+        "name": "a",
+        "status": "RUNNING",
+        "reason": "",
+        "spec": {"world_size": 1, "strategy": "ddp"},
+        "events": [
+            {
+                "time": 1.0,
+                "step": 3,
+                "kind": "diagnosis",
+                "message": spike["summary"],
+                "diagnosis": spike,
+            }
+        ],
+    }
     view = JobView.from_record(record)
-    view.load_history([{"seq": i + 1, "rank": 0, "step": i, "time": float(i),
-                        "loss": 9.0 if i == 3 else 1.0} for i in range(6)])
+    view.load_history(
+        [
+            {"seq": i + 1, "rank": 0, "step": i, "time": float(i), "loss": 9.0 if i == 3 else 1.0}
+            for i in range(6)
+        ]
+    )
     assert view.markers("loss") == ([3.0], [9.0]) and view.markers("lr") == ([], [])
     html = render.job_html(view)
     assert "Diagnosis:</strong> step 3 · loss spike at step 3" in html
@@ -198,8 +308,12 @@ def test_the_newest_diagnosis_is_shown_with_its_advice_and_spikes_are_marked():
     assert html.count("<title>loss spike</title>") == 1
     assert "diagnosis: step 3 · loss spike" in render.job_text(view, "<Job 'a'>")
     view.take_dirty()
-    oom = {"kind": "cuda_oom", "summary": "CUDA out of memory on rank 0", "advice": "lower "
-           "the micro-batch", "step": None}
+    oom = {
+        "kind": "cuda_oom",
+        "summary": "CUDA out of memory on rank 0",
+        "advice": "lower the micro-batch",
+        "step": None,
+    }
     view.apply({"kind": "diagnosis", "diagnosis": oom})  # live, before the record has it
     assert "diagnosis" in view.take_dirty() and view.diagnoses == [spike, oom]
     html = render.job_html(view)
@@ -209,13 +323,33 @@ def test_the_newest_diagnosis_is_shown_with_its_advice_and_spikes_are_marked():
 
 
 def test_cluster_model_bars_and_text():
-    slots = [{"worker": "tcp://a:1", "host": "a", "kind": "cuda", "index": 0, "job": "j1"},
-             {"worker": "tcp://a:2", "host": "a", "kind": "cuda", "index": 1, "job": None}]
-    jobs = [{"id": "j1", "name": "train", "status": "RUNNING", "spec": {"world_size": 1, "strategy": "ddp"},
-             "submitted": 0.0, "started": 1.0, "ended": None, "reason": ""}]
-    samples = {"tcp://a:1": {"source": "nvml", "gpu_util": 93.0, "gpu_mem_used": 30 * 2**30,
-                             "gpu_mem_total": 80 * 2**30}}
-    model = render.cluster_model(kind="ssh", address="tcp://a:8786", slots=slots, jobs=jobs, samples=samples)
+    slots = [
+        {"worker": "tcp://a:1", "host": "a", "kind": "cuda", "index": 0, "job": "j1"},
+        {"worker": "tcp://a:2", "host": "a", "kind": "cuda", "index": 1, "job": None},
+    ]
+    jobs = [
+        {
+            "id": "j1",
+            "name": "train",
+            "status": "RUNNING",
+            "spec": {"world_size": 1, "strategy": "ddp"},
+            "submitted": 0.0,
+            "started": 1.0,
+            "ended": None,
+            "reason": "",
+        }
+    ]
+    samples = {
+        "tcp://a:1": {
+            "source": "nvml",
+            "gpu_util": 93.0,
+            "gpu_mem_used": 30 * 2**30,
+            "gpu_mem_total": 80 * 2**30,
+        }
+    }
+    model = render.cluster_model(
+        kind="ssh", address="tcp://a:8786", slots=slots, jobs=jobs, samples=samples
+    )
     assert model["slots"][0]["util"]["percent"] == 93.0 and model["slots"][1]["util"] is None
     html = render.cluster_html(model)
     assert "GPU 0" in html and "93%" in html and "30.0 / 80 GiB" in html and "idle" in html
@@ -307,8 +441,13 @@ def test_pause_and_resume_buttons(idle):
 
 
 def test_checkpoint_and_suspend_buttons(idle, tmp_path):
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 100_000, "delay": 0.01}, world_size=2,
-                      name="ckpt-by-click", checkpoint_dir=str(tmp_path / "ck"))
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 100_000, "delay": 0.01},
+        world_size=2,
+        name="ckpt-by-click",
+        checkpoint_dir=str(tmp_path / "ck"),
+    )
     dash = JobDashboard(job)
     wait_for(lambda: dash.view.status == "RUNNING")
     dash.buttons["checkpoint"].click()
@@ -324,7 +463,10 @@ def test_checkpoint_needs_a_checkpoint_dir(idle):
     job = idle.launch(workloads.spin, world_size=1, name="no-ckpt-dir")
     dash = JobDashboard(job)
     wait_for(lambda: dash.view.status == "RUNNING")
-    assert dash.buttons["checkpoint"].disabled and "checkpoint_dir" in dash.buttons["checkpoint"].tooltip
+    assert (
+        dash.buttons["checkpoint"].disabled
+        and "checkpoint_dir" in dash.buttons["checkpoint"].tooltip
+    )
     job.stop()
 
 
@@ -420,8 +562,12 @@ def test_telemetry_benchmark_smoke(tmp_path):
     """benchmarks/telemetry.py runs end to end and reports both of its numbers."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "telemetry.py"
     out = tmp_path / "telemetry.json"
-    proc = subprocess.run([sys.executable, str(script), "--repeats", "1", "--steps", "150",
-                           "--json", str(out)], capture_output=True, text=True, timeout=420)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--repeats", "1", "--steps", "150", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ratio" in proc.stdout and "p50 / p95" in proc.stdout
     assert "with phase timing" in proc.stdout and "while capturing" in proc.stdout
@@ -440,8 +586,15 @@ def test_closing_a_dashboard_closes_its_widgets_and_no_others(idle):
     dash = JobDashboard(job)
     job.wait(timeout=60)
     wait_for(lambda: 0 in dash.charts["loss"].lines)
-    parts = [dash.widget, dash.header, dash.buttons["stop"], dash.charts["loss"].figure,
-             dash.charts["loss"].lines[0], dash.charts["loss"].x_scale, dash.widget.layout]
+    parts = [
+        dash.widget,
+        dash.header,
+        dash.buttons["stop"],
+        dash.charts["loss"].figure,
+        dash.charts["loss"].lines[0],
+        dash.charts["loss"].x_scale,
+        dash.widget.layout,
+    ]
     assert all(p.comm is not None for p in parts)
     dash.close()
     assert all(p.comm is None for p in parts)

@@ -57,7 +57,7 @@ def reference_mlp(world_size: int, steps: int = 20, batch_size: int = 16, lr: fl
     for step in range(steps):
         epoch, b = divmod(step, per_epoch)
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(epoch)).tolist()
-        x, y = data[perm[b * G:(b + 1) * G]]
+        x, y = data[perm[b * G : (b + 1) * G]]
         loss = nn.functional.mse_loss(net(x), y)
         loss.backward()
         opt.step()
@@ -93,11 +93,19 @@ def chatty(ctx) -> str:
 
 def ckpt_model(hidden: int = 16, dropout: float = 0.1) -> nn.Module:
     torch.manual_seed(99)
-    return nn.Sequential(nn.Linear(D_IN, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, D_OUT))
+    return nn.Sequential(
+        nn.Linear(D_IN, hidden), nn.Tanh(), nn.Dropout(dropout), nn.Linear(hidden, D_OUT)
+    )
 
 
-def train_ckpt(ctx, steps: int = 60, delay: float = 0.0, hidden: int = 16, dropout: float = 0.1,
-               batch_size: int = 16) -> dict:
+def train_ckpt(
+    ctx,
+    steps: int = 60,
+    delay: float = 0.0,
+    hidden: int = 16,
+    dropout: float = 0.1,
+    batch_size: int = 16,
+) -> dict:
     """AdamW + LR schedule + dropout: resuming is exact only if every piece of state is restored."""
     net = ctx.prepare(ckpt_model(hidden, dropout))
     opt = torch.optim.AdamW(net.parameters(), lr=0.01)
@@ -165,8 +173,14 @@ def ticker(ctx, steps: int = 1_000_000, sleep: float = 0.02) -> int:
     return ctx.step
 
 
-def hang_at(ctx, rank: int = 1, step: int = 5, steps: int = 1000, marker: str | None = None,
-            sleep: float = 0.02) -> int:
+def hang_at(
+    ctx,
+    rank: int = 1,
+    step: int = 5,
+    steps: int = 1000,
+    marker: str | None = None,
+    sleep: float = 0.02,
+) -> int:
     """A checkpointable DDP job whose ``rank`` gets stuck for good at ``step`` (as in a
     stuck data loader): its peers then wait in their next collective. With ``marker``
     (a path) it gets stuck only once: the restarted job goes on."""
@@ -291,10 +305,18 @@ def raise_once(marker: str | None, rank: int, step: int) -> None:
         raise RuntimeError(f"injected: rank {rank} raises at step {step}")
 
 
-def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
-                stop_at: int | None = None, delay: float = 0.0, dropout: float = 0.1,
-                n_experts: int = 0, n_layers: int = 2, raise_marker: str | None = None
-                ) -> dict | None:
+def train_exact(
+    ctx,
+    kind: str = "mlp",
+    steps: int = 24,
+    global_batch: int = 24,
+    stop_at: int | None = None,
+    delay: float = 0.0,
+    dropout: float = 0.1,
+    n_experts: int = 0,
+    n_layers: int = 2,
+    raise_marker: str | None = None,
+) -> dict | None:
     """The exactness tests' job, under any strategy; rank 0 returns the whole state.
 
     ``kind="mlp"``: the small MLP of :func:`ckpt_model` (dropout), AdamW and a step
@@ -313,8 +335,9 @@ def train_exact(ctx, kind: str = "mlp", steps: int = 24, global_batch: int = 24,
         opt = torch.optim.AdamW(net.parameters(), lr=0.01)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
     else:
-        net = ctx.prepare(models.Transformer(n_layers=n_layers, n_experts=n_experts),
-                          loss_fn=models.lm_loss)
+        net = ctx.prepare(
+            models.Transformer(n_layers=n_layers, n_experts=n_experts), loss_fn=models.lm_loss
+        )
         data = models.SyntheticText(n=256, seq_len=16, vocab=64, seed=0)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2, weight_decay=0.01)
         from clustersdk import warmup_cosine

@@ -54,8 +54,15 @@ def columns(batch):
     return batch
 
 
-def train_epochs(ctx, kind: str = "map", path: str | None = None, epochs: int = 3,
-                 batch_size: int = 8, delay: float = 0.0, evaluate: bool = True) -> dict:
+def train_epochs(
+    ctx,
+    kind: str = "map",
+    path: str | None = None,
+    epochs: int = 3,
+    batch_size: int = 8,
+    delay: float = 0.0,
+    evaluate: bool = True,
+) -> dict:
     """SGD on a linear model for ``epochs``; every step logs its epoch and the sum of its
     global batch's sample ids (reduced over the ranks), every epoch's end an evaluation."""
     torch.manual_seed(0)

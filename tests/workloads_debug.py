@@ -11,8 +11,14 @@ from torch import nn
 from .workloads import dataset, model
 
 
-def raise_at(ctx, rank: int = 1, step: int = 5, steps: int = 1000, marker: str | None = None,
-             delay: float = 0.0) -> dict:
+def raise_at(
+    ctx,
+    rank: int = 1,
+    step: int = 5,
+    steps: int = 1000,
+    marker: str | None = None,
+    delay: float = 0.0,
+) -> dict:
     """DDP training in which ``rank`` raises at ``step`` (once, with ``marker``: a file
     made when it does), with a long string and a tensor holding NaN among its locals."""
     import time
@@ -44,9 +50,13 @@ def look_at_failure(ctx) -> dict:
     while tb.tb_next is not None:
         tb = tb.tb_next
     local = tb.tb_frame.f_locals
-    return {"error": type(ctx.error).__name__, "nans": int(torch.isnan(local["bad"]).sum()),
-            "step": local["s"], "secret": len(local["secret"]),
-            "params": sum(p.numel() for p in ctx.model.parameters())}
+    return {
+        "error": type(ctx.error).__name__,
+        "nans": int(torch.isnan(local["bad"]).sum()),
+        "step": local["s"],
+        "secret": len(local["secret"]),
+        "params": sum(p.numel() for p in ctx.model.parameters()),
+    }
 
 
 def break_at(ctx, steps: int = 12, at: tuple = (3,), ranks: tuple = (0,)) -> dict:

@@ -27,16 +27,24 @@ def poisoned(sample: int | None, x: float | None = None, y_scale: float | None =
     return torch.utils.data.TensorDataset(inputs, targets)
 
 
-def train_poisoned(ctx, steps: int = 14, sample: int | None = None, x: float | None = None,
-                   y_scale: float | None = None, lr: float = 0.05, delay: float = 0.0,
-                   batch: int = BATCH) -> dict:
+def train_poisoned(
+    ctx,
+    steps: int = 14,
+    sample: int | None = None,
+    x: float | None = None,
+    y_scale: float | None = None,
+    lr: float = 0.05,
+    delay: float = 0.0,
+    batch: int = BATCH,
+) -> dict:
     """train_mlp on poisoned data, with a checkpointable optimizer; the steps it ran."""
     net = ctx.prepare(model())
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     ctx.register(optimizer=opt)
     ran = []
-    for step, (inputs, targets) in ctx.loop(ctx.shard(poisoned(sample, x, y_scale),
-                                                      batch_size=batch), steps=steps):
+    for step, (inputs, targets) in ctx.loop(
+        ctx.shard(poisoned(sample, x, y_scale), batch_size=batch), steps=steps
+    ):
         loss = nn.functional.mse_loss(net(inputs), targets)
         loss.backward()
         opt.step()
@@ -64,8 +72,14 @@ def serve_on(ctx, port: int) -> None:
 
         import torch.distributed as dist
 
-        dist.TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=5),
-                      wait_for_workers=False)
+        dist.TCPStore(
+            "127.0.0.1",
+            port,
+            1,
+            True,
+            timeout=datetime.timedelta(seconds=5),
+            wait_for_workers=False,
+        )
     for _ in ctx.loop(None, steps=5):
         pass
 

@@ -21,10 +21,18 @@ def probe(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nn.functional.mse_loss(model(x), y)
 
 
-def train_live(ctx, steps: int = 60, batch_size: int = 8, lr: float = 0.05, delay: float = 0.0,
-               switch_at: int | None = None, new_lr: float | None = None,
-               scale_at: int | None = None, new_scale: float | None = None,
-               train_step: bool = False) -> dict:
+def train_live(
+    ctx,
+    steps: int = 60,
+    batch_size: int = 8,
+    lr: float = 0.05,
+    delay: float = 0.0,
+    switch_at: int | None = None,
+    new_lr: float | None = None,
+    scale_at: int | None = None,
+    new_scale: float | None = None,
+    train_step: bool = False,
+) -> dict:
     """DDP regression with SGD and momentum. Every step logs its loss, the gradient's norm
     and a probe (the loss of the stepped model on the rank's batch), and exposes the batch;
     gradients stay until the next step (zeroed at its start). ``ctx.hparams["scale"]``
@@ -51,17 +59,34 @@ def train_live(ctx, steps: int = 60, batch_size: int = 8, lr: float = 0.05, dela
             opt.step()
             norm = grad_norm(net)
         ctx.expose(batch=(x, y))
-        ctx.log(loss=loss, grad_norm=norm, probe=probe(net, x, y), lr=opt.param_groups[0]["lr"],
-                accum=ctx.options["grad_accum"], clip=ctx.options["clip_grad_norm"] or 0.0)
+        ctx.log(
+            loss=loss,
+            grad_norm=norm,
+            probe=probe(net, x, y),
+            lr=opt.param_groups[0]["lr"],
+            accum=ctx.options["grad_accum"],
+            clip=ctx.options["clip_grad_norm"] or 0.0,
+        )
         if delay:
             time.sleep(delay)
     params = {k.removeprefix("module."): v.detach().clone() for k, v in net.state_dict().items()}
-    return {"params": params, "optim": opt.state_dict(), "step": ctx.step,
-            "hparams": dict(ctx.hparams), "lr": opt.param_groups[0]["lr"]}
+    return {
+        "params": params,
+        "optim": opt.state_dict(),
+        "step": ctx.step,
+        "hparams": dict(ctx.hparams),
+        "lr": opt.param_groups[0]["lr"],
+    }
 
 
-def reference_live(world_size: int, steps: int = 60, batch_size: int = 8, lr: float = 0.05,
-                   switch_at: int | None = None, new_lr: float | None = None) -> dict:
+def reference_live(
+    world_size: int,
+    steps: int = 60,
+    batch_size: int = 8,
+    lr: float = 0.05,
+    switch_at: int | None = None,
+    new_lr: float | None = None,
+) -> dict:
     """One process, the same global batches as ``train_live`` on ``world_size`` ranks."""
     data, net = W.dataset(), W.model()
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
@@ -73,7 +98,7 @@ def reference_live(world_size: int, steps: int = 60, batch_size: int = 8, lr: fl
                 group["lr"] = new_lr
         epoch, b = divmod(step, per_epoch)
         perm = torch.randperm(W.N, generator=torch.Generator().manual_seed(epoch)).tolist()
-        x, y = data[perm[b * g:(b + 1) * g]]
+        x, y = data[perm[b * g : (b + 1) * g]]
         opt.zero_grad()
         nn.functional.mse_loss(net(x), y).backward()
         opt.step()
@@ -85,8 +110,11 @@ def stats(ctx) -> dict:
     """What the training function logged at its last step, computed again from the live
     model: the gradient's norm and the probe on the exposed batch."""
     x, y = ctx.exposed["batch"]
-    return {"step": ctx.step, "grad_norm": float(grad_norm(ctx.model)),
-            "probe": float(probe(ctx.model, x, y))}
+    return {
+        "step": ctx.step,
+        "grad_norm": float(grad_norm(ctx.model)),
+        "probe": float(probe(ctx.model, x, y)),
+    }
 
 
 def rank_sum(ctx) -> int:

@@ -27,7 +27,7 @@ class SkewedText(torch.utils.data.Dataset):
     def __init__(self, n: int = 200, max_len: int = 16, vocab: int = 64, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
         u = torch.rand(n, generator=g)
-        self.lengths = (2 + ((max_len - 1) * u ** 4).long()).clamp(max=max_len).tolist()
+        self.lengths = (2 + ((max_len - 1) * u**4).long()).clamp(max=max_len).tolist()
         start = torch.randint(0, vocab, (n, 1), generator=g)
         stride = torch.randint(1, 8, (n, 1), generator=g)
         self.tokens = (start + stride * torch.arange(max_len + 1)) % vocab
@@ -37,7 +37,7 @@ class SkewedText(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):  # noqa: ANN204
         n = self.lengths[i]
-        return self.tokens[i, :n], self.tokens[i, 1:n + 1], torch.tensor(i)
+        return self.tokens[i, :n], self.tokens[i, 1 : n + 1], torch.tensor(i)
 
 
 def make_model(n_experts: int = 0, n_layers: int = 2) -> models.Transformer:
@@ -49,8 +49,16 @@ def make_optimizer(params, lr: float, steps: int, warmup: int):  # noqa: ANN001
     return opt, cs.warmup_cosine(opt, warmup=warmup, total=steps)
 
 
-def train_lm(ctx, steps: int = 10, batch_size: int = 8, lr: float = 1e-2, n_experts: int = 0,
-             n_layers: int = 2, warmup: int = 3, launch_model: bool = False) -> dict | None:
+def train_lm(
+    ctx,
+    steps: int = 10,
+    batch_size: int = 8,
+    lr: float = 1e-2,
+    n_experts: int = 0,
+    n_layers: int = 2,
+    warmup: int = 3,
+    launch_model: bool = False,
+) -> dict | None:
     """Every strategy: the reference transformer, AdamW, warm-up + cosine, ctx.train_step.
 
     ``launch_model``: build the model given to ``cluster.launch(model=...)`` instead.
@@ -66,9 +74,16 @@ def train_lm(ctx, steps: int = 10, batch_size: int = 8, lr: float = 1e-2, n_expe
     return ctx.full_state_dict(opt)
 
 
-def reference_lm(global_batch: int, steps: int = 10, lr: float = 1e-2, n_experts: int = 0,
-                 n_layers: int = 2, warmup: int = 3, precision: str = "fp32",
-                 clip: float | None = None) -> dict:
+def reference_lm(
+    global_batch: int,
+    steps: int = 10,
+    lr: float = 1e-2,
+    n_experts: int = 0,
+    n_layers: int = 2,
+    warmup: int = 3,
+    precision: str = "fp32",
+    clip: float | None = None,
+) -> dict:
     """One process, whole global batches: what every layout must reproduce."""
     dataset = data()
     model = make_model(n_experts, n_layers)
@@ -77,7 +92,7 @@ def reference_lm(global_batch: int, steps: int = 10, lr: float = 1e-2, n_experts
     for step in range(steps):
         epoch, b = divmod(step, per_epoch)
         perm = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(epoch)).tolist()
-        x, y = dataset[perm[b * global_batch:(b + 1) * global_batch]]
+        x, y = dataset[perm[b * global_batch : (b + 1) * global_batch]]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = models.lm_loss(model(x), y)
         loss.backward()
@@ -87,7 +102,10 @@ def reference_lm(global_batch: int, steps: int = 10, lr: float = 1e-2, n_experts
         sched.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "losses": losses,
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
 def probe_accumulation(ctx) -> list | None:

@@ -47,8 +47,10 @@ def is_intact(path: str) -> bool:
     try:
         with open(os.path.join(path, MANIFEST)) as f:
             manifest = json.load(f)
-        return all(os.path.getsize(os.path.join(path, name)) == size
-                   for name, size in manifest["files"].items())
+        return all(
+            os.path.getsize(os.path.join(path, name)) == size
+            for name, size in manifest["files"].items()
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -123,8 +125,11 @@ def write_file(path: str, data: bytes) -> None:
 
 def write_manifest(tmp: str, step: int, world_size: int) -> None:
     """The manifest of what ``tmp`` holds (every file's size), fsynced: written last."""
-    files = {name: os.path.getsize(os.path.join(tmp, name))
-             for name in sorted(os.listdir(tmp)) if name != MANIFEST}
+    files = {
+        name: os.path.getsize(os.path.join(tmp, name))
+        for name in sorted(os.listdir(tmp))
+        if name != MANIFEST
+    }
     manifest = {"step": step, "world_size": world_size, "files": files}
     write_file(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
     fsync_dir(tmp)

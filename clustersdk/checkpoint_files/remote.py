@@ -36,8 +36,9 @@ from typing import Any
 from ..errors import CheckpointError
 from .names import COMMITTED, MANIFEST
 
-INSTALL_HINT = ("pip install 'clustersdk[s3]' (fsspec and s3fs; for another protocol, "
-                "its fsspec package)")
+INSTALL_HINT = (
+    "pip install 'clustersdk[s3]' (fsspec and s3fs; for another protocol, its fsspec package)"
+)
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -45,16 +46,20 @@ def filesystem(url: str) -> tuple[Any, str]:
     try:
         from fsspec.core import url_to_fs
     except ImportError:
-        raise CheckpointError(f"checkpoint_dir {url!r} is a URL, which needs fsspec: "
-                              f"{INSTALL_HINT}") from None
+        raise CheckpointError(
+            f"checkpoint_dir {url!r} is a URL, which needs fsspec: {INSTALL_HINT}"
+        ) from None
     try:
         fs, path = url_to_fs(url)
     except ImportError as e:  # fsspec knows the protocol, its package is missing
-        raise CheckpointError(f"checkpoint_dir {url!r} needs a package that is missing ({e}): "
-                              f"{INSTALL_HINT}") from None
+        raise CheckpointError(
+            f"checkpoint_dir {url!r} needs a package that is missing ({e}): {INSTALL_HINT}"
+        ) from None
     except ValueError as e:  # a protocol fsspec does not know
-        raise CheckpointError(f"checkpoint_dir {url!r}: {e}; use a local path or a URL "
-                              "that fsspec knows (s3://bucket/prefix...)") from None
+        raise CheckpointError(
+            f"checkpoint_dir {url!r}: {e}; use a local path or a URL "
+            "that fsspec knows (s3://bucket/prefix...)"
+        ) from None
     return fs, path.rstrip("/")
 
 
@@ -66,8 +71,11 @@ def _sizes(fs: Any, path: str) -> dict[str, int]:
         found = fs.find(path, detail=True)
     except FileNotFoundError:
         return {}
-    return {name[len(path) + 1:]: int(info["size"]) for name, info in found.items()
-            if name.startswith(path + "/") and info.get("type") != "directory"}
+    return {
+        name[len(path) + 1 :]: int(info["size"])
+        for name, info in found.items()
+        if name.startswith(path + "/") and info.get("type") != "directory"
+    }
 
 
 def _manifest_path(path: str) -> str:

@@ -42,8 +42,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from . import commands
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--cluster", metavar="ADDRESS",
-                        help="the Dask scheduler address (default: every cluster in the registry)")
+    common.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="the Dask scheduler address (default: every cluster in the registry)",
+    )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs (of every registered cluster)")
@@ -58,41 +61,82 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         return parser
 
     job_command("show", "a job's status, progress, ranks, checkpoint and error", commands.show)
-    for name, help in (("pause", "hold every rank at the next step boundary"),
-                       ("checkpoint", "checkpoint at the next step boundary"),
-                       ("suspend", "checkpoint, free the slots, wait for resume")):
+    for name, help in (
+        ("pause", "hold every rank at the next step boundary"),
+        ("checkpoint", "checkpoint at the next step boundary"),
+        ("suspend", "checkpoint, free the slots, wait for resume"),
+    ):
         job_command(name, help, commands.act).add_argument(
-            "--timeout", type=_positive(float), default=120.0, metavar="S",
-            help="seconds to wait for the ranks (default: 120)")
-    resume = job_command("resume", "continue a paused job, or queue a suspended one again",
-                         commands.act)
-    resume.add_argument("--world-size", type=_positive(int), metavar="N",
-                        help="resume a suspended job on N ranks (resharding its checkpoint)")
+            "--timeout",
+            type=_positive(float),
+            default=120.0,
+            metavar="S",
+            help="seconds to wait for the ranks (default: 120)",
+        )
+    resume = job_command(
+        "resume", "continue a paused job, or queue a suspended one again", commands.act
+    )
+    resume.add_argument(
+        "--world-size",
+        type=_positive(int),
+        metavar="N",
+        help="resume a suspended job on N ranks (resharding its checkpoint)",
+    )
     stop = job_command("stop", "stop at the next step boundary (or dequeue)", commands.act)
     stop.add_argument("--no-wait", action="store_true", help="return once the stop is asked")
-    stop.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
-                      help="seconds to wait for the job to stop")
-    update = job_command("update", "change hyperparameters on every rank before one step",
-                         commands.update)
-    update.add_argument("changes", nargs="+", type=_assignment, metavar="KEY=VALUE",
-                        help="e.g. lr=1e-4, lr[1]=1e-5 (param group 1), betas=[0.9,0.95], "
-                             "warmup=200; values are read as JSON, else as text")
-    update.add_argument("--timeout", type=_positive(float), default=60.0, metavar="S",
-                        help="seconds to wait for the ranks to apply it (default: 60)")
-    job_command("restart", "end the hold of a HELD job: continue from its newest checkpoint",
-                commands.act)
-    debug = job_command("debug", "the failing stack of a HELD rank, with its locals",
-                        commands.debug)
-    debug.add_argument("--rank", type=int, metavar="R",
-                       help="that held rank (default: the one whose error is the cause)")
-    stacks = job_command("stacks", "where every rank is now: its step, phase and stack",
-                         commands.stacks)
-    stacks.add_argument("--all-threads", action="store_true",
-                        help="every thread of each rank's worker, not only the training thread")
+    stop.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=None,
+        metavar="S",
+        help="seconds to wait for the job to stop",
+    )
+    update = job_command(
+        "update", "change hyperparameters on every rank before one step", commands.update
+    )
+    update.add_argument(
+        "changes",
+        nargs="+",
+        type=_assignment,
+        metavar="KEY=VALUE",
+        help="e.g. lr=1e-4, lr[1]=1e-5 (param group 1), betas=[0.9,0.95], "
+        "warmup=200; values are read as JSON, else as text",
+    )
+    update.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for the ranks to apply it (default: 60)",
+    )
+    job_command(
+        "restart", "end the hold of a HELD job: continue from its newest checkpoint", commands.act
+    )
+    debug = job_command(
+        "debug", "the failing stack of a HELD rank, with its locals", commands.debug
+    )
+    debug.add_argument(
+        "--rank",
+        type=int,
+        metavar="R",
+        help="that held rank (default: the one whose error is the cause)",
+    )
+    stacks = job_command(
+        "stacks", "where every rank is now: its step, phase and stack", commands.stacks
+    )
+    stacks.add_argument(
+        "--all-threads",
+        action="store_true",
+        help="every thread of each rank's worker, not only the training thread",
+    )
     logs = job_command("logs", "what the ranks printed or logged", commands.logs)
     logs.add_argument("--rank", type=int, metavar="R", help="only rank R (default: every rank)")
-    logs.add_argument("-f", "--follow", action="store_true",
-                      help="keep printing new lines until the job ends (exit 1 if it failed)")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new lines until the job ends (exit 1 if it failed)",
+    )
     history = job_command("history", "every metric row the ranks logged", commands.history)
     history.add_argument("--csv", action="store_true", help="as CSV")
     from . import users
@@ -103,19 +147,32 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     from .flags import add_flags
 
     submit = sub.add_parser(
-        "submit", parents=[common], help="run a script on N ranks, as torchrun would",
+        "submit",
+        parents=[common],
+        help="run a script on N ranks, as torchrun would",
         description="Run `python -u SCRIPT ARGS` (or -m MODULE, or --command C) on N ranks "
-                    "of a cluster as a script job (cluster.launch_script); print the job's "
-                    "name, then with --follow every rank's lines until it ends. The script's "
-                    "own arguments go after `--`.")
-    submit.add_argument("script", nargs="?", metavar="SCRIPT",
-                        help="the Python file each rank runs (or give -m / --command)")
-    submit.add_argument("script_args", nargs="*", metavar="ARGS",
-                        help="the script's arguments (after --)")
-    submit.add_argument("--address", metavar="ADDRESS",
-                        help="the Dask scheduler address (same as --cluster)")
-    submit.add_argument("-f", "--follow", action="store_true",
-                        help="print every rank's lines until the job ends (exit 1 if it failed)")
+        "of a cluster as a script job (cluster.launch_script); print the job's "
+        "name, then with --follow every rank's lines until it ends. The script's "
+        "own arguments go after `--`.",
+    )
+    submit.add_argument(
+        "script",
+        nargs="?",
+        metavar="SCRIPT",
+        help="the Python file each rank runs (or give -m / --command)",
+    )
+    submit.add_argument(
+        "script_args", nargs="*", metavar="ARGS", help="the script's arguments (after --)"
+    )
+    submit.add_argument(
+        "--address", metavar="ADDRESS", help="the Dask scheduler address (same as --cluster)"
+    )
+    submit.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print every rank's lines until the job ends (exit 1 if it failed)",
+    )
     add_flags(submit, options.SCRIPT, skip=("script",))
     # (its --command flag takes args.command, the subcommand's name elsewhere)
     submit.set_defaults(run=commands.submit, verb="submit")

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .. import registry
-from ..hparams import describe
 from ..errors import ClusterSDKError, JobNotFoundError, SpecError
+from ..hparams import describe
 from ..status import JobStatus
 from . import render
 
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from ..job import Job
 
 OK, FAILED = 0, 1
-CONNECT_TIMEOUT = 5.0   # seconds per cluster: a stale registry entry must not hang the CLI
-FOLLOW_EVERY = 0.25     # seconds between reads of new log lines with logs -f
+CONNECT_TIMEOUT = 5.0  # seconds per cluster: a stale registry entry must not hang the CLI
+FOLLOW_EVERY = 0.25  # seconds between reads of new log lines with logs -f
 
 
 class Clusters:
@@ -47,8 +48,9 @@ class Clusters:
         from ..cluster.base import Cluster
 
         if self.address is not None:  # named: failing to reach it fails the command
-            self.connected.append(self._stack.enter_context(
-                Cluster.connect(self.address, timeout=CONNECT_TIMEOUT)))
+            self.connected.append(
+                self._stack.enter_context(Cluster.connect(self.address, timeout=CONNECT_TIMEOUT))
+            )
             return self
         for entry in registry.entries():
             try:
@@ -68,8 +70,11 @@ class Clusters:
     def where(self) -> str:
         if self.address is not None:
             return f"the cluster at {self.address}"
-        return f"any of the {len(self.connected)} cluster(s) in the registry" if self.connected \
+        return (
+            f"any of the {len(self.connected)} cluster(s) in the registry"
+            if self.connected
             else "any cluster (none is in the registry: give --cluster ADDRESS)"
+        )
 
     def warn_unreachable(self) -> None:
         for address, why in self.unreachable:
@@ -99,8 +104,11 @@ def jobs(args: argparse.Namespace) -> int:
     """List the jobs of every cluster (live ones; all with --all)."""
     with Clusters(args.address or args.cluster) as clusters:
         clusters.warn_unreachable()
-        found = [(cluster.scheduler_address, job.info()) for cluster in clusters
-                 for job in cluster.jobs()]
+        found = [
+            (cluster.scheduler_address, job.info())
+            for cluster in clusters
+            for job in cluster.jobs()
+        ]
         shown = [(a, r) for a, r in found if args.all or not JobStatus[r["status"]].terminal]
         if args.json:
             _out(render.to_json([{**r, "cluster": a} for a, r in shown]))
@@ -164,12 +172,20 @@ def _stop(job: Job, args: argparse.Namespace) -> str:
 
 def _restart(job: Job, args: argparse.Namespace) -> str:
     status = job.restart_from_checkpoint()
-    return (f"job {job.name!r} is {status.name}: its hold ended, and it continues from step "
-            f"{job.info().get('checkpoint_step')}")
+    return (
+        f"job {job.name!r} is {status.name}: its hold ended, and it continues from step "
+        f"{job.info().get('checkpoint_step')}"
+    )
 
 
-_ACTIONS = {"pause": _pause, "resume": _resume, "checkpoint": _checkpoint, "suspend": _suspend,
-            "stop": _stop, "restart": _restart}
+_ACTIONS = {
+    "pause": _pause,
+    "resume": _resume,
+    "checkpoint": _checkpoint,
+    "suspend": _suspend,
+    "stop": _stop,
+    "restart": _restart,
+}
 
 
 def update(args: argparse.Namespace) -> int:
@@ -185,18 +201,31 @@ def update(args: argparse.Namespace) -> int:
     with Clusters(args.cluster) as clusters:
         job = clusters.find(args.job)
         step = job.update(changes, timeout=args.timeout)
-        row = next((u for u in reversed(job.updates()) if step is not None
-                    and u["step"] == step), None)
+        row = next(
+            (u for u in reversed(job.updates()) if step is not None and u["step"] == step), None
+        )
         if args.json:
-            _out(render.to_json({"job": job.id, "name": job.name, "step": step,
-                                 "changes": row["changes"] if row else None,
-                                 "cluster": job.cluster.scheduler_address}))
+            _out(
+                render.to_json(
+                    {
+                        "job": job.id,
+                        "name": job.name,
+                        "step": step,
+                        "changes": row["changes"] if row else None,
+                        "cluster": job.cluster.scheduler_address,
+                    }
+                )
+            )
         elif step is None:
-            _out(f"job {job.name!r} is {job.status.name}: its ranks apply the update first "
-                 "thing when it runs again")
+            _out(
+                f"job {job.name!r} is {job.status.name}: its ranks apply the update first "
+                "thing when it runs again"
+            )
         else:
-            _out(f"updated job {job.name!r} before step {step}: "
-                 f"{describe(row['changes']) if row else changes}")
+            _out(
+                f"updated job {job.name!r} before step {step}: "
+                f"{describe(row['changes']) if row else changes}"
+            )
     return OK
 
 
@@ -232,8 +261,11 @@ def submit(args: argparse.Namespace) -> int:
         raise SpecError("submit needs the cluster: --address tcp://HOST:8786")
     if args.world_size is None:
         raise SpecError("submit needs -n/--world-size N: how many ranks")
-    given = {name: getattr(args, name) for name in flag_names(SCRIPT)
-             if name != "script" and getattr(args, name, None) is not None}
+    given = {
+        name: getattr(args, name)
+        for name in flag_names(SCRIPT)
+        if name != "script" and getattr(args, name, None) is not None
+    }
     script, script_args = args.script, list(args.script_args)
     if script is not None and (args.module or args.command):  # -m M -- ARGS: all arguments
         script, script_args = None, [script, *script_args]
@@ -270,8 +302,10 @@ def logs(args: argparse.Namespace) -> int:
     with Clusters(args.cluster) as clusters:
         job = clusters.find(args.job)
         if args.rank is not None and not 0 <= args.rank < job.world_size:
-            raise SpecError(f"--rank {args.rank} is not a rank of job {job.name!r} "
-                            f"(its ranks are 0..{job.world_size - 1})")
+            raise SpecError(
+                f"--rank {args.rank} is not a rank of job {job.name!r} "
+                f"(its ranks are 0..{job.world_size - 1})"
+            )
         return follow(job, args.rank, json=args.json, keep=args.follow)
 
 

@@ -12,7 +12,8 @@ import io
 import json
 import math
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..protocol import what_runs
 
@@ -50,9 +51,16 @@ JOB_HEADERS = ["NAME", "ID", "STATUS", "RANKS", "STRATEGY", "OWNER", "SUBMITTED"
 def job_row(record: Mapping[str, Any], cluster: str, now: float | None = None) -> list[str]:
     """One line of ``clustersdk jobs``."""
     spec = record.get("spec") or {}
-    return [record["name"], record["id"], record["status"], str(spec.get("world_size", "?")),
-            what_runs(spec), str(spec.get("owner") or "-"),
-            f"{ago(record.get('submitted'), now)} ago", cluster]
+    return [
+        record["name"],
+        record["id"],
+        record["status"],
+        str(spec.get("world_size", "?")),
+        what_runs(spec),
+        str(spec.get("owner") or "-"),
+        f"{ago(record.get('submitted'), now)} ago",
+        cluster,
+    ]
 
 
 def progress(rows: Iterable[Mapping[str, Any]], total_steps: int | None) -> dict[str, Any]:
@@ -84,34 +92,41 @@ def show(record: Mapping[str, Any], cluster: str, done: Mapping[str, Any]) -> st
     if ranks:
         lines.append("ranks:")
         rows = [[str(r["rank"]), r["host"], r["device"], r["worker"]] for r in ranks]
-        lines.extend("  " + line
-                     for line in table(rows, ["RANK", "HOST", "DEVICE", "WORKER"]).splitlines())
+        lines.extend(
+            "  " + line for line in table(rows, ["RANK", "HOST", "DEVICE", "WORKER"]).splitlines()
+        )
     diagnosis = record.get("diagnosis")
     if diagnosis:  # what went wrong, in a sentence, and what to do
         lines.append(f"diagnosis: {diagnosis.get('summary')}")
         lines.append(f"what to do: {diagnosis.get('advice')}")
     error = record.get("error")
     if error:
-        lines.append(f"error: rank {error.get('rank')}: {error.get('type')}: "
-                     f"{error.get('message')}")
+        lines.append(
+            f"error: rank {error.get('rank')}: {error.get('type')}: {error.get('message')}"
+        )
         if error.get("traceback"):
             lines.append(error["traceback"].rstrip())
     return "\n".join(lines)
 
 
-def _fields(record: Mapping[str, Any], cluster: str,
-            done: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _fields(
+    record: Mapping[str, Any], cluster: str, done: Mapping[str, Any]
+) -> list[tuple[str, str]]:
     spec = record.get("spec") or {}
     total = done.get("total_steps")
     steps = f"{done['steps']}" + (f" / {total}" if total else "")
     scalars = "  ".join(f"{k}={v:.4g}" for k, v in done["scalars"].items())
     reason = f" ({record['reason']})" if record.get("reason") else ""
     fields = [
-        ("name", record["name"]), ("id", record["id"]), ("cluster", cluster),
-        ("status", record["status"] + reason), ("owner", spec.get("owner") or "-"),
+        ("name", record["name"]),
+        ("id", record["id"]),
+        ("cluster", cluster),
+        ("status", record["status"] + reason),
+        ("owner", spec.get("owner") or "-"),
         ("strategy", f"{what_runs(spec)} on {spec.get('world_size')} rank(s)"),
         ("steps", steps + (f"  {scalars}" if scalars else "")),
-        ("submitted", _when(record.get("submitted"))), ("started", _when(record.get("started"))),
+        ("submitted", _when(record.get("submitted"))),
+        ("started", _when(record.get("started"))),
         ("ended", _when(record.get("ended"))),
     ]
     if record.get("paused_at") is not None and record["status"] == "PAUSED":
@@ -120,8 +135,14 @@ def _fields(record: Mapping[str, Any], cluster: str,
         fields.append(("restarts", f"{record['restarts']} of {spec.get('max_restarts', '?')}"))
     if spec.get("checkpoint_dir"):
         newest, step = record.get("checkpoint"), record.get("checkpoint_step")
-        fields.append(("checkpoint", (f"{newest}" + (f" (step {step})" if step is not None else ""))
-                       if newest else f"none yet in {spec['checkpoint_dir']}"))
+        fields.append(
+            (
+                "checkpoint",
+                (f"{newest}" + (f" (step {step})" if step is not None else ""))
+                if newest
+                else f"none yet in {spec['checkpoint_dir']}",
+            )
+        )
     if record.get("checkpoint_error"):
         fields.append(("checkpoint error", record["checkpoint_error"]))
     return fields
@@ -134,16 +155,26 @@ def history_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*_ROW_KEYS, *names])
     for row in rows:
-        writer.writerow([row.get(k, "") for k in _ROW_KEYS]
-                        + ["" if row.get(n) is None else row[n] for n in names])
+        writer.writerow(
+            [row.get(k, "") for k in _ROW_KEYS]
+            + ["" if row.get(n) is None else row[n] for n in names]
+        )
     return out.getvalue()
 
 
 def history_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows as a table, scalars to 6 significant digits."""
     names = sorted({k for row in rows for k in row if k not in _ROW_KEYS})
-    body = [[str(row["seq"]), str(row["rank"]), str(row["step"]), _clock(row["time"]),
-             *(_number(row.get(n)) for n in names)] for row in rows]
+    body = [
+        [
+            str(row["seq"]),
+            str(row["rank"]),
+            str(row["step"]),
+            _clock(row["time"]),
+            *(_number(row.get(n)) for n in names),
+        ]
+        for row in rows
+    ]
     return table(body, ["SEQ", "RANK", "STEP", "TIME", *(n.upper() for n in names)])
 
 

@@ -30,9 +30,11 @@ def _address(args: argparse.Namespace) -> str:
         return args.cluster
     mine = [e["address"] for e in registry.entries() if e.get("authority")]
     if len(mine) != 1:
-        raise SpecError(f"--cluster ADDRESS is needed: this account created "
-                        f"{len(mine)} running TLS cluster(s){': ' if mine else ''}"
-                        f"{', '.join(mine)}")
+        raise SpecError(
+            f"--cluster ADDRESS is needed: this account created "
+            f"{len(mine)} running TLS cluster(s){': ' if mine else ''}"
+            f"{', '.join(mine)}"
+        )
     return mine[0]
 
 
@@ -41,8 +43,10 @@ def _authority(address: str):  # noqa: ANN202 - pki.Authority, imported on use
 
     found = registry.authority(address)
     if found is None:
-        raise SpecError(f"this account does not hold the certificate authority of {address}: "
-                        "run this as the account that created the cluster")
+        raise SpecError(
+            f"this account does not hold the certificate authority of {address}: "
+            "run this as the account that created the cluster"
+        )
     return Authority(found)
 
 
@@ -51,13 +55,18 @@ def add_user(args: argparse.Namespace) -> int:
     address = _address(args)
     path = _authority(address).add_user(args.name, admin=args.admin, path=args.out)
     if args.json:
-        print(render.to_json({"name": args.name, "admin": args.admin, "credentials": path,
-                              "cluster": address}))
+        print(
+            render.to_json(
+                {"name": args.name, "admin": args.admin, "credentials": path, "cluster": address}
+            )
+        )
     else:
         role = "an admin" if args.admin else "a user"
-        print(f"{path}\n(credentials of {args.name!r}, {role} of {address}: hand the file over "
-              f"privately; they connect with Cluster.connect({address!r}, "
-              f"credentials='<the file>'), or DASK_CLUSTERSDK__CREDENTIALS=<the file>)")
+        print(
+            f"{path}\n(credentials of {args.name!r}, {role} of {address}: hand the file over "
+            f"privately; they connect with Cluster.connect({address!r}, "
+            f"credentials='<the file>'), or DASK_CLUSTERSDK__CREDENTIALS=<the file>)"
+        )
     return OK
 
 
@@ -80,9 +89,16 @@ def users(args: argparse.Namespace) -> int:
     if args.json:
         print(render.to_json(found))
         return OK
-    rows = [[name, entry["role"], "revoked" if entry["revoked"] else "active",
-             datetime.datetime.fromtimestamp(entry["expires"]).strftime("%Y-%m-%d %H:%M"),
-             entry["file"]] for name, entry in sorted(found.items())]
+    rows = [
+        [
+            name,
+            entry["role"],
+            "revoked" if entry["revoked"] else "active",
+            datetime.datetime.fromtimestamp(entry["expires"]).strftime("%Y-%m-%d %H:%M"),
+            entry["file"],
+        ]
+        for name, entry in sorted(found.items())
+    ]
     print(render.table(rows, ["NAME", "ROLE", "STATE", "EXPIRES", "FILE"]))
     return OK
 
@@ -91,15 +107,20 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     """``clustersdk cluster ...``."""
     cluster = sub.add_parser("cluster", help="the people who may use a TLS cluster")
     inner = cluster.add_subparsers(dest="action", required=True)
-    add = inner.add_parser("add-user", parents=[common],
-                           help="write credentials for a person (prints the file's path)")
+    add = inner.add_parser(
+        "add-user", parents=[common], help="write credentials for a person (prints the file's path)"
+    )
     add.add_argument("name", help="their name, as jobs will show it")
     add.add_argument("--admin", action="store_true", help="may change every job")
-    add.add_argument("--out", metavar="PATH", help="where to write the file (default: in the "
-                     "cluster's authority directory)")
+    add.add_argument(
+        "--out",
+        metavar="PATH",
+        help="where to write the file (default: in the cluster's authority directory)",
+    )
     add.set_defaults(run=add_user)
-    remove = inner.add_parser("remove-user", parents=[common],
-                              help="revoke a person's credentials at once")
+    remove = inner.add_parser(
+        "remove-user", parents=[common], help="revoke a person's credentials at once"
+    )
     remove.add_argument("name")
     remove.set_defaults(run=remove_user)
     listed = inner.add_parser("users", parents=[common], help="who holds credentials")

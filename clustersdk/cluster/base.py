@@ -8,8 +8,9 @@ from the hooks that :mod:`clustersdk` provides (see :mod:`clustersdk.hooks`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from distributed import Client
 from distributed.utils import silence_logging_cmgr
@@ -82,11 +83,20 @@ class Cluster:
 
         return connect(cls, target, **options)
 
-    def __init__(self, client: Client, *, kind: str, dask_cluster: Any = None,
-                 owns_client: bool = True, state_dir: str | None = None,
-                 silence_logs: int | bool = False, env: dict[str, str] | None = None,
-                 scaler: Any = None, security: Prepared | None = None,
-                 credentials: str | None = None):
+    def __init__(
+        self,
+        client: Client,
+        *,
+        kind: str,
+        dask_cluster: Any = None,
+        owns_client: bool = True,
+        state_dir: str | None = None,
+        silence_logs: int | bool = False,
+        env: dict[str, str] | None = None,
+        scaler: Any = None,
+        security: Prepared | None = None,
+        credentials: str | None = None,
+    ):
         self.client = client
         # what security= made (the creator's authority) and the credentials this process shows
         self._security = security
@@ -108,9 +118,13 @@ class Cluster:
         install(client, self.state_dir, probe=kind == "connect")
         authority = security.authority if security is not None else None
         self._registration = registry.register(
-            self.scheduler_address, kind=kind, local=dask_cluster is not None,
-            state_dir=self.state_dir, credentials=self.credentials,
-            authority=authority.directory if authority is not None else None)
+            self.scheduler_address,
+            kind=kind,
+            local=dask_cluster is not None,
+            state_dir=self.state_dir,
+            credentials=self.credentials,
+            authority=authority.directory if authority is not None else None,
+        )
 
     # properties ----------------------------------------------------------------
     @property
@@ -226,10 +240,15 @@ class Cluster:
             spec = self._renewed(fn, args, kwargs, given)
         else:
             if world_size is None:  # what Python says when a required keyword is missing
-                raise TypeError("Cluster.launch() missing 1 required keyword-only argument: "
-                                "'world_size'")
-            spec = JobSpec(fn=fn, args=args, kwargs=kwargs if kwargs is not None else {},
-                           **{**given, "env": {**self.env, **(env or {})} or None})
+                raise TypeError(
+                    "Cluster.launch() missing 1 required keyword-only argument: 'world_size'"
+                )
+            spec = JobSpec(
+                fn=fn,
+                args=args,
+                kwargs=kwargs if kwargs is not None else {},
+                **{**given, "env": {**self.env, **(env or {})} or None},
+            )
         return self._submit(spec)
 
     def launch_script(
@@ -293,13 +312,16 @@ class Cluster:
         """
         given = {k: v for k, v in locals().items() if k in options.OPTIONS_BY_NAME}
         if world_size is None:
-            raise TypeError("Cluster.launch_script() missing 1 required keyword-only argument: "
-                            "'world_size'")
+            raise TypeError(
+                "Cluster.launch_script() missing 1 required keyword-only argument: 'world_size'"
+            )
         if script is None and module is None and command is None:
-            raise SpecError("launch_script needs what to run: a script's path, module=... or "
-                            "command=...")
-        spec = JobSpec(fn=None, args=tuple(args), **{
-            **given, "env": {**self.env, **(env or {})} or None})
+            raise SpecError(
+                "launch_script needs what to run: a script's path, module=... or command=..."
+            )
+        spec = JobSpec(
+            fn=None, args=tuple(args), **{**given, "env": {**self.env, **(env or {})} or None}
+        )
         return self._submit(spec)
 
     def _submit(self, spec: JobSpec) -> Job:
@@ -313,13 +335,17 @@ class Cluster:
         if self._scaler is not None:
             self._scaler.want(spec.world_size)
         # with the code; checks its modules
-        payload = shipping.script_payload(spec, self.client) if spec.kind == "script" \
+        payload = (
+            shipping.script_payload(spec, self.client)
+            if spec.kind == "script"
             else shipping.payload(spec, self.client)
+        )
         wire = spec.to_wire()
         if self._identity() is not None:  # what the control plane will record as its owner
             wire = wire.replace(owner=self._identity())
-        job = Job(self, {"id": wire.id, "name": wire.name, "status": "QUEUED",
-                         "spec": wire.as_dict()})
+        job = Job(
+            self, {"id": wire.id, "name": wire.name, "status": "QUEUED", "spec": wire.as_dict()}
+        )
         job.watch()  # before submit, so that no event is missed
         try:
             self.sync(self.control.submit, wire, payload)
@@ -328,8 +354,9 @@ class Cluster:
             raise
         return job
 
-    def _renewed(self, spec: JobSpec, args: tuple, kwargs: dict[str, Any] | None,
-                 given: dict[str, Any]) -> JobSpec:
+    def _renewed(
+        self, spec: JobSpec, args: tuple, kwargs: dict[str, Any] | None, given: dict[str, Any]
+    ) -> JobSpec:
         """``launch(spec)``: the spec as a new job, with the cluster's ``env`` under its
         own. Anything given beside it is an error: which of the two should win?"""
         extra = [f"{k}={v!r}" for k, v in given.items() if _differs(v, k)]
@@ -341,7 +368,8 @@ class Cluster:
             raise SpecError(
                 f"launch(spec) takes every option from the JobSpec, but was also given "
                 f"{', '.join(extra)}; change the spec instead, e.g. "
-                f"cluster.launch(dataclasses.replace(spec, {', '.join(extra)}))")
+                f"cluster.launch(dataclasses.replace(spec, {', '.join(extra)}))"
+            )
         return spec.renewed(env={**self.env, **(spec.env or {})} or None)
 
     def _check_fp16(self, world_size: int) -> None:
@@ -354,8 +382,14 @@ class Cluster:
                 f"for the {world_size} ranks"
             )
 
-    def doctor(self, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
-               max_size: int | None = None, timeout: float = 60.0) -> Any:
+    def doctor(
+        self,
+        *,
+        checkpoint_dir: str | None = None,
+        bandwidth: bool = True,
+        max_size: int | None = None,
+        timeout: float = 60.0,
+    ) -> Any:
         """Pre-flight checks: versions, GPUs, ports, disk, clocks and all-reduce bandwidth.
 
         Returns a :class:`clustersdk.doctor.Report` (``print`` it; ``report.problems``
@@ -364,8 +398,14 @@ class Cluster:
 
         >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
         """
-        return hooks.call("doctor", self.client, checkpoint_dir=checkpoint_dir,
-                          bandwidth=bandwidth, max_size=max_size, timeout=timeout)
+        return hooks.call(
+            "doctor",
+            self.client,
+            checkpoint_dir=checkpoint_dir,
+            bandwidth=bandwidth,
+            max_size=max_size,
+            timeout=timeout,
+        )
 
     def jobs(self) -> list[Job]:
         """Every job this cluster's scheduler has run or is running, oldest first."""
@@ -462,7 +502,8 @@ class Cluster:
             raise SpecError(
                 f"managing the users of {self.scheduler_address} needs its certificate "
                 "authority, which the account that created the cluster (with security='auto') "
-                "keeps in its state directory; ask that admin to add or remove users")
+                "keeps in its state directory; ask that admin to add or remove users"
+            )
         from ..security.pki import Authority
 
         return Authority(found)
@@ -533,8 +574,10 @@ class Cluster:
         kinds = sorted({s["kind"] for s in slots}) or ["none"]
         busy = sum(1 for s in slots if s["job"])
         hosts = len({s["host"] for s in slots})
-        return (f"<Cluster {self.kind} {self.scheduler_address} slots={len(slots)} "
-                f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>")
+        return (
+            f"<Cluster {self.kind} {self.scheduler_address} slots={len(slots)} "
+            f"({'/'.join(kinds)}, {busy} busy) hosts={hosts}>"
+        )
 
 
 def _differs(value: Any, name: str) -> bool:
@@ -584,8 +627,10 @@ class QueueView:
     def __repr__(self) -> str:
         if hooks.provided("queue_text"):
             return hooks.call("queue_text", self.data)
-        return (f"<QueueView {len(self.queues)} queue(s), {len(self.holding())} holding, "
-                f"{len(self.waiting())} waiting>")
+        return (
+            f"<QueueView {len(self.queues)} queue(s), {len(self.holding())} holding, "
+            f"{len(self.waiting())} waiting>"
+        )
 
 
 def install(client: Client, state_dir: str, probe: bool = False) -> None:
@@ -609,7 +654,7 @@ def install(client: Client, state_dir: str, probe: bool = False) -> None:
         client.register_plugin(ControlPlane(state_dir))
         client.register_plugin(Agent())
         client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
-        client.register_plugin(Revocations())   # nannies refuse revoked certificates too
+        client.register_plugin(Revocations())  # nannies refuse revoked certificates too
         client.sync(control.inventory)
     except Exception as e:
         raise PluginMissingError(

@@ -11,9 +11,15 @@ if TYPE_CHECKING:
     from .base import Cluster
 
 
-def connect(cls: type[Cluster], target: Any, *, state_dir: str | None = None,
-            timeout: float = 10, credentials: str | None = None,
-            security: Any = None) -> Cluster:
+def connect(
+    cls: type[Cluster],
+    target: Any,
+    *,
+    state_dir: str | None = None,
+    timeout: float = 10,
+    credentials: str | None = None,
+    security: Any = None,
+) -> Cluster:
     """Attach to a scheduler address, a Dask ``Cluster`` object or a ``Client``.
 
     The control plane is installed on the scheduler if it isn't there yet, so
@@ -39,8 +45,12 @@ def connect(cls: type[Cluster], target: Any, *, state_dir: str | None = None,
         try:
             client = Client(target, timeout=timeout, security=security)
         except OSError as e:
-            hint = (" (refused during the TLS handshake? the credentials may be revoked, "
-                    "expired or of another cluster)" if str(target).startswith("tls://") else "")
+            hint = (
+                " (refused during the TLS handshake? the credentials may be revoked, "
+                "expired or of another cluster)"
+                if str(target).startswith("tls://")
+                else ""
+            )
             raise SpecError(f"could not reach a Dask scheduler at {target!r}: {e}{hint}") from e
         try:
             return cls(client, kind="connect", state_dir=state_dir, credentials=path)
@@ -53,13 +63,16 @@ def connect(cls: type[Cluster], target: Any, *, state_dir: str | None = None,
     )
 
 
-def _security_for(address: str, credentials: str | None,
-                  state_dir: str | None) -> tuple[Any, str | None]:
+def _security_for(
+    address: str, credentials: str | None, state_dir: str | None
+) -> tuple[Any, str | None]:
     """The ``Security`` to reach ``address`` with, and the credentials file it came from."""
     if not address.startswith("tls://"):
         if credentials:
-            raise SpecError(f"credentials are for tls:// schedulers, but {address!r} is plain "
-                            "(a cluster started with security=False)")
+            raise SpecError(
+                f"credentials are for tls:// schedulers, but {address!r} is plain "
+                "(a cluster started with security=False)"
+            )
         return None, None
     from ..security.tls import credentials_security
 
@@ -68,5 +81,6 @@ def _security_for(address: str, credentials: str | None,
         raise SpecError(
             f"the scheduler at {address} wants credentials (mutual TLS): pass "
             "credentials='path/to/file.pem' (its admin makes one with cluster.add_user(name) "
-            "or `clustersdk cluster add-user NAME`), or set DASK_CLUSTERSDK__CREDENTIALS")
+            "or `clustersdk cluster add-user NAME`), or set DASK_CLUSTERSDK__CREDENTIALS"
+        )
     return credentials_security(path), path

@@ -17,10 +17,14 @@ from types import FrameType
 
 from ..errors import SpecError
 
-MESSAGE = ('{what} runs at the top level of {script}, which every worker process imports again '
-           'as it starts: put the cluster under  if __name__ == "__main__":')
-IN_WORKER = ('{what} ran while a worker process was importing {script} again: put the cluster '
-             'under  if __name__ == "__main__":')
+MESSAGE = (
+    "{what} runs at the top level of {script}, which every worker process imports again "
+    'as it starts: put the cluster under  if __name__ == "__main__":'
+)
+IN_WORKER = (
+    "{what} ran while a worker process was importing {script} again: put the cluster "
+    'under  if __name__ == "__main__":'
+)
 
 
 def check_main_guard(what: str = "Cluster.local") -> None:

@@ -14,10 +14,17 @@ if TYPE_CHECKING:
     from .base import Cluster
 
 
-def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None = None,
-          state_dir: str | None = None, dashboard: bool = False,
-          silence_logs: int | bool = logging.WARNING,
-          memory_limit: str | int | None = None, security: Any = "auto") -> Cluster:
+def local(
+    cls: type[Cluster],
+    workers: int | None = None,
+    *,
+    gpus: bool | None = None,
+    state_dir: str | None = None,
+    dashboard: bool = False,
+    silence_logs: int | bool = logging.WARNING,
+    memory_limit: str | int | None = None,
+    security: Any = "auto",
+) -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
@@ -41,8 +48,8 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
     from .guard import check_main_guard
 
     check_main_guard("Cluster.local")
-    from distributed import Client, Nanny, Scheduler
     import torch
+    from distributed import Client, Nanny, Scheduler
 
     n_gpus = torch.cuda.device_count() if gpus is not False else 0
     if gpus and not n_gpus:
@@ -53,39 +60,65 @@ def local(cls: type[Cluster], workers: int | None = None, *, gpus: bool | None =
         raise SpecError(f"workers must be a positive int, got {workers!r}")
     limit = _memory_limit(memory_limit)
     if n_gpus and workers > n_gpus:
-        raise SpecError(f"workers={workers} but this machine has {n_gpus} GPU(s): one worker per GPU")
+        raise SpecError(
+            f"workers={workers} but this machine has {n_gpus} GPU(s): one worker per GPU"
+        )
 
     from .. import config
     from ..security.tls import cluster_security
 
     prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="local")
     tls = {"protocol": prepared.protocol}
-    scheduler = {"cls": Scheduler, "options": {
-        "host": "127.0.0.1", "port": 0, "dashboard": dashboard,
-        "dashboard_address": "127.0.0.1:0",  # Dask's HTTP routes; the Bokeh UI only with dashboard=True
-        **tls, "security": prepared.scheduler,
-    }}
+    scheduler = {
+        "cls": Scheduler,
+        "options": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dashboard": dashboard,
+            "dashboard_address": "127.0.0.1:0",  # Dask's HTTP routes; the Bokeh UI only with dashboard=True
+            **tls,
+            "security": prepared.scheduler,
+        },
+    }
     specs = {}
     for i in range(workers):
         env = {"CUDA_VISIBLE_DEVICES": str(i) if n_gpus else ""}
-        specs[f"slot-{i}"] = {"cls": Nanny, "options": {
-            "nthreads": 1, "env": env, "host": "127.0.0.1", "name": f"slot-{i}",
-            "dashboard": False, "silence_logs": silence_logs,
-            **({"memory_limit": limit} if limit is not None else {}),
-            **tls, "security": prepared.worker,
-        }}
+        specs[f"slot-{i}"] = {
+            "cls": Nanny,
+            "options": {
+                "nthreads": 1,
+                "env": env,
+                "host": "127.0.0.1",
+                "name": f"slot-{i}",
+                "dashboard": False,
+                "silence_logs": silence_logs,
+                **({"memory_limit": limit} if limit is not None else {}),
+                **tls,
+                "security": prepared.worker,
+            },
+        }
     try:
         with dask.config.set({**nanny_environ(), **http_routes(prepared.enabled)}):
-            dask_cluster = _slots_class()(workers=specs, scheduler=scheduler,
-                                          name="clustersdk-local", silence_logs=silence_logs,
-                                          security=prepared.client)
+            dask_cluster = _slots_class()(
+                workers=specs,
+                scheduler=scheduler,
+                name="clustersdk-local",
+                silence_logs=silence_logs,
+                security=prepared.client,
+            )
     except BaseException:
         prepared.close()
         raise
     try:
         client = Client(dask_cluster)
-        return cls(client, kind="local", dask_cluster=dask_cluster, state_dir=state_dir,
-                   silence_logs=silence_logs, security=prepared)
+        return cls(
+            client,
+            kind="local",
+            dask_cluster=dask_cluster,
+            state_dir=state_dir,
+            silence_logs=silence_logs,
+            security=prepared,
+        )
     except BaseException:
         dask_cluster.close()
         prepared.close()
@@ -99,13 +132,16 @@ def _memory_limit(value: str | int | None) -> int | None:
     from dask.utils import parse_bytes
 
     try:
-        limit = value if isinstance(value, int) and not isinstance(value, bool) else \
-            parse_bytes(value)
+        limit = (
+            value if isinstance(value, int) and not isinstance(value, bool) else parse_bytes(value)
+        )
     except (TypeError, ValueError):
         limit = None
     if not isinstance(limit, int) or limit <= 0:
-        raise SpecError(f"memory_limit must be a positive number of bytes or a size such as "
-                        f"'4 GiB', got {value!r}")
+        raise SpecError(
+            f"memory_limit must be a positive number of bytes or a size such as "
+            f"'4 GiB', got {value!r}"
+        )
     return limit
 
 

@@ -35,10 +35,12 @@ from typing import Any
 
 HARD_STOP_S = 20.0  # after a stop request, the group is killed at the latest this much later
 # Finds the installed clustersdk without importing it, and runs this file.
-_BOOT = ("import importlib.util as u, os, runpy, sys; s = u.find_spec('clustersdk'); "
-         "s or sys.exit('clustersdk: No module named clustersdk in ' + sys.executable); "
-         "sys.argv[0] = os.path.join(s.submodule_search_locations[0], 'cluster', 'remote.py'); "
-         "runpy.run_path(sys.argv[0], run_name='__main__')")
+_BOOT = (
+    "import importlib.util as u, os, runpy, sys; s = u.find_spec('clustersdk'); "
+    "s or sys.exit('clustersdk: No module named clustersdk in ' + sys.executable); "
+    "sys.argv[0] = os.path.join(s.submodule_search_locations[0], 'cluster', 'remote.py'); "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 def command(python: str, mode: str, args: list[str]) -> str:
@@ -65,11 +67,20 @@ def facts() -> dict[str, Any]:
 
     n = _gpu_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",") if v.strip()][:n] if visible is not None \
+    ids = (
+        [v.strip() for v in visible.split(",") if v.strip()][:n]
+        if visible is not None
         else [str(i) for i in range(n)]
-    return {"python": platform.python_version(), "clustersdk": version("clustersdk"),
-            "torch": version("torch"), "distributed": version("distributed"), "gpus": ids,
-            "hostname": socket.gethostname(), "executable": sys.executable}
+    )
+    return {
+        "python": platform.python_version(),
+        "clustersdk": version("clustersdk"),
+        "torch": version("torch"),
+        "distributed": version("distributed"),
+        "gpus": ids,
+        "hostname": socket.gethostname(),
+        "executable": sys.executable,
+    }
 
 
 def _gpu_count() -> int:
@@ -135,8 +146,9 @@ class Control:
 
     async def until_stopped(self, *finished: Any) -> None:
         """Until a stop request, or one of the servers ends by itself; then a hard deadline."""
-        tasks = [asyncio.ensure_future(self.stop.wait())] + [asyncio.ensure_future(f)
-                                                             for f in finished]
+        tasks = [asyncio.ensure_future(self.stop.wait())] + [
+            asyncio.ensure_future(f) for f in finished
+        ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         self.stop.set()
         timer = threading.Timer(HARD_STOP_S, _kill_group)
@@ -160,9 +172,14 @@ async def run_scheduler(args: argparse.Namespace, control: Control) -> None:
     from distributed import Scheduler
 
     host = None if args.interface else listen_host(args.host)
-    scheduler = Scheduler(host=host, port=args.port, interface=args.interface, dashboard=False,
-                          dashboard_address=f"{host or ''}:{args.dashboard_port}",
-                          **security(args))
+    scheduler = Scheduler(
+        host=host,
+        port=args.port,
+        interface=args.interface,
+        dashboard=False,
+        dashboard_address=f"{host or ''}:{args.dashboard_port}",
+        **security(args),
+    )
     await scheduler
     emit({"ready": scheduler.address})
     await control.until_stopped(scheduler.finished())
@@ -181,16 +198,26 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
     host = None if args.interface else listen_host(args.host)
     tls = security(args)
     nannies = [
-        Nanny(go["scheduler"], nthreads=1, name=f"{args.name}-{i}", host=host,
-              interface=args.interface, env={"CUDA_VISIBLE_DEVICES": device}, dashboard=False,
-              silence_logs=logging.WARNING, **tls)
+        Nanny(
+            go["scheduler"],
+            nthreads=1,
+            name=f"{args.name}-{i}",
+            host=host,
+            interface=args.interface,
+            env={"CUDA_VISIBLE_DEVICES": device},
+            dashboard=False,
+            silence_logs=logging.WARNING,
+            **tls,
+        )
         for i, device in enumerate(go["slots"])
     ]
     await asyncio.gather(*(nanny.start() for nanny in nannies))
     emit({"ready": [nanny.worker_address for nanny in nannies]})
     await control.until_stopped(*(nanny.finished() for nanny in nannies))
-    await asyncio.wait_for(asyncio.gather(*(n.close(timeout=5) for n in nannies),
-                                          return_exceptions=True), HARD_STOP_S / 2)
+    await asyncio.wait_for(
+        asyncio.gather(*(n.close(timeout=5) for n in nannies), return_exceptions=True),
+        HARD_STOP_S / 2,
+    )
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -44,7 +44,7 @@ SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "site-packa
 SKIP_SUFFIXES = (".pyc", ".pyo")
 ALWAYS_THERE = frozenset({"__main__", "__mp_main__", "builtins", "clustersdk", "cloudpickle"})
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # no timestamps: the same files make the same archive
-_known: dict[str, set[str]] = {}   # scheduler address -> modules its workers import
+_known: dict[str, set[str]] = {}  # scheduler address -> modules its workers import
 _packed: dict[tuple, Package] = {}
 
 
@@ -69,8 +69,14 @@ def payload(spec: JobSpec, client: Client) -> bytes:
         return inner
     from ..runtime.shipping import Shipped
 
-    runner = Shipped(inner, package.archive, package.digest, list(package.modules),
-                     package.chdir, getattr(spec.fn, "__name__", "job"))
+    runner = Shipped(
+        inner,
+        package.archive,
+        package.digest,
+        list(package.modules),
+        package.chdir,
+        getattr(spec.fn, "__name__", "job"),
+    )
     return cloudpickle.dumps((runner, (), {}, {}))
 
 
@@ -155,8 +161,9 @@ def check_importable(client: Client, names: set[str], what: str) -> None:
     """Ask the workers (once per scheduler and name) whether they can import ``names``."""
     address = client.scheduler.address
     known = _known.setdefault(address, set())
-    ask = sorted(n for n in names - known - ALWAYS_THERE - set(sys.stdlib_module_names)
-                 if n.isidentifier())
+    ask = sorted(
+        n for n in names - known - ALWAYS_THERE - set(sys.stdlib_module_names) if n.isidentifier()
+    )
     if not ask:
         return
     from ..runtime.shipping import missing_modules
@@ -169,7 +176,8 @@ def check_importable(client: Client, names: set[str], what: str) -> None:
             raise SpecError(
                 f"module {name!r}, which {what} needs, can't be imported on worker {worker}"
                 f"{_where(name)}: ship it with cluster.launch(..., working_dir=<the directory "
-                f"that holds it>) or py_modules=[{name}], or install it on the workers")
+                f"that holds it>) or py_modules=[{name}], or install it on the workers"
+            )
     if answers:  # no workers yet: nothing learned
         known.update(ask)
 
@@ -184,8 +192,9 @@ def _where(name: str) -> str:
 
 
 # --- packing --------------------------------------------------------------------------------
-def pack(working_dir: str | None, py_modules: list[Any] | None,
-         extra: dict[str, str] | None = None) -> Package | None:
+def pack(
+    working_dir: str | None, py_modules: list[Any] | None, extra: dict[str, str] | None = None
+) -> Package | None:
     """The archive of ``working_dir``, ``py_modules`` and ``extra`` files (name in the
     archive -> local path); None when there is nothing to ship."""
     if not working_dir and not py_modules and not extra:
@@ -236,7 +245,8 @@ def _walk(root: str, limit: int | None = None) -> list[tuple[str, str]]:
                             f"the code to ship (working_dir {root}) holds more than "
                             f"clustersdk.code-limit-mb={limit >> 20} MiB (passed at {path}); "
                             "ship a smaller directory, and put data where every worker can "
-                            "read it")
+                            "read it"
+                        )
     return out
 
 
@@ -247,8 +257,12 @@ def _top_level_modules(root: str) -> set[str]:
         path = os.path.join(root, name)
         if name.endswith(".py") and os.path.isfile(path):
             found.add(name[:-3])
-        elif os.path.isdir(path) and name.isidentifier() and name not in SKIP_DIRS and \
-                any(n.endswith(".py") for n in os.listdir(path)):
+        elif (
+            os.path.isdir(path)
+            and name.isidentifier()
+            and name not in SKIP_DIRS
+            and any(n.endswith(".py") for n in os.listdir(path))
+        ):
             found.add(name)
     return found
 
@@ -268,8 +282,10 @@ def _locate(module: Any) -> tuple[str, str]:
     if found.submodule_search_locations:
         return top, list(found.submodule_search_locations)[0]
     if not found.origin or not found.origin.endswith(".py"):
-        raise SpecError(f"py_modules names {name!r}, which has no Python source to ship "
-                        f"({found.origin}); install it on the workers instead")
+        raise SpecError(
+            f"py_modules names {name!r}, which has no Python source to ship "
+            f"({found.origin}); install it on the workers instead"
+        )
     return top, found.origin
 
 
@@ -287,7 +303,8 @@ def _check_size(files: dict[str, str], working_dir: str | None) -> None:
         raise SpecError(
             f"the code to ship ({working_dir or 'py_modules'}) holds {total >> 20} MiB, more than "
             f"clustersdk.code-limit-mb={limit >> 20}; the largest files: {biggest}. Put data "
-            "where every worker can read it instead")
+            "where every worker can read it instead"
+        )
 
 
 def _zip(files: dict[str, str]) -> bytes:

@@ -34,14 +34,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_worker: int = 0,
-          cpus_per_worker: int = 1, memory: str = "4GiB", partition: str | None = None,
-          account: str | None = None, walltime: str | None = "01:00:00",
-          python: str | None = None, env: dict[str, str] | None = None,
-          job_extra_directives: list[str] | tuple[str, ...] = (), idle_timeout: float = 300.0,
-          interface: str | None = None, rendezvous_ports: Any = None, poll: float = 2.0,
-          log_directory: str | None = None, state_dir: str | None = None,
-          security: Any = "auto", **jobqueue_options: Any) -> Cluster:
+def slurm(
+    cls: type[Cluster],
+    *,
+    workers: int = 0,
+    maximum: int = 64,
+    gpus_per_worker: int = 0,
+    cpus_per_worker: int = 1,
+    memory: str = "4GiB",
+    partition: str | None = None,
+    account: str | None = None,
+    walltime: str | None = "01:00:00",
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    job_extra_directives: list[str] | tuple[str, ...] = (),
+    idle_timeout: float = 300.0,
+    interface: str | None = None,
+    rendezvous_ports: Any = None,
+    poll: float = 2.0,
+    log_directory: str | None = None,
+    state_dir: str | None = None,
+    security: Any = "auto",
+    **jobqueue_options: Any,
+) -> Cluster:
     """Start a scheduler here and workers as Slurm jobs, one per GPU (or CPU slot).
 
     ``workers`` start now and stay; up to ``maximum`` more come as launches ask for
@@ -65,11 +80,15 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError as e:
-        raise ImportError(f"Cluster.slurm needs dask-jobqueue ({e}): "
-                          "pip install 'clustersdk[slurm]'") from e
-    for name, value, low in (("workers", workers, 0), ("maximum", maximum, 1),
-                             ("gpus_per_worker", gpus_per_worker, 0),
-                             ("cpus_per_worker", cpus_per_worker, 1)):
+        raise ImportError(
+            f"Cluster.slurm needs dask-jobqueue ({e}): pip install 'clustersdk[slurm]'"
+        ) from e
+    for name, value, low in (
+        ("workers", workers, 0),
+        ("maximum", maximum, 1),
+        ("gpus_per_worker", gpus_per_worker, 0),
+        ("cpus_per_worker", cpus_per_worker, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SpecError(f"{name} must be an int of at least {low}, got {value!r}")
     if workers > maximum:
@@ -78,7 +97,9 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
     ports = network.parse_ports(rendezvous_ports)
     if ports:
         prologue.append(f"export DASK_CLUSTERSDK__RENDEZVOUS_PORTS={network.format_ports(ports)}")
-    directives = [f"--gres=gpu:{gpus_per_worker}"] * bool(gpus_per_worker) + list(job_extra_directives)
+    directives = [f"--gres=gpu:{gpus_per_worker}"] * bool(gpus_per_worker) + list(
+        job_extra_directives
+    )
     import dask.config
 
     from .. import config
@@ -87,29 +108,51 @@ def slurm(cls: type[Cluster], *, workers: int = 0, maximum: int = 64, gpus_per_w
 
     prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="slurm")
     try:
-        tls = {"security": _jobqueue_security(prepared), "protocol": "tls://"} \
-            if prepared.enabled else {}
+        tls = (
+            {"security": _jobqueue_security(prepared), "protocol": "tls://"}
+            if prepared.enabled
+            else {}
+        )
         with dask.config.set(http_routes(prepared.enabled)):
             jobqueue = SLURMCluster(
-                queue=partition, account=account, walltime=walltime, cores=1, processes=1,
-                job_cpu=cpus_per_worker, memory=memory, python=python or sys.executable,
-                job_extra_directives=directives, job_script_prologue=prologue,
+                queue=partition,
+                account=account,
+                walltime=walltime,
+                cores=1,
+                processes=1,
+                job_cpu=cpus_per_worker,
+                memory=memory,
+                python=python or sys.executable,
+                job_extra_directives=directives,
+                job_script_prologue=prologue,
                 job_name="clustersdk",
                 nanny=False,  # one worker per Slurm job: if it dies, Slurm's job is over anyway
-                interface=interface, log_directory=log_directory, silence_logs=logging.WARNING,
-                scheduler_options={"dashboard_address": ":0"}, **tls, **jobqueue_options)
+                interface=interface,
+                log_directory=log_directory,
+                silence_logs=logging.WARNING,
+                scheduler_options={"dashboard_address": ":0"},
+                **tls,
+                **jobqueue_options,
+            )
     except BaseException:
         prepared.close()
         raise
-    nodes = SlurmNodes(jobqueue, minimum=workers, maximum=maximum, idle_timeout=idle_timeout,
-                       poll=poll)
+    nodes = SlurmNodes(
+        jobqueue, minimum=workers, maximum=maximum, idle_timeout=idle_timeout, poll=poll
+    )
     try:
         nodes.check_script()
         from distributed import Client
 
         client = Client(jobqueue)
-        cluster = cls(client, kind="slurm", dask_cluster=nodes, state_dir=state_dir, scaler=nodes,
-                      security=prepared)
+        cluster = cls(
+            client,
+            kind="slurm",
+            dask_cluster=nodes,
+            state_dir=state_dir,
+            scaler=nodes,
+            security=prepared,
+        )
         nodes.start(client)
         return cluster
     except BaseException:
@@ -129,19 +172,24 @@ def _jobqueue_security(prepared: Any) -> Any:
         return prepared.client
     workers = authority.worker_directory()
     return ClusterSecurity(
-        tls_ca_file=authority.ca_file, tls_crl_file=authority.crl_file,
-        tls_scheduler_cert=authority.scheduler_file, tls_scheduler_key=authority.scheduler_file,
+        tls_ca_file=authority.ca_file,
+        tls_crl_file=authority.crl_file,
+        tls_scheduler_cert=authority.scheduler_file,
+        tls_scheduler_key=authority.scheduler_file,
         tls_worker_cert=os.path.join(workers, "worker.pem"),
         tls_worker_key=os.path.join(workers, "worker.pem"),
-        tls_client_cert=prepared.credentials, tls_client_key=prepared.credentials)
+        tls_client_cert=prepared.credentials,
+        tls_client_key=prepared.credentials,
+    )
 
 
 class SlurmNodes:
     """The worker jobs of a ``Cluster.slurm`` (its ``dask_cluster``): grows them for
     launches, shrinks them when idle, tells the control plane why jobs wait."""
 
-    def __init__(self, jobqueue: Any, *, minimum: int, maximum: int, idle_timeout: float,
-                 poll: float):
+    def __init__(
+        self, jobqueue: Any, *, minimum: int, maximum: int, idle_timeout: float, poll: float
+    ):
         self.jobqueue, self.minimum, self.maximum = jobqueue, minimum, maximum
         self.idle_timeout, self.poll = idle_timeout, poll
         self.client: Any = None
@@ -159,14 +207,18 @@ class SlurmNodes:
             f.write(script)
             f.flush()
             try:
-                proc = subprocess.run(["sbatch", "--test-only", f.name], capture_output=True,
-                                      text=True, timeout=60)
+                proc = subprocess.run(
+                    ["sbatch", "--test-only", f.name], capture_output=True, text=True, timeout=60
+                )
             except FileNotFoundError:
-                raise StartError("sbatch is not on PATH: run this where Slurm's commands are "
-                                 "(a login node), or set SLURM_CONF") from None
+                raise StartError(
+                    "sbatch is not on PATH: run this where Slurm's commands are "
+                    "(a login node), or set SLURM_CONF"
+                ) from None
         if proc.returncode != 0:
-            raise StartError(f"Slurm refuses the worker job: {proc.stderr.strip()}\n"
-                             f"(the job script:\n{script})")
+            raise StartError(
+                f"Slurm refuses the worker job: {proc.stderr.strip()}\n(the job script:\n{script})"
+            )
 
     def start(self, client: Any) -> None:
         self.client = client
@@ -190,8 +242,11 @@ class SlurmNodes:
     def _demand(self) -> int:
         """Ranks the active jobs hold or wait for (a SUSPENDED job holds none)."""
         records = self.client.sync(ControlClient(self.client.scheduler).jobs)
-        return sum(r["spec"]["world_size"] for r in records
-                   if not JobStatus[r["status"]].terminal and r["status"] != "SUSPENDED")
+        return sum(
+            r["spec"]["world_size"]
+            for r in records
+            if not JobStatus[r["status"]].terminal and r["status"] != "SUSPENDED"
+        )
 
     def _scale(self, n: int) -> None:
         n = max(self.minimum, min(self.maximum, n))
@@ -220,8 +275,11 @@ class SlurmNodes:
             now = time.monotonic()
             self._idle_since = self._idle_since or now
             if now - self._idle_since >= self.idle_timeout:
-                logger.info("clustersdk: idle for %.0f s: releasing %d Slurm worker job(s)",
-                            self.idle_timeout, self.target - self.minimum)
+                logger.info(
+                    "clustersdk: idle for %.0f s: releasing %d Slurm worker job(s)",
+                    self.idle_timeout,
+                    self.target - self.minimum,
+                )
                 self._scale(self.minimum)
                 self._idle_since = None
         elif demand:
@@ -229,16 +287,23 @@ class SlurmNodes:
         self._tell(note=self._pending_note())
 
     def job_ids(self) -> list[str]:
-        return [str(job.job_id) for job in self.jobqueue.workers.values()
-                if getattr(job, "job_id", None)]
+        return [
+            str(job.job_id)
+            for job in self.jobqueue.workers.values()
+            if getattr(job, "job_id", None)
+        ]
 
     def pending(self) -> dict[str, str]:
         """Slurm's reason for each worker job it has not started (``squeue`` ``%r``)."""
         ids = self.job_ids()
         if not ids:
             return {}
-        proc = subprocess.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(ids)],
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["squeue", "-h", "-o", "%i|%T|%r", "-j", ",".join(ids)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         out = {}
         for line in proc.stdout.splitlines():
             job, state, reason = (line.split("|", 2) + ["", ""])[:3]
@@ -256,8 +321,9 @@ class SlurmNodes:
     def _tell(self, note: str) -> None:
         """The most slots this cluster can grow to, and what queued jobs wait for."""
         if note != self._note:
-            self.client.sync(ControlClient(self.client.scheduler).set_capacity, self.maximum,
-                             note=note)
+            self.client.sync(
+                ControlClient(self.client.scheduler).set_capacity, self.maximum, note=note
+            )
             self._note = note
 
     # the rest ----------------------------------------------------------------------------
@@ -274,14 +340,21 @@ class SlurmNodes:
         self.jobqueue.close()
         deadline = time.monotonic() + timeout
         while ids and time.monotonic() < deadline:
-            proc = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)],
-                                  capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(
+                ["squeue", "-h", "-o", "%i", "-j", ",".join(ids)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if not proc.stdout.split():
                 return
             time.sleep(0.2)
         if ids and time.monotonic() >= deadline:
-            logger.warning("clustersdk: Slurm still lists worker job(s) %s %.0f s after "
-                           "scancel", ",".join(ids), timeout)
+            logger.warning(
+                "clustersdk: Slurm still lists worker job(s) %s %.0f s after scancel",
+                ",".join(ids),
+                timeout,
+            )
 
     def __repr__(self) -> str:
         return f"<SlurmNodes {self.target} worker job(s) of at most {self.maximum}>"

@@ -15,8 +15,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import network
 from ..errors import SpecError, StartError
@@ -33,16 +34,31 @@ logger = logging.getLogger(__name__)
 LOCAL = "local"  # scheduler_host=LOCAL: the scheduler runs in this process
 
 
-def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None = None,
-        slots_per_host: int | None = None, user: str | None = None, port: int = 22,
-        key_file: str | None = None, known_hosts: str | None = None, python: str | None = None,
-        env: dict[str, str] | None = None, connect_timeout: float = 10,
-        scheduler_host: str | None = None, scheduler_port: int = 0,
-        banner_timeout: float | None = None, start_timeout: float = 120,
-        jump_host: str | None = None, interface: str | None = None,
-        rendezvous_ports: Any = None, accept_new_hosts: bool = False,
-        max_concurrent: int = 8, state_dir: str | None = None,
-        security: Any = "auto") -> Cluster:
+def ssh(
+    cls: type[Cluster],
+    hosts: Sequence[str],
+    *,
+    gpus_per_host: int | None = None,
+    slots_per_host: int | None = None,
+    user: str | None = None,
+    port: int = 22,
+    key_file: str | None = None,
+    known_hosts: str | None = None,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+    connect_timeout: float = 10,
+    scheduler_host: str | None = None,
+    scheduler_port: int = 0,
+    banner_timeout: float | None = None,
+    start_timeout: float = 120,
+    jump_host: str | None = None,
+    interface: str | None = None,
+    rendezvous_ports: Any = None,
+    accept_new_hosts: bool = False,
+    max_concurrent: int = 8,
+    state_dir: str | None = None,
+    security: Any = "auto",
+) -> Cluster:
     """Start a Dask scheduler and one worker per GPU on each of ``hosts``, over SSH.
 
     ``hosts`` are names or addresses (``[user@]host[:port]``); workers listen on
@@ -77,12 +93,25 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
     except ImportError as e:
         raise ImportError(f"Cluster.ssh needs paramiko ({e}): pip install 'clustersdk[ssh]'") from e
 
-    plan = _Plan.check(hosts, gpus_per_host, slots_per_host, user, port, env, scheduler_host,
-                       rendezvous_ports, max_concurrent, python)
+    plan = _Plan.check(
+        hosts,
+        gpus_per_host,
+        slots_per_host,
+        user,
+        port,
+        env,
+        scheduler_host,
+        rendezvous_ports,
+        max_concurrent,
+        python,
+    )
     options = sshconn.Options(
-        known_hosts=known_hosts or "~/.ssh/known_hosts", key_file=key_file,
-        connect_timeout=connect_timeout, banner_timeout=banner_timeout,
-        accept_new_hosts=accept_new_hosts)
+        known_hosts=known_hosts or "~/.ssh/known_hosts",
+        key_file=key_file,
+        connect_timeout=connect_timeout,
+        banner_timeout=banner_timeout,
+        accept_new_hosts=accept_new_hosts,
+    )
     jump = sshconn.Target.parse(jump_host, user=user) if jump_host else None
     from .. import config
     from ..security.tls import cluster_security
@@ -92,7 +121,8 @@ def ssh(cls: type[Cluster], hosts: Sequence[str], *, gpus_per_host: int | None =
     nodes = SSHNodes(plan, interface, start_timeout, prepared)
     try:
         nodes.connections, nodes.jump = sshconn.connect_all(
-            plan.all_targets, options, jump=jump, max_concurrent=max_concurrent)
+            plan.all_targets, options, jump=jump, max_concurrent=max_concurrent
+        )
         nodes.each(plan.all_targets, nodes.ship_keys)  # over SFTP, before anything starts
         # The scheduler starts while each host's launcher reports what it has.
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -112,20 +142,37 @@ class _Plan:
     """The checked arguments: who to connect to, and what to run where."""
 
     @classmethod
-    def check(cls, hosts: Any, gpus_per_host: Any, slots_per_host: Any, user: Any, port: Any,
-              env: Any, scheduler_host: Any, ports: Any, max_concurrent: Any, python: Any) -> _Plan:
+    def check(
+        cls,
+        hosts: Any,
+        gpus_per_host: Any,
+        slots_per_host: Any,
+        user: Any,
+        port: Any,
+        env: Any,
+        scheduler_host: Any,
+        ports: Any,
+        max_concurrent: Any,
+        python: Any,
+    ) -> _Plan:
         from .sshconn import Target
 
         if isinstance(hosts, str) or not hosts or not all(isinstance(h, str) and h for h in hosts):
             raise SpecError(f"hosts must be a non-empty list of host names, got {hosts!r}")
         if len(set(hosts)) != len(hosts):
-            raise SpecError(f"hosts lists a host twice ({hosts!r}): give each host once and "
-                            "its slots with gpus_per_host= or slots_per_host=")
-        for name, value, low in (("gpus_per_host", gpus_per_host, 0),
-                                 ("slots_per_host", slots_per_host, 1),
-                                 ("max_concurrent", max_concurrent, 1), ("port", port, 1)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < low):
+            raise SpecError(
+                f"hosts lists a host twice ({hosts!r}): give each host once and "
+                "its slots with gpus_per_host= or slots_per_host="
+            )
+        for name, value, low in (
+            ("gpus_per_host", gpus_per_host, 0),
+            ("slots_per_host", slots_per_host, 1),
+            ("max_concurrent", max_concurrent, 1),
+            ("port", port, 1),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < low
+            ):
                 raise SpecError(f"{name} must be an int of at least {low}, got {value!r}")
         plan = cls()
         try:
@@ -140,8 +187,9 @@ class _Plan:
         plan.scheduler = None
         if scheduler_host != LOCAL:
             wanted = scheduler_host or hosts[0]
-            plan.scheduler = next((t for t, h in zip(plan.targets, hosts) if h == wanted), None) \
-                or Target.parse(wanted, user=user, port=port)
+            plan.scheduler = next(
+                (t for t, h in zip(plan.targets, hosts) if h == wanted), None
+            ) or Target.parse(wanted, user=user, port=port)
         # the scheduler's host needs a connection too, even when it runs no worker
         extra = [plan.scheduler] if plan.scheduler and plan.scheduler not in plan.targets else []
         plan.all_targets = plan.targets + extra
@@ -151,8 +199,11 @@ class _Plan:
         """CUDA_VISIBLE_DEVICES of each worker on ``target``: its GPUs, or '' per CPU slot."""
         gpus = list(facts.get("gpus") or [])
         if self.gpus_per_host is not None and self.gpus_per_host > len(gpus):
-            raise StartError(f"host {target.label}: gpus_per_host={self.gpus_per_host}, but it "
-                             f"has {len(gpus)} GPU(s) visible to torch", host=target.label)
+            raise StartError(
+                f"host {target.label}: gpus_per_host={self.gpus_per_host}, but it "
+                f"has {len(gpus)} GPU(s) visible to torch",
+                host=target.label,
+            )
         if self.gpus_per_host is not None:
             gpus = gpus[: self.gpus_per_host]
         return gpus or [""] * self.slots_per_host
@@ -163,9 +214,11 @@ class _Plan:
         from .remote import command
         from .sshconn import quote_env
 
-        config = {**nanny_environ(), **http_routes(self.tls),
-                  "clustersdk.rendezvous-ports": network.format_ports(self.ports)
-                  if self.ports else None}
+        config = {
+            **nanny_environ(),
+            **http_routes(self.tls),
+            "clustersdk.rendezvous-ports": network.format_ports(self.ports) if self.ports else None,
+        }
         args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not None]
         args.append(f"--config={json.dumps(config)}")
         return "exec " + quote_env(self.env) + command(self.python, mode, args)
@@ -224,16 +277,22 @@ class SSHNodes:
         authority = self.prepared.authority
         if authority is None:
             return
-        roles = (["worker"] if target in self.plan.targets else []) + \
-            (["scheduler"] if target == self.plan.scheduler else [])
-        files = {"ca.pem": authority.ca_file, "crl.pem": authority.crl_file,
-                 **{f"{role}.pem": getattr(authority, f"{role}_file") for role in roles}}
+        roles = (["worker"] if target in self.plan.targets else []) + (
+            ["scheduler"] if target == self.plan.scheduler else []
+        )
+        files = {
+            "ca.pem": authority.ca_file,
+            "crl.pem": authority.crl_file,
+            **{f"{role}.pem": getattr(authority, f"{role}_file") for role in roles},
+        }
         try:
             sftp = self.connections[target].client.open_sftp()
             try:
                 home = sftp.normalize(".")
-                directory = f"{home}/.clustersdk-tls-{os.path.basename(authority.directory)}-" \
+                directory = (
+                    f"{home}/.clustersdk-tls-{os.path.basename(authority.directory)}-"
                     f"{target.host}-{target.port}"
+                )
                 sftp.mkdir(directory, mode=0o700)
                 self.key_dirs[target] = directory
                 sftp.chmod(directory, 0o700)
@@ -246,10 +305,13 @@ class SSHNodes:
             finally:
                 sftp.close()
         except (OSError, EOFError, paramiko_errors()) as e:
-            raise StartError(f"host {target.label}: could not copy the cluster's TLS files "
-                             f"over SFTP ({type(e).__name__}: {e}): does its sshd offer the sftp "
-                             "subsystem? (or pass security= a Security whose files are already "
-                             "on every host)", host=target.label) from e
+            raise StartError(
+                f"host {target.label}: could not copy the cluster's TLS files "
+                f"over SFTP ({type(e).__name__}: {e}): does its sshd offer the sftp "
+                "subsystem? (or pass security= a Security whose files are already "
+                "on every host)",
+                host=target.label,
+            ) from e
 
     def _remove_keys(self, target: Target) -> None:
         directory = self.key_dirs.pop(target, None)
@@ -265,8 +327,9 @@ class SSHNodes:
             finally:
                 sftp.close()
         except Exception:  # noqa: BLE001 - a host that died: nothing to remove there any more
-            logger.info("clustersdk: could not remove %s on %s", directory, target.label,
-                        exc_info=True)
+            logger.info(
+                "clustersdk: could not remove %s on %s", directory, target.label, exc_info=True
+            )
 
     def _security(self, target: Target, role: str) -> dict[str, str] | None:
         """What the launcher on ``target`` builds its ``Security`` from (None: plain tcp)."""
@@ -275,14 +338,21 @@ class SSHNodes:
             return None
         if prepared.authority is not None:
             directory = self.key_dirs[target]
-            return {"tls_ca_file": f"{directory}/ca.pem", "tls_crl_file": f"{directory}/crl.pem",
-                    f"tls_{role}_cert": f"{directory}/{role}.pem",
-                    f"tls_{role}_key": f"{directory}/{role}.pem"}
-        own = {k: getattr(prepared.scheduler, k) for k in
-               ("tls_ca_file", f"tls_{role}_cert", f"tls_{role}_key")}
+            return {
+                "tls_ca_file": f"{directory}/ca.pem",
+                "tls_crl_file": f"{directory}/crl.pem",
+                f"tls_{role}_cert": f"{directory}/{role}.pem",
+                f"tls_{role}_key": f"{directory}/{role}.pem",
+            }
+        own = {
+            k: getattr(prepared.scheduler, k)
+            for k in ("tls_ca_file", f"tls_{role}_cert", f"tls_{role}_key")
+        }
         if any(v and "\n" in v for v in own.values()):  # never a key on a command line
-            raise SpecError("Cluster.ssh(security=...) takes a Security whose certificates and "
-                            "keys are files (present on every host), not in-memory PEM text")
+            raise SpecError(
+                "Cluster.ssh(security=...) takes a Security whose certificates and "
+                "keys are files (present on every host), not in-memory PEM text"
+            )
         return {k: v for k, v in own.items() if v}
 
     def _run(self, target: Target, mode: str, **flags: Any) -> RemoteProcess:
@@ -302,8 +372,10 @@ class SSHNodes:
         python, err = self.plan.python, process.stderr_text().strip()
         status = process.wait(1.0)
         if "No module named clustersdk" in err:
-            why = (f"{python} has no clustersdk: install it there, or pass python= the path "
-                   "of a Python that has it")
+            why = (
+                f"{python} has no clustersdk: install it there, or pass python= the path "
+                "of a Python that has it"
+            )
         elif status == 127 or "No such file or directory" in err or "not found" in err:
             why = f"{python} is not there (pass python= the path of a Python that has clustersdk)"
         else:
@@ -327,8 +399,9 @@ class SSHNodes:
         try:
             process.channel.sendall((json.dumps(go) + "\n").encode())
         except OSError as e:
-            raise StartError(f"host {target.label}: the SSH connection dropped ({e})",
-                             host=target.label) from e
+            raise StartError(
+                f"host {target.label}: the SSH connection dropped ({e})", host=target.label
+            ) from e
         return process.wait_for("ready", self.timeout, f"start its {len(slots)} worker(s)")
 
     def start_scheduler(self, port: int) -> None:
@@ -338,8 +411,7 @@ class SSHNodes:
             return
         process = self._run(target, "scheduler", port=port, **self._listen(target))
         self.scheduler_process = process
-        self.scheduler_address = process.wait_for("ready", self.timeout,
-                                                  "start the Dask scheduler")
+        self.scheduler_address = process.wait_for("ready", self.timeout, "start the Dask scheduler")
 
     def _start_local_scheduler(self, port: int) -> None:
         """In this process, on the address this machine reaches the first host from."""
@@ -356,28 +428,41 @@ class SSHNodes:
         prepared = self.prepared
         with dask.config.set(http_routes(prepared.enabled)):
             self._local_scheduler = SpecCluster(
-                workers={}, scheduler={"cls": Scheduler, "options": {
-                    "host": host, "port": port, "dashboard": False,
-                    "dashboard_address": f"{host}:0", "protocol": prepared.protocol,
-                    "security": prepared.scheduler}},
-                name="clustersdk-ssh", silence_logs=logging.WARNING, security=prepared.client)
+                workers={},
+                scheduler={
+                    "cls": Scheduler,
+                    "options": {
+                        "host": host,
+                        "port": port,
+                        "dashboard": False,
+                        "dashboard_address": f"{host}:0",
+                        "protocol": prepared.protocol,
+                        "security": prepared.scheduler,
+                    },
+                },
+                name="clustersdk-ssh",
+                silence_logs=logging.WARNING,
+                security=prepared.client,
+            )
         self.scheduler_address = self._local_scheduler.scheduler_address
 
     def attach(self, cls: type[Cluster], n_workers: int, state_dir: str | None) -> Cluster:
         from distributed import Client
 
         timeout = self.timeout
-        self.client = Client(self.scheduler_address, timeout=timeout,
-                             security=self.prepared.client)
+        self.client = Client(self.scheduler_address, timeout=timeout, security=self.prepared.client)
         try:
             self.client.wait_for_workers(n_workers, timeout=timeout)
         except TimeoutError:
             seen = len(self.client.scheduler_info(n_workers=-1)["workers"])
-            raise StartError(f"only {seen} of {n_workers} workers reached the scheduler at "
-                             f"{self.scheduler_address} within {timeout:g} s: can the hosts "
-                             "reach it (firewall, interface=)?") from None
-        return cls(self.client, kind="ssh", dask_cluster=self, state_dir=state_dir,
-                   security=self.prepared)
+            raise StartError(
+                f"only {seen} of {n_workers} workers reached the scheduler at "
+                f"{self.scheduler_address} within {timeout:g} s: can the hosts "
+                "reach it (firewall, interface=)?"
+            ) from None
+        return cls(
+            self.client, kind="ssh", dask_cluster=self, state_dir=state_dir, security=self.prepared
+        )
 
     def close(self, grace: float = 10.0) -> None:
         """Stop the workers, then the scheduler, then hang up; dead hosts are skipped."""

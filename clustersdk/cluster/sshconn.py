@@ -24,8 +24,9 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 
@@ -84,13 +85,13 @@ class Options:
     """How to connect; the defaults of ``Cluster.ssh``."""
 
     known_hosts: str = "~/.ssh/known_hosts"
-    key_file: str | None = None          # else the agent and ~/.ssh/id_* keys
+    key_file: str | None = None  # else the agent and ~/.ssh/id_* keys
     connect_timeout: float = 10.0
     banner_timeout: float | None = None  # default: connect_timeout
-    auth_timeout: float | None = None    # default: connect_timeout
+    auth_timeout: float | None = None  # default: connect_timeout
     accept_new_hosts: bool = False
     allow_agent: bool = True
-    keepalive: int = 15                  # seconds: a dead host is noticed
+    keepalive: int = 15  # seconds: a dead host is noticed
 
     @property
     def known_hosts_path(self) -> str:
@@ -109,16 +110,22 @@ class _UnknownHostKey(paramiko.MissingHostKeyPolicy):
     def __init__(self, target: Target, options: Options):
         self.target, self.options = target, options
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         path, t = self.options.known_hosts_path, self.target
         if self.options.accept_new_hosts:
             with _known_hosts_lock:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "a") as f:
                     f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-            logger.warning("clustersdk: accepted the new host key of %s (%s %s) into %s",
-                           t.label, key.get_name(), fingerprint(key), path)
+            logger.warning(
+                "clustersdk: accepted the new host key of %s (%s %s) into %s",
+                t.label,
+                key.get_name(),
+                fingerprint(key),
+                path,
+            )
             return
         where = path if os.path.exists(path) else f"{path} (which does not exist)"
         raise HostKeyError(
@@ -126,7 +133,9 @@ class _UnknownHostKey(paramiko.MissingHostKeyPolicy):
             f"{where}, so it is refused. If you trust it (compare with `ssh-keygen -lf "
             f"/etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub` run on the host), add "
             f"it with `ssh-keyscan -p {t.port} {t.host} >> {path}`, or pass "
-            "accept_new_hosts=True to add unknown keys on first use", host=t.label)
+            "accept_new_hosts=True to add unknown keys on first use",
+            host=t.label,
+        )
 
 
 class Connection:
@@ -153,10 +162,14 @@ class Connection:
         if self.via is not None:
             try:
                 sock = self.via.client.get_transport().open_channel(
-                    "direct-tcpip", (t.host, t.port), ("127.0.0.1", 0), timeout=o.connect_timeout)
+                    "direct-tcpip", (t.host, t.port), ("127.0.0.1", 0), timeout=o.connect_timeout
+                )
             except (paramiko.SSHException, OSError, EOFError) as e:
-                raise StartError(f"host {t.label}: the jump host {self.via.target.label} could not "
-                                 f"reach it ({type(e).__name__}: {e})", host=t.label) from e
+                raise StartError(
+                    f"host {t.label}: the jump host {self.via.target.label} could not "
+                    f"reach it ({type(e).__name__}: {e})",
+                    host=t.label,
+                ) from e
         user = t.user or getpass.getuser()
         try:
             self._login(user, sock)
@@ -170,10 +183,17 @@ class Connection:
         for attempt in range(DROPPED_RETRIES + 1):
             try:
                 self.client.connect(
-                    t.host, port=t.port, username=user, key_filename=o.key_file,
-                    timeout=o.connect_timeout, banner_timeout=o.banner_timeout or o.connect_timeout,
-                    auth_timeout=o.auth_timeout or o.connect_timeout, allow_agent=o.allow_agent,
-                    look_for_keys=o.key_file is None, sock=sock)
+                    t.host,
+                    port=t.port,
+                    username=user,
+                    key_filename=o.key_file,
+                    timeout=o.connect_timeout,
+                    banner_timeout=o.banner_timeout or o.connect_timeout,
+                    auth_timeout=o.auth_timeout or o.connect_timeout,
+                    allow_agent=o.allow_agent,
+                    look_for_keys=o.key_file is None,
+                    sock=sock,
+                )
                 return
             except paramiko.SSHException as e:
                 # Closed before the banner (not timed out): sshd's MaxStartups is full for a
@@ -182,8 +202,11 @@ class Connection:
                 dropped = "banner" in str(e) and _closed_early(e)
                 if not dropped or sock is not None or attempt == DROPPED_RETRIES:
                     raise
-                logger.debug("clustersdk: %s closed the connection before its banner; again (%d)",
-                             t.label, attempt + 1)
+                logger.debug(
+                    "clustersdk: %s closed the connection before its banner; again (%d)",
+                    t.label,
+                    attempt + 1,
+                )
                 time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
 
     @property
@@ -215,22 +238,30 @@ def _failure(t: Target, o: Options, user: str, e: BaseException) -> StartError:
         return _changed_key(t, o, e)
     if isinstance(e, paramiko.AuthenticationException):
         keys = f"the key {o.key_file}" if o.key_file else "the agent's and ~/.ssh's keys"
-        why = (f"authentication failed for user {user!r} with {keys} ({e}); check user= and "
-               "key_file=, and that the public key is in that user's ~/.ssh/authorized_keys there")
+        why = (
+            f"authentication failed for user {user!r} with {keys} ({e}); check user= and "
+            "key_file=, and that the public key is in that user's ~/.ssh/authorized_keys there"
+        )
     elif isinstance(e, (socket.timeout, TimeoutError)):
-        why = (f"no answer on port {t.port} within {o.connect_timeout:g} s (host down or "
-               "unreachable, or a firewall drops SSH)")
+        why = (
+            f"no answer on port {t.port} within {o.connect_timeout:g} s (host down or "
+            "unreachable, or a firewall drops SSH)"
+        )
     elif isinstance(e, ConnectionRefusedError):
         why = f"connection refused on port {t.port}: is sshd running there, and on that port?"
     elif isinstance(e, paramiko.SSHException) and "banner" in str(e).lower():
         if _closed_early(e):
-            why = (f"port {t.port} closed the connection before the SSH banner, "
-                   f"{DROPPED_RETRIES + 1} times: sshd's MaxStartups is full (lower "
-                   "max_concurrent=), or its address is refused there")
+            why = (
+                f"port {t.port} closed the connection before the SSH banner, "
+                f"{DROPPED_RETRIES + 1} times: sshd's MaxStartups is full (lower "
+                "max_concurrent=), or its address is refused there"
+            )
         else:
-            why = (f"port {t.port} accepted the connection but sent no SSH banner within "
-                   f"{o.banner_timeout or o.connect_timeout:g} s: is that an SSH server, and is "
-                   "it overloaded?")
+            why = (
+                f"port {t.port} accepted the connection but sent no SSH banner within "
+                f"{o.banner_timeout or o.connect_timeout:g} s: is that an SSH server, and is "
+                "it overloaded?"
+            )
     elif isinstance(e, OSError):  # no route, unknown name, network unreachable
         why = f"cannot connect to port {t.port}: {e.strerror or e}"
     else:
@@ -249,11 +280,18 @@ def _changed_key(t: Target, o: Options, e: paramiko.BadHostKeyException) -> Host
         f"{fingerprint(e.key)}, but {o.known_hosts_path} has {fingerprint(e.expected_key)}. "
         "Someone may be intercepting the connection; if the host was reinstalled and you "
         f"trust the new key, remove the old one with `ssh-keygen -R '{t.known_hosts_name}' -f "
-        f"{o.known_hosts_path}` and add the new one", host=t.label)
+        f"{o.known_hosts_path}` and add the new one",
+        host=t.label,
+    )
 
 
-def connect_all(targets: Iterable[Target], options: Options, *, jump: Target | None = None,
-                max_concurrent: int = 8) -> tuple[dict[Target, Connection], Connection | None]:
+def connect_all(
+    targets: Iterable[Target],
+    options: Options,
+    *,
+    jump: Target | None = None,
+    max_concurrent: int = 8,
+) -> tuple[dict[Target, Connection], Connection | None]:
     """One connection per target, at most ``max_concurrent`` handshakes at once (through
     ``jump`` if given); the connections and the jump host's. If any fails, the others
     are closed and one StartError lists every host that failed."""
@@ -261,8 +299,9 @@ def connect_all(targets: Iterable[Target], options: Options, *, jump: Target | N
     via = Connection(jump, options) if jump is not None else None
     done: dict[Target, Connection] = {}
     errors: dict[Target, BaseException] = {}
-    with ThreadPoolExecutor(max_workers=max(1, max_concurrent),
-                            thread_name_prefix="clustersdk-ssh-connect") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, max_concurrent), thread_name_prefix="clustersdk-ssh-connect"
+    ) as pool:
         futures = {t: pool.submit(Connection, t, options, via) for t in targets}
         for t, future in futures.items():
             try:
@@ -283,8 +322,10 @@ def combine(errors: dict[Any, BaseException]) -> StartError:
     first = next(iter(errors.values()))
     if len(errors) == 1 and isinstance(first, StartError):
         return first
-    lines = [str(e) if isinstance(e, StartError) else f"{t}: {type(e).__name__}: {e}"
-             for t, e in errors.items()]
+    lines = [
+        str(e) if isinstance(e, StartError) else f"{t}: {type(e).__name__}: {e}"
+        for t, e in errors.items()
+    ]
     cls = type(first) if isinstance(first, StartError) else StartError
     host = getattr(first, "host", None)
     return cls(f"{len(errors)} hosts failed:\n  " + "\n  ".join(lines), host=host)

@@ -39,16 +39,21 @@ class RemoteProcess:
             self.channel = transport.open_session(timeout=connection.options.connect_timeout)
             self.channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise StartError(f"host {self.host}: could not run a command over SSH: {e}",
-                             host=self.host) from e
+            raise StartError(
+                f"host {self.host}: could not run a command over SSH: {e}", host=self.host
+            ) from e
         self.lines: queue.Queue[str | None] = queue.Queue()
         self._stdout: list[str] = []
         self._stderr: collections.deque[str] = collections.deque(maxlen=60)
         self.info: dict[str, Any] = {}  # the JSON lines seen so far, merged
-        pumps = ((self.channel.makefile("rb"), self._on_stdout, lambda: self.lines.put(None)),
-                 (self.channel.makefile_stderr("rb"), self._stderr.append, lambda: None))
-        self._pumps = [threading.Thread(target=_pump, args=p, daemon=True,
-                                        name=f"clustersdk-ssh-{self.host}") for p in pumps]
+        pumps = (
+            (self.channel.makefile("rb"), self._on_stdout, lambda: self.lines.put(None)),
+            (self.channel.makefile_stderr("rb"), self._stderr.append, lambda: None),
+        )
+        self._pumps = [
+            threading.Thread(target=_pump, args=p, daemon=True, name=f"clustersdk-ssh-{self.host}")
+            for p in pumps
+        ]
         for pump in self._pumps:
             pump.start()
 
@@ -71,8 +76,11 @@ class RemoteProcess:
             except queue.Empty:
                 line = None
             if line is None:
-                reason = (f"did not {what} within {timeout:g} s" if time.monotonic() >= deadline
-                          else f"exited before it could {what} ({self._status_text()})")
+                reason = (
+                    f"did not {what} within {timeout:g} s"
+                    if time.monotonic() >= deadline
+                    else f"exited before it could {what} ({self._status_text()})"
+                )
                 raise StartError(f"host {self.host}: {reason}{self._tail()}", host=self.host)
             try:
                 message = json.loads(line)
@@ -122,8 +130,11 @@ class RemoteProcess:
             try:
                 self.connection.run(f"kill -KILL -- -{int(self.info['pgid'])}", timeout=grace)
             except StartError:
-                logger.warning("clustersdk: could not kill process group %s on %s",
-                               self.info["pgid"], self.host)
+                logger.warning(
+                    "clustersdk: could not kill process group %s on %s",
+                    self.info["pgid"],
+                    self.host,
+                )
             self.wait(grace)
         self.channel.close()
 

@@ -37,44 +37,81 @@ from ..protocol import EXIT_TOPIC, HANDLER_PREFIX, TOPIC_PREFIX, Op
 from ..security.identity import Identity
 
 VIEW, METRICS, SUBMIT, CHANGE, ADMIN, CLUSTER = (
-    "view", "metrics", "submit", "change", "admin", "cluster")
+    "view",
+    "metrics",
+    "submit",
+    "change",
+    "admin",
+    "cluster",
+)
 
 #: what each operation of the control plane does (every Op is here: a test pins it)
 KINDS: dict[Op, str] = {
-    Op.INVENTORY: VIEW, Op.JOB: VIEW, Op.JOBS: VIEW, Op.WAIT: VIEW, Op.QUEUE: VIEW,
+    Op.INVENTORY: VIEW,
+    Op.JOB: VIEW,
+    Op.JOBS: VIEW,
+    Op.WAIT: VIEW,
+    Op.QUEUE: VIEW,
     Op.WHOAMI: VIEW,
-    Op.HISTORY: METRICS, Op.LOGS: METRICS, Op.SYSTEM: METRICS, Op.PHASES: METRICS,
-    Op.STEPS: METRICS, Op.STACKS: METRICS,
+    Op.HISTORY: METRICS,
+    Op.LOGS: METRICS,
+    Op.SYSTEM: METRICS,
+    Op.PHASES: METRICS,
+    Op.STEPS: METRICS,
+    Op.STACKS: METRICS,
     Op.SUBMIT: SUBMIT,
-    Op.STOP: CHANGE, Op.PAUSE: CHANGE, Op.RESUME: CHANGE, Op.CHECKPOINT: CHANGE,
-    Op.SUSPEND: CHANGE, Op.RESTART: CHANGE, Op.UPDATE: CHANGE, Op.RUN: CHANGE,
-    Op.RUN_WAIT: CHANGE, Op.PROFILE: CHANGE, Op.PROFILE_WAIT: CHANGE, Op.DEBUG: CHANGE,
+    Op.STOP: CHANGE,
+    Op.PAUSE: CHANGE,
+    Op.RESUME: CHANGE,
+    Op.CHECKPOINT: CHANGE,
+    Op.SUSPEND: CHANGE,
+    Op.RESTART: CHANGE,
+    Op.UPDATE: CHANGE,
+    Op.RUN: CHANGE,
+    Op.RUN_WAIT: CHANGE,
+    Op.PROFILE: CHANGE,
+    Op.PROFILE_WAIT: CHANGE,
+    Op.DEBUG: CHANGE,
     Op.CONSOLE: CHANGE,
-    Op.CONFIGURE: ADMIN, Op.REVOKE: ADMIN,
+    Op.CONFIGURE: ADMIN,
+    Op.REVOKE: ADMIN,
     Op.SET_CAPACITY: ADMIN,  # an autoscaling deployer: the creator's own client
-    Op.WORKER_READY: CLUSTER, Op.RANK_EVENT: CLUSTER, Op.LIVE_PENDING: CLUSTER,
+    Op.WORKER_READY: CLUSTER,
+    Op.RANK_EVENT: CLUSTER,
+    Op.LIVE_PENDING: CLUSTER,
 }
 
 #: the requests that change a job, journaled with who made them (``job.events()``); reading
 #: results and post-mortems, and each line typed into a debugger's console, are not
 JOURNALED = frozenset(op for op, kind in KINDS.items() if kind == CHANGE) - {
-    Op.RUN_WAIT, Op.PROFILE_WAIT, Op.DEBUG, Op.CONSOLE}
+    Op.RUN_WAIT,
+    Op.PROFILE_WAIT,
+    Op.DEBUG,
+    Op.CONSOLE,
+}
 
 #: Dask's own scheduler handlers that run code in the scheduler process, reconfigure
 #: the cluster or stop its workers: admins (and the cluster) only
-DASK_ADMIN = frozenset({
-    "run_function",                 # client.run_on_scheduler
-    "feed",                         # runs pickled functions in the scheduler
-    "update-graph",                 # unpickles a task graph in the scheduler
-    "register_scheduler_plugin", "unregister_scheduler_plugin",
-    "register_worker_plugin", "unregister_worker_plugin",
-    "register_nanny_plugin", "unregister_nanny_plugin",
-    "dump_cluster_state_to_url",    # writes wherever the scheduler may
-    "terminate", "restart", "restart_workers", "retire_workers",  # every job would end
-})
+DASK_ADMIN = frozenset(
+    {
+        "run_function",  # client.run_on_scheduler
+        "feed",  # runs pickled functions in the scheduler
+        "update-graph",  # unpickles a task graph in the scheduler
+        "register_scheduler_plugin",
+        "unregister_scheduler_plugin",
+        "register_worker_plugin",
+        "unregister_worker_plugin",
+        "register_nanny_plugin",
+        "unregister_nanny_plugin",
+        "dump_cluster_state_to_url",  # writes wherever the scheduler may
+        "terminate",
+        "restart",
+        "restart_workers",
+        "retire_workers",  # every job would end
+    }
+)
 #: handlers only the cluster's own processes call (a user must not pose as a worker)
-DASK_CLUSTER = frozenset({"register-worker", "register_nanny", "unregister",
-                          "heartbeat_worker"})
+DASK_CLUSTER = frozenset({"register-worker", "register_nanny", "unregister", "heartbeat_worker"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +126,7 @@ class Job:
 class Access:
     """The rules of one control plane (``enforced``: it listens on TLS)."""
 
-    def __init__(self, *, enforced: bool, hide_metrics: bool = False,
-                 revoked: Iterable[int] = ()):
+    def __init__(self, *, enforced: bool, hide_metrics: bool = False, revoked: Iterable[int] = ()):
         self.enforced = enforced
         self.hide_metrics = hide_metrics
         self.revoked: frozenset[int] = frozenset(revoked)
@@ -117,23 +153,40 @@ class Access:
         if kind == CLUSTER:
             raise AccessDeniedError(
                 f"{who.describe()} may not send {op.value!r}: only the cluster's own "
-                f"workers and scheduler report that", None, None, who.name, op.value)
+                f"workers and scheduler report that",
+                None,
+                None,
+                who.name,
+                op.value,
+            )
         if kind == ADMIN:
             if not who.admin:
                 raise AccessDeniedError(
-                    f"{who.describe()} may not {_verb(op)}: only an admin may", None, None,
-                    who.name, op.value)
+                    f"{who.describe()} may not {_verb(op)}: only an admin may",
+                    None,
+                    None,
+                    who.name,
+                    op.value,
+                )
             return
         if kind == METRICS and not self.hide_metrics:
             return
         if job is None or self.may_change(who, job.owner):
             return
         what = "see the metrics of" if kind == METRICS else _verb(op)
-        rule = ("only its owner or an admin may see them" if kind == METRICS
-                else "only its owner or an admin may change it")
+        rule = (
+            "only its owner or an admin may see them"
+            if kind == METRICS
+            else "only its owner or an admin may change it"
+        )
         raise AccessDeniedError(
             f"{who.describe()} may not {what} job {job.name!r} (id {job.id}): it belongs to "
-            f"{job.owner!r}; {rule}", job.name, job.owner, who.name, op.value)
+            f"{job.owner!r}; {rule}",
+            job.name,
+            job.owner,
+            who.name,
+            op.value,
+        )
 
     def may_change(self, who: Identity, owner: str | None) -> bool:
         """Whether ``who`` may change a job of ``owner`` (what the panels grey out)."""
@@ -155,7 +208,11 @@ class Access:
             raise AccessDeniedError(
                 f"{who.describe()} may not call the scheduler's {handler!r}: only {whom} may "
                 f"(it runs code in the scheduler, or reconfigures or stops the cluster)",
-                None, None, who.name, handler)
+                None,
+                None,
+                who.name,
+                handler,
+            )
 
     def check_forward(self, handler: str, op: str, who: Identity) -> None:
         """``broadcast`` / ``proxy``: the scheduler would send ``op`` to workers as itself;
@@ -166,27 +223,46 @@ class Access:
         if str(op).startswith(HANDLER_PREFIX):
             raise AccessDeniedError(
                 f"{who.describe()} may not send {op!r} to workers through the scheduler's "
-                f"{handler!r}: only the control plane does", None, None, who.name, handler)
+                f"{handler!r}: only the control plane does",
+                None,
+                None,
+                who.name,
+                handler,
+            )
 
     def check_topic(self, topic: str, who: Identity) -> None:
         """Publishing on a job's topic (``log_event``): what dashboards show as the job's
         own messages; the cluster's processes alone write there."""
-        if self.enforced and not who.cluster and str(topic).startswith((TOPIC_PREFIX,
-                                                                          EXIT_TOPIC)):
+        if self.enforced and not who.cluster and str(topic).startswith((TOPIC_PREFIX, EXIT_TOPIC)):
             self._known(who, "log_event")
             raise AccessDeniedError(
                 f"{who.describe()} may not publish on {topic!r}: only the job's ranks and "
-                f"the control plane do", None, None, who.name, "log_event")
+                f"the control plane do",
+                None,
+                None,
+                who.name,
+                "log_event",
+            )
 
     def _known(self, who: Identity, what: str) -> None:
         if who.serial is not None and who.serial in self.revoked:
             raise AccessDeniedError(
                 f"the certificate of {who.name!r} (serial {who.serial:X}) was revoked: "
-                f"{what!r} refused", None, None, who.name, what)
+                f"{what!r} refused",
+                None,
+                None,
+                who.name,
+                what,
+            )
 
 
-def may_change(who: Identity, owner: str | None, *, enforced: bool = True,
-               revoked: frozenset[int] = frozenset()) -> bool:
+def may_change(
+    who: Identity,
+    owner: str | None,
+    *,
+    enforced: bool = True,
+    revoked: frozenset[int] = frozenset(),
+) -> bool:
     """Whether ``who`` may change a job owned by ``owner``: its owner, an admin or the
     cluster (everyone, where nothing is enforced)."""
     if not enforced:
@@ -201,14 +277,23 @@ def refusal(who: Identity, owner: str | None) -> str | None:
     greyed-out button."""
     if may_change(who, owner):
         return None
-    return f"this job belongs to {owner!r}; only its owner or an admin may change it " \
-           f"(you are {who.name!r})"
+    return (
+        f"this job belongs to {owner!r}; only its owner or an admin may change it "
+        f"(you are {who.name!r})"
+    )
 
 
 def _verb(op: Op) -> str:
-    return {Op.RUN: "run code in (job.run)", Op.RUN_WAIT: "read the job.run results of",
-            Op.UPDATE: "update", Op.RESTART: "restart", Op.PROFILE: "profile",
-            Op.PROFILE_WAIT: "read the profile of", Op.DEBUG: "debug",
-            Op.CONSOLE: "use the debugger console of", Op.CONFIGURE: "change the scheduling "
-            "settings", Op.REVOKE: "revoke credentials", Op.SET_CAPACITY: "set the "
-            "cluster's capacity"}.get(op, op.value)
+    return {
+        Op.RUN: "run code in (job.run)",
+        Op.RUN_WAIT: "read the job.run results of",
+        Op.UPDATE: "update",
+        Op.RESTART: "restart",
+        Op.PROFILE: "profile",
+        Op.PROFILE_WAIT: "read the profile of",
+        Op.DEBUG: "debug",
+        Op.CONSOLE: "use the debugger console of",
+        Op.CONFIGURE: "change the scheduling settings",
+        Op.REVOKE: "revoke credentials",
+        Op.SET_CAPACITY: "set the cluster's capacity",
+    }.get(op, op.value)

@@ -77,7 +77,7 @@ class Anomalies:
             slot = job.ranks[found.rank]
             found = found.at(worker=slot.worker, host=slot.host)
         found = found.at(time=job.now)
-        self.entries = [*self.entries[-(KEPT - 1):], found]
+        self.entries = [*self.entries[-(KEPT - 1) :], found]
         job.emit(ev.Diagnosed(found.as_dict()))
         return found
 
@@ -128,33 +128,49 @@ class Anomalies:
         skipped = list(job.spec.skip_steps or [])
         found = dx.nonfinite(e.rank, e.step, e.values, "rollback")
         if e.step in skipped:
-            self._fail(job, e, found, f"; step {e.step} is non-finite again although its batch "
-                                      "was dropped: the data is not the cause")
+            self._fail(
+                job,
+                e,
+                found,
+                f"; step {e.step} is non-finite again although its batch "
+                "was dropped: the data is not the cause",
+            )
             return
         if self.rollbacks >= self.max_rollbacks:
-            self._fail(job, e, found,
-                       f"; all {self.max_rollbacks} rollback(s) of the job are used up")
+            self._fail(
+                job, e, found, f"; all {self.max_rollbacks} rollback(s) of the job are used up"
+            )
             return
         self.rollbacks += 1
-        resume = (f"checkpoint {job.checkpoint} (step {job.checkpoint_step})" if job.checkpoint
-                  else "the start (no checkpoint yet)")
-        note = (f"rollback {self.rollbacks} of {self.max_rollbacks} after a non-finite value at "
-                f"step {e.step} on rank {e.rank}")
+        resume = (
+            f"checkpoint {job.checkpoint} (step {job.checkpoint_step})"
+            if job.checkpoint
+            else "the start (no checkpoint yet)"
+        )
+        note = (
+            f"rollback {self.rollbacks} of {self.max_rollbacks} after a non-finite value at "
+            f"step {e.step} on rank {e.rank}"
+        )
         self.diagnosed(job, found)
         job.replace_spec(skip_steps=sorted({*skipped, e.step}))
-        job.transition(JobStatus.RESTARTING, reason=f"{note}: the ranks stop, then it continues "
-                                                    f"from {resume} without step {e.step}'s batch")
+        job.transition(
+            JobStatus.RESTARTING,
+            reason=f"{note}: the ranks stop, then it continues "
+            f"from {resume} without step {e.step}'s batch",
+        )
         self.rollback_note = note
-        job.record("rolled back", f"{note}; continues from {resume}", rank=e.rank,
-                   nonfinite_step=e.step)
+        job.record(
+            "rolled back", f"{note}; continues from {resume}", rank=e.rank, nonfinite_step=e.step
+        )
         job.ask(Word.STOP, 1)
 
     def _fail(self, job: JobView, e: ev.NonFinite, found: dx.Diagnosis, why: str) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(e.values.items()))
         message = f"non-finite {shown} at step {e.step} (on_nan={job.spec.on_nan!r}){why}"
         found = self.diagnosed(job, found)
-        job.fail({**ev.error_record(e.rank, "NonFiniteLoss", message),
-                  "diagnosis": found.as_dict()})
+        job.fail(
+            {**ev.error_record(e.rank, "NonFiniteLoss", message), "diagnosis": found.as_dict()}
+        )
 
     def spike(self, job: JobView, e: ev.LossSpike) -> None:
         book = self._of(job.attempt)
@@ -162,8 +178,21 @@ class Anomalies:
             return
         book.spike_steps.add(e.step)
         pause = job.spec.on_spike == "pause" and job.status is JobStatus.RUNNING
-        self.diagnosed(job, dx.loss_spike(e.rank, e.step, e.value, e.median, e.mad, e.score,
-                                          e.window, paused=pause, mean=e.mean, ranks=e.ranks,
-                                          scale=e.scale))
+        self.diagnosed(
+            job,
+            dx.loss_spike(
+                e.rank,
+                e.step,
+                e.value,
+                e.median,
+                e.mad,
+                e.score,
+                e.window,
+                paused=pause,
+                mean=e.mean,
+                ranks=e.ranks,
+                scale=e.scale,
+            ),
+        )
         if pause:
             job.pause()

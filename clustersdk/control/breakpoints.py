@@ -49,22 +49,30 @@ class Breakpoints:
     def __init__(self, attempt: int = 0) -> None:
         self.attempt = attempt
         self.open: dict[int, dict[str, int]] = {}  # rank -> k, step
-        self.k = 0                                  # the newest breakpoint reported
-        self.pausing = False                        # the job is PAUSED by a breakpoint
+        self.k = 0  # the newest breakpoint reported
+        self.pausing = False  # the job is PAUSED by a breakpoint
         self.seq = 0
         self.chunks: collections.deque[ConsoleMessage] = collections.deque(maxlen=MAX_CHUNKS)
 
     def add(self, rank: int, k: int, text: str, is_open: bool) -> ConsoleMessage:
         self.seq += 1
-        chunk: ConsoleMessage = {"kind": "console", "seq": self.seq, "rank": rank, "k": k,
-                                 "text": text, "open": is_open}
+        chunk: ConsoleMessage = {
+            "kind": "console",
+            "seq": self.seq,
+            "rank": rank,
+            "k": k,
+            "text": text,
+            "open": is_open,
+        }
         self.chunks.append(chunk)
         return chunk
 
     def state(self) -> dict[str, Any]:
         """What ``Op.CONSOLE`` answers: the open sessions and the transcript so far."""
-        return {"sessions": {str(r): dict(s) for r, s in sorted(self.open.items())},
-                "chunks": list(self.chunks)}
+        return {
+            "sessions": {str(r): dict(s) for r, s in sorted(self.open.items())},
+            "chunks": list(self.chunks),
+        }
 
     def of(self, attempt: int) -> Breakpoints:
         """This object, for gang start ``attempt``: a restart's ranks count their
@@ -79,20 +87,42 @@ class Breakpoints:
         self.of(job.attempt)
         self.k = max(self.k, e.k)
         if job.status is JobStatus.RUNNING:
-            job.transition(JobStatus.PAUSED, paused_at=e.step, reason=(
-                f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
-                "(job.console()); 'c' or job.resume() continues"))
+            job.transition(
+                JobStatus.PAUSED,
+                paused_at=e.step,
+                reason=(
+                    f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
+                    "(job.console()); 'c' or job.resume() continues"
+                ),
+            )
             self.pausing = True
         elif not (job.status is JobStatus.PAUSED and self.pausing):
             self.pausing = False
-            job.emit(ev.Publish(self.add(e.rank, e.k, (
-                f"(job is {job.status.name}: breakpoint {e.k} on rank {e.rank} is skipped)\n"),
-                False)))
+            job.emit(
+                ev.Publish(
+                    self.add(
+                        e.rank,
+                        e.k,
+                        (
+                            f"(job is {job.status.name}: breakpoint {e.k} on rank {e.rank} is skipped)\n"
+                        ),
+                        False,
+                    )
+                )
+            )
             job.ask(Word.RELEASE, e.k)
             return
         self.open[e.rank] = {"k": e.k, "step": e.step}
-        job.emit(ev.Publish(self.add(e.rank, e.k, (
-            f"[rank {e.rank}: ctx.breakpoint() #{e.k} at step {e.step}]\n"), True)))
+        job.emit(
+            ev.Publish(
+                self.add(
+                    e.rank,
+                    e.k,
+                    (f"[rank {e.rank}: ctx.breakpoint() #{e.k} at step {e.step}]\n"),
+                    True,
+                )
+            )
+        )
 
     def output(self, job: JobView, e: ev.ConsoleOutput) -> None:
         """What a session printed; its end releases the breakpoint once no session is left."""

@@ -25,11 +25,12 @@ fed with the rows, samples, phases and lines the ranks ship:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..protocol import PHASES, PhaseBand, StepBand, StepsMessage, SystemBand
 
-KEEP_STEPS = 2048   # steps whose summary stays in memory (older ones are read back if needed)
+KEEP_STEPS = 2048  # steps whose summary stays in memory (older ones are read back if needed)
 Stats = list  # [count, sum, min, max] of one scalar at one step
 
 
@@ -50,12 +51,13 @@ class StepBands:
     (a very late row), in the form :meth:`take` hands out.
     """
 
-    def __init__(self, keep: int = KEEP_STEPS,
-                 restore: Callable[[int], dict[str, Any] | None] | None = None):
+    def __init__(
+        self, keep: int = KEEP_STEPS, restore: Callable[[int], dict[str, Any] | None] | None = None
+    ):
         self.keep, self.restore = keep, restore
         self._steps: dict[int, list[Any]] = {}  # step -> [time, ranks, {name: Stats}]
-        self._changed: dict[int, float] = {}    # step -> its oldest row since the last take
-        self._dropped = -1                      # the newest step no longer kept
+        self._changed: dict[int, float] = {}  # step -> its oldest row since the last take
+        self._dropped = -1  # the newest step no longer kept
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
         steps, changed = self._steps, self._changed
@@ -93,7 +95,11 @@ class StepBands:
         if step <= self._dropped and self.restore is not None:
             kept = self.restore(step)
             if kept is not None:
-                return [kept["time"], kept["ranks"], {k: list(v) for k, v in kept["scalars"].items()}]
+                return [
+                    kept["time"],
+                    kept["ranks"],
+                    {k: list(v) for k, v in kept["scalars"].items()},
+                ]
         return [0.0, 0, {}]
 
     def take(self) -> list[dict[str, Any]]:
@@ -104,9 +110,15 @@ class StepBands:
         for step in sorted(self._changed):
             entry = self._steps.get(step)
             if entry is not None:
-                out.append({"step": step, "time": entry[0], "oldest": self._changed[step],
-                            "ranks": entry[1],
-                            "scalars": {k: list(v) for k, v in entry[2].items()}})
+                out.append(
+                    {
+                        "step": step,
+                        "time": entry[0],
+                        "oldest": self._changed[step],
+                        "ranks": entry[1],
+                        "scalars": {k: list(v) for k, v in entry[2].items()},
+                    }
+                )
         self._changed.clear()
         return out
 
@@ -148,9 +160,12 @@ class SystemBands:
     def take(self) -> SystemBand | None:
         if not self._fields:
             return None
-        band: SystemBand = {"time": self._time, "source": self._source or "psutil",
-                            "ranks": len(self._ranks),
-                            "fields": {k: _band(v) for k, v in self._fields.items()}}
+        band: SystemBand = {
+            "time": self._time,
+            "source": self._source or "psutil",
+            "ranks": len(self._ranks),
+            "fields": {k: _band(v) for k, v in self._fields.items()},
+        }
         self.__init__()  # type: ignore[misc]
         return band
 
@@ -176,8 +191,14 @@ class PhaseBands:
             work = sum(values[i] for i in _WORK)
             entry = self._steps.get(step)
             if entry is None:
-                entry = self._steps[step] = [0, [0.0] * len(PHASES), list(values), list(values),
-                                             rank, work]
+                entry = self._steps[step] = [
+                    0,
+                    [0.0] * len(PHASES),
+                    list(values),
+                    list(values),
+                    rank,
+                    work,
+                ]
             else:
                 entry[2] = [min(a, b) for a, b in zip(entry[2], values)]
                 entry[3] = [max(a, b) for a, b in zip(entry[3], values)]
@@ -195,9 +216,17 @@ class PhaseBands:
             entry = self._steps.get(step)
             if entry is not None:
                 ranks, sums, mins, maxs, slowest, work = entry
-                out.append({"step": step, "ranks": ranks, "min": list(mins),
-                            "mean": [v / ranks for v in sums], "max": list(maxs),
-                            "slowest": slowest, "slowest_work": work})
+                out.append(
+                    {
+                        "step": step,
+                        "ranks": ranks,
+                        "min": list(mins),
+                        "mean": [v / ranks for v in sums],
+                        "max": list(maxs),
+                        "slowest": slowest,
+                        "slowest_work": work,
+                    }
+                )
         self._changed.clear()
         return out
 
@@ -219,8 +248,13 @@ class Digest:
     ({'loss': [2.0, 2.0, 2.0]}, [(0, 1.0, 'stdout', 'hi')])
     """
 
-    def __init__(self, world_size: int, aggregate_above: int, attempt: int = 0,
-                 restore: Callable[[int], dict[str, Any] | None] | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        aggregate_above: int,
+        attempt: int = 0,
+        restore: Callable[[int], dict[str, Any] | None] | None = None,
+    ):
         self.aggregated = world_size > aggregate_above
         self.attempt = attempt
         self.bands = StepBands(restore=restore)
@@ -229,8 +263,14 @@ class Digest:
         self.logs: list[Any] = []
         self._summaries: list[dict[str, Any]] = []  # taken from bands, not journaled yet
 
-    def add(self, rank: int, rows: list[dict[str, Any]] = (), logs: list[Any] = (),  # type: ignore[assignment]
-            system: list[dict[str, Any]] = (), phases: list[list[float]] = ()) -> None:  # type: ignore[assignment]
+    def add(
+        self,
+        rank: int,
+        rows: list[dict[str, Any]] = (),
+        logs: list[Any] = (),  # type: ignore[assignment]
+        system: list[dict[str, Any]] = (),
+        phases: list[list[float]] = (),
+    ) -> None:  # type: ignore[assignment]
         if rows:
             self.bands.add(rows)
         if self.aggregated:
@@ -254,14 +294,27 @@ class Digest:
         taken = self.bands.take()
         self._summaries.extend(taken)
         steps: list[StepBand] = [
-            {"step": s["step"], "time": s["time"], "oldest": s["oldest"], "ranks": s["ranks"],
-             "scalars": {k: _band(v) for k, v in s["scalars"].items() if v[0]}} for s in taken]
+            {
+                "step": s["step"],
+                "time": s["time"],
+                "oldest": s["oldest"],
+                "ranks": s["ranks"],
+                "scalars": {k: _band(v) for k, v in s["scalars"].items() if v[0]},
+            }
+            for s in taken
+        ]
         system, phases, logs = self.system.take(), self.phases.take(), self.logs
         self.logs = []
         if not (steps or system or phases or logs):
             return None
-        return {"kind": "steps", "attempt": self.attempt, "steps": steps, "system": system,
-                "phases": phases, "logs": logs}
+        return {
+            "kind": "steps",
+            "attempt": self.attempt,
+            "steps": steps,
+            "system": system,
+            "phases": phases,
+            "logs": logs,
+        }
 
     def truncate(self, step: int) -> None:
         self.bands.truncate(step)

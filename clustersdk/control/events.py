@@ -330,14 +330,49 @@ class Reclaimed:
     reason: str
 
 
-Event = (Allocated | Started | Paused | Resumed | LoopStarted | Restored | CheckpointCommitted
-         | CheckpointFailed | Failed | Exited | Profiled | StartFailed | WorkerLost | GraceExpired
-         | StopRequested | PauseRequested | PauseWithdrawn | ResumeRequested
-         | CheckpointRequested | SuspendRequested | ProfileRequested | SchedulerClosing
-         | Preempted | Reclaimed | HangDetected | Progressed | StopOverdue | Grow
-         | Held | BreakpointHit | ConsoleOutput | RestartRequested | HoldExpired
-         | RunRequested | Ran | UpdateRequested | Updated | Tunable | NonFinite | LossSpike
-         | Controls)
+Event = (
+    Allocated
+    | Started
+    | Paused
+    | Resumed
+    | LoopStarted
+    | Restored
+    | CheckpointCommitted
+    | CheckpointFailed
+    | Failed
+    | Exited
+    | Profiled
+    | StartFailed
+    | WorkerLost
+    | GraceExpired
+    | StopRequested
+    | PauseRequested
+    | PauseWithdrawn
+    | ResumeRequested
+    | CheckpointRequested
+    | SuspendRequested
+    | ProfileRequested
+    | SchedulerClosing
+    | Preempted
+    | Reclaimed
+    | HangDetected
+    | Progressed
+    | StopOverdue
+    | Grow
+    | Held
+    | BreakpointHit
+    | ConsoleOutput
+    | RestartRequested
+    | HoldExpired
+    | RunRequested
+    | Ran
+    | UpdateRequested
+    | Updated
+    | Tunable
+    | NonFinite
+    | LossSpike
+    | Controls
+)
 
 
 # --- actions: what the control plane must do ----------------------------------------------------
@@ -449,17 +484,36 @@ class Release:
     result: bytes | None
 
 
-Action = (Journal | Publish | StartGang | SendControl | FreeSlot | Enqueue | Dequeue | StartTimer
-          | TruncateHistory | CloseBoard | Record | CollectStacks | RestartWorker | Release
-          | Diagnosed)
+Action = (
+    Journal
+    | Publish
+    | StartGang
+    | SendControl
+    | FreeSlot
+    | Enqueue
+    | Dequeue
+    | StartTimer
+    | TruncateHistory
+    | CloseBoard
+    | Record
+    | CollectStacks
+    | RestartWorker
+    | Release
+    | Diagnosed
+)
 
 
 def status_message(status: str, attempt: int) -> StatusMessage:
     return {"kind": "status", "status": status, "attempt": attempt}
 
 
-def error_record(rank: int | None, exc_type: str, message: str, traceback: str = "",
-                 facts: dict[str, Any] | None = None) -> dict[str, Any]:
+def error_record(
+    rank: int | None,
+    exc_type: str,
+    message: str,
+    traceback: str = "",
+    facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A job's error record (``JobFailedError.from_record`` reads it); ``facts`` of a lost
     worker (how its process ended) are what its diagnosis rests on."""
     err = {"rank": rank, "type": exc_type, "message": message, "traceback": traceback}

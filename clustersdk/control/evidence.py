@@ -35,8 +35,8 @@ from .plane import Plane, Run
 logger = logging.getLogger(__name__)
 
 MEMORY_TOPIC = "worker-restart-memory"  # Dask's nanny: it terminates a worker over its limit
-KEEP_REPORTS = 1000   # reports kept for workers not (yet) known as lost
-FRESH = 60.0          # seconds a report stays a worker's
+KEEP_REPORTS = 1000  # reports kept for workers not (yet) known as lost
+FRESH = 60.0  # seconds a report stays a worker's
 
 
 class Evidence:
@@ -45,8 +45,8 @@ class Evidence:
     def __init__(self, plane: Plane):
         self.plane = plane
         self.wait = float(config.get("diagnosis.exit-report-wait", 1.0))
-        self.exits: dict[str, dict[str, Any]] = {}          # worker -> its nanny's report
-        self.memory_kills: dict[str, dict[str, Any]] = {}   # worker -> Dask's memory kill
+        self.exits: dict[str, dict[str, Any]] = {}  # worker -> its nanny's report
+        self.memory_kills: dict[str, dict[str, Any]] = {}  # worker -> Dask's memory kill
         self.pending: dict[str, tuple[Run, ev.WorkerLost]] = {}  # lost, waiting for a report
         self.closed = False
 
@@ -80,8 +80,7 @@ class Evidence:
     def _feed_lost(self, run: Run, event: ev.WorkerLost) -> None:
         if self.closed or run.id not in self.plane.runs:
             return  # the plane is closing, or the job is over: nothing to tell
-        self.plane.feed(run, dataclasses.replace(event, facts=self.facts(event.worker,
-                                                                         event.host)))
+        self.plane.feed(run, dataclasses.replace(event, facts=self.facts(event.worker, event.host)))
 
     def facts(self, worker: str, host: str) -> dict[str, Any]:
         """How ``worker``'s process ended, as far as its nanny and Dask said."""
@@ -100,8 +99,9 @@ class Evidence:
         return out
 
     @staticmethod
-    def _report(worker: str, kept: dict[str, dict[str, Any]], pop: bool = False
-                ) -> dict[str, Any] | None:
+    def _report(
+        worker: str, kept: dict[str, dict[str, Any]], pop: bool = False
+    ) -> dict[str, Any] | None:
         report = kept.pop(worker, None) if pop else kept.get(worker)
         if report is None or time.time() - report["heard"] > FRESH:
             return None
@@ -113,8 +113,10 @@ class Evidence:
         error = data.get("error")
         if kind is not RankEvent.FAILED or not isinstance(error, dict):
             return
-        where = {str(rank): {"step": b.step, "phase": b.phase}
-                 for rank, b in sorted(run.watch.beacons.items())}
+        where = {
+            str(rank): {"step": b.step, "phase": b.phase}
+            for rank, b in sorted(run.watch.beacons.items())
+        }
         if where:
             error["facts"] = {**(error.get("facts") or {}), "where": where}
 
@@ -136,10 +138,22 @@ class Evidence:
             for step in run.losses.add(int(row["rank"]), int(row["step"]), float(loss)):
                 spike = run.detector.add(step.step, step.mean)
                 if spike is not None:
-                    self.plane.feed(run, ev.LossSpike(
-                        step.worst, attempt, spike.step, step.worst_value, spike.median,
-                        spike.mad, spike.score, run.detector.window, spike.value, step.ranks,
-                        spike.scale))
+                    self.plane.feed(
+                        run,
+                        ev.LossSpike(
+                            step.worst,
+                            attempt,
+                            spike.step,
+                            step.worst_value,
+                            spike.median,
+                            spike.mad,
+                            spike.score,
+                            run.detector.window,
+                            spike.value,
+                            step.ranks,
+                            spike.scale,
+                        ),
+                    )
 
     # --- the Diagnosed action -----------------------------------------------------------------
     def diagnosed(self, run: Run, action: ev.Diagnosed) -> None:
@@ -150,20 +164,34 @@ class Evidence:
         journal = self.plane.journal
         journal.update(run.id, diagnosis=d)
         step = d.get("step") if d.get("step") is not None else run.step
-        journal.add_event(run.id, d.get("time") or now, step, "diagnosis", d["summary"],
-                          {"diagnosis": d})
+        journal.add_event(
+            run.id, d.get("time") or now, step, "diagnosis", d["summary"], {"diagnosis": d}
+        )
         rank = d["rank"] if d.get("rank") is not None else 0
         journal.add_logs(run.id, [(rank, now, "log", line)])
         publish = self.plane.publish
         publish(run.id, {"kind": "diagnosis", "diagnosis": d})
-        publish(run.id, {"kind": "metrics", "rank": rank, "attempt": run.machine.attempt,
-                                "sent": now, "event": "diagnosis", "rows": [],
-                                "logs": [(rank, now, "log", line)], "system": [], "phases": []})
+        publish(
+            run.id,
+            {
+                "kind": "metrics",
+                "rank": rank,
+                "attempt": run.machine.attempt,
+                "sent": now,
+                "event": "diagnosis",
+                "rows": [],
+                "logs": [(rank, now, "log", line)],
+                "system": [],
+                "phases": [],
+            },
+        )
 
 
 def _detector() -> SpikeDetector:
     get = config.get
-    return SpikeDetector(window=int(get("diagnosis.spike-window")),
-                         min_steps=int(get("diagnosis.spike-min-steps")),
-                         threshold=float(get("diagnosis.spike-threshold")),
-                         ratio=float(get("diagnosis.spike-ratio")))
+    return SpikeDetector(
+        window=int(get("diagnosis.spike-window")),
+        min_steps=int(get("diagnosis.spike-min-steps")),
+        threshold=float(get("diagnosis.spike-threshold")),
+        ratio=float(get("diagnosis.spike-ratio")),
+    )

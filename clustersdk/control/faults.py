@@ -36,27 +36,41 @@ from .view import JobView
 HOLDABLE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
 
 # what a rank raises when a peer (or the network) went away, rather than its own bug
-_COMMUNICATION_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError",
-                                  "ConnectionResetError", "BrokenPipeError",
-                                  "ConnectionAbortedError", "ConnectionRefusedError"})
+_COMMUNICATION_TYPES = frozenset(
+    {
+        "DistBackendError",
+        "DistNetworkError",
+        "DistStoreError",
+        "ConnectionResetError",
+        "BrokenPipeError",
+        "ConnectionAbortedError",
+        "ConnectionRefusedError",
+    }
+)
 _COMMUNICATION = re.compile(
     r"connection (reset|closed|refused|aborted)|broken pipe|\bgloo\b|\bnccl\b|"
-    r"socket timeout|timed out|by peer|ProcessGroup|TCPStore", re.IGNORECASE)
+    r"socket timeout|timed out|by peer|ProcessGroup|TCPStore",
+    re.IGNORECASE,
+)
 
 MAX_CONSEQUENCES = 16  # errors kept beside the cause (a gang of 64 fails 63 times over)
 
 
 def is_communication_error(err: dict[str, Any]) -> bool:
     """Whether ``err`` (a job error record) reads as a peer or the network failing."""
-    return (err.get("type") in _COMMUNICATION_TYPES
-            or bool(_COMMUNICATION.search(str(err.get("message", "")))))
+    return err.get("type") in _COMMUNICATION_TYPES or bool(
+        _COMMUNICATION.search(str(err.get("message", "")))
+    )
 
 
 def brief(err: dict[str, Any]) -> dict[str, Any]:
     """An error as a consequence: who, what, the first line of the message."""
     message = str(err.get("message", "")).strip().splitlines()
-    return {"rank": err.get("rank"), "type": err.get("type"),
-            "message": message[0][:500] if message else ""}
+    return {
+        "rank": err.get("rank"),
+        "type": err.get("type"),
+        "message": message[0][:500] if message else "",
+    }
 
 
 class Faults:
@@ -73,9 +87,9 @@ class Faults:
 
     def __init__(self, failure_grace: float, restarts: int, anomalies: Anomalies):
         self.failure_grace = failure_grace
-        self.restarts = restarts          # gang restarts used (max_restarts is the budget)
-        self.anomalies = anomalies        # a cause's diagnosis, a rollback's restart label
-        self.restart_paused = False       # it was PAUSED when it lost a worker
+        self.restarts = restarts  # gang restarts used (max_restarts is the budget)
+        self.anomalies = anomalies  # a cause's diagnosis, a rollback's restart label
+        self.restart_paused = False  # it was PAUSED when it lost a worker
         self.restart_note: str | None = None  # why the next restart happens, when not a loss
         self.new_gang()
 
@@ -126,9 +140,11 @@ class Faults:
         # while RESTARTING, the other ranks fail for want of the lost one: not news
         if job.status.terminal or job.status is JobStatus.RESTARTING:
             return
-        if job.status is JobStatus.STOPPING and (is_communication_error(e.error) or any(
-                status is ExitStatus.LOST for status in job.exited.values())
-                or job.held_ranks):  # a held job's stop: its cause is chosen already
+        if job.status is JobStatus.STOPPING and (
+            is_communication_error(e.error)
+            or any(status is ExitStatus.LOST for status in job.exited.values())
+            or job.held_ranks
+        ):  # a held job's stop: its cause is chosen already
             self.add_consequence(e.error)  # a peer's broken link on the way out
             return
         if job.status not in HOLDABLE:  # SUSPENDING, STOPPING: the first error is the job's
@@ -147,9 +163,13 @@ class Faults:
     def grace_expired(self, job: JobView, e: ev.GraceExpired) -> bool:
         """No worker of the job was lost after all: the held-back failure is the job's
         (True when it failed the job)."""
-        if (self.cause is not None and e.attempt == job.attempt
-                and not job.status.terminal and job.status is not JobStatus.RESTARTING
-                and job.status is not JobStatus.HELD):  # a hold is ended by its owner
+        if (
+            self.cause is not None
+            and e.attempt == job.attempt
+            and not job.status.terminal
+            and job.status is not JobStatus.RESTARTING
+            and job.status is not JobStatus.HELD
+        ):  # a hold is ended by its owner
             self.fail_held(job)
             return True
         return False
@@ -161,8 +181,11 @@ class Faults:
         if job.spec.kind != "script" or job.status not in HOLDABLE or self.restarts >= budget:
             cause = self.take()
             if job.spec.kind == "script" and budget and job.status in HOLDABLE:
-                cause = {**cause, "message": f"{cause.get('message')} (all {budget} restart(s) "
-                                             "of the job are used up)"}
+                cause = {
+                    **cause,
+                    "message": f"{cause.get('message')} (all {budget} restart(s) "
+                    "of the job are used up)",
+                }
             job.fail(cause)
             return
         cause = self.take()
@@ -170,21 +193,39 @@ class Faults:
         self.restarts += 1
         self.restart_paused = job.status is JobStatus.PAUSED
         rank = cause.get("rank")
-        what = f"rank {rank} {cause.get('message')}" if cause.get("type") == "ScriptExit" else \
-            f"rank {rank} raised {cause.get('type')}: {cause.get('message')}"
+        what = (
+            f"rank {rank} {cause.get('message')}"
+            if cause.get("type") == "ScriptExit"
+            else f"rank {rank} raised {cause.get('type')}: {cause.get('message')}"
+        )
         message = f"{what}; restart {self.restarts} of {budget}"
-        job.transition(JobStatus.RESTARTING, restarts=self.restarts,
-                       reason=f"{message}: the other ranks stop first")
-        job.record("restarted", message, rank=rank, attempt=job.attempt,
-                   exit_code=cause.get("exit_code"), signal=cause.get("signal"),
-                   error={k: cause.get(k) for k in ("type", "message", "traceback")},
-                   consequences=cause.get("consequences", []))
+        job.transition(
+            JobStatus.RESTARTING,
+            restarts=self.restarts,
+            reason=f"{message}: the other ranks stop first",
+        )
+        job.record(
+            "restarted",
+            message,
+            rank=rank,
+            attempt=job.attempt,
+            exit_code=cause.get("exit_code"),
+            signal=cause.get("signal"),
+            error={k: cause.get(k) for k in ("type", "message", "traceback")},
+            consequences=cause.get("consequences", []),
+        )
         self.note_restart(f"restart {self.restarts} of {budget} after rank {rank} failed")
         job.ask(Word.STOP, 1)
 
     # --- a lost worker: restart within the budget, else fail ---------------------------------
-    def lost(self, job: JobView, rank: int | None, exc_type: str, message: str,
-             facts: dict[str, Any] | None = None) -> None:
+    def lost(
+        self,
+        job: JobView,
+        rank: int | None,
+        exc_type: str,
+        message: str,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
         """Rank ``rank``'s worker is gone (or could not start it): restart the gang
         while the restart budget lasts, else fail the job."""
         budget = job.spec.max_restarts
@@ -196,11 +237,20 @@ class Faults:
             self.anomalies.on_failure(job, cause)  # e.g. out of memory: worth knowing now
             self.restarts += 1
             self.restart_paused = job.status is JobStatus.PAUSED
-            job.transition(JobStatus.RESTARTING, restarts=self.restarts, reason=(
-                f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"))
-            job.record("restarted", f"{message}; restart {self.restarts} of {budget}",
-                       rank=rank, attempt=job.attempt,
-                       consequences=cause.get("consequences", []))
+            job.transition(
+                JobStatus.RESTARTING,
+                restarts=self.restarts,
+                reason=(
+                    f"{message}; restart {self.restarts} of {budget}: the other ranks stop first"
+                ),
+            )
+            job.record(
+                "restarted",
+                f"{message}; restart {self.restarts} of {budget}",
+                rank=rank,
+                attempt=job.attempt,
+                consequences=cause.get("consequences", []),
+            )
             job.ask(Word.STOP, 1)
         elif not job.status.terminal:
             if budget and job.status in HOLDABLE:

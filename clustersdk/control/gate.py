@@ -66,8 +66,11 @@ class Gate:
     def client(self, client: str) -> Identity:
         """The identity of a Dask client, by its id (for the stream handlers)."""
         stream = self.scheduler.client_comms.get(client)
-        return self.identify(getattr(stream, "comm", None)) if stream is not None else \
-            Identity("unknown client", "user")
+        return (
+            self.identify(getattr(stream, "comm", None))
+            if stream is not None
+            else Identity("unknown client", "user")
+        )
 
     # --- wrapping Dask's handlers ----------------------------------------------------------
     def install(self) -> None:
@@ -103,8 +106,7 @@ class Gate:
         def forwarding(comm: Any, msg: Any = None, **kwargs: Any) -> Any:
             op = msg.get("op") if isinstance(msg, dict) else None
             self.access.check_forward(name, str(op), self.identify(comm))
-            return handler(comm, msg=msg, **kwargs) if takes_comm else \
-                handler(msg=msg, **kwargs)
+            return handler(comm, msg=msg, **kwargs) if takes_comm else handler(msg=msg, **kwargs)
 
         return forwarding
 
@@ -137,18 +139,28 @@ class Gate:
         logger.warning("clustersdk: %s", error)
         err = error_message(error)
         for key in keys:
-            self.scheduler.report({"op": "task-erred", "key": key,
-                                   "exception": err["exception"],
-                                   "traceback": err["traceback"]}, client=client)
+            self.scheduler.report(
+                {
+                    "op": "task-erred",
+                    "key": key,
+                    "exception": err["exception"],
+                    "traceback": err["traceback"],
+                },
+                client=client,
+            )
 
     def _subscribing(self, handler: Callable[..., Any]) -> Callable[..., Any]:
         def subscribe(topic: str, client: str) -> Any:
             if self.access.hide_metrics and str(topic).startswith(TOPIC_PREFIX):
-                job = self.job_of(str(topic)[len(TOPIC_PREFIX):])
+                job = self.job_of(str(topic)[len(TOPIC_PREFIX) :])
                 who = self.client(client)
                 if job is not None and not self.access.may_see_metrics(who, job.owner):
-                    logger.info("clustersdk: %s may not follow job %r of %r", who.describe(),
-                                job.name, job.owner)
+                    logger.info(
+                        "clustersdk: %s may not follow job %r of %r",
+                        who.describe(),
+                        job.name,
+                        job.owner,
+                    )
                     return None
             return handler(topic=topic, client=client)
 
@@ -167,15 +179,15 @@ class Gate:
         one that starts later gets it when its agent says it is ready); how many took it."""
         import asyncio
 
-        addresses = [a for ws in self.scheduler.workers.values()
-                     for a in (ws.address, ws.nanny) if a]
+        addresses = [
+            a for ws in self.scheduler.workers.values() for a in (ws.address, ws.nanny) if a
+        ]
 
         async def one(address: str) -> bool:
             try:
                 return bool(await op(self.scheduler.rpc(address), WorkerOp.REVOKE)(crl=crl))
             except Exception as e:  # noqa: BLE001 - a worker that left; the rest go on
-                logger.info("clustersdk: could not hand the revocation list to %s: %r",
-                            address, e)
+                logger.info("clustersdk: could not hand the revocation list to %s: %r", address, e)
                 return False
 
         return sum(await asyncio.gather(*(one(a) for a in addresses)))

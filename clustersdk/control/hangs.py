@@ -33,9 +33,9 @@ from ..status import JobStatus
 from . import events as ev
 from .view import JobView
 
-MIN_DEFAULT = 60.0      # the default hang_timeout is never shorter ...
-STEP_FACTOR = 20.0      # ... and at least this many times the slowest recent step
-RECENT_STEPS = 50       # steps that define "recent"
+MIN_DEFAULT = 60.0  # the default hang_timeout is never shorter ...
+STEP_FACTOR = 20.0  # ... and at least this many times the slowest recent step
+RECENT_STEPS = 50  # steps that define "recent"
 EXEMPT = frozenset({"checkpoint", "paused"})  # phases whose time is not waiting
 OUTSIDE = frozenset({"setup", "done"})  # before or after ctx.loop: no steps to count
 # the states in which ranks that did not get out in time are ended
@@ -55,8 +55,8 @@ class Watch:
 
     def __init__(self, now: float):
         self.beacons: dict[int, Beacon] = {}
-        self.advanced_at = now               # a step finished, or the gang (re)started
-        self.best = -1                       # the furthest step any rank reported
+        self.advanced_at = now  # a step finished, or the gang (re)started
+        self.best = -1  # the furthest step any rank reported
         self.durations: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
         self.exempt_since: float | None = None
         # how many ranks' newest beacon is in an EXEMPT or an OUTSIDE phase: kept as beacons
@@ -67,8 +67,7 @@ class Watch:
         """A new gang start (or a resume): nothing to compare with yet."""
         self.__init__(now)  # type: ignore[misc]  # (unsound in general; here: every field anew)
 
-    def heard(self, rank: int, step: int, phase: str, now: float,
-              ticks: int | None = None) -> None:
+    def heard(self, rank: int, step: int, phase: str, now: float, ticks: int | None = None) -> None:
         """A rank's beacon; progress is a step (or an evaluation batch, in ``ticks``)
         finished by any rank."""
         done = step if ticks is None else ticks
@@ -113,8 +112,9 @@ class Watch:
         parts = []
         for rank in sorted(self.beacons):
             b = self.beacons[rank]
-            parts.append(f"rank {rank} at step {b.step}, phase {b.phase} (heard "
-                         f"{now - b.time:.1f} s ago)")
+            parts.append(
+                f"rank {rank} at step {b.step}, phase {b.phase} (heard {now - b.time:.1f} s ago)"
+            )
         return ", ".join(parts) or "no rank has reported yet"
 
 
@@ -131,8 +131,10 @@ class Hangs:
     def detected(self, job: JobView, e: ev.HangDetected) -> None:
         if job.status is not JobStatus.RUNNING:
             return
-        message = (f"hung: no rank has finished a step for {e.idle_for:.0f} s (hang_timeout "
-                   f"{e.timeout:.0f} s); {e.where}; job.stacks() shows where each rank is")
+        message = (
+            f"hung: no rank has finished a step for {e.idle_for:.0f} s (hang_timeout "
+            f"{e.timeout:.0f} s); {e.where}; job.stacks() shows where each rank is"
+        )
         self.grace = e.grace
         job.transition(JobStatus.HUNG, reason=message)
         job.record("hung", message, idle_for=round(e.idle_for, 3))
@@ -163,11 +165,18 @@ class Hangs:
             return  # an earlier gang's, or the job came back to life and goes on
         stuck = [rank for rank in range(len(job.ranks)) if rank not in job.exited]
         for rank in stuck:
-            job.emit(ev.RestartWorker(job.ranks[rank].worker, f"rank {rank} of job "
-                                      f"{job.name!r} hung and did not stop"))
+            job.emit(
+                ev.RestartWorker(
+                    job.ranks[rank].worker, f"rank {rank} of job {job.name!r} hung and did not stop"
+                )
+            )
         if stuck:
-            job.record("ended", f"rank(s) {', '.join(map(str, stuck))} did not stop within "
-                       f"{e.grace:.0f} s: their workers are restarted", ranks=stuck)
+            job.record(
+                "ended",
+                f"rank(s) {', '.join(map(str, stuck))} did not stop within "
+                f"{e.grace:.0f} s: their workers are restarted",
+                ranks=stuck,
+            )
         job.end_ranks(stuck, ExitStatus.LOST)
 
 
@@ -176,5 +185,7 @@ def worth_watching(status: JobStatus) -> bool:
 
 
 def summary(watch: Watch, now: float) -> dict[str, Any]:
-    return {"idle_for": round(watch.idle_for(now), 3),
-            "ranks": {r: dataclasses.asdict(b) for r, b in watch.beacons.items()}}
+    return {
+        "idle_for": round(watch.idle_for(now), 3),
+        "ranks": {r: dataclasses.asdict(b) for r, b in watch.beacons.items()},
+    }

@@ -49,8 +49,9 @@ from .hangs import Hangs
 from .view import JobView
 
 # the states a rank's failure can hold a job from
-HOLD_FROM = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG,
-                       JobStatus.HELD})
+HOLD_FROM = frozenset(
+    {JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG, JobStatus.HELD}
+)
 
 
 class HoldBook:
@@ -64,19 +65,34 @@ class HoldBook:
 
     def __init__(self) -> None:
         self.ranks: dict[int, dict[str, Any]] = {}
-        self.cause: int | None = None   # the rank whose error is the job's
+        self.cause: int | None = None  # the rank whose error is the job's
         self.since: float | None = None  # when the job became HELD
-        self.ended: str = ""             # how the hold ended, once it did
+        self.ended: str = ""  # how the hold ended, once it did
 
-    def keep(self, rank: int, error: dict[str, Any], frames: list[dict[str, Any]],
-             step: int | None, now: float) -> None:
-        self.ranks[rank] = {"rank": rank, "error": error, "frames": frames, "step": step,
-                            "time": now}
+    def keep(
+        self,
+        rank: int,
+        error: dict[str, Any],
+        frames: list[dict[str, Any]],
+        step: int | None,
+        now: float,
+    ) -> None:
+        self.ranks[rank] = {
+            "rank": rank,
+            "error": error,
+            "frames": frames,
+            "step": step,
+            "time": now,
+        }
 
     def record(self) -> dict[str, Any]:
         """What the journal keeps (the job record's ``held``)."""
-        return {"cause": self.cause, "since": self.since, "ended": self.ended,
-                "ranks": {str(rank): entry for rank, entry in sorted(self.ranks.items())}}
+        return {
+            "cause": self.cause,
+            "since": self.since,
+            "ended": self.ended,
+            "ranks": {str(rank): entry for rank, entry in sorted(self.ranks.items())},
+        }
 
 
 class Holds:
@@ -102,10 +118,12 @@ class Holds:
         step = self.book.ranks.get(rank, {}).get("step") if rank is not None else None
         at = f" at step {step}" if step is not None else ""
         message = brief(err)["message"][:200]
-        return (f"held: rank {rank} raised {err.get('type')}{at}: {message}; job.debug({rank}) "
-                f"shows its stack, job.run(fn, ranks=[{rank}]) inspects it; job.stop() or "
-                "job.restart_from_checkpoint() ends the hold (it fails by itself after "
-                f"hold_timeout={job.spec.hold_timeout:g} s)")
+        return (
+            f"held: rank {rank} raised {err.get('type')}{at}: {message}; job.debug({rank}) "
+            f"shows its stack, job.run(fn, ranks=[{rank}]) inspects it; job.stop() or "
+            "job.restart_from_checkpoint() ends the hold (it fails by itself after "
+            f"hold_timeout={job.spec.hold_timeout:g} s)"
+        )
 
     # --- events ---------------------------------------------------------------------------
     def held(self, job: JobView, e: ev.Held) -> None:
@@ -126,9 +144,12 @@ class Holds:
         book.since = job.now
         job.transition(JobStatus.HELD, reason=self.reason(job))
         err = self.faults.cause or e.error
-        job.record("held", f"rank {book.cause} raised {err.get('type')}: "
-                   f"{brief(err)['message']}; the job is HELD for job.debug / job.run",
-                   rank=book.cause)
+        job.record(
+            "held",
+            f"rank {book.cause} raised {err.get('type')}: "
+            f"{brief(err)['message']}; the job is HELD for job.debug / job.run",
+            rank=book.cause,
+        )
         job.pause()  # the others wait at their boundary
         job.emit(ev.StartTimer(job.spec.hold_timeout, ev.HoldExpired(job.attempt)))
 
@@ -155,18 +176,22 @@ class Holds:
         if job.status is not JobStatus.HELD:
             raise InvalidTransitionError(
                 f"job {job.name!r} is {job.status.name}; only a HELD job can be restarted from "
-                "its checkpoint (launch with on_error='hold')")
+                "its checkpoint (launch with on_error='hold')"
+            )
         resume = job.resume_point
         if not resume:
             raise SpecError(
                 f"job {job.name!r} has no committed checkpoint to restart from (it needs "
                 "checkpoint_dir= and a checkpoint taken before it failed); job.stop() ends the "
-                "hold")
+                "hold"
+            )
         self._end(job, f"job.restart_from_checkpoint(): it continues from {resume}")
         self.faults.new_gang()  # nothing held back: the restart is the owner's choice
         self.faults.note_restart("restarted from its checkpoint (job.restart_from_checkpoint())")
-        job.transition(JobStatus.RESTARTING, reason=(
-            f"restart from checkpoint {resume}, asked while HELD: the ranks stop first"))
+        job.transition(
+            JobStatus.RESTARTING,
+            reason=(f"restart from checkpoint {resume}, asked while HELD: the ranks stop first"),
+        )
         job.ask(Word.STOP, 1)
         self.hangs.stopping(job)
 
@@ -178,8 +203,14 @@ class Holds:
         self.faults.fail_held(job)
         self.hangs.stopping(job)
 
-    def lost(self, job: JobView, rank: int | None, exc_type: str, message: str,
-             facts: dict[str, Any] | None = None) -> None:
+    def lost(
+        self,
+        job: JobView,
+        rank: int | None,
+        exc_type: str,
+        message: str,
+        facts: dict[str, Any] | None = None,
+    ) -> None:
         """A worker of a HELD job left the cluster (its rank's slot is freed already);
         ``facts``: how its process ended, when its nanny said."""
         cause = self.faults.cause

@@ -20,7 +20,8 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -122,10 +123,18 @@ _INSERTS = {
 
 _JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis", "controls")
 # columns added since the first release, with their declarations
-_ADDED_COLUMNS = {"restarts": "INTEGER NOT NULL DEFAULT 0", "address": "TEXT", "seq": "INTEGER",
-                  "payload": "BLOB", "estimated_start": "REAL", "stacks": "TEXT",
-                  "profiles": "TEXT", "held": "TEXT", "diagnosis": "TEXT",
-                  "controls": "TEXT"}  # a script job's: what its ranks accept (scripts.py)
+_ADDED_COLUMNS = {
+    "restarts": "INTEGER NOT NULL DEFAULT 0",
+    "address": "TEXT",
+    "seq": "INTEGER",
+    "payload": "BLOB",
+    "estimated_start": "REAL",
+    "stacks": "TEXT",
+    "profiles": "TEXT",
+    "held": "TEXT",
+    "diagnosis": "TEXT",
+    "controls": "TEXT",
+}  # a script job's: what its ranks accept (scripts.py)
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 
@@ -229,7 +238,9 @@ class Journal:
         """Jobs an earlier scheduler at ``address`` left queued or suspended (oldest first)."""
         rows = self._sql(
             "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status IN "
-            "('QUEUED', 'SUSPENDED') ORDER BY seq, submitted", (address, scheduler)).fetchall()
+            "('QUEUED', 'SUSPENDED') ORDER BY seq, submitted",
+            (address, scheduler),
+        ).fetchall()
         return [_decode(r) for r in rows]
 
     def orphaned(self, address: str, scheduler: str) -> list[dict[str, Any]]:
@@ -237,27 +248,46 @@ class Journal:
         rows = self._sql(
             "SELECT * FROM jobs WHERE address = ? AND scheduler != ? AND status NOT IN "
             "('QUEUED', 'SUSPENDED', 'FINISHED', 'FAILED', 'STOPPED')",
-            (address, scheduler)).fetchall()
+            (address, scheduler),
+        ).fetchall()
         return [_decode(r) for r in rows]
 
     # events: restarts, failures, world-size changes, preemptions ------------
-    def add_event(self, job: str, time: float, step: int | None, kind: str, message: str,
-                  data: dict[str, Any] | None = None) -> None:
-        self._sql("INSERT INTO events (job, time, step, kind, message, data) VALUES "
-                         "(?, ?, ?, ?, ?, ?)", (job, time, step, kind, message,
-                                                json.dumps(data or {}, default=str)))
+    def add_event(
+        self,
+        job: str,
+        time: float,
+        step: int | None,
+        kind: str,
+        message: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self._sql(
+            "INSERT INTO events (job, time, step, kind, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+            (job, time, step, kind, message, json.dumps(data or {}, default=str)),
+        )
 
     def events(self, job: str) -> list[dict[str, Any]]:
         """The job's durable events, oldest first."""
-        rows = self._sql("SELECT time, step, kind, message, data FROM events WHERE "
-                                "job = ? ORDER BY seq", (job,)).fetchall()
-        return [{"time": r["time"], "step": r["step"], "kind": r["kind"],
-                 "message": r["message"], **json.loads(r["data"])} for r in rows]
+        rows = self._sql(
+            "SELECT time, step, kind, message, data FROM events WHERE job = ? ORDER BY seq", (job,)
+        ).fetchall()
+        return [
+            {
+                "time": r["time"],
+                "step": r["step"],
+                "kind": r["kind"],
+                "message": r["message"],
+                **json.loads(r["data"]),
+            }
+            for r in rows
+        ]
 
     # settings ---------------------------------------------------------------
     def put_setting(self, key: str, value: Any) -> None:
-        self._sql("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)",
-                         (key, json.dumps(value)))
+        self._sql(
+            "INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, json.dumps(value))
+        )
 
     def setting(self, key: str) -> Any:
         row = self._sql("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
@@ -271,8 +301,9 @@ class Journal:
 
     # metrics --------------------------------------------------------------
     def add_metrics(self, job: str, rows: Iterable[dict[str, Any]]) -> None:
-        self._batch("metrics", [(job, r["rank"], r["step"], r["time"], _dumps(r["scalars"]))
-                                for r in rows])
+        self._batch(
+            "metrics", [(job, r["rank"], r["step"], r["time"], _dumps(r["scalars"])) for r in rows]
+        )
 
     def truncate_history(self, job: str, step: int) -> None:
         """Forget the rows of steps at or after ``step`` (a resume from there replays them)."""
@@ -280,8 +311,15 @@ class Journal:
         self._sql("DELETE FROM phases WHERE job = ? AND step >= ?", (job, step))
         self._sql("DELETE FROM steps WHERE job = ? AND step >= ?", (job, step))
 
-    def history(self, job: str, since: int = 0, limit: int | None = None, *,
-                last_steps: int | None = None, rank: int | None = None) -> list[dict[str, Any]]:
+    def history(
+        self,
+        job: str,
+        since: int = 0,
+        limit: int | None = None,
+        *,
+        last_steps: int | None = None,
+        rank: int | None = None,
+    ) -> list[dict[str, Any]]:
         """Rows after sequence number ``since``: seq, rank, step, time and each scalar.
 
         In the order they came; with ``last_steps`` (only the newest that many steps) or
@@ -306,26 +344,32 @@ class Journal:
             sql += " LIMIT ?"
             params.append(limit)
         loads = json.loads
-        return [{**loads(scalars), "seq": seq, "rank": r, "step": step, "time": t}
-                for seq, r, step, t, scalars in self._sql(sql, tuple(params))]
+        return [
+            {**loads(scalars), "seq": seq, "rank": r, "step": step, "time": t}
+            for seq, r, step, t, scalars in self._sql(sql, tuple(params))
+        ]
 
     # per-step summaries -------------------------------------------------------
     def put_steps(self, job: str, summaries: Iterable[dict[str, Any]]) -> None:
         """Per-step summaries (:meth:`clustersdk.control.digest.StepBands.take`'s): each
         replaces the one kept for its step."""
-        self._batch("steps", [(job, s["step"], s["time"], s["ranks"], _dumps(s["scalars"]))
-                              for s in summaries])
+        self._batch(
+            "steps",
+            [(job, s["step"], s["time"], s["ranks"], _dumps(s["scalars"])) for s in summaries],
+        )
 
     def step_summary(self, job: str, step: int) -> dict[str, Any] | None:
         """The summary kept for one step, in the form :meth:`put_steps` takes."""
-        row = self._sql("SELECT step, time, ranks, scalars FROM steps WHERE job = ? AND step = ?",
-                        (job, step)).fetchone()
+        row = self._sql(
+            "SELECT step, time, ranks, scalars FROM steps WHERE job = ? AND step = ?", (job, step)
+        ).fetchone()
         if row is None:
             return None
         return {"step": row[0], "time": row[1], "ranks": row[2], "scalars": json.loads(row[3])}
 
-    def steps(self, job: str, last: int | None = None, since_step: int | None = None
-              ) -> list[dict[str, Any]]:
+    def steps(
+        self, job: str, last: int | None = None, since_step: int | None = None
+    ) -> list[dict[str, Any]]:
         """One row per step, oldest first: step, time (of its newest row), ranks (how many
         logged it) and, per scalar, its ``mean``, ``min``, ``max`` over the ranks and
         ``ranks`` (how many logged that scalar). Only the newest ``last`` steps, or the
@@ -336,34 +380,50 @@ class Journal:
             params.append(since_step)
         sql = f"SELECT step, time, ranks, scalars FROM steps WHERE {where} ORDER BY step"
         if last is not None:
-            sql = (f"SELECT * FROM (SELECT step, time, ranks, scalars FROM steps WHERE {where} "
-                   "ORDER BY step DESC LIMIT ?) ORDER BY step")
+            sql = (
+                f"SELECT * FROM (SELECT step, time, ranks, scalars FROM steps WHERE {where} "
+                "ORDER BY step DESC LIMIT ?) ORDER BY step"
+            )
             params.append(last)
-        return [{"step": step, "time": t, "ranks": ranks, "scalars": {
+        return [
+            {
+                "step": step,
+                "time": t,
+                "ranks": ranks,
+                "scalars": {
                     name: {"mean": total / count, "min": lo, "max": hi, "ranks": count}
-                    for name, (count, total, lo, hi) in json.loads(scalars).items() if count}}
-                for step, t, ranks, scalars in self._sql(sql, tuple(params))]
+                    for name, (count, total, lo, hi) in json.loads(scalars).items()
+                    if count
+                },
+            }
+            for step, t, ranks, scalars in self._sql(sql, tuple(params))
+        ]
 
     # step phases ------------------------------------------------------------
     def add_phases(self, job: str, rank: int, rows: Iterable[list[float]]) -> None:
         """``[step, *PHASES]`` rows of one rank (see :mod:`clustersdk.runtime.phases`)."""
         self._batch("phases", [(job, rank, int(r[0]), _dumps(list(r[1:]))) for r in rows])
 
-    def phases(self, job: str, since: int = 0, limit: int | None = None,
-               tail: int | None = None) -> list[dict[str, Any]]:
+    def phases(
+        self, job: str, since: int = 0, limit: int | None = None, tail: int | None = None
+    ) -> list[dict[str, Any]]:
         """Phase rows after ``since`` (the first ``limit``, or only the newest ``tail``),
         oldest first: seq, rank, step and each phase's seconds."""
         from ..protocol import PHASES
 
         order, count = ("DESC", tail) if tail is not None else ("ASC", limit)
-        sql = ("SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? "
-               f"ORDER BY seq {order}")
+        sql = (
+            "SELECT seq, rank, step, phases FROM phases WHERE job = ? AND seq > ? "
+            f"ORDER BY seq {order}"
+        )
         params: tuple = (job, since)
         if count is not None:
             sql += " LIMIT ?"
             params += (count,)
-        rows = [{"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
-                for seq, rank, step, values in self._sql(sql, params)]
+        rows = [
+            {"seq": seq, "rank": rank, "step": step, **dict(zip(PHASES, json.loads(values)))}
+            for seq, rank, step, values in self._sql(sql, params)
+        ]
         return rows[::-1] if tail is not None else rows
 
     # system samples ---------------------------------------------------------
@@ -376,8 +436,10 @@ class Journal:
             "SELECT seq, rank, time, sample FROM system WHERE job = ? AND seq > ? ORDER BY seq",
             (job, since),
         )
-        return [{**json.loads(sample), "seq": seq, "rank": rank, "time": t}
-                for seq, rank, t, sample in rows]
+        return [
+            {**json.loads(sample), "seq": seq, "rank": rank, "time": t}
+            for seq, rank, t, sample in rows
+        ]
 
     # logs -----------------------------------------------------------------
     def add_logs(self, job: str, lines: Iterable[tuple[int, float, str, str]]) -> None:
@@ -399,7 +461,9 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _encode(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: (json.dumps(v) if k in _JSON_FIELDS and v is not None else v) for k, v in record.items()}
+    return {
+        k: (json.dumps(v) if k in _JSON_FIELDS and v is not None else v) for k, v in record.items()
+    }
 
 
 def _decode(row: sqlite3.Row) -> dict[str, Any]:
@@ -408,4 +472,3 @@ def _decode(row: sqlite3.Row) -> dict[str, Any]:
         if record.get(k) is not None:
             record[k] = json.loads(record[k])
     return record
-

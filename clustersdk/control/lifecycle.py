@@ -55,7 +55,8 @@ Events of an earlier gang start (``attempt``) are ignored.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import InvalidTransitionError, SpecError
 from ..layout import Layout
@@ -77,7 +78,7 @@ class Gang:
     """One gang start of a job: where its ranks run and what each has said."""
 
     ranks: tuple[ev.RankSlot, ...] = ()
-    held: set[int] = dataclasses.field(default_factory=set)   # ranks whose slot is the job's
+    held: set[int] = dataclasses.field(default_factory=set)  # ranks whose slot is the job's
     started: set[int] = dataclasses.field(default_factory=set)
     exited: dict[int, ExitStatus] = dataclasses.field(default_factory=dict)
     paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step it waits at
@@ -91,8 +92,11 @@ SIGNALLED = ("stop", "suspend")
 #: What a script job's ranks may opt into at their step boundaries (clustersdk.script).
 STEP_CONTROLS = ("pause", "checkpoint")
 #: Requests only a training function's ranks can carry out, and what each is called.
-FUNCTION_ONLY: dict[type, str] = {ev.RunRequested: "job.run", ev.UpdateRequested: "job.update",
-                                  ev.ProfileRequested: "job.profile"}
+FUNCTION_ONLY: dict[type, str] = {
+    ev.RunRequested: "job.run",
+    ev.UpdateRequested: "job.update",
+    ev.ProfileRequested: "job.profile",
+}
 
 
 class Lifecycle:
@@ -106,14 +110,21 @@ class Lifecycle:
     <JobStatus.STARTING: 'starting'>
     """
 
-    def __init__(self, spec: WireSpec, *, failure_grace: float,
-                 max_rollbacks: int = MAX_ROLLBACKS, status: JobStatus = JobStatus.QUEUED,
-                 restarts: int = 0, checkpoint: str | None = None,
-                 checkpoint_step: int | None = None):
+    def __init__(
+        self,
+        spec: WireSpec,
+        *,
+        failure_grace: float,
+        max_rollbacks: int = MAX_ROLLBACKS,
+        status: JobStatus = JobStatus.QUEUED,
+        restarts: int = 0,
+        checkpoint: str | None = None,
+        checkpoint_step: int | None = None,
+    ):
         self._spec = spec
         self._status = status
         self._checkpoint, self._checkpoint_step = checkpoint, checkpoint_step  # newest committed
-        self.checkpoint_seq = 0          # newest CHECKPOINT request committed
+        self.checkpoint_seq = 0  # newest CHECKPOINT request committed
         self.checkpoint_failed_seq = -1  # newest CHECKPOINT request that failed
         self.released = False
         self.gang = Gang()
@@ -244,8 +255,11 @@ class Lifecycle:
         if self._spec.kind != "script":
             return frozenset(SIGNALLED + STEP_CONTROLS)
         accepts = self.gang.accepts
-        opted = frozenset.intersection(*accepts.values()) \
-            if len(accepts) == self.world_size else frozenset()
+        opted = (
+            frozenset.intersection(*accepts.values())
+            if len(accepts) == self.world_size
+            else frozenset()
+        )
         return frozenset(SIGNALLED) | (opted & frozenset(STEP_CONTROLS))
 
     @property
@@ -265,9 +279,11 @@ class Lifecycle:
         if isinstance(event, ev.RankEventBase) and event.attempt != self.attempt:
             return []
         if type(event) in FUNCTION_ONLY and self._spec.kind == "script":
-            raise SpecError(f"job {self.name!r} runs {self._spec.fn} as a script: "
-                            f"{FUNCTION_ONLY[type(event)]} needs a training function's ranks "
-                            "(cluster.launch)")
+            raise SpecError(
+                f"job {self.name!r} runs {self._spec.fn} as a script: "
+                f"{FUNCTION_ONLY[type(event)]} needs a training function's ranks "
+                "(cluster.launch)"
+            )
         self._out, self._now = [], now
         self._dispatch[type(event)](event)
         return self._out
@@ -282,8 +298,9 @@ class Lifecycle:
     def ask(self, word: Word, value: int) -> None:
         words = self.gang.words
         words[word] = max(words[word], value)
-        workers = tuple(r.worker for i, r in enumerate(self.gang.ranks)
-                        if i not in self.gang.exited)
+        workers = tuple(
+            r.worker for i, r in enumerate(self.gang.ranks) if i not in self.gang.exited
+        )
         if workers:
             self._out.append(ev.SendControl(tuple(words), self.attempt, workers))
 
@@ -302,13 +319,18 @@ class Lifecycle:
     def fail(self, err: dict[str, Any]) -> None:
         err = self.anomalies.on_failure(self, err)  # with its diagnosis, when it has one
         rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
-        self.record("failed", f"{rank}{err.get('type')}: {err.get('message')}",
-                    rank=err.get("rank"), consequences=err.get("consequences", []))
+        self.record(
+            "failed",
+            f"{rank}{err.get('type')}: {err.get('message')}",
+            rank=err.get("rank"),
+            consequences=err.get("consequences", []),
+        )
         self._finish(JobStatus.FAILED, error=err, reason="")
         self.ask(Word.STOP, 1)
 
-    def lose(self, rank: int | None, exc_type: str, message: str,
-             facts: dict[str, Any] | None = None) -> None:
+    def lose(
+        self, rank: int | None, exc_type: str, message: str, facts: dict[str, Any] | None = None
+    ) -> None:
         if self._status is JobStatus.HELD:
             self.holds.lost(self, rank, exc_type, message, facts)
         else:
@@ -324,8 +346,14 @@ class Lifecycle:
         self._spec = self._spec.replace(**changes)
         self._out.append(ev.Journal({"spec": self._spec.as_dict()}))
 
-    def requeue(self, reason: str, *, front: bool = False, paused: bool = False,
-                world_size: int | None = None) -> None:
+    def requeue(
+        self,
+        reason: str,
+        *,
+        front: bool = False,
+        paused: bool = False,
+        world_size: int | None = None,
+    ) -> None:
         resume = self.resume_point
         # the history goes on from where the new run begins (its Restored event trims
         # it again if an explicit resume= loads an older step; a checkpoint of unknown step
@@ -353,16 +381,23 @@ class Lifecycle:
         asked = self._spec.asked_world_size or self.world_size
         n = len(e.ranks)
         if n != self.world_size:  # the policy started it on fewer (min_world_size), or all again
-            self.record("resized", f"started on {n} of the {asked} ranks asked for "
-                        "(min_world_size allows it)" if n < asked else
-                        f"back on all {asked} ranks asked for", world_size=n,
-                        was=self.world_size, asked=asked)
+            self.record(
+                "resized",
+                f"started on {n} of the {asked} ranks asked for (min_world_size allows it)"
+                if n < asked
+                else f"back on all {asked} ranks asked for",
+                world_size=n,
+                was=self.world_size,
+                asked=asked,
+            )
             self.replace_spec(world_size=n, asked_world_size=asked if n < asked else None)
         gang = self.gang
         gang.ranks = e.ranks
         gang.held = set(range(len(e.ranks)))
-        ranks = [{"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
-                 for i, r in enumerate(e.ranks)]
+        ranks = [
+            {"rank": i, "worker": r.worker, "host": r.host, "device": r.device}
+            for i, r in enumerate(e.ranks)
+        ]
         controls = {"controls": list(SIGNALLED)} if self._spec.kind == "script" else {}
         self.transition(JobStatus.STARTING, ranks=ranks, reason="", **controls)
         update = self.live.gang_started(self.attempt)  # job.update's changes so far go along
@@ -404,15 +439,17 @@ class Lifecycle:
     def _checkpoint_committed(self, e: ev.CheckpointCommitted) -> None:
         self.checkpoint_seq = max(self.checkpoint_seq, e.seq)
         self._checkpoint, self._checkpoint_step = e.path, e.step
-        self._out.append(ev.Journal({"checkpoint": e.path, "checkpoint_step": e.step,
-                                     "checkpoint_error": None}))
+        self._out.append(
+            ev.Journal({"checkpoint": e.path, "checkpoint_step": e.step, "checkpoint_error": None})
+        )
         self._out.append(ev.Publish({"kind": "checkpoint", "path": e.path, "step": e.step}))
 
     def _checkpoint_failed(self, e: ev.CheckpointFailed) -> None:
         self.checkpoint_failed_seq = max(self.checkpoint_failed_seq, e.seq)
         self._out.append(ev.Journal({"checkpoint_error": f"step {e.step}: {e.message}"}))
-        self._out.append(ev.Publish({"kind": "checkpoint_failed", "step": e.step,
-                                     "message": e.message}))
+        self._out.append(
+            ev.Publish({"kind": "checkpoint_failed", "step": e.step, "message": e.message})
+        )
 
     def _failed(self, e: ev.Failed) -> None:
         if self._status is JobStatus.HELD:  # a peer of a held rank failed outright
@@ -434,8 +471,9 @@ class Lifecycle:
         self.gang.exited.setdefault(e.rank, ExitStatus.NOT_STARTED)
         if self._status is not JobStatus.RESTARTING:
             worker = self.gang.ranks[e.rank].worker
-            self.lose(e.rank, e.exc_type, f"could not start rank {e.rank} on worker {worker}: "
-                                          f"{e.message}")
+            self.lose(
+                e.rank, e.exc_type, f"could not start rank {e.rank} on worker {worker}: {e.message}"
+            )
         self._maybe_done()
 
     def _worker_lost(self, e: ev.WorkerLost) -> None:
@@ -443,9 +481,12 @@ class Lifecycle:
             return
         self.gang.exited[e.rank] = ExitStatus.LOST
         self._free(e.rank)
-        self.lose(e.rank, "WorkerLost",
-                  f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
-                  facts=e.facts)
+        self.lose(
+            e.rank,
+            "WorkerLost",
+            f"worker {e.worker} (host {e.host}) of rank {e.rank} left the cluster",
+            facts=e.facts,
+        )
         self._maybe_done()
 
     def _grace_expired(self, e: ev.GraceExpired) -> None:
@@ -458,7 +499,8 @@ class Lifecycle:
         status = self._status
         if status.terminal:
             raise InvalidTransitionError(
-                f"job {self.name!r} is {status.name}; there is nothing to stop")
+                f"job {self.name!r} is {status.name}; there is nothing to stop"
+            )
         if status in (JobStatus.QUEUED, JobStatus.SUSPENDED):
             if status is JobStatus.QUEUED:
                 self._out.append(ev.Dequeue())
@@ -487,7 +529,8 @@ class Lifecycle:
                 raise SpecError(
                     f"job {self.name!r} is PAUSED and keeps its process group of "
                     f"{self.world_size} ranks; to resume at world_size={e.world_size}, suspend "
-                    "it first")
+                    "it first"
+                )
             self.transition(JobStatus.RUNNING, reason="")
             self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
             self.breakpoints.resumed(self)  # a breakpoint's sessions continue too
@@ -497,14 +540,19 @@ class Lifecycle:
                 raise SpecError(f"world_size must be a positive int, got {ws!r}")
             Layout.resolve(self._spec.strategy, self._spec.mesh, ws)  # a mesh that fits ws
             self._new_gang()
-            self.replace_spec(world_size=ws, resume=self._checkpoint,
-                              attempt=self.attempt + 1, asked_world_size=None)
+            self.replace_spec(
+                world_size=ws,
+                resume=self._checkpoint,
+                attempt=self.attempt + 1,
+                asked_world_size=None,
+            )
             self.transition(JobStatus.QUEUED, reason="")
             self._out.append(ev.Enqueue())
         else:
             raise InvalidTransitionError(
                 f"job {self.name!r} is {self._status.name}; only a PAUSED or SUSPENDED job can "
-                "be resumed")
+                "be resumed"
+            )
 
     def _checkpoint_requested(self, e: ev.CheckpointRequested) -> None:
         if self._spec.kind == "script":  # the script saves where it likes (its own format)
@@ -513,13 +561,15 @@ class Lifecycle:
                 raise InvalidTransitionError(
                     f"job {self.name!r} is PAUSED inside its script's step boundary, and a "
                     "script saves after the boundary returns: resume it first (or suspend it, "
-                    "which saves and frees the slots)")
+                    "which saves and frees the slots)"
+                )
         else:
             self._need_checkpoint_dir("checkpoint")
         if self._status not in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
                 f"job {self.name!r} is {self._status.name}; a checkpoint needs a RUNNING or "
-                "PAUSED job")
+                "PAUSED job"
+            )
         self.ask(Word.CHECKPOINT, self.gang.words[Word.CHECKPOINT] + 1)
 
     def _suspend(self, e: ev.SuspendRequested) -> None:
@@ -533,12 +583,23 @@ class Lifecycle:
         # a SUSPENDED job keeps its record and checkpoint (resume="auto" finds it), and
         # so does a QUEUED one: a scheduler restarted at the same address takes both over
         if self._status is JobStatus.QUEUED:
-            self._out.append(ev.Journal({"reason": (
-                "the scheduler shut down before the job started; a scheduler restarted at "
-                "the same address with the same state directory queues it again")}))
+            self._out.append(
+                ev.Journal(
+                    {
+                        "reason": (
+                            "the scheduler shut down before the job started; a scheduler restarted at "
+                            "the same address with the same state directory queues it again"
+                        )
+                    }
+                )
+            )
         elif JobStatus.FAILED in TRANSITIONS[self._status]:
-            self._finish(JobStatus.FAILED, error=ev.error_record(
-                None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"))
+            self._finish(
+                JobStatus.FAILED,
+                error=ev.error_record(
+                    None, "SchedulerClosed", "the Dask scheduler shut down while the job was active"
+                ),
+            )
 
     def _need_control(self, action: str) -> None:
         """A script job's ranks must have opted into ``action`` at their step boundaries."""
@@ -546,13 +607,16 @@ class Lifecycle:
             raise InvalidTransitionError(
                 f"job {self.name!r} runs {self._spec.fn} as a script that does not accept "
                 f"{action} requests: every rank must call clustersdk.script.step()"
-                + (" with saves=True (and save when it says so)" if action == "checkpoint" else
-                   "") + " (or use ClusterSDKCallback in a Hugging Face Trainer)")
+                + (" with saves=True (and save when it says so)" if action == "checkpoint" else "")
+                + " (or use ClusterSDKCallback in a Hugging Face Trainer)"
+            )
 
     def _need_checkpoint_dir(self, action: str) -> None:
         if not self._spec.checkpoint_dir:
-            raise SpecError(f"job {self.name!r} has no checkpoint_dir, so it cannot {action}; "
-                            "launch it with checkpoint_dir=...")
+            raise SpecError(
+                f"job {self.name!r} has no checkpoint_dir, so it cannot {action}; "
+                "launch it with checkpoint_dir=..."
+            )
 
     # --- how a gang ends -------------------------------------------------------------------
     def _maybe_done(self) -> None:
@@ -573,15 +637,19 @@ class Lifecycle:
                 self.faults.restart(self)
                 return
         if self._status is JobStatus.SUSPENDING and all(
-                s is ExitStatus.SUSPENDED for s in exited.values()):
-            self.transition(JobStatus.SUSPENDED, reason=self.sharing.leave_reason
-                            or "suspended: resume() to continue")
+            s is ExitStatus.SUSPENDED for s in exited.values()
+        ):
+            self.transition(
+                JobStatus.SUSPENDED,
+                reason=self.sharing.leave_reason or "suspended: resume() to continue",
+            )
             self._out.append(ev.CloseBoard())
             return  # stays, with its payload, for resume()
         if not self._status.terminal:
             final = JobStatus.STOPPED if self._status is JobStatus.STOPPING else JobStatus.FINISHED
-            self._finish(final, reason=self.sharing.leave_reason
-                         if final is JobStatus.STOPPED else "")
+            self._finish(
+                final, reason=self.sharing.leave_reason if final is JobStatus.STOPPED else ""
+            )
         self._release()
 
     def _finish(self, status: JobStatus, **fields: Any) -> None:

@@ -52,14 +52,14 @@ class RunEntry(TypedDict):
 
     seq: int
     kind: Literal["run"]
-    ranks: list[int]                          # the ranks chosen to run it
+    ranks: list[int]  # the ranks chosen to run it
     requested: float
-    attempt: int                              # the gang asked
-    limit: int                                # the most bytes of a pickled result
-    fn: bytes | None                          # pickled; None once every chosen rank has it
-    fetched: set[int]                         # the ranks that took it
-    results: dict[int, bytes | None]          # rank -> its pickled result
-    errors: dict[int, dict[str, Any]]         # rank -> its error
+    attempt: int  # the gang asked
+    limit: int  # the most bytes of a pickled result
+    fn: bytes | None  # pickled; None once every chosen rank has it
+    fetched: set[int]  # the ranks that took it
+    results: dict[int, bytes | None]  # rank -> its pickled result
+    errors: dict[int, dict[str, Any]]  # rank -> its error
     complete: bool
 
 
@@ -68,13 +68,13 @@ class UpdateEntry(TypedDict):
 
     seq: int
     kind: Literal["update"]
-    changes: dict[str, Any]                   # checked by hparams.check
+    changes: dict[str, Any]  # checked by hparams.check
     requested: float
     attempt: int
-    step: int | None                          # applied before it (None: not yet)
-    old: dict[str, list[Any]]                 # key -> [old, new] as the ranks applied it
-    ranks: set[int]                           # the ranks that reported it
-    error: dict[str, Any] | None              # why it was refused
+    step: int | None  # applied before it (None: not yet)
+    old: dict[str, list[Any]]  # key -> [old, new] as the ranks applied it
+    ranks: set[int]  # the ranks that reported it
+    error: dict[str, Any] | None  # why it was refused
 
 
 class Carry(TypedDict):
@@ -83,34 +83,43 @@ class Carry(TypedDict):
     seq: int
     attempt: int
     changes: dict[str, Any]
-    seqs: list[int]                           # the updates it carries
+    seqs: list[int]  # the updates it carries
 
 
 class LiveRequests:
     """One job's run and update requests, and what its ranks reported."""
 
     def __init__(self) -> None:
-        self.seq = 0                             # the newest request, of either kind
+        self.seq = 0  # the newest request, of either kind
         self.runs: dict[int, RunEntry] = {}
         self.updates: dict[int, UpdateEntry] = {}
         self.info: dict[int, dict[str, Any]] = {}  # rank -> what job.update's checks need
-        self.carry: Carry | None = None            # the current gang's carried update
+        self.carry: Carry | None = None  # the current gang's carried update
 
     # --- runs ------------------------------------------------------------------------
-    def ask_run(self, fn: bytes, ranks: list[int], *, now: float, attempt: int,
-                limit: int) -> int:
+    def ask_run(self, fn: bytes, ranks: list[int], *, now: float, attempt: int, limit: int) -> int:
         self.seq += 1
-        self.runs[self.seq] = {"seq": self.seq, "kind": "run", "ranks": list(ranks),
-                               "requested": now, "attempt": attempt, "limit": limit, "fn": fn,
-                               "fetched": set(), "results": {}, "errors": {},
-                               "complete": False}
+        self.runs[self.seq] = {
+            "seq": self.seq,
+            "kind": "run",
+            "ranks": list(ranks),
+            "requested": now,
+            "attempt": attempt,
+            "limit": limit,
+            "fn": fn,
+            "fetched": set(),
+            "results": {},
+            "errors": {},
+            "complete": False,
+        }
         for old in sorted(self.runs)[:-KEEP_RESULTS]:  # results nobody came for
             if self.runs[old]["complete"]:  # (one a rank has still to run stays)
                 self.runs.pop(old)
         return self.seq
 
-    def ran_by(self, seq: int, rank: int, result: bytes | None,
-               error: dict[str, Any] | None) -> bool:
+    def ran_by(
+        self, seq: int, rank: int, result: bytes | None, error: dict[str, Any] | None
+    ) -> bool:
         """Rank ``rank`` ran request ``seq``; True once every chosen rank has."""
         entry = self.runs.get(seq)
         if entry is None or entry["complete"] or rank not in entry["ranks"]:
@@ -125,13 +134,27 @@ class LiveRequests:
     # --- updates ------------------------------------------------------------------------
     def ask_update(self, changes: dict[str, Any], *, now: float, attempt: int) -> int:
         self.seq += 1
-        self.updates[self.seq] = {"seq": self.seq, "kind": "update", "changes": changes,
-                                  "requested": now, "attempt": attempt, "step": None,
-                                  "old": {}, "ranks": set(), "error": None}
+        self.updates[self.seq] = {
+            "seq": self.seq,
+            "kind": "update",
+            "changes": changes,
+            "requested": now,
+            "attempt": attempt,
+            "step": None,
+            "old": {},
+            "ranks": set(),
+            "error": None,
+        }
         return self.seq
 
-    def updated_by(self, seq: int, rank: int, step: int | None, changes: dict[str, list[Any]],
-                   error: dict[str, Any] | None) -> list[UpdateEntry]:
+    def updated_by(
+        self,
+        seq: int,
+        rank: int,
+        step: int | None,
+        changes: dict[str, list[Any]],
+        error: dict[str, Any] | None,
+    ) -> list[UpdateEntry]:
         """Rank ``rank`` applied update ``seq`` (or the carried one) before ``step``, or
         refused it; the entries this report applied for the first time."""
         carry = self.carry
@@ -156,12 +179,16 @@ class LiveRequests:
     def done(self, seq: int, world_size: int) -> bool:
         """Whether update ``seq`` is applied (or refused) by every rank."""
         entry = self.updates.get(seq)
-        return entry is None or entry["error"] is not None or (
-            entry["step"] is not None and len(entry["ranks"]) >= world_size)
+        return (
+            entry is None
+            or entry["error"] is not None
+            or (entry["step"] is not None and len(entry["ranks"]) >= world_size)
+        )
 
     # --- what a rank asks for ---------------------------------------------------------------
-    def pending(self, attempt: int, rank: int, runs: tuple[int, int],
-                updates: tuple[int, int]) -> list[dict[str, Any]]:
+    def pending(
+        self, attempt: int, rank: int, runs: tuple[int, int], updates: tuple[int, int]
+    ) -> list[dict[str, Any]]:
         """The requests rank ``rank`` of gang ``attempt`` must carry out, in order: the runs
         with ``runs[0] < seq <= runs[1]`` that chose it, the updates likewise."""
         out = []
@@ -174,10 +201,19 @@ class LiveRequests:
             if entry["fetched"] >= set(entry["ranks"]):
                 entry["fn"] = None  # every chosen rank has it: no need to keep it
         carry = self.carry
-        if carry is not None and carry["attempt"] == attempt and \
-                updates[0] < carry["seq"] <= updates[1]:
-            out.append({"seq": carry["seq"], "kind": "update", "changes": carry["changes"],
-                        "carried": True})
+        if (
+            carry is not None
+            and carry["attempt"] == attempt
+            and updates[0] < carry["seq"] <= updates[1]
+        ):
+            out.append(
+                {
+                    "seq": carry["seq"],
+                    "kind": "update",
+                    "changes": carry["changes"],
+                    "carried": True,
+                }
+            )
         for seq in range(updates[0] + 1, updates[1] + 1):
             update = self.updates.get(seq)  # of this gang: an earlier one's come carried
             if update is not None and update["attempt"] == attempt and update["error"] is None:
@@ -193,9 +229,11 @@ class LiveRequests:
                 for rank in entry["ranks"]:
                     if rank not in entry["results"] and rank not in entry["errors"]:
                         entry["errors"][rank] = {
-                            "type": "GangEnded", "traceback": "",
+                            "type": "GangEnded",
+                            "traceback": "",
                             "message": f"the job's ranks stopped (a restart or a suspend) before "
-                                       f"rank {rank} ran the function; it was not run"}
+                            f"rank {rank} ran the function; it was not run",
+                        }
                 entry["complete"], entry["fn"] = True, None
         net: dict[str, Any] = {}
         seqs = []
@@ -221,12 +259,17 @@ class LiveRequests:
             ranks = job.held_ranks
         else:
             ranks = list(range(job.world_size)) if e.ranks is None else list(e.ranks)
-        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)
-               or not 0 <= r < job.world_size]
+        bad = [
+            r
+            for r in ranks
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < job.world_size
+        ]
         if bad or not ranks or len(set(ranks)) != len(ranks):
-            raise SpecError(f"job.run(ranks={e.ranks!r}): name distinct ranks from 0 to "
-                            f"{job.world_size - 1} (job {job.name!r} has {job.world_size}), or "
-                            "None for every rank")
+            raise SpecError(
+                f"job.run(ranks={e.ranks!r}): name distinct ranks from 0 to "
+                f"{job.world_size - 1} (job {job.name!r} has {job.world_size}), or "
+                "None for every rank"
+            )
         seq = self.ask_run(e.fn, sorted(ranks), now=job.now, attempt=job.attempt, limit=e.limit)
         job.ask(Word.RUN, seq)
 
@@ -246,15 +289,29 @@ class LiveRequests:
         durable event, its loss-chart marker and, for launch options, the spec's new
         value."""
         for entry in self.updated_by(e.seq, e.rank, e.step, e.changes, e.error):
-            old_new = {k: [entry["old"][k][0] if k in entry["old"] else None, v]
-                       for k, v in entry["changes"].items()}
-            job.record("updated", f"{hparams.describe(old_new)} (before step {e.step})",
-                       seq=entry["seq"], step=e.step, changes=old_new)
+            old_new = {
+                k: [entry["old"][k][0] if k in entry["old"] else None, v]
+                for k, v in entry["changes"].items()
+            }
+            job.record(
+                "updated",
+                f"{hparams.describe(old_new)} (before step {e.step})",
+                seq=entry["seq"],
+                step=e.step,
+                changes=old_new,
+            )
             # (an applied report has its step: e.step is None only beside an error, and
             # updated_by returns no entry for an error)
-            job.emit(ev.Publish({"kind": "updated", "seq": entry["seq"],
-                                 "step": e.step,  # type: ignore[typeddict-item]
-                                 "changes": old_new}))
+            job.emit(
+                ev.Publish(
+                    {
+                        "kind": "updated",
+                        "seq": entry["seq"],
+                        "step": e.step,  # type: ignore[typeddict-item]
+                        "changes": old_new,
+                    }
+                )
+            )
             options = hparams.spec_changes(entry["changes"])
             if options:
                 job.replace_spec(**options)
@@ -265,8 +322,10 @@ class LiveRequests:
 
 def _check_live(job: JobView, what: str, states: frozenset[JobStatus] = LIVE_STATES) -> None:
     if job.status not in states:
-        names = [s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD)
-                 if s in states]
+        names = [
+            s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD) if s in states
+        ]
         allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-        raise InvalidTransitionError(f"job {job.name!r} is {job.status.name}; {what} needs a "
-                                     f"{allowed} job")
+        raise InvalidTransitionError(
+            f"job {job.name!r} is {job.status.name}; {what} needs a {allowed} job"
+        )

@@ -12,7 +12,8 @@ waiting job, the line its ``reason`` shows. The rules themselves are all in
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..protocol import WireSpec
 from ..status import JobStatus
@@ -22,8 +23,11 @@ from .plane import Run
 from .scheduling import PolicyConfig, Request, Scheduler, Slot, admit
 
 # what the policy's holdings say for a lifecycle state
-_HOLD = {JobStatus.PAUSED: "paused", JobStatus.SUSPENDING: "suspending",
-         JobStatus.STOPPING: "stopping"}
+_HOLD = {
+    JobStatus.PAUSED: "paused",
+    JobStatus.SUSPENDING: "suspending",
+    JobStatus.STOPPING: "stopping",
+}
 
 
 class Placement:
@@ -32,9 +36,9 @@ class Placement:
     def __init__(self, journal: Journal, config: PolicyConfig):
         self.journal = journal
         self.scheduler = Scheduler(config)
-        self.seqs: dict[str, tuple[int, float]] = {}   # job -> (submission order, time)
-        self.reasons: dict[str, str] = {}              # the wait reason last journaled
-        self.preempted: dict[str, str] = {}            # why it left, until it runs again
+        self.seqs: dict[str, tuple[int, float]] = {}  # job -> (submission order, time)
+        self.reasons: dict[str, str] = {}  # the wait reason last journaled
+        self.preempted: dict[str, str] = {}  # why it left, until it runs again
 
     @property
     def config(self) -> PolicyConfig:
@@ -43,22 +47,35 @@ class Placement:
     # --- launch -------------------------------------------------------------------------
     def admit(self, spec: WireSpec, total_slots: int) -> WireSpec:
         """Resolve the queue and priority of ``spec``; refuse a job that can never fit."""
-        admission = admit(self.config, world_size=spec.world_size, queue=spec.queue,
-                          priority=spec.priority, preemptible=spec.preemptible,
-                          time_limit=spec.time_limit, min_world_size=spec.min_world_size,
-                          total_slots=total_slots or None)
+        admission = admit(
+            self.config,
+            world_size=spec.world_size,
+            queue=spec.queue,
+            priority=spec.priority,
+            preemptible=spec.preemptible,
+            time_limit=spec.time_limit,
+            min_world_size=spec.min_world_size,
+            total_slots=total_slots or None,
+        )
         return spec.replace(queue=admission.queue, priority=admission.priority)
 
     def request(self, spec: WireSpec) -> Request:
         seq, submitted = self.seqs[spec.id]
         # a job running on fewer ranks than asked (min_world_size) asks for all again
-        return Request(id=spec.id, world_size=spec.asked_world_size or spec.world_size,
-                       owner=spec.owner or "",
-                       queue=spec.queue or self.config.default_queue,
-                       priority=self.config.priority(spec.priority), seq=seq,
-                       submitted_at=submitted, min_world_size=spec.min_world_size,
-                       preemptible=spec.preemptible, time_limit=spec.time_limit,
-                       has_checkpoint_dir=bool(spec.checkpoint_dir), name=spec.name)
+        return Request(
+            id=spec.id,
+            world_size=spec.asked_world_size or spec.world_size,
+            owner=spec.owner or "",
+            queue=spec.queue or self.config.default_queue,
+            priority=self.config.priority(spec.priority),
+            seq=seq,
+            submitted_at=submitted,
+            min_world_size=spec.min_world_size,
+            preemptible=spec.preemptible,
+            time_limit=spec.time_limit,
+            has_checkpoint_dir=bool(spec.checkpoint_dir),
+            name=spec.name,
+        )
 
     # --- what happens to jobs -----------------------------------------------------------------
     def submit(self, spec: WireSpec, now: float, seq: int | None = None) -> int:
@@ -108,8 +125,9 @@ class Placement:
             self.scheduler.checkpointed(job, now, step=step)
 
     # --- deciding ----------------------------------------------------------------------------
-    def decide(self, now: float, runs: Mapping[str, Run], note: str = ""
-               ) -> list[tuple[Run, ev.Event]]:
+    def decide(
+        self, now: float, runs: Mapping[str, Run], note: str = ""
+    ) -> list[tuple[Run, ev.Event]]:
         """One decision of the policy: the events it means for the jobs of ``runs``, in
         order (``note``: what else queued jobs wait for, e.g. Slurm's pending reason)."""
         decision = self.scheduler.decide(now)
@@ -117,14 +135,21 @@ class Placement:
         for start in decision.start:
             self.reasons.pop(start.job, None)
             self.preempted.pop(start.job, None)
-            out.append((runs[start.job], ev.Allocated(tuple(
-                ev.RankSlot(s.worker, s.host, _device(s)) for s in start.slots))))
+            out.append(
+                (
+                    runs[start.job],
+                    ev.Allocated(
+                        tuple(ev.RankSlot(s.worker, s.host, _device(s)) for s in start.slots)
+                    ),
+                )
+            )
         for preempt in decision.preempt:
             if preempt.job in runs:
                 if not preempt.overdue:
                     self.preempted[preempt.job] = preempt.reason
-                out.append((runs[preempt.job],
-                            ev.Preempted(preempt.how, preempt.reason, preempt.overdue)))
+                out.append(
+                    (runs[preempt.job], ev.Preempted(preempt.how, preempt.reason, preempt.overdue))
+                )
         for reclaim in decision.reclaim:
             if reclaim.job in runs:
                 out.append((runs[reclaim.job], ev.Reclaimed(reclaim.how, reclaim.reason)))
@@ -148,13 +173,18 @@ class Placement:
         if self.scheduler.queued or decision.start:
             return []
         free = len(self.scheduler.inventory) - sum(
-            len(h.slots) for h in self.scheduler.holdings.values())
+            len(h.slots) for h in self.scheduler.holdings.values()
+        )
         out: list[tuple[Run, ev.Event]] = []
         for run in runs.values():
             spec, machine = run.machine.spec, run.machine
-            if (spec.asked_world_size and machine.status is JobStatus.RUNNING
-                    and not machine.sharing.preempted and spec.checkpoint_dir
-                    and free >= spec.asked_world_size - spec.world_size):
+            if (
+                spec.asked_world_size
+                and machine.status is JobStatus.RUNNING
+                and not machine.sharing.preempted
+                and spec.checkpoint_dir
+                and free >= spec.asked_world_size - spec.world_size
+            ):
                 free -= spec.asked_world_size - spec.world_size
                 out.append((run, ev.Grow(spec.asked_world_size)))
         return out
@@ -180,37 +210,81 @@ def queue_view(scheduler: Scheduler, names: Mapping[str, str], now: float) -> di
     queues: dict[str, dict[str, Any]] = {}
     for name in config.queues:
         limit = config.limit(name, total)
-        queues[name] = {"name": name, "guaranteed": config.guaranteed(name, total),
-                        "limit": None if limit == float("inf") else int(limit),
-                        "used": 0, "holding": [], "waiting": []}
+        queues[name] = {
+            "name": name,
+            "guaranteed": config.guaranteed(name, total),
+            "limit": None if limit == float("inf") else int(limit),
+            "used": 0,
+            "holding": [],
+            "waiting": [],
+        }
     users: dict[str, int] = {}
     for holding in scheduler.holdings.values():
         req = holding.request
-        entry = queues.setdefault(req.queue, {"name": req.queue, "guaranteed": 0, "limit": None,
-                                              "used": 0, "holding": [], "waiting": []})
+        entry = queues.setdefault(
+            req.queue,
+            {
+                "name": req.queue,
+                "guaranteed": 0,
+                "limit": None,
+                "used": 0,
+                "holding": [],
+                "waiting": [],
+            },
+        )
         entry["used"] += holding.size
         users[req.owner] = users.get(req.owner, 0) + holding.size
-        entry["holding"].append({
-            **_job(req, names, config), "slots": holding.size, "status": holding.status,
-            "started": holding.started_at, "step": holding.step,
-            "ends_by": holding.ends_at})
+        entry["holding"].append(
+            {
+                **_job(req, names, config),
+                "slots": holding.size,
+                "status": holding.status,
+                "started": holding.started_at,
+                "step": holding.step,
+                "ends_by": holding.ends_at,
+            }
+        )
     for req in sorted(scheduler.queued.values(), key=lambda r: r.key):
         wait = waits.get(req.id) if waits is not None else None
-        queues.setdefault(req.queue, {"name": req.queue, "guaranteed": 0, "limit": None,
-                                      "used": 0, "holding": [], "waiting": []})
-        queues[req.queue]["waiting"].append({
-            **_job(req, names, config), "world_size": req.world_size,
-            "kind": wait.kind if wait else None, "reason": wait.reason if wait else "",
-            "estimated_start": wait.estimated_start if wait else None})
+        queues.setdefault(
+            req.queue,
+            {
+                "name": req.queue,
+                "guaranteed": 0,
+                "limit": None,
+                "used": 0,
+                "holding": [],
+                "waiting": [],
+            },
+        )
+        queues[req.queue]["waiting"].append(
+            {
+                **_job(req, names, config),
+                "world_size": req.world_size,
+                "kind": wait.kind if wait else None,
+                "reason": wait.reason if wait else "",
+                "estimated_start": wait.estimated_start if wait else None,
+            }
+        )
     busy = sum(len(h.slots) for h in scheduler.holdings.values())
-    return {"time": now, "slots": total, "free": total - busy,
-            "per_user_cap": config.per_user_cap, "users": users,
-            "queues": list(queues.values())}
+    return {
+        "time": now,
+        "slots": total,
+        "free": total - busy,
+        "per_user_cap": config.per_user_cap,
+        "users": users,
+        "queues": list(queues.values()),
+    }
 
 
 def _job(req: Request, names: Mapping[str, str], config: PolicyConfig) -> dict[str, Any]:
-    return {"job": req.id, "name": names.get(req.id, req.id), "owner": req.owner,
-            "priority": req.priority, "priority_name": config.priority_name(req.priority)}
+    return {
+        "job": req.id,
+        "name": names.get(req.id, req.id),
+        "owner": req.owner,
+        "priority": req.priority,
+        "priority_name": config.priority_name(req.priority),
+    }
 
 
 def slot_of(slot: Any) -> Slot:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from ..protocol import Message, WireSpec, WorkerOp
 from . import events as ev
@@ -40,9 +41,9 @@ class Run:
     board: Any = None  # TensorBoard writers, with tensorboard_dir
     step: int | None = None  # the furthest step a rank logged (what events are stamped with)
     watch: Watch = dataclasses.field(default_factory=lambda: Watch(time.time()))
-    losses: Any = None    # each step's mean loss over the ranks (signals.StepMeans) ...
+    losses: Any = None  # each step's mean loss over the ranks (signals.StepMeans) ...
     detector: Any = None  # ... and its SpikeDetector, made on the first rows
-    digest: Any = None    # per-step summaries; a big job's bands for kernels (digest.Digest)
+    digest: Any = None  # per-step summaries; a big job's bands for kernels (digest.Digest)
 
     @property
     def id(self) -> str:
@@ -91,8 +92,7 @@ class Plane(Protocol):
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out the actions it returns."""
 
-    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None,
-               **state: Any) -> Run:
+    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None, **state: Any) -> Run:
         """A job the plane follows from now on (queued if its ``state`` says QUEUED)."""
 
     def schedule(self) -> None:
@@ -106,8 +106,9 @@ class Plane(Protocol):
 
     def call_later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None: ...
 
-    def until(self, run: Run, predicate: Callable[[], bool],
-              timeout: float | None) -> Awaitable[bool]:
+    def until(
+        self, run: Run, predicate: Callable[[], bool], timeout: float | None
+    ) -> Awaitable[bool]:
         """Wait until ``predicate()`` holds (checked after every event of the job)."""
 
     def worker_pid(self, worker: str) -> int | None:

@@ -18,7 +18,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgpack
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -76,8 +77,8 @@ class ControlPlane(SchedulerPlugin):
         self.id = scheduler.id
         self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
         self.slots: dict[str, policy.Slot] = {}
-        self.busy: dict[str, str] = {}       # worker address -> job id
-        self.runs: dict[str, Run] = {}       # jobs not released yet
+        self.busy: dict[str, str] = {}  # worker address -> job id
+        self.runs: dict[str, Run] = {}  # jobs not released yet
         # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
         # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
         self.capacity, self.note = 0, ""
@@ -85,8 +86,9 @@ class ControlPlane(SchedulerPlugin):
         self._scheduling = self._again = False
         self.watchdog = Watchdog(self)
         # who may do what: enforced where the scheduler listens on TLS (see access.py)
-        self.access = Access(enforced=Gate.tls(scheduler),
-                             hide_metrics=bool(config.get("security.hide-metrics")))
+        self.access = Access(
+            enforced=Gate.tls(scheduler), hide_metrics=bool(config.get("security.hide-metrics"))
+        )
         self.gate = Gate(scheduler, self.access, lambda job: self.requests.job_facts(job))
         self.requests = Requests(self, self.placement, self.watchdog, self.gate, self.access)
         self.gate.install()  # Dask's own risky handlers: admins and the cluster only
@@ -137,11 +139,14 @@ class ControlPlane(SchedulerPlugin):
     def address(self) -> str:
         return self.scheduler.address
 
-    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None,
-               **state: Any) -> Run:
+    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None, **state: Any) -> Run:
         """A job the plane follows from now on; queued if its lifecycle says so."""
-        machine = Lifecycle(spec, failure_grace=float(config.get("failure-grace")),
-                            max_rollbacks=int(config.get("diagnosis.max-rollbacks")), **state)
+        machine = Lifecycle(
+            spec,
+            failure_grace=float(config.get("failure-grace")),
+            max_rollbacks=int(config.get("diagnosis.max-rollbacks")),
+            **state,
+        )
         run = self.runs[machine.id] = Run(machine, payload)
         if machine.status is JobStatus.QUEUED:
             self.placement.submit(machine.spec, time.time(), seq)
@@ -213,8 +218,9 @@ class ControlPlane(SchedulerPlugin):
         self.schedule()
         return {"crl": self.gate.crl}  # a worker started by other means learns revocations
 
-    def _rank_event(self, job: str, rank: int, event: str, data: dict | None = None,
-                    attempt: int = 0) -> None:
+    def _rank_event(
+        self, job: str, rank: int, event: str, data: dict | None = None, attempt: int = 0
+    ) -> None:
         # a METRICS message comes packed (what the agent's send does to the hot path)
         data = msgpack.unpackb(data) if isinstance(data, bytes) else dict(data or {})
         kind = RankEvent(event)
@@ -261,10 +267,17 @@ class ControlPlane(SchedulerPlugin):
             self.journal.add_phases(run.id, rank, phases)
         if digest.aggregated:  # its kernels get bands, once per tick (_publish_digests)
             return
-        message: MetricsMessage = {"kind": "metrics", "rank": rank, "attempt": attempt,
-                                   "sent": data.pop("sent", time.time()), "event": kind.value,
-                                   "rows": rows, "logs": logs, "system": system,
-                                   "phases": phases}
+        message: MetricsMessage = {
+            "kind": "metrics",
+            "rank": rank,
+            "attempt": attempt,
+            "sent": data.pop("sent", time.time()),
+            "event": kind.value,
+            "rows": rows,
+            "logs": logs,
+            "system": system,
+            "phases": phases,
+        }
         self.publish(run.id, message)
 
     def _digest(self, run: Run) -> Digest:
@@ -275,8 +288,11 @@ class ControlPlane(SchedulerPlugin):
             if digest is not None:
                 self._publish_digest(run)
             digest = run.digest = Digest(
-                machine.world_size, int(config.get("dashboard.aggregate-above")),
-                machine.attempt, restore=lambda step: self.journal.step_summary(run.id, step))
+                machine.world_size,
+                int(config.get("dashboard.aggregate-above")),
+                machine.attempt,
+                restore=lambda step: self.journal.step_summary(run.id, step),
+            )
         return digest
 
     def _publish_digests(self) -> None:
@@ -319,8 +335,9 @@ class ControlPlane(SchedulerPlugin):
     def _send_control(self, run: Run, action: ev.SendControl) -> None:
         for worker in action.workers:
             if worker in self.slots:
-                self.scheduler.loop.add_callback(self._control, worker, run.id,
-                                                 list(action.words), action.attempt)
+                self.scheduler.loop.add_callback(
+                    self._control, worker, run.id, list(action.words), action.attempt
+                )
 
     def _free_slot(self, run: Run, action: ev.FreeSlot) -> None:
         if self.busy.get(action.worker) == run.id:
@@ -349,8 +366,9 @@ class ControlPlane(SchedulerPlugin):
         run.close_board()
 
     def _keep_event(self, run: Run, action: ev.Record) -> None:
-        self.journal.add_event(run.id, time.time(), run.step, action.kind, action.message,
-                               action.data)
+        self.journal.add_event(
+            run.id, time.time(), run.step, action.kind, action.message, action.data
+        )
 
     def _collect_stacks(self, run: Run, action: ev.CollectStacks) -> None:
         self.scheduler.loop.add_callback(self.watchdog.keep_stacks, run)
@@ -359,8 +377,7 @@ class ControlPlane(SchedulerPlugin):
         # no new gang may land on it meanwhile: it comes back as a new worker
         self.slots.pop(action.worker, None)
         self.placement.scheduler.remove_slot(action.worker)
-        self.scheduler.loop.add_callback(self._restart_worker_process, action.worker,
-                                         action.reason)
+        self.scheduler.loop.add_callback(self._restart_worker_process, action.worker, action.reason)
 
     def _release(self, run: Run, action: ev.Release) -> None:
         self._publish_digest(run)  # its last bands and step summaries
@@ -376,8 +393,9 @@ class ControlPlane(SchedulerPlugin):
         logger.warning("clustersdk: restarting worker %s: %s", worker, reason)
         stimulus = f"clustersdk-hung-{time.time()}"
         try:
-            await self.scheduler.restart_workers([worker], timeout=30, wait_for_workers=False,
-                                                 on_error="raise", stimulus_id=stimulus)
+            await self.scheduler.restart_workers(
+                [worker], timeout=30, wait_for_workers=False, on_error="raise", stimulus_id=stimulus
+            )
         except Exception as e:  # noqa: BLE001 - no nanny, or it did not make it in time
             logger.warning("clustersdk: could not restart worker %s (%s); removing it", worker, e)
             await self.scheduler.remove_worker(worker, stimulus_id=stimulus, close=True)
@@ -387,33 +405,58 @@ class ControlPlane(SchedulerPlugin):
         spec, ranks = machine.spec, machine.ranks
         # the more ranks are busy, the less often each ships: the plane takes about
         # metrics-rate messages a second from all of them (job.update may change it)
-        wire = spec.replace(metrics_interval=max(
-            spec.metrics_interval, len(self.busy) / float(config.get("metrics-rate")))).as_dict()
+        wire = spec.replace(
+            metrics_interval=max(
+                spec.metrics_interval, len(self.busy) / float(config.get("metrics-rate"))
+            )
+        ).as_dict()
         try:
-            port = await self.call_worker(ranks[0].worker, WorkerOp.OPEN_STORE, job=run.id,
-                                          world_size=spec.world_size, timeout=spec.timeout)
+            port = await self.call_worker(
+                ranks[0].worker,
+                WorkerOp.OPEN_STORE,
+                job=run.id,
+                world_size=spec.world_size,
+                timeout=spec.timeout,
+            )
         except Exception as e:  # the worker of rank 0 vanished: no rank starts
             results: list[Any] = [e] * len(ranks)
         else:
-            results = await asyncio.gather(*(
-                self.call_worker(slot.worker, WorkerOp.START_RANK, job=run.id, rank=rank,
-                                 spec=wire, payload=run.payload,
-                                 master_addr=ranks[0].host, master_port=port, words=list(words),
-                                 hosts=[r.host for r in ranks])
-                for rank, slot in enumerate(ranks)
-            ), return_exceptions=True)
+            results = await asyncio.gather(
+                *(
+                    self.call_worker(
+                        slot.worker,
+                        WorkerOp.START_RANK,
+                        job=run.id,
+                        rank=rank,
+                        spec=wire,
+                        payload=run.payload,
+                        master_addr=ranks[0].host,
+                        master_port=port,
+                        words=list(words),
+                        hosts=[r.host for r in ranks],
+                    )
+                    for rank, slot in enumerate(ranks)
+                ),
+                return_exceptions=True,
+            )
         for rank, result in enumerate(results):
             if isinstance(result, Exception):
-                logger.warning("clustersdk: could not start rank %d of job %s on %s: %r",
-                               rank, run.id, ranks[rank].worker, result)
+                logger.warning(
+                    "clustersdk: could not start rank %d of job %s on %s: %r",
+                    rank,
+                    run.id,
+                    ranks[rank].worker,
+                    result,
+                )
                 self.feed(run, ev.StartFailed(rank, attempt, type(result).__name__, str(result)))
 
     async def _control(self, worker: str, job: str, words: list[int], attempt: int) -> None:
         try:
             # no answer awaited: a fan-out to 1,024 ranks costs half as much (words only
             # grow, so their order does not matter; a gone worker fails the write)
-            await self.call_worker(worker, WorkerOp.CONTROL, job=job, words=words,
-                                   attempt=attempt, reply=False)
+            await self.call_worker(
+                worker, WorkerOp.CONTROL, job=job, words=words, attempt=attempt, reply=False
+            )
         except Exception:  # the worker is gone; remove_worker deals with it
             logger.info("clustersdk: control words to %s failed", worker, exc_info=True)
 
@@ -458,33 +501,42 @@ _EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
 _RANK_EVENTS: dict[RankEvent, Callable[[int, int, dict], ev.Event]] = {
     RankEvent.STARTED: lambda rank, attempt, d: ev.Started(rank, attempt, d.get("versions")),
     RankEvent.LOOP: lambda rank, attempt, d: ev.LoopStarted(rank, attempt, d["total_steps"]),
-    RankEvent.RESTORED: lambda rank, attempt, d: ev.Restored(rank, attempt, d["step"],
-                                                             d.get("path", "")),
+    RankEvent.RESTORED: lambda rank, attempt, d: ev.Restored(
+        rank, attempt, d["step"], d.get("path", "")
+    ),
     RankEvent.PAUSED: lambda rank, attempt, d: ev.Paused(rank, attempt, d["step"]),
     RankEvent.RESUMED: lambda rank, attempt, d: ev.Resumed(rank, attempt, d.get("step", 0)),
     RankEvent.CHECKPOINT: lambda rank, attempt, d: ev.CheckpointCommitted(
-        rank, attempt, d["seq"], d["step"], d["path"]),
+        rank, attempt, d["seq"], d["step"], d["path"]
+    ),
     RankEvent.CHECKPOINT_FAILED: lambda rank, attempt, d: ev.CheckpointFailed(
-        rank, attempt, d["seq"], d["step"], d["message"]),
+        rank, attempt, d["seq"], d["step"], d["message"]
+    ),
     RankEvent.FAILED: lambda rank, attempt, d: ev.Failed(rank, attempt, d["error"]),
-    RankEvent.PROFILED: lambda rank, attempt, d: ev.Profiled(rank, attempt, d["seq"],
-                                                             d["profile"]),
-    RankEvent.HELD: lambda rank, attempt, d: ev.Held(rank, attempt, d["error"],
-                                                     d.get("frames") or [], d.get("step")),
+    RankEvent.PROFILED: lambda rank, attempt, d: ev.Profiled(rank, attempt, d["seq"], d["profile"]),
+    RankEvent.HELD: lambda rank, attempt, d: ev.Held(
+        rank, attempt, d["error"], d.get("frames") or [], d.get("step")
+    ),
     RankEvent.BREAK: lambda rank, attempt, d: ev.BreakpointHit(rank, attempt, d["k"], d["step"]),
     RankEvent.CONSOLE: lambda rank, attempt, d: ev.ConsoleOutput(
-        rank, attempt, d["k"], d.get("text", ""), bool(d.get("closed"))),
+        rank, attempt, d["k"], d.get("text", ""), bool(d.get("closed"))
+    ),
     RankEvent.TUNABLE: lambda rank, attempt, d: ev.Tunable(rank, attempt, d["info"]),
-    RankEvent.RAN: lambda rank, attempt, d: ev.Ran(rank, attempt, d["seq"], d.get("result"),
-                                                   d.get("error")),
+    RankEvent.RAN: lambda rank, attempt, d: ev.Ran(
+        rank, attempt, d["seq"], d.get("result"), d.get("error")
+    ),
     RankEvent.UPDATED: lambda rank, attempt, d: ev.Updated(
-        rank, attempt, d["seq"], d.get("step"), d.get("changes") or {}, d.get("error")),
-    RankEvent.NONFINITE: lambda rank, attempt, d: ev.NonFinite(rank, attempt, d["step"],
-                                                               d["values"]),
-    RankEvent.CONTROLS: lambda rank, attempt, d: ev.Controls(rank, attempt,
-                                                             tuple(d.get("accepts") or ())),
+        rank, attempt, d["seq"], d.get("step"), d.get("changes") or {}, d.get("error")
+    ),
+    RankEvent.NONFINITE: lambda rank, attempt, d: ev.NonFinite(
+        rank, attempt, d["step"], d["values"]
+    ),
+    RankEvent.CONTROLS: lambda rank, attempt, d: ev.Controls(
+        rank, attempt, tuple(d.get("accepts") or ())
+    ),
     RankEvent.EXIT: lambda rank, attempt, d: ev.Exited(
-        rank, attempt, ExitStatus(d["status"]), d.get("result")),
+        rank, attempt, ExitStatus(d["status"]), d.get("result")
+    ),
 }
 
 
@@ -504,4 +556,3 @@ def _quiet_expected_errors() -> None:
     core = logging.getLogger("distributed.core")
     if not any(isinstance(f, _ExpectedErrors) for f in core.filters):
         core.addFilter(_ExpectedErrors())
-

@@ -30,7 +30,6 @@ from .scheduling import (
     rank_order,
 )
 
-
 __all__ = [
     "Admission",
     "ClusterState",

@@ -46,18 +46,31 @@ class Profiles:
 
     @staticmethod
     def check(steps: Any) -> None:
-        if (isinstance(steps, bool) or not isinstance(steps, int)
-                or not 1 <= steps <= MAX_PROFILE_STEPS):
-            raise SpecError(f"job.profile(steps={steps!r}): steps must be an int from 1 to "
-                            f"{MAX_PROFILE_STEPS} (the steps to capture, from the next one)")
+        if (
+            isinstance(steps, bool)
+            or not isinstance(steps, int)
+            or not 1 <= steps <= MAX_PROFILE_STEPS
+        ):
+            raise SpecError(
+                f"job.profile(steps={steps!r}): steps must be an int from 1 to "
+                f"{MAX_PROFILE_STEPS} (the steps to capture, from the next one)"
+            )
 
     def request(self, steps: Any, *, now: float, attempt: int, world_size: int) -> int:
         """A new request for ``steps`` steps (checked); its sequence number."""
         self.check(steps)
         self.seq += 1
-        self.entries.append({"seq": self.seq, "steps": steps, "requested": now,
-                             "attempt": attempt, "world_size": world_size,
-                             "complete": False, "ranks": []})
+        self.entries.append(
+            {
+                "seq": self.seq,
+                "steps": steps,
+                "requested": now,
+                "attempt": attempt,
+                "world_size": world_size,
+                "complete": False,
+                "ranks": [],
+            }
+        )
         return self.seq
 
     def report(self, seq: int, rank: int, profile: dict[str, Any]) -> bool:
@@ -81,7 +94,8 @@ class Profiles:
         if job.status not in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
                 f"job {job.name!r} is {job.status.name}; only a RUNNING or PAUSED job can be "
-                "profiled")
+                "profiled"
+            )
         seq = self.request(e.steps, now=job.now, attempt=job.attempt, world_size=job.world_size)
         job.emit(ev.Journal({"profiles": self.entries}))
         job.ask(Word.PROFILE, profile_word(seq, e.steps))

@@ -17,7 +17,8 @@ import asyncio
 import dataclasses
 import inspect
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dask.utils import parse_bytes
 
@@ -47,8 +48,9 @@ from .watchdog import Watchdog
 class Requests:
     """The client-facing handlers of one control plane."""
 
-    def __init__(self, plane: Plane, placement: Placement, watchdog: Watchdog, gate: Gate,
-                 access: Access):
+    def __init__(
+        self, plane: Plane, placement: Placement, watchdog: Watchdog, gate: Gate, access: Access
+    ):
         self.plane = plane
         self.placement = placement
         self.watchdog = watchdog
@@ -57,15 +59,34 @@ class Requests:
 
     def handlers(self) -> dict[Op, Callable]:
         return {
-            Op.INVENTORY: self.inventory, Op.SUBMIT: self.submit, Op.JOB: self.job,
-            Op.JOBS: self.jobs, Op.WAIT: self.wait, Op.STOP: self.stop, Op.PAUSE: self.pause,
-            Op.RESUME: self.resume, Op.CHECKPOINT: self.checkpoint, Op.SUSPEND: self.suspend,
-            Op.HISTORY: self.history, Op.STEPS: self.steps, Op.LOGS: self.logs, Op.SYSTEM: self.system,
-            Op.QUEUE: self.queue, Op.CONFIGURE: self.configure, Op.STACKS: self.stacks,
-            Op.PROFILE: self.profile, Op.PROFILE_WAIT: self.profile_wait, Op.PHASES: self.phases,
-            Op.DEBUG: self.debug, Op.RESTART: self.restart, Op.CONSOLE: self.console,
-            Op.RUN: self.run, Op.RUN_WAIT: self.run_wait, Op.UPDATE: self.update,
-            Op.WHOAMI: self.whoami, Op.REVOKE: self.revoke,
+            Op.INVENTORY: self.inventory,
+            Op.SUBMIT: self.submit,
+            Op.JOB: self.job,
+            Op.JOBS: self.jobs,
+            Op.WAIT: self.wait,
+            Op.STOP: self.stop,
+            Op.PAUSE: self.pause,
+            Op.RESUME: self.resume,
+            Op.CHECKPOINT: self.checkpoint,
+            Op.SUSPEND: self.suspend,
+            Op.HISTORY: self.history,
+            Op.STEPS: self.steps,
+            Op.LOGS: self.logs,
+            Op.SYSTEM: self.system,
+            Op.QUEUE: self.queue,
+            Op.CONFIGURE: self.configure,
+            Op.STACKS: self.stacks,
+            Op.PROFILE: self.profile,
+            Op.PROFILE_WAIT: self.profile_wait,
+            Op.PHASES: self.phases,
+            Op.DEBUG: self.debug,
+            Op.RESTART: self.restart,
+            Op.CONSOLE: self.console,
+            Op.RUN: self.run,
+            Op.RUN_WAIT: self.run_wait,
+            Op.UPDATE: self.update,
+            Op.WHOAMI: self.whoami,
+            Op.REVOKE: self.revoke,
         }
 
     def guarded(self, operation: Op, handler: Callable) -> Callable:
@@ -102,9 +123,14 @@ class Requests:
 
     def _journal_request(self, job: str, operation: Op, who: Identity, asked: float) -> None:
         run = self.plane.runs.get(job)
-        self.journal.add_event(job, asked, run.step if run is not None else None, "request",
-                               f"{operation.value} asked by {who.name}",
-                               {"op": operation.value, "by": who.name, "role": who.role})
+        self.journal.add_event(
+            job,
+            asked,
+            run.step if run is not None else None,
+            "request",
+            f"{operation.value} asked by {who.name}",
+            {"op": operation.value, "by": who.name, "role": who.role},
+        )
 
     @property
     def journal(self) -> Journal:
@@ -113,8 +139,10 @@ class Requests:
     # --- the cluster -----------------------------------------------------------------------
     def inventory(self) -> list[dict]:
         plane = self.plane
-        return [{**dataclasses.asdict(s), "job": plane.busy.get(s.worker)}
-                for s in policy.rank_order(plane.slots.values())]
+        return [
+            {**dataclasses.asdict(s), "job": plane.busy.get(s.worker)}
+            for s in policy.rank_order(plane.slots.values())
+        ]
 
     def _check_capacity(self, world_size: int) -> None:
         slots = self.plane.slots
@@ -123,7 +151,8 @@ class Requests:
             hosts = len({s.host for s in slots.values()})
             raise CapacityError(
                 f"world_size={world_size} is more than this cluster can ever hold: it has "
-                f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks")
+                f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks"
+            )
 
     # --- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: dict, payload: bytes, who: Identity | None = None) -> dict:
@@ -138,15 +167,25 @@ class Requests:
             wire = wire.replace(profile_dir=plane.state_dir)
         clash = self.journal.find(plane.id, wire.name)
         if clash and not JobStatus[clash["status"]].terminal:
-            raise SpecError(f"a job named {wire.name!r} is already {clash['status']}; stop it or "
-                            "pick another name")
+            raise SpecError(
+                f"a job named {wire.name!r} is already {clash['status']}; stop it or "
+                "pick another name"
+            )
         now = time.time()
         seq = self.placement.scheduler.next_seq()
-        self.journal.add_job({
-            "id": wire.id, "name": wire.name, "scheduler": plane.id,
-            "address": plane.address, "status": JobStatus.QUEUED.name,
-            "spec": wire.as_dict(), "submitted": now, "seq": seq, "payload": payload,
-        })
+        self.journal.add_job(
+            {
+                "id": wire.id,
+                "name": wire.name,
+                "scheduler": plane.id,
+                "address": plane.address,
+                "status": JobStatus.QUEUED.name,
+                "spec": wire.as_dict(),
+                "submitted": now,
+                "seq": seq,
+                "payload": payload,
+            }
+        )
         plane.follow(wire, payload, seq)
         return self._record(wire.id)
 
@@ -155,8 +194,10 @@ class Requests:
             found = self.journal.find(self.plane.id, name)
             if found is None:
                 known = sorted({r["name"] for r in self.journal.jobs(self.plane.id)})
-                raise JobNotFoundError(f"no job named {name!r} on this cluster; known jobs: "
-                                       f"{', '.join(known) or 'none'}")
+                raise JobNotFoundError(
+                    f"no job named {name!r} on this cluster; known jobs: "
+                    f"{', '.join(known) or 'none'}"
+                )
             job = found["id"]
         # one job's record carries its durable events (restarts, failures, preemptions...)
         return {**self._record(job), "events": self.journal.events(job)}
@@ -173,19 +214,25 @@ class Requests:
                 pass
         return self._record(job, with_result=True)
 
-    def history(self, job: str, since: int = 0, limit: int | None = None,
-                last_steps: int | None = None, rank: int | None = None) -> list[dict]:
+    def history(
+        self,
+        job: str,
+        since: int = 0,
+        limit: int | None = None,
+        last_steps: int | None = None,
+        rank: int | None = None,
+    ) -> list[dict]:
         return self.journal.history(job, since, limit, last_steps=last_steps, rank=rank)
 
-    def steps(self, job: str, last: int | None = None, since_step: int | None = None
-              ) -> list[dict]:
+    def steps(self, job: str, last: int | None = None, since_step: int | None = None) -> list[dict]:
         return self.journal.steps(job, last, since_step)
 
     def system(self, job: str, since: int = 0) -> list[dict]:
         return self.journal.system(job, since)
 
-    def phases(self, job: str, since: int = 0, limit: int | None = None,
-               tail: int | None = None) -> list[dict]:
+    def phases(
+        self, job: str, since: int = 0, limit: int | None = None, tail: int | None = None
+    ) -> list[dict]:
         return self.journal.phases(job, since, limit, tail)
 
     def logs(self, job: str, rank: int | None = None, since: int = 0) -> list[dict]:
@@ -204,8 +251,11 @@ class Requests:
     def whoami(self, who: Identity) -> dict:
         """The identity this request came from, and the rules in force (what a panel needs
         to grey out what its user may not do)."""
-        return {**who.as_dict(), "enforced": self.access.enforced,
-                "hide_metrics": self.access.hide_metrics}
+        return {
+            **who.as_dict(),
+            "enforced": self.access.enforced,
+            "hide_metrics": self.access.hide_metrics,
+        }
 
     async def revoke(self, crl: str) -> dict:
         """An admin's new revocation list: refused by the scheduler's listeners and by the
@@ -230,23 +280,25 @@ class Requests:
 
     # --- control ---------------------------------------------------------------------------------
     def stop(self, job: str) -> dict:
-        self.plane.feed(self._active(job, "stop", "there is nothing to stop"),
-                        ev.StopRequested())
+        self.plane.feed(self._active(job, "stop", "there is nothing to stop"), ev.StopRequested())
         return self._record(job)
 
     async def pause(self, job: str, timeout: float | None = None) -> dict:
         run = self._active(job, "pause")
         machine = run.machine
         self.plane.feed(run, ev.PauseRequested())
-        if not await self.plane.until(run, lambda: machine.status is not JobStatus.RUNNING,
-                                      timeout):
+        if not await self.plane.until(
+            run, lambda: machine.status is not JobStatus.RUNNING, timeout
+        ):
             self.plane.feed(run, ev.PauseWithdrawn())
             raise JobTimeoutError(
                 f"job {machine.name!r} did not pause within {timeout} s: its ranks reach no step "
-                "boundary (does the training function iterate over ctx.loop?)")
+                "boundary (does the training function iterate over ctx.loop?)"
+            )
         if machine.status is not JobStatus.PAUSED:
             raise InvalidTransitionError(
-                f"job {machine.name!r} became {machine.status.name} before it could pause")
+                f"job {machine.name!r} became {machine.status.name} before it could pause"
+            )
         return self._record(job)
 
     def resume(self, job: str, world_size: int | None = None) -> dict:
@@ -263,20 +315,28 @@ class Requests:
         machine = run.machine
         self.plane.feed(run, ev.CheckpointRequested())
         seq = machine.words[Word.CHECKPOINT]
-        done = await self.plane.until(run, lambda: machine.checkpoint_seq >= seq
-                                      or machine.checkpoint_failed_seq >= seq
-                                      or machine.status.terminal, timeout)
+        done = await self.plane.until(
+            run,
+            lambda: (
+                machine.checkpoint_seq >= seq
+                or machine.checkpoint_failed_seq >= seq
+                or machine.status.terminal
+            ),
+            timeout,
+        )
         record = self._record(job)
         if machine.checkpoint_seq >= seq:
             return record
         if machine.checkpoint_failed_seq >= seq:
             raise CheckpointError(
                 f"checkpoint of job {machine.name!r} failed: {record['checkpoint_error']}; the "
-                f"previous one is kept ({record['checkpoint'] or 'none yet'})")
+                f"previous one is kept ({record['checkpoint'] or 'none yet'})"
+            )
         if not done:
             raise JobTimeoutError(f"job {machine.name!r} did not checkpoint within {timeout} s")
-        raise InvalidTransitionError(f"job {machine.name!r} became {machine.status.name} before "
-                                     "it could checkpoint")
+        raise InvalidTransitionError(
+            f"job {machine.name!r} became {machine.status.name} before it could checkpoint"
+        )
 
     async def suspend(self, job: str, timeout: float | None = None) -> dict:
         run = self._active(job, "suspend")
@@ -285,11 +345,13 @@ class Requests:
         await self.plane.until(run, lambda: machine.status is not JobStatus.SUSPENDING, timeout)
         if machine.status not in (JobStatus.SUSPENDED, JobStatus.SUSPENDING):
             raise InvalidTransitionError(
-                f"job {machine.name!r} became {machine.status.name} instead of SUSPENDED")
+                f"job {machine.name!r} became {machine.status.name} instead of SUSPENDED"
+            )
         return self._record(job)
 
-    async def profile(self, job: str, steps: int, timeout: float | None = None,
-                      wait: bool = True) -> dict:
+    async def profile(
+        self, job: str, steps: int, timeout: float | None = None, wait: bool = True
+    ) -> dict:
         """Ask for a profile of the next ``steps`` steps; with ``wait``, return once every
         rank wrote its trace (a PAUSED job's profile starts at its resume: not waited for)."""
         run = self._active(job, "profile", "only a RUNNING or PAUSED job can be profiled")
@@ -308,9 +370,16 @@ class Requests:
             machine = run.machine
             entry = machine.profiles.entry(seq)
             attempt = entry["attempt"] if entry else machine.attempt
-            await self.plane.until(run, lambda: entry is None or entry["complete"]
-                                   or machine.status.terminal or machine.attempt != attempt,
-                                   timeout)
+            await self.plane.until(
+                run,
+                lambda: (
+                    entry is None
+                    or entry["complete"]
+                    or machine.status.terminal
+                    or machine.attempt != attempt
+                ),
+                timeout,
+            )
         return self._profile(job, seq)
 
     def _profile(self, job: str, seq: int) -> dict:
@@ -330,18 +399,25 @@ class Requests:
         if not ranks:
             raise InvalidTransitionError(
                 f"job {record['name']!r} ({record['status']}) has no held rank: a rank that "
-                "raises is held only in a job launched with on_error='hold'")
+                "raises is held only in a job launched with on_error='hold'"
+            )
         key = str(held.get("cause") if rank is None else rank)
         if key not in ranks:
-            raise SpecError(f"rank {rank!r} of job {record['name']!r} is not held; held "
-                            f"rank(s): {', '.join(sorted(ranks, key=int))}")
-        return {**ranks[key], "name": record["name"], "status": record["status"],
-                "cause": held.get("cause"), "ended": held.get("ended", "")}
+            raise SpecError(
+                f"rank {rank!r} of job {record['name']!r} is not held; held "
+                f"rank(s): {', '.join(sorted(ranks, key=int))}"
+            )
+        return {
+            **ranks[key],
+            "name": record["name"],
+            "status": record["status"],
+            "cause": held.get("cause"),
+            "ended": held.get("ended", ""),
+        }
 
     def restart(self, job: str) -> dict:
         """``job.restart_from_checkpoint()`` of a HELD job."""
-        run = self._active(job, "restart", "only a HELD job can be restarted from its "
-                                            "checkpoint")
+        run = self._active(job, "restart", "only a HELD job can be restarted from its checkpoint")
         self.plane.feed(run, ev.RestartRequested())
         return self._record(job)
 
@@ -352,8 +428,9 @@ class Requests:
         if run is None:
             record = self._record(job)
             if text is not None:
-                raise InvalidTransitionError(f"job {record['name']!r} is {record['status']}; "
-                                             "no debugger session is open")
+                raise InvalidTransitionError(
+                    f"job {record['name']!r} is {record['status']}; no debugger session is open"
+                )
             return {"sessions": {}, "chunks": [], "status": record["status"]}
         machine = run.machine
         book = machine.breakpoints.of(machine.attempt)
@@ -363,13 +440,24 @@ class Requests:
             if rank is None and book.open:
                 rank = min(book.open)
             if rank not in book.open:
-                where = "" if rank is None else f" on rank {rank} (open: " + (
-                    ", ".join(map(str, sorted(book.open))) or "none") + ")"
+                where = (
+                    ""
+                    if rank is None
+                    else f" on rank {rank} (open: "
+                    + (", ".join(map(str, sorted(book.open))) or "none")
+                    + ")"
+                )
                 raise InvalidTransitionError(
                     f"job {machine.name!r} has no debugger session open{where}; "
-                    "ctx.breakpoint() opens one in a job launched with debug=True")
-            await self.plane.call_worker(machine.ranks[rank].worker, WorkerOp.CONSOLE,
-                                         job=job, text=text, attempt=machine.attempt)
+                    "ctx.breakpoint() opens one in a job launched with debug=True"
+                )
+            await self.plane.call_worker(
+                machine.ranks[rank].worker,
+                WorkerOp.CONSOLE,
+                job=job,
+                text=text,
+                attempt=machine.attempt,
+            )
         return {**book.state(), "status": machine.status.name}
 
     # --- job.run and job.update (see control/live.py) -------------------------------------
@@ -388,8 +476,15 @@ class Requests:
         entry = run.machine.live.runs.get(seq) if run is not None else None
         if entry is not None:
             machine, attempt = run.machine, entry["attempt"]
-            await self.plane.until(run, lambda: entry["complete"] or machine.attempt != attempt
-                                   or machine.status not in _WAITING, timeout)
+            await self.plane.until(
+                run,
+                lambda: (
+                    entry["complete"]
+                    or machine.attempt != attempt
+                    or machine.status not in _WAITING
+                ),
+                timeout,
+            )
         return self._run_view(job, seq)
 
     def _run_view(self, job: str, seq: int) -> dict:
@@ -399,32 +494,57 @@ class Requests:
         if entry is None:
             return {"seq": seq, "found": False, "status": status, "complete": False}
         # rank keys as strings: what crosses the wire is msgpack
-        return {"seq": seq, "found": True, "status": status, "ranks": entry["ranks"],
-                "complete": entry["complete"], "limit": entry["limit"],
-                "started": sorted(entry["fetched"]),
-                "results": {str(r): v for r, v in entry["results"].items()},
-                "errors": {str(r): v for r, v in entry["errors"].items()}}
+        return {
+            "seq": seq,
+            "found": True,
+            "status": status,
+            "ranks": entry["ranks"],
+            "complete": entry["complete"],
+            "limit": entry["limit"],
+            "started": sorted(entry["fetched"]),
+            "results": {str(r): v for r, v in entry["results"].items()},
+            "errors": {str(r): v for r, v in entry["errors"].items()},
+        }
 
     async def update(self, job: str, changes: dict, timeout: float | None = None) -> dict:
         """Check ``changes`` and have every rank apply them before one step; the request,
         with ``step`` once applied (None: not yet, see ``status`` and ``timed_out``)."""
         run = self._active(job, "update", "job.update needs a RUNNING or PAUSED job")
         machine = run.machine
-        if hparams.needs_ranks(changes) and not machine.live.info \
-                and machine.status is JobStatus.RUNNING:  # its ranks report after a step
-            await self.plane.until(run, lambda: bool(machine.live.info)
-                                   or machine.status is not JobStatus.RUNNING, timeout)
+        if (
+            hparams.needs_ranks(changes)
+            and not machine.live.info
+            and machine.status is JobStatus.RUNNING
+        ):  # its ranks report after a step
+            await self.plane.until(
+                run,
+                lambda: bool(machine.live.info) or machine.status is not JobStatus.RUNNING,
+                timeout,
+            )
         self.plane.feed(run, ev.UpdateRequested(changes))
         seq, attempt = machine.live.seq, machine.attempt
-        done = await self.plane.until(run, lambda: machine.live.done(seq, machine.world_size)
-                                      or machine.attempt != attempt
-                                      or machine.status not in _WAITING, timeout)
+        done = await self.plane.until(
+            run,
+            lambda: (
+                machine.live.done(seq, machine.world_size)
+                or machine.attempt != attempt
+                or machine.status not in _WAITING
+            ),
+            timeout,
+        )
         entry = machine.live.updates[seq]
-        return {"seq": seq, "step": entry["step"], "changes": entry["changes"],
-                "error": entry["error"], "status": machine.status.name, "timed_out": not done}
+        return {
+            "seq": seq,
+            "step": entry["step"],
+            "changes": entry["changes"],
+            "error": entry["error"],
+            "status": machine.status.name,
+            "timed_out": not done,
+        }
 
-    def live_pending(self, job: str, rank: int, attempt: int, runs: list[int],
-                     updates: list[int]) -> list[dict]:
+    def live_pending(
+        self, job: str, rank: int, attempt: int, runs: list[int], updates: list[int]
+    ) -> list[dict]:
         """From a rank: the run and update requests it must carry out now, in order."""
         run = self.plane.runs.get(job)
         if run is None or run.machine.attempt != attempt:
@@ -437,7 +557,8 @@ class Requests:
         if run is None:
             record = self._record(job)
             raise InvalidTransitionError(
-                f"job {record['name']!r} is {record['status']}; {why or f'it cannot {action}'}")
+                f"job {record['name']!r} is {record['status']}; {why or f'it cannot {action}'}"
+            )
         return run
 
     def _record(self, job: str, with_result: bool = False) -> dict:

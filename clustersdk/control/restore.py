@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+
 from .. import config
 from ..errors import ProtocolError
 from ..protocol import WireSpec
@@ -35,11 +36,20 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
     is marked FAILED, saying why; so is a job the earlier scheduler died running."""
     address, adopted = plane.address, []
     for record in plane.journal.orphaned(address, plane.id):  # it died without closing them
-        plane.journal.update(record["id"], scheduler=plane.id, status=JobStatus.FAILED.name,
-                             payload=None, reason="", ended=time.time(), error={
-                                 "rank": None, "type": "SchedulerClosed", "traceback": "",
-                                 "message": f"the Dask scheduler stopped while the job was "
-                                            f"{record['status']}"})
+        plane.journal.update(
+            record["id"],
+            scheduler=plane.id,
+            status=JobStatus.FAILED.name,
+            payload=None,
+            reason="",
+            ended=time.time(),
+            error={
+                "rank": None,
+                "type": "SchedulerClosed",
+                "traceback": "",
+                "message": f"the Dask scheduler stopped while the job was {record['status']}",
+            },
+        )
     for record in plane.journal.adoptable(address, plane.id):
         status = JobStatus[record["status"]]
         try:
@@ -48,18 +58,33 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
                 raise ProtocolError("its function was not kept")
             spec = placement.admit(spec, 0)  # the settings may have changed meanwhile
         except Exception as e:  # noqa: BLE001 - one bad record must not stop the others
-            plane.journal.update(record["id"], status=JobStatus.FAILED.name, reason="",
-                                 error={"rank": None, "type": type(e).__name__, "traceback": "",
-                                        "message": f"a restarted scheduler could not take the "
-                                                   f"job over: {e}"})
+            plane.journal.update(
+                record["id"],
+                status=JobStatus.FAILED.name,
+                reason="",
+                error={
+                    "rank": None,
+                    "type": type(e).__name__,
+                    "traceback": "",
+                    "message": f"a restarted scheduler could not take the job over: {e}",
+                },
+            )
             continue
         plane.journal.update(record["id"], scheduler=plane.id)
-        plane.follow(spec, record["payload"], seq=record.get("seq"), status=status,
-                     restarts=int(record.get("restarts") or 0),
-                     checkpoint=record.get("checkpoint"),
-                     checkpoint_step=record.get("checkpoint_step"))
+        plane.follow(
+            spec,
+            record["payload"],
+            seq=record.get("seq"),
+            status=status,
+            restarts=int(record.get("restarts") or 0),
+            checkpoint=record.get("checkpoint"),
+            checkpoint_step=record.get("checkpoint_step"),
+        )
         adopted.append(record["id"])
     if adopted:
-        logger.info("clustersdk: took over %d queued or suspended job(s) of an earlier "
-                    "scheduler at %s", len(adopted), address)
+        logger.info(
+            "clustersdk: took over %d queued or suspended job(s) of an earlier scheduler at %s",
+            len(adopted),
+            address,
+        )
     return adopted

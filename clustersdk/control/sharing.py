@@ -31,10 +31,10 @@ class Sharing:
     """Why one job is leaving its slots for others, and where it comes back."""
 
     def __init__(self) -> None:
-        self.preempted = False            # leaving for another job: queues again when out
-        self.preempt_reason = ""          # ... and why (its reason while QUEUED again)
-        self.leave_reason = ""            # why it was reclaimed (kept once it is out)
-        self.grow_to: int | None = None   # leaving to come back at this world size
+        self.preempted = False  # leaving for another job: queues again when out
+        self.preempt_reason = ""  # ... and why (its reason while QUEUED again)
+        self.leave_reason = ""  # why it was reclaimed (kept once it is out)
+        self.grow_to: int | None = None  # leaving to come back at this world size
 
     def stopped_by_user(self) -> None:
         """The user's stop or suspend wins over a preemption: the job won't queue again."""
@@ -42,8 +42,11 @@ class Sharing:
 
     def comes_back(self, job: JobView) -> bool:
         """Whether the job, every rank out, is a preempted one that queues again."""
-        return self.preempted and bool(job.exited) and all(
-            s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in job.exited.values())
+        return (
+            self.preempted
+            and bool(job.exited)
+            and all(s in (ExitStatus.SUSPENDED, ExitStatus.STOPPED) for s in job.exited.values())
+        )
 
     # --- events ---------------------------------------------------------------------------
     def preempt(self, job: JobView, e: ev.Preempted) -> None:
@@ -79,13 +82,20 @@ class Sharing:
     def grow(self, job: JobView, e: ev.Grow) -> None:
         """Back to the asked world size: suspend (a checkpoint at the next step boundary),
         then queue again at ``e.world_size``, resharding from that checkpoint."""
-        if job.status is not JobStatus.RUNNING or not job.spec.checkpoint_dir \
-                or e.world_size <= job.world_size:
+        if (
+            job.status is not JobStatus.RUNNING
+            or not job.spec.checkpoint_dir
+            or e.world_size <= job.world_size
+        ):
             return
         self.preempted, self.grow_to = True, e.world_size
         self.preempt_reason = f"growing from {job.world_size} back to {e.world_size} ranks"
-        job.record("resized", f"{self.preempt_reason}: slots are free again; it checkpoints "
-                   "and continues from there", world_size=e.world_size, was=job.world_size)
+        job.record(
+            "resized",
+            f"{self.preempt_reason}: slots are free again; it checkpoints and continues from there",
+            world_size=e.world_size,
+            was=job.world_size,
+        )
         job.transition(JobStatus.SUSPENDING, reason=self.preempt_reason)
         job.ask(Word.SUSPEND, 1)
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 Row = Mapping[str, Any]
 
@@ -27,8 +28,7 @@ Row = Mapping[str, Any]
 class ScalarWriter:
     """Writes scalar rows to one TensorBoard run directory."""
 
-    def __init__(self, logdir: str | os.PathLike, rank: int | None = None,
-                 flush_secs: float = 5.0):
+    def __init__(self, logdir: str | os.PathLike, rank: int | None = None, flush_secs: float = 5.0):
         try:
             from tensorboard.compat.proto import event_pb2, summary_pb2
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -47,12 +47,18 @@ class ScalarWriter:
         for row in rows:
             if self.rank is not None and row.get("rank") not in (None, self.rank):
                 raise ValueError(f"rank {self.rank}'s writer got a row of rank {row.get('rank')}")
-            values = [self._summary.Value(tag=name, simple_value=float(value))
-                      for name, value in sorted(row["scalars"].items())]
+            values = [
+                self._summary.Value(tag=name, simple_value=float(value))
+                for name, value in sorted(row["scalars"].items())
+            ]
             if values:
-                self._writer.add_event(self._event(
-                    wall_time=float(row["time"]), step=int(row["step"]),
-                    summary=self._summary(value=values)))
+                self._writer.add_event(
+                    self._event(
+                        wall_time=float(row["time"]),
+                        step=int(row["step"]),
+                        summary=self._summary(value=values),
+                    )
+                )
 
     def flush(self) -> None:
         self._writer.flush()
@@ -85,10 +91,16 @@ def aggregate(rows: Iterable[Row], world_size: int | None = None) -> list[dict[s
     [{'rank': None, 'step': 1, 'time': 2.0, 'scalars': {'loss': 2.0}}]
     """
     by_step = _by_step(rows)
-    ranks = set(range(world_size)) if world_size is not None else \
-        {rank for per_rank in by_step.values() for rank in per_rank}
-    return [_mean(step, per_rank) for step, per_rank in sorted(by_step.items())
-            if ranks and set(per_rank) >= ranks]
+    ranks = (
+        set(range(world_size))
+        if world_size is not None
+        else {rank for per_rank in by_step.values() for rank in per_rank}
+    )
+    return [
+        _mean(step, per_rank)
+        for step, per_rank in sorted(by_step.items())
+        if ranks and set(per_rank) >= ranks
+    ]
 
 
 class Aggregator:
@@ -112,7 +124,8 @@ class Aggregator:
         touched = set()
         for row in rows:
             self._pending[int(row["step"])][int(row["rank"])] = _merge(
-                self._pending[int(row["step"])].get(int(row["rank"])), row)
+                self._pending[int(row["step"])].get(int(row["rank"])), row
+            )
             touched.add(int(row["step"]))
         done = sorted(s for s in touched if len(self._pending[s]) >= self.world_size)
         return [_mean(step, self._pending.pop(step)) for step in done]
@@ -129,8 +142,11 @@ def _by_step(rows: Iterable[Row]) -> dict[int, dict[int, Row]]:
 def _merge(old: Row | None, new: Row) -> Row:
     if old is None:
         return new
-    return {**new, "time": max(old["time"], new["time"]),
-            "scalars": {**old["scalars"], **new["scalars"]}}
+    return {
+        **new,
+        "time": max(old["time"], new["time"]),
+        "scalars": {**old["scalars"], **new["scalars"]},
+    }
 
 
 def _mean(step: int, per_rank: Mapping[int, Row]) -> dict[str, Any]:
@@ -138,8 +154,12 @@ def _mean(step: int, per_rank: Mapping[int, Row]) -> dict[str, Any]:
     for row in per_rank.values():
         for name, value in row["scalars"].items():
             sums[name].append(float(value))
-    return {"rank": None, "step": step, "time": max(r["time"] for r in per_rank.values()),
-            "scalars": {name: sum(v) / len(v) for name, v in sorted(sums.items())}}
+    return {
+        "rank": None,
+        "step": step,
+        "time": max(r["time"] for r in per_rank.values()),
+        "scalars": {name: sum(v) / len(v) for name, v in sorted(sums.items())},
+    }
 
 
 class JobBoard:

@@ -14,7 +14,8 @@ after), and queue the actions the control plane will carry out.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ..protocol import ExitStatus, WireSpec, Word
 from ..status import JobStatus
@@ -91,8 +92,9 @@ class JobView(Protocol):
     def fail(self, err: dict[str, Any]) -> None:
         """The job FAILS with error record ``err``; the ranks still out are told to stop."""
 
-    def lose(self, rank: int | None, exc_type: str, message: str,
-             facts: dict[str, Any] | None = None) -> None:
+    def lose(
+        self, rank: int | None, exc_type: str, message: str, facts: dict[str, Any] | None = None
+    ) -> None:
         """A rank's worker is gone (or the gang must go): restart or fail, by the rules."""
 
     def end_ranks(self, ranks: Sequence[int], status: ExitStatus) -> None:
@@ -101,7 +103,13 @@ class JobView(Protocol):
     def replace_spec(self, **changes: Any) -> None:
         """The job's spec with ``changes`` (journaled)."""
 
-    def requeue(self, reason: str, *, front: bool = False, paused: bool = False,
-                world_size: int | None = None) -> None:
+    def requeue(
+        self,
+        reason: str,
+        *,
+        front: bool = False,
+        paused: bool = False,
+        world_size: int | None = None,
+    ) -> None:
         """Every rank is out: a new gang start, QUEUED to continue from :attr:`resume_point`
         (at ``world_size`` when given; paused at its first step with ``paused``)."""

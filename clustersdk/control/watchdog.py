@@ -56,33 +56,56 @@ class Watchdog:
             return
         now = time.time()
         ticks = beacon.get("ticks")
-        run.watch.heard(rank, int(beacon["step"]), str(beacon.get("phase", "step")), now,
-                        None if ticks is None else int(ticks))
-        if run.machine.status is JobStatus.HUNG and run.watch.verdict(
-                now, run.machine.spec.hang_timeout) is None:
+        run.watch.heard(
+            rank,
+            int(beacon["step"]),
+            str(beacon.get("phase", "step")),
+            now,
+            None if ticks is None else int(ticks),
+        )
+        if (
+            run.machine.status is JobStatus.HUNG
+            and run.watch.verdict(now, run.machine.spec.hang_timeout) is None
+        ):
             self.plane.feed(run, ev.Progressed())
 
     async def stacks(self, run: Run, all_threads: bool = False) -> dict[str, Any]:
         """Where every rank of ``run`` is now: rank -> its stack, step and phase, or why its
         worker could not say."""
         ranks = run.machine.ranks
-        answers = await asyncio.gather(*(
-            asyncio.wait_for(self.plane.call_worker(slot.worker, WorkerOp.STACKS, job=run.id,
-                                                    all_threads=all_threads), STACK_TIMEOUT)
-            for slot in ranks), return_exceptions=True)
+        answers = await asyncio.gather(
+            *(
+                asyncio.wait_for(
+                    self.plane.call_worker(
+                        slot.worker, WorkerOp.STACKS, job=run.id, all_threads=all_threads
+                    ),
+                    STACK_TIMEOUT,
+                )
+                for slot in ranks
+            ),
+            return_exceptions=True,
+        )
         out: dict[str, Any] = {}
         for rank, (slot, answer) in enumerate(zip(ranks, answers)):
-            entry: dict[str, Any] = {"rank": rank, "worker": slot.worker, "host": slot.host,
-                                     "time": time.time()}
+            entry: dict[str, Any] = {
+                "rank": rank,
+                "worker": slot.worker,
+                "host": slot.host,
+                "time": time.time(),
+            }
             if isinstance(answer, dict):
                 entry.update(answer, answered=True)
             elif answer is None:
                 entry.update(answered=True, text="(the rank has exited)")
             else:
-                entry.update(answered=False, text=(
-                    f"worker {slot.worker} did not answer within {STACK_TIMEOUT:.0f} s: its "
-                    f"process is frozen (stopped, e.g. by SIGSTOP, or stuck outside Python) or "
-                    f"gone{self._process_note(slot.worker)}"))
+                entry.update(
+                    answered=False,
+                    text=(
+                        f"worker {slot.worker} did not answer within {STACK_TIMEOUT:.0f} s: its "
+                        f"process is frozen (stopped, e.g. by SIGSTOP, or stuck outside Python) or "
+                        f"gone{self._process_note(slot.worker)}"
+                    ),
+                )
             beacon = run.watch.beacons.get(rank)
             entry.setdefault("phase", beacon.phase if beacon is not None else None)
             out[str(rank)] = entry
@@ -109,16 +132,27 @@ class Watchdog:
                 wchan = f.read().strip() or "-"
         except OSError:
             return ""
-        names = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer",
-                 "D": "in uninterruptible I/O", "S": "sleeping", "R": "running", "Z": "a zombie"}
+        names = {
+            "T": "stopped (SIGSTOP)",
+            "t": "stopped by a tracer",
+            "D": "in uninterruptible I/O",
+            "S": "sleeping",
+            "R": "running",
+            "Z": "a zombie",
+        }
         return f"; on this host, process {pid} is {names.get(code, code)} (wchan {wchan})"
 
 
 def _local(worker: str) -> bool:
     host = worker.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     try:
-        mine = {"127.0.0.1", "::1", "localhost", socket.gethostname(),
-                socket.gethostbyname(socket.gethostname())}
+        mine = {
+            "127.0.0.1",
+            "::1",
+            "localhost",
+            socket.gethostname(),
+            socket.gethostbyname(socket.gethostname()),
+        }
     except OSError:
         mine = {"127.0.0.1", "::1", "localhost"}
     return host in mine

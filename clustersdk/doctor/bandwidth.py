@@ -27,20 +27,30 @@ def open_store(token: str, timeout: float, port: int | None = None) -> int:
     rendezvous range; its port."""
     from ..runtime import process_group
 
-    store = process_group.store_on(port, 2, timeout) if port else process_group.open_store(2, timeout)
+    store = (
+        process_group.store_on(port, 2, timeout) if port else process_group.open_store(2, timeout)
+    )
     _stores[token] = store
     return store.port
 
 
-async def sweep(token: str, master: tuple[str, int], first: str, sizes: list[int], backend: str,
-                timeout: float, dask_worker: Any = None) -> list[tuple[int, float]]:
+async def sweep(
+    token: str,
+    master: tuple[str, int],
+    first: str,
+    sizes: list[int],
+    backend: str,
+    timeout: float,
+    dask_worker: Any = None,
+) -> list[tuple[int, float]]:
     """On both workers at once: rank 0 is ``first``; (bytes, seconds) per size."""
     rank = 0 if dask_worker.address == first else 1
     host = dask_worker.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     store = _stores.pop(token, None) if rank == 0 else None
     loop = asyncio.get_running_loop()  # the work runs in a thread: the event loop stays free
-    return await loop.run_in_executor(None, _sweep, store, master, rank, host, sizes, backend,
-                                      timeout)
+    return await loop.run_in_executor(
+        None, _sweep, store, master, rank, host, sizes, backend, timeout
+    )
 
 
 def _group(store: Any, rank: int, host: str, backend: str, timeout: float) -> Any:
@@ -57,8 +67,15 @@ def _group(store: Any, rank: int, host: str, backend: str, timeout: float) -> An
     return dist.ProcessGroupGloo(prefixed, rank, 2, options)
 
 
-def _sweep(store: Any, master: tuple[str, int], rank: int, host: str, sizes: list[int],
-           backend: str, timeout: float) -> list[tuple[int, float]]:
+def _sweep(
+    store: Any,
+    master: tuple[str, int],
+    rank: int,
+    host: str,
+    sizes: list[int],
+    backend: str,
+    timeout: float,
+) -> list[tuple[int, float]]:
     import torch
 
     from ..runtime import process_group

@@ -37,10 +37,16 @@ def worker_facts(dask_worker: Any) -> dict[str, Any]:
 
     agent = dask_worker.plugins.get("clustersdk-agent")
     slot = getattr(agent, "slot", None) or {}
-    return {"worker": dask_worker.address, "host": _host(dask_worker),
-            "slot_kind": slot.get("kind"), "versions": versions(), "gpus": gpus(),
-            "ports": network.format_ports(network.rendezvous_ports()), "time": time.time(),
-            "tls": tls_files(getattr(dask_worker, "security", None))}
+    return {
+        "worker": dask_worker.address,
+        "host": _host(dask_worker),
+        "slot_kind": slot.get("kind"),
+        "versions": versions(),
+        "gpus": gpus(),
+        "ports": network.format_ports(network.rendezvous_ports()),
+        "time": time.time(),
+        "tls": tls_files(getattr(dask_worker, "security", None)),
+    }
 
 
 def tls_files(security: Any) -> list[dict[str, Any]]:
@@ -65,11 +71,16 @@ def gpus() -> list[dict[str, Any]] | None:
             memory = memory_reader(nv, handle)()  # as nvidia-smi counts it
             entry.update(
                 name=name.decode() if isinstance(name, bytes) else name,
-                memory_total=int(memory.total), memory_used=int(memory.used),
-                temperature=int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)))
+                memory_total=int(memory.total),
+                memory_used=int(memory.used),
+                temperature=int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)),
+            )
             try:
-                entry["ecc_uncorrected"] = int(nv.nvmlDeviceGetTotalEccErrors(
-                    handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+                entry["ecc_uncorrected"] = int(
+                    nv.nvmlDeviceGetTotalEccErrors(
+                        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+                    )
+                )
             except Exception:  # ECC off or not supported (consumer GPUs)
                 entry["ecc_uncorrected"] = None
         except Exception as e:  # a GPU that fell off the bus answers with errors
@@ -160,8 +171,9 @@ async def connect(targets: dict[str, list[int]], timeout: float) -> dict[str, di
             return host, port, None
 
     failures: dict[str, dict[int, str]] = {}
-    for host, port, why in await asyncio.gather(*(one(h, p) for h, ps in targets.items()
-                                                  for p in ps)):
+    for host, port, why in await asyncio.gather(
+        *(one(h, p) for h, ps in targets.items() for p in ps)
+    ):
         if why is not None:
             failures.setdefault(host, {})[port] = why
     return failures

@@ -18,13 +18,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-VERSION_KEYS = ("python", "torch", "nccl", "cuda_driver", "clustersdk", "dask", "distributed",
-                "cloudpickle")
-SLOW_LINK = 0.5          # a pair below this fraction of the best pair's bus bandwidth is slow
+VERSION_KEYS = (
+    "python",
+    "torch",
+    "nccl",
+    "cuda_driver",
+    "clustersdk",
+    "dask",
+    "distributed",
+    "cloudpickle",
+)
+SLOW_LINK = 0.5  # a pair below this fraction of the best pair's bus bandwidth is slow
 EXPIRY_WARNING_S = 7 * 86400  # a certificate closer than this to its end is a problem
-CLOCK_SKEW_S = 1.0       # more than this apart from the notebook's clock is a problem
+CLOCK_SKEW_S = 1.0  # more than this apart from the notebook's clock is a problem
 MIN_FREE_BYTES = 1 << 30  # at a checkpoint directory
 GPU_HOT_C = 85
 SIZES = tuple(1 << p for p in range(10, 29, 2))  # 1 KiB, 4 KiB ... 256 MiB
@@ -34,8 +43,8 @@ SIZES = tuple(1 << p for p in range(10, 29, 2))  # 1 KiB, 4 KiB ... 256 MiB
 class Problem:
     """One thing to fix: where, which check, and a line that says what to do."""
 
-    host: str | None   # a host, "A-B" for a link, or None for the notebook's side
-    check: str         # versions | gpu | ports | disk | clock | bandwidth | workers
+    host: str | None  # a host, "A-B" for a link, or None for the notebook's side
+    check: str  # versions | gpu | ports | disk | clock | bandwidth | workers
     message: str
 
     def __str__(self) -> str:
@@ -64,10 +73,10 @@ class Sweep:
 class Report:
     """Everything the doctor saw; ``problems`` is what needs doing (empty: all good)."""
 
-    workers: list[dict[str, Any]]          # facts per worker (see probes.worker_facts)
-    here: dict[str, Any]                   # the notebook's versions
-    disks: dict[str, dict[str, Any]]       # host -> checkpoint directory check
-    ports: dict[str, Any]                  # host -> {"range", "listening", "busy", "unreachable"}
+    workers: list[dict[str, Any]]  # facts per worker (see probes.worker_facts)
+    here: dict[str, Any]  # the notebook's versions
+    disks: dict[str, dict[str, Any]]  # host -> checkpoint directory check
+    ports: dict[str, Any]  # host -> {"range", "listening", "busy", "unreachable"}
     sweeps: list[Sweep]
     problems: list[Problem] = dataclasses.field(default_factory=list)
     tls: dict[str, Any] = dataclasses.field(default_factory=dict)  # address, this side's files
@@ -103,13 +112,19 @@ def bus_bandwidth(size: int, seconds: float, ranks: int) -> tuple[float, float]:
     return algbw, algbw * 2 * (ranks - 1) / ranks
 
 
-def analyse(report: Report, *, skew_limit: float = CLOCK_SKEW_S,
-            min_free: int = MIN_FREE_BYTES) -> list[Problem]:
+def analyse(
+    report: Report, *, skew_limit: float = CLOCK_SKEW_S, min_free: int = MIN_FREE_BYTES
+) -> list[Problem]:
     """Every problem in the report, hosts in order within each check."""
-    return [*security_problems(report),
-            *version_problems(report.workers, report.here), *gpu_problems(report.workers),
-            *port_problems(report.ports), *disk_problems(report.disks, min_free),
-            *clock_problems(report.workers, skew_limit), *bandwidth_problems(report.sweeps)]
+    return [
+        *security_problems(report),
+        *version_problems(report.workers, report.here),
+        *gpu_problems(report.workers),
+        *port_problems(report.ports),
+        *disk_problems(report.disks, min_free),
+        *clock_problems(report.workers, skew_limit),
+        *bandwidth_problems(report.sweeps),
+    ]
 
 
 def security_problems(report: Report, now: float | None = None) -> list[Problem]:
@@ -119,10 +134,17 @@ def security_problems(report: Report, now: float | None = None) -> list[Problem]
     problems = []
     address = report.tls.get("address", "")
     if address and not address.startswith("tls://"):
-        problems.append(Problem(None, "security", (
-            f"the scheduler at {address} listens on plain {address.split('://')[0]}://: "
-            "anyone who reaches its ports (or the workers') can run code on every worker and "
-            "stop or change any job; start the cluster with security='auto' (the default)")))
+        problems.append(
+            Problem(
+                None,
+                "security",
+                (
+                    f"the scheduler at {address} listens on plain {address.split('://')[0]}://: "
+                    "anyone who reaches its ports (or the workers') can run code on every worker and "
+                    "stop or change any job; start the cluster with security='auto' (the default)"
+                ),
+            )
+        )
     places: list[tuple[str | None, list[dict[str, Any]]]] = [(None, report.tls.get("files", []))]
     places += [(w["host"], w.get("tls") or []) for w in report.workers]
     seen: set[tuple[str | None, str]] = set()
@@ -134,18 +156,32 @@ def security_problems(report: Report, now: float | None = None) -> list[Problem]
             seen.add((host, f["path"]))
             if f.get("key") and f["mode"] & 0o077:
                 fix = "chmod 700" if f.get("directory") else "chmod 600"
-                problems.append(Problem(host, "security", (
-                    f"{where}{f['path']} holds a private key and can be read by other users "
-                    f"(mode {f['mode']:o}): whoever reads it acts as its holder; {fix} "
-                    f"{f['path']}")))
+                problems.append(
+                    Problem(
+                        host,
+                        "security",
+                        (
+                            f"{where}{f['path']} holds a private key and can be read by other users "
+                            f"(mode {f['mode']:o}): whoever reads it acts as its holder; {fix} "
+                            f"{f['path']}"
+                        ),
+                    )
+                )
             left = None if f.get("not_after") is None else f["not_after"] - now
             if left is not None and left < EXPIRY_WARNING_S:
                 when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(f["not_after"]))
                 state = "has expired" if left <= 0 else f"expires in {left / 86400:.1f} days"
-                problems.append(Problem(host, "security", (
-                    f"{where}a certificate in {f['path']} {state} ({when}): connections with "
-                    "it will be refused; start a new cluster (its certificates last "
-                    "clustersdk.security.days), or have its admin issue new credentials")))
+                problems.append(
+                    Problem(
+                        host,
+                        "security",
+                        (
+                            f"{where}a certificate in {f['path']} {state} ({when}): connections with "
+                            "it will be refused; start a new cluster (its certificates last "
+                            "clustersdk.security.days), or have its admin issue new credentials"
+                        ),
+                    )
+                )
     return problems
 
 
@@ -167,14 +203,28 @@ def version_problems(workers: list[dict[str, Any]], here: dict[str, Any]) -> lis
         usual = _majority(seen, here.get(key))
         for host, value in sorted(by_host.items()):
             if value is not None and value != usual:
-                problems.append(Problem(host, "versions", (
-                    f"host {host}: {key} {value}, but {usual} on the other hosts: install "
-                    f"{_install(key, usual)} there (or the other way round everywhere)")))
+                problems.append(
+                    Problem(
+                        host,
+                        "versions",
+                        (
+                            f"host {host}: {key} {value}, but {usual} on the other hosts: install "
+                            f"{_install(key, usual)} there (or the other way round everywhere)"
+                        ),
+                    )
+                )
         mine = here.get(key)
         if mine is not None and mine != usual and key not in ("nccl", "cuda_driver"):
-            problems.append(Problem(None, "versions", (
-                f"this notebook: {key} {mine}, but the workers have {usual}: functions are "
-                f"pickled here and run there; install {_install(key, usual)} here")))
+            problems.append(
+                Problem(
+                    None,
+                    "versions",
+                    (
+                        f"this notebook: {key} {mine}, but the workers have {usual}: functions are "
+                        f"pickled here and run there; install {_install(key, usual)} here"
+                    ),
+                )
+            )
     return problems
 
 
@@ -194,19 +244,43 @@ def gpu_problems(workers: list[dict[str, Any]]) -> list[Problem]:
         for gpu in w.get("gpus") or []:
             where = f"host {w['host']}: GPU {gpu.get('index')} ({gpu.get('name', '?')})"
             if gpu.get("error"):
-                problems.append(Problem(w["host"], "gpu", f"{where} can't be read: {gpu['error']}: "
-                                        "check `nvidia-smi` there"))
+                problems.append(
+                    Problem(
+                        w["host"],
+                        "gpu",
+                        f"{where} can't be read: {gpu['error']}: check `nvidia-smi` there",
+                    )
+                )
             if (gpu.get("ecc_uncorrected") or 0) > 0:
-                problems.append(Problem(w["host"], "gpu", (
-                    f"{where} has {gpu['ecc_uncorrected']} uncorrected ECC errors: drain it and "
-                    "check `nvidia-smi -q -d ECC`; a reset or a replacement may be needed")))
+                problems.append(
+                    Problem(
+                        w["host"],
+                        "gpu",
+                        (
+                            f"{where} has {gpu['ecc_uncorrected']} uncorrected ECC errors: drain it and "
+                            "check `nvidia-smi -q -d ECC`; a reset or a replacement may be needed"
+                        ),
+                    )
+                )
             if (gpu.get("temperature") or 0) >= GPU_HOT_C:
-                problems.append(Problem(w["host"], "gpu", (
-                    f"{where} is at {gpu['temperature']} C while idle: check its cooling")))
+                problems.append(
+                    Problem(
+                        w["host"],
+                        "gpu",
+                        (f"{where} is at {gpu['temperature']} C while idle: check its cooling"),
+                    )
+                )
         if w.get("slot_kind") == "cuda" and w.get("gpus") == []:
-            problems.append(Problem(w["host"], "gpu", (
-                f"host {w['host']}: worker {w['worker']} has a CUDA slot but NVML sees no GPU: "
-                "check the driver (`nvidia-smi`)")))
+            problems.append(
+                Problem(
+                    w["host"],
+                    "gpu",
+                    (
+                        f"host {w['host']}: worker {w['worker']} has a CUDA slot but NVML sees no GPU: "
+                        "check the driver (`nvidia-smi`)"
+                    ),
+                )
+            )
     return problems
 
 
@@ -233,16 +307,30 @@ def port_problems(ports: dict[str, Any]) -> list[Problem]:
         for sources, which in sorted(by_sources.items()):
             why = sorted({blocked[which[0]][s] for s in sources})
             s = "s" if len(which) > 1 else ""
-            problems.append(Problem(host, "ports", (
-                f"host {host}: port{s} {_ranges(which)} of the rendezvous range ({span}) "
-                f"unreachable from {', '.join(sources)} ({'; '.join(why)}): a firewall there or "
-                f"between them drops it; open {span}/tcp between the hosts, or set "
-                "rendezvous_ports= to a range that is open")))
+            problems.append(
+                Problem(
+                    host,
+                    "ports",
+                    (
+                        f"host {host}: port{s} {_ranges(which)} of the rendezvous range ({span}) "
+                        f"unreachable from {', '.join(sources)} ({'; '.join(why)}): a firewall there or "
+                        f"between them drops it; open {span}/tcp between the hosts, or set "
+                        "rendezvous_ports= to a range that is open"
+                    ),
+                )
+            )
         busy = info.get("busy") or []
         if busy and len(busy) == info.get("size"):
-            problems.append(Problem(host, "ports", (
-                f"host {host}: every port of the rendezvous range ({span}) is in use there: "
-                "no job can start its store; widen the range")))
+            problems.append(
+                Problem(
+                    host,
+                    "ports",
+                    (
+                        f"host {host}: every port of the rendezvous range ({span}) is in use there: "
+                        "no job can start its store; widen the range"
+                    ),
+                )
+            )
     return problems
 
 
@@ -251,20 +339,41 @@ def disk_problems(disks: dict[str, dict[str, Any]], min_free: int) -> list[Probl
     for host, disk in sorted(disks.items()):
         path = disk.get("path")
         if disk.get("error"):
-            problems.append(Problem(host, "disk", (
-                f"host {host}: cannot write to {path} ({disk['error']}): fix its permissions, or "
-                "pick a checkpoint_dir= every host can write")))
+            problems.append(
+                Problem(
+                    host,
+                    "disk",
+                    (
+                        f"host {host}: cannot write to {path} ({disk['error']}): fix its permissions, or "
+                        "pick a checkpoint_dir= every host can write"
+                    ),
+                )
+            )
             continue
         if disk.get("free", min_free) < min_free:
-            problems.append(Problem(host, "disk", (
-                f"host {host}: only {disk['free'] / 2**20:.0f} MiB free at {path}: free space, "
-                "or checkpoint somewhere larger")))
+            problems.append(
+                Problem(
+                    host,
+                    "disk",
+                    (
+                        f"host {host}: only {disk['free'] / 2**20:.0f} MiB free at {path}: free space, "
+                        "or checkpoint somewhere larger"
+                    ),
+                )
+            )
         missing = disk.get("unseen") or []
         if missing:
-            problems.append(Problem(host, "disk", (
-                f"host {host}: does not see the files {', '.join(missing)} wrote in {path}: "
-                "checkpoint_dir must be one shared filesystem (NFS, Lustre...) for a job to "
-                "resume on other hosts")))
+            problems.append(
+                Problem(
+                    host,
+                    "disk",
+                    (
+                        f"host {host}: does not see the files {', '.join(missing)} wrote in {path}: "
+                        "checkpoint_dir must be one shared filesystem (NFS, Lustre...) for a job to "
+                        "resume on other hosts"
+                    ),
+                )
+            )
     return problems
 
 
@@ -276,18 +385,34 @@ def clock_problems(workers: list[dict[str, Any]], limit: float) -> list[Problem]
             continue
         seen.add(w["host"])
         way = "ahead of" if offset > 0 else "behind"
-        problems.append(Problem(w["host"], "clock", (
-            f"host {w['host']}: its clock is {abs(offset):.1f} s {way} this machine's: run "
-            "chrony (or ntpd) there; timestamps of metrics and logs are off by that much")))
+        problems.append(
+            Problem(
+                w["host"],
+                "clock",
+                (
+                    f"host {w['host']}: its clock is {abs(offset):.1f} s {way} this machine's: run "
+                    "chrony (or ntpd) there; timestamps of metrics and logs are off by that much"
+                ),
+            )
+        )
     return problems
 
 
 def bandwidth_problems(sweeps: list[Sweep]) -> list[Problem]:
     """Failed pairs, and pairs much slower than the best: a host if all its pairs are."""
-    problems = [Problem("-".join(s.hosts), "bandwidth", (
-        f"hosts {s.hosts[0]} and {s.hosts[1]}: an all-reduce between them failed ({s.error}): "
-        "their process group can't connect; check the firewall for their ephemeral ports "
-        "and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME")) for s in sweeps if s.error]
+    problems = [
+        Problem(
+            "-".join(s.hosts),
+            "bandwidth",
+            (
+                f"hosts {s.hosts[0]} and {s.hosts[1]}: an all-reduce between them failed ({s.error}): "
+                "their process group can't connect; check the firewall for their ephemeral ports "
+                "and GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
+            ),
+        )
+        for s in sweeps
+        if s.error
+    ]
     measured = [s for s in sweeps if not s.error and s.rows]
     if len(measured) < 2:
         return problems
@@ -300,22 +425,38 @@ def bandwidth_problems(sweeps: list[Sweep]) -> list[Problem]:
         if len(mine) >= 2 and all(s in slow for s in mine) and len(mine) < len(measured):
             ratio = max(s.peak() for s in mine) / best
             named.add(host)
-            problems.append(Problem(host, "bandwidth", (
-                f"host {host}: its links reach {ratio:.2f}x the best pair's bus bandwidth "
-                f"({_rate(max(s.peak() for s in mine))} vs {_rate(best)}): check its NIC, cable "
-                "and switch port (ethtool), and that NCCL uses the fast interface "
-                "(NCCL_SOCKET_IFNAME, NCCL_IB_HCA)")))
+            problems.append(
+                Problem(
+                    host,
+                    "bandwidth",
+                    (
+                        f"host {host}: its links reach {ratio:.2f}x the best pair's bus bandwidth "
+                        f"({_rate(max(s.peak() for s in mine))} vs {_rate(best)}): check its NIC, cable "
+                        "and switch port (ethtool), and that NCCL uses the fast interface "
+                        "(NCCL_SOCKET_IFNAME, NCCL_IB_HCA)"
+                    ),
+                )
+            )
     for s in slow:
         if not named.intersection(s.hosts):
-            problems.append(Problem("-".join(s.hosts), "bandwidth", (
-                f"hosts {s.hosts[0]} and {s.hosts[1]}: their link reaches {s.peak() / best:.2f}x "
-                f"the best pair's bus bandwidth ({_rate(s.peak())} vs {_rate(best)}): check the "
-                "route and switches between them")))
+            problems.append(
+                Problem(
+                    "-".join(s.hosts),
+                    "bandwidth",
+                    (
+                        f"hosts {s.hosts[0]} and {s.hosts[1]}: their link reaches {s.peak() / best:.2f}x "
+                        f"the best pair's bus bandwidth ({_rate(s.peak())} vs {_rate(best)}): check the "
+                        "route and switches between them"
+                    ),
+                )
+            )
     return problems
 
 
 def _rate(bytes_per_s: float) -> str:
-    return f"{bytes_per_s / 1e9:.2f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.0f} MB/s"
+    return (
+        f"{bytes_per_s / 1e9:.2f} GB/s" if bytes_per_s >= 1e9 else f"{bytes_per_s / 1e6:.0f} MB/s"
+    )
 
 
 def _size(n: int) -> str:
@@ -338,20 +479,27 @@ def format_report(report: Report) -> str:
             parts.append(f"clock {mine[0]['clock_offset']:+.3f} s")
         disk = report.disks.get(host)
         if disk and not disk.get("error"):
-            parts.append(f"{disk['free'] / 2**30:.1f} GiB free at {disk['path']}"
-                         if "free" in disk else f"writes to {disk['path']}")
+            parts.append(
+                f"{disk['free'] / 2**30:.1f} GiB free at {disk['path']}"
+                if "free" in disk
+                else f"writes to {disk['path']}"
+            )
         ports = report.ports.get(host)
         if ports:
-            parts.append(f"ports {ports.get('range')}: {len(ports.get('unreachable') or {})} "
-                         "unreachable")
+            parts.append(
+                f"ports {ports.get('range')}: {len(ports.get('unreachable') or {})} unreachable"
+            )
         lines.append(f"  {host}: " + ", ".join(parts))
     measured = [s for s in report.sweeps if s.rows]
     if measured:
         lines.append(f"  all-reduce bus bandwidth ({measured[0].backend}, 2 ranks per pair, GB/s):")
-        lines.append("    " + f"{'size':>9}" + "".join(f"{'-'.join(s.hosts):>30}" for s in measured))
+        lines.append(
+            "    " + f"{'size':>9}" + "".join(f"{'-'.join(s.hosts):>30}" for s in measured)
+        )
         for i, (size, _) in enumerate(measured[0].rows):
-            cells = [s.busbw()[i][2] / 1e9 if i < len(s.busbw()) else float("nan")
-                     for s in measured]
+            cells = [
+                s.busbw()[i][2] / 1e9 if i < len(s.busbw()) else float("nan") for s in measured
+            ]
             lines.append("    " + f"{_size(size):>9}" + "".join(f"{c:>30.3f}" for c in cells))
     if report.problems:
         lines.append(f"problems ({len(report.problems)}):")

@@ -21,9 +21,16 @@ from . import bandwidth, probes
 from .report import SIZES, Problem, Report, Sweep, analyse, security_problems
 
 
-async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: bool = True,
-                  max_size: int | None = None, timeout: float = 60.0,
-                  port_timeout: float = 2.0, **limits: Any) -> Report:
+async def adoctor(
+    client: Any,
+    *,
+    checkpoint_dir: str | None = None,
+    bandwidth: bool = True,
+    max_size: int | None = None,
+    timeout: float = 60.0,
+    port_timeout: float = 2.0,
+    **limits: Any,
+) -> Report:
     """Check the cluster behind ``client`` (asynchronous, or called through ``client.sync``).
 
     ``checkpoint_dir``: check free space, writes and sharing there. ``bandwidth``: the
@@ -35,8 +42,13 @@ async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: 
     tls = _tls_here(client)
     if not workers:
         report = Report([], _here(), {}, {}, [], tls=tls)
-        report.problems = security_problems(report) + [Problem(None, "workers", (
-            "the cluster has no clustersdk workers: start some (or wait for them) first"))]
+        report.problems = security_problems(report) + [
+            Problem(
+                None,
+                "workers",
+                ("the cluster has no clustersdk workers: start some (or wait for them) first"),
+            )
+        ]
         return report
     facts = await _facts(client, workers, timeout)
     busy = {s["worker"] for s in slots if s.get("job")}
@@ -54,13 +66,23 @@ async def adoctor(client: Any, *, checkpoint_dir: str | None = None, bandwidth: 
         sizes = [s for s in SIZES if s <= (max_size or SIZES[-1])] or [SIZES[0]]
         idle = {h: w for h, w in one.items() if w not in busy}
         skipped = sorted(set(one) - set(idle))
-        reachable = {h: sorted(set(p.get("listening", [])) - set(p.get("unreachable", {})))
-                     for h, p in ports.items()}
+        reachable = {
+            h: sorted(set(p.get("listening", [])) - set(p.get("unreachable", {})))
+            for h, p in ports.items()
+        }
         sweeps = await _sweeps(client, idle, kinds, sizes, reachable, token, timeout)
     report = Report(facts, _here(), disks, ports, sweeps, tls=tls)
-    report.problems = analyse(report, **limits) + [Problem(host, "bandwidth", (
-        f"host {host}: every slot is busy, so its links were not measured: run the doctor "
-        "again when it is idle")) for host in skipped]
+    report.problems = analyse(report, **limits) + [
+        Problem(
+            host,
+            "bandwidth",
+            (
+                f"host {host}: every slot is busy, so its links were not measured: run the doctor "
+                "again when it is idle"
+            ),
+        )
+        for host in skipped
+    ]
     return report
 
 
@@ -81,10 +103,21 @@ def _tls_here(client: Any) -> dict[str, Any]:
     files = probes.tls_files(getattr(client, "security", None))
     authority = registry.authority(address)
     if authority:
-        files += file_facts(os.path.join(root, name) for root, _, names in os.walk(authority)
-                            for name in sorted(names) if name.endswith(".pem"))
-        files.append({"path": authority, "mode": os.stat(authority).st_mode & 0o777,
-                      "key": True, "not_after": None, "directory": True})
+        files += file_facts(
+            os.path.join(root, name)
+            for root, _, names in os.walk(authority)
+            for name in sorted(names)
+            if name.endswith(".pem")
+        )
+        files.append(
+            {
+                "path": authority,
+                "mode": os.stat(authority).st_mode & 0o777,
+                "key": True,
+                "not_after": None,
+                "directory": True,
+            }
+        )
     return {"address": address, "files": files}
 
 
@@ -94,8 +127,9 @@ def _here() -> dict[str, Any]:
     return {k: v for k, v in versions.items() if k not in ("nccl", "cuda_driver")}
 
 
-async def _run(client: Any, fn: Any, *args: Any, workers: list[str], timeout: float,
-               **kwargs: Any) -> dict[str, Any]:
+async def _run(
+    client: Any, fn: Any, *args: Any, workers: list[str], timeout: float, **kwargs: Any
+) -> dict[str, Any]:
     return await asyncio.wait_for(client.run(fn, *args, workers=workers, **kwargs), timeout)
 
 
@@ -118,52 +152,85 @@ async def _facts(client: Any, workers: list[str], timeout: float) -> list[dict[s
     return out
 
 
-async def _disks(client: Any, one: dict[str, str], path: str, token: str,
-                 timeout: float) -> dict[str, dict[str, Any]]:
+async def _disks(
+    client: Any, one: dict[str, str], path: str, token: str, timeout: float
+) -> dict[str, dict[str, Any]]:
     workers = list(one.values())
-    wrote = await _run(client, probes.write_marker, path, token, workers=workers,
-                       timeout=timeout)
+    wrote = await _run(client, probes.write_marker, path, token, workers=workers, timeout=timeout)
     host_of = {w: h for h, w in one.items()}
     disks = {host_of[w]: d for w, d in wrote.items()}
     writers = [h for h, d in disks.items() if not d.get("error")]
-    unseen = await _run(client, probes.unseen_markers, path, token, writers,
-                        workers=[one[h] for h in writers], timeout=timeout)
+    unseen = await _run(
+        client,
+        probes.unseen_markers,
+        path,
+        token,
+        writers,
+        workers=[one[h] for h in writers],
+        timeout=timeout,
+    )
     for worker, missing in unseen.items():
         disks[host_of[worker]]["unseen"] = [h for h in missing if h != host_of[worker]]
     for host in writers:
-        await _run(client, probes.remove_marker, disks[host]["marker"], workers=[one[host]],
-                   timeout=timeout)
+        await _run(
+            client,
+            probes.remove_marker,
+            disks[host]["marker"],
+            workers=[one[host]],
+            timeout=timeout,
+        )
     return disks
 
 
-async def _ports(client: Any, one: dict[str, str], facts: list[dict[str, Any]], token: str,
-                 port_timeout: float, timeout: float) -> dict[str, Any]:
+async def _ports(
+    client: Any,
+    one: dict[str, str],
+    facts: list[dict[str, Any]],
+    token: str,
+    port_timeout: float,
+    timeout: float,
+) -> dict[str, Any]:
     """Every host listens on its rendezvous range; every other host connects to each port."""
     ranges = {f["host"]: f.get("ports") for f in facts}
     out: dict[str, Any] = {}
     try:
         for host, worker in one.items():
             span = network.parse_ports(None if ranges[host] == "any free port" else ranges[host])
-            opened = await _run(client, probes.listen, token, span, workers=[worker],
-                                timeout=timeout)
+            opened = await _run(
+                client, probes.listen, token, span, workers=[worker], timeout=timeout
+            )
             out[host] = {"range": ranges[host], **opened[worker], "unreachable": {}}
         for source, worker in one.items():
             targets = {h: o["listening"] for h, o in out.items() if h != source}
             if not targets:
                 continue
-            failed = await _run(client, probes.connect, targets, port_timeout, workers=[worker],
-                                timeout=timeout + port_timeout * 4)
+            failed = await _run(
+                client,
+                probes.connect,
+                targets,
+                port_timeout,
+                workers=[worker],
+                timeout=timeout + port_timeout * 4,
+            )
             for host, ports in failed[worker].items():
                 for port, why in ports.items():
                     out[host]["unreachable"].setdefault(int(port), {})[source] = why
     finally:
-        await _run(client, probes.close_listeners, token, workers=list(one.values()),
-                   timeout=timeout)
+        await _run(
+            client, probes.close_listeners, token, workers=list(one.values()), timeout=timeout
+        )
     return out
 
 
-async def _sweeps(client: Any, one: dict[str, str], kinds: dict[str, str], sizes: list[int],
-                  reachable: dict[str, list[int]], token: str, timeout: float) -> list[Sweep]:
+async def _sweeps(
+    client: Any,
+    one: dict[str, str],
+    kinds: dict[str, str],
+    sizes: list[int],
+    reachable: dict[str, list[int]],
+    token: str,
+    timeout: float,
+) -> list[Sweep]:
     """One pair at a time (pairs at once would share NICs and switches). Rank 0's store
     goes on a port the port check found reachable: a blocked one is reported once."""
     sweeps = []
@@ -174,10 +241,29 @@ async def _sweeps(client: Any, one: dict[str, str], kinds: dict[str, str], sizes
         key = f"{token}-{a}-{b}"
         try:
             good = [p for p in reachable.get(a, []) if p]  # port 0: "any free port"
-            port = (await _run(client, bandwidth.open_store, key, timeout,
-                               good[0] if good else None, workers=[wa], timeout=timeout))[wa]
-            rows = await _run(client, bandwidth.sweep, key, (a, port), wa, sizes, backend,
-                              timeout, workers=[wa, wb], timeout=timeout * (len(sizes) + 1))
+            port = (
+                await _run(
+                    client,
+                    bandwidth.open_store,
+                    key,
+                    timeout,
+                    good[0] if good else None,
+                    workers=[wa],
+                    timeout=timeout,
+                )
+            )[wa]
+            rows = await _run(
+                client,
+                bandwidth.sweep,
+                key,
+                (a, port),
+                wa,
+                sizes,
+                backend,
+                timeout,
+                workers=[wa, wb],
+                timeout=timeout * (len(sizes) + 1),
+            )
             sweep.rows = [tuple(r) for r in rows[wa]]
             slower = rows[wb]  # each rank timed the same all-reduces: keep the slower view
             sweep.rows = [(s, max(t, u)) for (s, t), (_, u) in zip(sweep.rows, slower)]

@@ -37,10 +37,10 @@ from .. import script
 class ClusterSDKCallback(TrainerCallback):
     """Charts, pause, checkpoint and suspend of a clustersdk job for a ``Trainer``."""
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
-        scalars = {k: number for k, v in (logs or {}).items()
-                   if (number := _number(v)) is not None}
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        scalars = {k: number for k, v in (logs or {}).items() if (number := _number(v)) is not None}
         if scalars:
             script.log(step=state.global_step, **scalars)
 

@@ -9,7 +9,7 @@ every layout, and DCP reshards them like any other DTensor.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +47,9 @@ class MoE(nn.Module):
         return (out * gate.unsqueeze(-1)).reshape(x.shape)
 
     @staticmethod
-    def run_local(tokens: torch.Tensor, expert: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                  first: int) -> torch.Tensor:
+    def run_local(
+        tokens: torch.Tensor, expert: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, first: int
+    ) -> torch.Tensor:
         """Apply experts ``first .. first + len(w1) - 1`` to the tokens routed to them."""
         order = torch.argsort(expert, stable=True)
         counts = torch.bincount(expert - first, minlength=w1.shape[0]).tolist()

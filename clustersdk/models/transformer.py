@@ -31,7 +31,7 @@ class TransformerConfig:
     seq_len: int = 16
     mlp_ratio: int = 4
     n_experts: int = 0  # > 0: each block's MLP is a top-1 mixture of this many experts
-    seed: int = 0       # the same seed builds the same weights on every rank
+    seed: int = 0  # the same seed builds the same weights on every rank
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -62,8 +62,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism this rank holds only some of them
-        q, k, v = (p(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-                   for p in (self.q, self.k, self.v))
+        q, k, v = (
+            p(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+            for p in (self.q, self.k, self.v)
+        )
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o(out.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -85,8 +87,9 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.norm2 = nn.LayerNorm(config.d_model)
         if config.n_experts:
-            self.mlp: nn.Module = MoE(config.d_model, config.mlp_ratio * config.d_model,
-                                      config.n_experts)
+            self.mlp: nn.Module = MoE(
+                config.d_model, config.mlp_ratio * config.d_model, config.n_experts
+            )
         else:
             self.mlp = MLP(config)
 
@@ -138,13 +141,19 @@ class Transformer(nn.Module):
         Embeddings, norms and the head stay replicated.
         """
         if self.config.n_experts:
-            raise SpecError("the reference Transformer has no tensor-parallel plan for "
-                            "mixture-of-experts blocks; use strategy='ep' for them")
+            raise SpecError(
+                "the reference Transformer has no tensor-parallel plan for "
+                "mixture-of-experts blocks; use strategy='ep' for them"
+            )
         if self.config.n_heads % tp:
-            raise SpecError(f"n_heads={self.config.n_heads} attention heads can't be split over "
-                            f"tp={tp} ranks")
+            raise SpecError(
+                f"n_heads={self.config.n_heads} attention heads can't be split over tp={tp} ranks"
+            )
         return {
-            "layers.*.attn.q": "colwise", "layers.*.attn.k": "colwise",
-            "layers.*.attn.v": "colwise", "layers.*.attn.o": "rowwise",
-            "layers.*.mlp.fc1": "colwise", "layers.*.mlp.fc2": "rowwise",
+            "layers.*.attn.q": "colwise",
+            "layers.*.attn.k": "colwise",
+            "layers.*.attn.v": "colwise",
+            "layers.*.attn.o": "rowwise",
+            "layers.*.mlp.fc1": "colwise",
+            "layers.*.mlp.fc2": "rowwise",
         }

@@ -60,9 +60,14 @@ class Agent(WorkerPlugin):
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         # what the ranks of a job must agree on; compared by the control plane (diagnoses)
         self.versions = await asyncio.get_running_loop().run_in_executor(None, _versions)
-        handlers = {WorkerOp.OPEN_STORE: self.open_store, WorkerOp.START_RANK: self.start_rank,
-                    WorkerOp.CONTROL: self.control, WorkerOp.STACKS: self.stacks,
-                    WorkerOp.CONSOLE: self.console, WorkerOp.REVOKE: self.revoke}
+        handlers = {
+            WorkerOp.OPEN_STORE: self.open_store,
+            WorkerOp.START_RANK: self.start_rank,
+            WorkerOp.CONTROL: self.control,
+            WorkerOp.STACKS: self.stacks,
+            WorkerOp.CONSOLE: self.console,
+            WorkerOp.REVOKE: self.revoke,
+        }
         for operation, handler in handlers.items():  # on TLS: the control plane's alone
             worker.handlers[operation.handler] = cluster_only(worker, "worker", handler)
         capture.install()
@@ -97,15 +102,24 @@ class Agent(WorkerPlugin):
         self.stores[job] = store
         return store.port
 
-    def start_rank(self, job: str, rank: int, spec: dict, payload: bytes,
-                   master_addr: str, master_port: int, words: list[int] | None = None,
-                   hosts: list[str] | None = None) -> None:
+    def start_rank(
+        self,
+        job: str,
+        rank: int,
+        spec: dict,
+        payload: bytes,
+        master_addr: str,
+        master_port: int,
+        words: list[int] | None = None,
+        hosts: list[str] | None = None,
+    ) -> None:
         store = self.stores.pop(job, None) if rank == 0 else None
         wire = WireSpec.from_dict(spec)
         thread: RankThread | ScriptRank
         if wire.kind == "script":  # a child process of this worker (runtime/scripts.py)
-            thread = ScriptRank(self, job, rank, wire, payload, master_addr, master_port, store,
-                                hosts)
+            thread = ScriptRank(
+                self, job, rank, wire, payload, master_addr, master_port, store, hosts
+            )
         else:
             thread = RankThread(self, job, rank, wire, payload, master_addr, master_port, store)
         if words:  # e.g. the pause of a job that was PAUSED before its restart
@@ -150,9 +164,14 @@ class Agent(WorkerPlugin):
             head = f'Thread "{thread.name}"' + (" (the rank's)" if thread is rank else "")
             text.append(head + ":\n" + "".join(traceback.format_stack(frame)))
         ctx = rank.ctx
-        return {"rank": rank.rank, "attempt": rank.attempt, "pid": os.getpid(),
-                "step": getattr(ctx, "step", None), "phase": getattr(ctx, "phase", "setup"),
-                "text": "\n".join(text)}
+        return {
+            "rank": rank.rank,
+            "attempt": rank.attempt,
+            "pid": os.getpid(),
+            "step": getattr(ctx, "step", None),
+            "phase": getattr(ctx, "phase", "setup"),
+            "text": "\n".join(text),
+        }
 
     def console(self, job: str, text: str, attempt: int = 0) -> bool:
         """A line for the pdb session of the job's rank here (``ctx.breakpoint()``)."""
@@ -169,8 +188,13 @@ class Agent(WorkerPlugin):
             if not rank.outbox.locked() and rank.due():
                 self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
 
-    async def send(self, rank: RankThread | ScriptRank, event: RankEvent, data: dict[str, Any],
-                   final: bool = False) -> None:
+    async def send(
+        self,
+        rank: RankThread | ScriptRank,
+        event: RankEvent,
+        data: dict[str, Any],
+        final: bool = False,
+    ) -> None:
         """Tell the control plane ``event`` of ``rank``, with its metrics since the last
         message. One message of a rank at a time, in order, on the rank's own
         connection: rows arrive in the order they were logged, and before the event
@@ -179,43 +203,74 @@ class Agent(WorkerPlugin):
         second); an event waits until the control plane has handled it."""
         async with rank.outbox:
             msg = rank.drain(final)
-            if event is RankEvent.METRICS and not (msg["rows"] or msg["logs"] or msg["system"]
-                                                   or msg["phases"]) \
-                    and time.monotonic() - rank.last_sent < max(HEARTBEAT_S, rank.interval()):
+            if (
+                event is RankEvent.METRICS
+                and not (msg["rows"] or msg["logs"] or msg["system"] or msg["phases"])
+                and time.monotonic() - rank.last_sent < max(HEARTBEAT_S, rank.interval())
+            ):
                 return
             rank.last_sent = time.monotonic()
             if rank.channel is None:
-                rank.channel = rpc(self.worker.scheduler.address,
-                                   connection_args=getattr(self.worker, "connection_args", None))
+                rank.channel = rpc(
+                    self.worker.scheduler.address,
+                    connection_args=getattr(self.worker, "connection_args", None),
+                )
             call = op(rank.channel, Op.RANK_EVENT)
             if event is RankEvent.METRICS:
-                await call(job=rank.job, rank=rank.rank, event=event.value, attempt=rank.attempt,
-                           data=msgpack.packb({**msg, **data}), reply=False)
+                await call(
+                    job=rank.job,
+                    rank=rank.rank,
+                    event=event.value,
+                    attempt=rank.attempt,
+                    data=msgpack.packb({**msg, **data}),
+                    reply=False,
+                )
                 return
             try:
-                await call(job=rank.job, rank=rank.rank, event=event.value, attempt=rank.attempt,
-                           data={**msg, **data})
+                await call(
+                    job=rank.job,
+                    rank=rank.rank,
+                    event=event.value,
+                    attempt=rank.attempt,
+                    data={**msg, **data},
+                )
             finally:
                 if event is RankEvent.EXIT:  # its last message
                     channel, rank.channel = rank.channel, None
                     await channel.close_rpc()
 
-    def report(self, rank: RankThread | ScriptRank, event: RankEvent, final: bool = False,
-               **data: Any) -> None:
+    def report(
+        self, rank: RankThread | ScriptRank, event: RankEvent, final: bool = False, **data: Any
+    ) -> None:
         """From a rank thread: tell the control plane, and wait until it has heard."""
         sync(self.worker.loop, self.send, rank, event, data, final)
 
     def fetch(self, rank: RankThread, **ranges: Any) -> list[dict[str, Any]]:
         """From a rank thread: the job.run / job.update requests it must carry out."""
-        return sync(self.worker.loop, op(self.worker.scheduler, Op.LIVE_PENDING), job=rank.job,
-                    rank=rank.rank, attempt=rank.attempt, **ranges)
+        return sync(
+            self.worker.loop,
+            op(self.worker.scheduler, Op.LIVE_PENDING),
+            job=rank.job,
+            rank=rank.rank,
+            attempt=rank.attempt,
+            **ranges,
+        )
 
 
 class RankThread(threading.Thread):
     """One rank of one job: process group up, user function, process group down."""
 
-    def __init__(self, agent: Agent, job: str, rank: int, spec: WireSpec, payload: bytes,
-                 master_addr: str, master_port: int, store: Any):
+    def __init__(
+        self,
+        agent: Agent,
+        job: str,
+        rank: int,
+        spec: WireSpec,
+        payload: bytes,
+        master_addr: str,
+        master_port: int,
+        store: Any,
+    ):
         super().__init__(name=f"clustersdk-{spec.name}-rank{rank}", daemon=True)
         self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
         self.payload, self.store = payload, store
@@ -261,13 +316,22 @@ class RankThread(threading.Thread):
         if not final and now - self._last_sample >= max(self.telemetry_interval, self.interval()):
             self._last_sample = now
             try:
-                system.append({"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()})
+                system.append(
+                    {"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()}
+                )
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
-        beacon = ({"step": ctx.step, "phase": ctx.phase, "ticks": ctx.ticks}
-                  if ctx is not None else None)
-        return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
-                "system": system, "phases": phases, "beacon": beacon}
+        beacon = (
+            {"step": ctx.step, "phase": ctx.phase, "ticks": ctx.ticks} if ctx is not None else None
+        )
+        return {
+            "sent": time.time(),
+            "rows": rows,
+            "logs": self.sink.drain(final),
+            "system": system,
+            "phases": phases,
+            "beacon": beacon,
+        }
 
     def run(self) -> None:
         from . import process_group as pg
@@ -285,19 +349,39 @@ class RankThread(threading.Thread):
             self.store = None
             control_group, checkpoint_group = pg.init(store, rank, ws, device, spec.timeout)
             fn, args, kwargs, objects = cloudpickle.loads(self.payload)
-            self.live = Live(fetch=self._fetch, report=self._report, group=control_group,
-                             rank=rank, world_size=ws, hparams=spec.hparams)
-            self.hold = Hold(control=self.control, report=self._report, rank=rank,
-                             timeout=spec.hold_timeout)
-            self.ctx = TrainContext(
-                job=self.job, name=spec.name, rank=rank, world_size=ws, local_rank=0,
-                device=device, strategy=spec.strategy, control=self.control,
-                control_group=control_group, checkpoint_group=checkpoint_group,
-                checkpoint=_checkpoint_options(spec, rank), report=self._report, spec=spec,
-                objects=objects, console=self.console, live=self.live, hold=self.hold,
+            self.live = Live(
+                fetch=self._fetch,
+                report=self._report,
+                group=control_group,
+                rank=rank,
+                world_size=ws,
+                hparams=spec.hparams,
             )
-            self.agent.report(self, RankEvent.STARTED,
-                              versions=getattr(self.agent, "versions", None))
+            self.hold = Hold(
+                control=self.control, report=self._report, rank=rank, timeout=spec.hold_timeout
+            )
+            self.ctx = TrainContext(
+                job=self.job,
+                name=spec.name,
+                rank=rank,
+                world_size=ws,
+                local_rank=0,
+                device=device,
+                strategy=spec.strategy,
+                control=self.control,
+                control_group=control_group,
+                checkpoint_group=checkpoint_group,
+                checkpoint=_checkpoint_options(spec, rank),
+                report=self._report,
+                spec=spec,
+                objects=objects,
+                console=self.console,
+                live=self.live,
+                hold=self.hold,
+            )
+            self.agent.report(
+                self, RankEvent.STARTED, versions=getattr(self.agent, "versions", None)
+            )
             result = fn(self.ctx, *args, **kwargs)
             if self.ctx.stopped:
                 outcome["status"] = ExitStatus.STOPPED.value
@@ -307,8 +391,12 @@ class RankThread(threading.Thread):
             outcome = {"status": ExitStatus.SUSPENDED.value}
         except BaseException as e:  # noqa: BLE001 - every failure must reach the user
             outcome = {"status": ExitStatus.FAILED.value}
-            error = {"rank": rank, "type": type(e).__name__, "message": str(e),
-                     "traceback": "".join(traceback.format_exception(e))}
+            error = {
+                "rank": rank,
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": "".join(traceback.format_exception(e)),
+            }
             facts = failure_facts(e, device)  # e.g. CUDA memory peaks, for its diagnosis
             if facts:
                 error["facts"] = facts
@@ -340,8 +428,13 @@ class RankThread(threading.Thread):
         (:meth:`.holds.Hold.wait`), serving ``job.run`` meanwhile; False when the failure
         takes the usual path."""
         ctx, live, hold = self.ctx, self.live, self.hold
-        if self.spec.on_error != "hold" or ctx is None or live is None or hold is None \
-                or self.control.words()[Word.STOP]:
+        if (
+            self.spec.on_error != "hold"
+            or ctx is None
+            or live is None
+            or hold is None
+            or self.control.words()[Word.STOP]
+        ):
             return False
         hold.wait(e, error, step=ctx.step, serve_runs=lambda words: live.act_alone(words, ctx))
         return True
@@ -364,8 +457,14 @@ def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
     checkpoint_files.check_writable(root)
     if rank == 0:
         checkpoint_files.clean_leftovers(root)
-    return {"dir": root, "every": spec.checkpoint_every, "keep": spec.keep,
-            "async": spec.async_checkpoint, "resume": spec.resume, "attempt": spec.attempt}
+    return {
+        "dir": root,
+        "every": spec.checkpoint_every,
+        "keep": spec.keep,
+        "async": spec.async_checkpoint,
+        "resume": spec.resume,
+        "attempt": spec.attempt,
+    }
 
 
 def _warm_up_and_probe() -> dict[str, Any]:
@@ -395,6 +494,7 @@ def _exit_without_finalizers() -> None:
     ("terminate called without an active exception"). Registered first among
     ours, this runs after the hooks registered later (atexit is LIFO).
     """
+
     def hard_exit() -> None:
         for stream in (sys.__stdout__, sys.__stderr__):
             try:

@@ -20,7 +20,8 @@ pay nothing and the control plane checks the rows it receives.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,15 +44,21 @@ class NanGuard:
     to the control plane) and ``control`` (the rank's own control vector).
     """
 
-    def __init__(self, policy: str, *, metrics: Metrics, steps: Steps,
-                 report: Callable[..., None], control: Control):
+    def __init__(
+        self,
+        policy: str,
+        *,
+        metrics: Metrics,
+        steps: Steps,
+        report: Callable[..., None],
+        control: Control,
+    ):
         self.policy = policy
         self.metrics, self.steps, self.report, self.control = metrics, steps, report, control
 
     def after_step(self, step: int) -> None:
         """Check the step just done; report and raise NONFINITE if it was not finite."""
-        values = nonfinite_values({k: _number(v) for k, v in
-                                   self.metrics.scalars_of(step).items()})
+        values = nonfinite_values({k: _number(v) for k, v in self.metrics.scalars_of(step).items()})
         norm = self.steps.take_norm()
         if norm is not None and self.steps.precision.name != "fp16":
             norm = _number(norm)
@@ -88,9 +95,13 @@ def failure_facts(exc: BaseException, device: torch.device | None) -> dict[str, 
     if not (isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)):
         return None
     try:
-        return {"memory": {"device": str(device),
-                           "max_allocated": int(torch.cuda.max_memory_allocated(device)),
-                           "max_reserved": int(torch.cuda.max_memory_reserved(device)),
-                           "total": int(torch.cuda.get_device_properties(device).total_memory)}}
+        return {
+            "memory": {
+                "device": str(device),
+                "max_allocated": int(torch.cuda.max_memory_allocated(device)),
+                "max_reserved": int(torch.cuda.max_memory_reserved(device)),
+                "total": int(torch.cuda.get_device_properties(device).total_memory),
+            }
+        }
     except Exception:  # a broken CUDA context: the error says enough
         return None

@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import pdb
 import queue
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..protocol import RankEvent, Word
@@ -73,9 +74,16 @@ class Breakpoints:
     (``job.stacks()`` and the hang watchdog see it), else None.
     """
 
-    def __init__(self, *, rank: int, world_size: int, control: Control,
-                 report: Callable[..., None], console: Console,
-                 serve_runs: Callable[[list[int]], None]):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        control: Control,
+        report: Callable[..., None],
+        console: Console,
+        serve_runs: Callable[[list[int]], None],
+    ):
         self.rank, self.world_size = rank, world_size
         self.control, self.report, self.console = control, report, console
         self.serve_runs = serve_runs
@@ -119,10 +127,13 @@ def check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
         chosen = tuple(chosen)
     except TypeError:
         chosen = (ranks,)
-    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool)
-                             and 0 <= r < world_size for r in chosen):
-        raise SpecError(f"ctx.breakpoint(ranks={ranks!r}): ranks must be ranks of this job, "
-                        f"from 0 to {world_size - 1}, e.g. ranks=[0]")
+    if not chosen or not all(
+        isinstance(r, int) and not isinstance(r, bool) and 0 <= r < world_size for r in chosen
+    ):
+        raise SpecError(
+            f"ctx.breakpoint(ranks={ranks!r}): ranks must be ranks of this job, "
+            f"from 0 to {world_size - 1}, e.g. ranks=[0]"
+        )
     return chosen
 
 
@@ -178,8 +189,9 @@ class RemotePdb(pdb.Pdb):
         self.breakpoints, self.k = breakpoints, k
         self.console_out = ConsoleOut(breakpoints.report, k)
         stdin = ConsoleIn(breakpoints.console, breakpoints.control, k, self.console_out)
-        super().__init__(stdin=stdin, stdout=self.console_out, skip=["clustersdk.*"],
-                         nosigint=True, readrc=False)
+        super().__init__(
+            stdin=stdin, stdout=self.console_out, skip=["clustersdk.*"], nosigint=True, readrc=False
+        )
         self.prompt = f"(Pdb rank {breakpoints.rank}) "
         self._closed = False
 

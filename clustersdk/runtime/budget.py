@@ -45,7 +45,8 @@ world size.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -85,7 +86,7 @@ def split(batches: Plan, parts: int, multiple: int = 1) -> Plan | None:
         if i is None or len(out[i]) < 2 * multiple:
             return None
         half = (len(out[i]) // multiple + 1) // 2 * multiple
-        out[i:i + 1] = [out[i][:half], out[i][half:]]
+        out[i : i + 1] = [out[i][:half], out[i][half:]]
     return out
 
 
@@ -160,8 +161,10 @@ def _first_len(sample: Any, index: int) -> int:
         return int(value.shape[0])
     if hasattr(value, "__len__"):
         return len(value)
-    raise ValueError(f"sample {index} has no length to budget: pass length= (a function of "
-                     "a sample, a key, or one int per sample)")
+    raise ValueError(
+        f"sample {index} has no length to budget: pass length= (a function of "
+        "a sample, a key, or one int per sample)"
+    )
 
 
 class TokenBudgetLoader:
@@ -196,19 +199,25 @@ class TokenBudgetLoader:
         self.lengths = sample_lengths(dataset, length)
         for i, n in enumerate(self.lengths):
             if not 0 < n <= budget:
-                raise ValueError(f"sample {i} has {n} tokens, which does not fit "
-                                 f"tokens_per_batch={budget}" if n > 0 else
-                                 f"sample {i} has length {n}: every sample needs a token")
+                raise ValueError(
+                    f"sample {i} has {n} tokens, which does not fit tokens_per_batch={budget}"
+                    if n > 0
+                    else f"sample {i} has length {n}: every sample needs a token"
+                )
         if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
             raise ValueError(f"multiple_of must be a positive int, got {multiple_of!r}")
         if multiple_of * max(self.lengths) > budget:
-            raise ValueError(f"tokens_per_batch={budget} can't hold {multiple_of} samples (the "
-                             f"micro-batches each batch is cut into) of the longest sample's "
-                             f"{max(self.lengths)} tokens: give {multiple_of * max(self.lengths)} "
-                             "or more")
+            raise ValueError(
+                f"tokens_per_batch={budget} can't hold {multiple_of} samples (the "
+                f"micro-batches each batch is cut into) of the longest sample's "
+                f"{max(self.lengths)} tokens: give {multiple_of * max(self.lengths)} "
+                "or more"
+            )
         if len(self.lengths) < world_size:
-            raise ValueError(f"the dataset has {len(self.lengths)} samples, fewer than the "
-                             f"{world_size} data-parallel ranks")
+            raise ValueError(
+                f"the dataset has {len(self.lengths)} samples, fewer than the "
+                f"{world_size} data-parallel ranks"
+            )
         self.tokens_per_batch = budget
         self.multiple_of = multiple_of
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -234,7 +243,7 @@ class TokenBudgetLoader:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
         # whole multiples in all: every batch is one (the first few of a shuffled order out)
-        order = order[n % self.multiple_of:]
+        order = order[n % self.multiple_of :]
         order.sort(key=self.lengths.__getitem__)  # stable: equal lengths stay shuffled
         batches = pack(order, self.lengths, self.tokens_per_batch, self.multiple_of)
         if self.shuffle:
@@ -247,7 +256,7 @@ class TokenBudgetLoader:
         position after it; None when the epoch has no step left."""
         plan, ranks = self.plan(epoch), self.world_size
         if consumed + ranks <= len(plan):
-            return plan[consumed:consumed + ranks], consumed + ranks
+            return plan[consumed : consumed + ranks], consumed + ranks
         tail = split(plan[consumed:], ranks, self.multiple_of)
         return (tail, len(plan)) if tail is not None else None
 
@@ -274,9 +283,13 @@ class TokenBudgetLoader:
             mine.append(batches[self.rank])
             after.append(at)
         seed = self.seed * 1_000_003 + self.epoch
-        loader = DataLoader(self.dataset, batch_sampler=mine, collate_fn=self.collate_fn,
-                            num_workers=self.num_workers,
-                            generator=torch.Generator().manual_seed(seed))
+        loader = DataLoader(
+            self.dataset,
+            batch_sampler=mine,
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(seed),
+        )
         reader = Prefetcher(iter(loader), self.prefetch, name=f"clustersdk-data-rank{self.rank}")
         try:
             for k, batch in enumerate(reader):
@@ -298,9 +311,14 @@ class TokenBudgetLoader:
 
     # --- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "tokens_per_batch": self.tokens_per_batch, "multiple_of": self.multiple_of,
-                "samples": len(self.lengths)}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "tokens_per_batch": self.tokens_per_batch,
+            "multiple_of": self.multiple_of,
+            "samples": len(self.lengths),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue where ``state`` left off, at this loader's world size.
@@ -311,8 +329,10 @@ class TokenBudgetLoader:
         """
         samples = state.get("samples", len(self.lengths))
         if samples != len(self.lengths):
-            raise ValueError(f"the checkpoint's loader had {samples} samples, this dataset has "
-                             f"{len(self.lengths)}: its position means nothing here")
+            raise ValueError(
+                f"the checkpoint's loader had {samples} samples, this dataset has "
+                f"{len(self.lengths)}: its position means nothing here"
+            )
         self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
         self.tokens_per_batch = state.get("tokens_per_batch", self.tokens_per_batch)
         self.multiple_of = state.get("multiple_of", self.multiple_of)

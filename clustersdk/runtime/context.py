@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -34,7 +35,8 @@ from .. import checkpoint_files, config
 from ..errors import CheckpointError, SpecError
 from ..layout import Layout
 from ..protocol import RankEvent, WireSpec, Word
-from . import epochs as _epochs, rebind, resume, strategies
+from . import epochs as _epochs
+from . import rebind, resume, strategies
 from .anomalies import NanGuard
 from .breakpoints import Breakpoints, Console
 from .checkpoint.export import full_state_dict
@@ -157,31 +159,59 @@ class TrainContext:
         self._saver = None
         self._resume_path: str | None = None
         if options.get("dir"):
-            self._saver = Saver(options["dir"], keep=options["keep"], group=checkpoint_group,
-                                report=self._report, rank=rank, world_size=world_size, job=job,
-                                device=device, pipeline=self.layout.pipelined,
-                                attempt=options.get("attempt", 0))
+            self._saver = Saver(
+                options["dir"],
+                keep=options["keep"],
+                group=checkpoint_group,
+                report=self._report,
+                rank=rank,
+                world_size=world_size,
+                job=job,
+                device=device,
+                pipeline=self.layout.pipelined,
+                attempt=options.get("attempt", 0),
+            )
             self._async = options.get("async", True)
             # known from the start, so that ctx.shard restores its position at once
-            self._resume_path = resume.resolve(self._resume, options["dir"], world_size,
-                                               control_group)
-        self._nan_guard = NanGuard(self.spec.on_nan, metrics=self._metrics, steps=self._steps,
-                                   report=self._report, control=self._control)
+            self._resume_path = resume.resolve(
+                self._resume, options["dir"], world_size, control_group
+            )
+        self._nan_guard = NanGuard(
+            self.spec.on_nan,
+            metrics=self._metrics,
+            steps=self._steps,
+            report=self._report,
+            control=self._control,
+        )
         # job.run / job.update (the agent's Live fetches the control plane's requests)
-        self._live = live or Live(fetch=None, report=self._report, group=control_group,
-                                  rank=rank, world_size=world_size, hparams=self.spec.hparams)
+        self._live = live or Live(
+            fetch=None,
+            report=self._report,
+            group=control_group,
+            rank=rank,
+            world_size=world_size,
+            hparams=self.spec.hparams,
+        )
         if self._live.hparams:  # ctx.hparams, saved in checkpoints and restored in place
             self.stateful[HPARAMS_KEY] = HParams(self._live.hparams)
-        self._hold = hold or Hold(control=self._control, report=self._report, rank=rank,
-                                  timeout=self.spec.hold_timeout)
-        self._breakpoints = Breakpoints(rank=rank, world_size=world_size, control=self._control,
-                                        report=self._report, console=console or Console(),
-                                        serve_runs=self._serve_runs)
+        self._hold = hold or Hold(
+            control=self._control, report=self._report, rank=rank, timeout=self.spec.hold_timeout
+        )
+        self._breakpoints = Breakpoints(
+            rank=rank,
+            world_size=world_size,
+            control=self._control,
+            report=self._report,
+            console=console or Console(),
+            serve_runs=self._serve_runs,
+        )
 
     def __repr__(self) -> str:
-        return (f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
-                f"device={self.device} strategy={self.strategy!r} mesh={self.layout} "
-                f"step={self.step}>")
+        return (
+            f"<TrainContext job={self.name!r} rank={self.rank}/{self.world_size} "
+            f"device={self.device} strategy={self.strategy!r} mesh={self.layout} "
+            f"step={self.step}>"
+        )
 
     @property
     def phase(self) -> str:
@@ -218,8 +248,15 @@ class TrainContext:
         return self.layout.coords(self.rank).get("pp", 0)
 
     # model and state -------------------------------------------------------
-    def prepare(self, model: torch.nn.Module | None = None, *, loss_fn: Callable | None = None,
-                plan: dict | None = None, wrap: Any = None, stage: bool = False) -> torch.nn.Module:
+    def prepare(
+        self,
+        model: torch.nn.Module | None = None,
+        *,
+        loss_fn: Callable | None = None,
+        plan: dict | None = None,
+        wrap: Any = None,
+        stage: bool = False,
+    ) -> torch.nn.Module:
         """Move ``model`` to this rank's device and wrap it for the job's strategy.
 
         ``model`` defaults to the one given to ``cluster.launch(model=...)``.
@@ -242,7 +279,9 @@ class TrainContext:
             raise SpecError(f"ctx.prepare expects a torch.nn.Module, got {type(model).__name__}")
         plan = plan if plan is not None else self.objects.get("plan")
         if plan is not None and self.layout.size("tp") == 1:
-            raise SpecError(f"plan= is for tensor parallelism, and this job's mesh is {self.layout}")
+            raise SpecError(
+                f"plan= is for tensor parallelism, and this job's mesh is {self.layout}"
+            )
         if not stage:
             strategies.check(self.layout, model, plan=plan, split=self.options["split"])
         before = self._rebinder.before(model)
@@ -268,12 +307,19 @@ class TrainContext:
             raise CheckpointError("ctx.full_state_dict needs a model: call ctx.prepare(...) first")
         coords = self.layout.coords(self.rank)
         first_of_stage = all(v == 0 for k, v in coords.items() if k != "pp")
-        return full_state_dict(model, optimizer, rank=self.rank, world_size=self.world_size,
-                               pipeline=self.layout.pipelined, sends=first_of_stage)
+        return full_state_dict(
+            model,
+            optimizer,
+            rank=self.rank,
+            world_size=self.world_size,
+            pipeline=self.layout.pipelined,
+            sends=first_of_stage,
+        )
 
     # training steps ----------------------------------------------------------
-    def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
-                   ) -> torch.Tensor | None:
+    def train_step(
+        self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
+    ) -> torch.Tensor | None:
         """One optimizer step on this rank's batch; returns the mean loss.
 
         ``grad_accum`` micro-batches (gradients reduced once, after the last),
@@ -362,7 +408,9 @@ class TrainContext:
             if self.layout.pipelined:
                 pieces *= self.options["microbatches"] or self.layout.size("pp")
             options.setdefault("multiple_of", pieces)
-        loader = make_loader(dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options)
+        loader = make_loader(
+            dataset, batch_size, self.dp_rank, self.dp_size, self.device, **options
+        )
         key, n = "data", 0
         while key in self.stateful:
             n += 1
@@ -378,7 +426,9 @@ class TrainContext:
     def checkpoint(self) -> None:
         """Save a checkpoint now (all ranks must call it at the same step)."""
         if self._saver is None:
-            raise SpecError("this job has no checkpoint_dir; pass checkpoint_dir= to cluster.launch")
+            raise SpecError(
+                "this job has no checkpoint_dir; pass checkpoint_dir= to cluster.launch"
+            )
         self._save(self._checkpoints_done, blocking=True)
 
     def _save(self, seq: int, blocking: bool) -> None:
@@ -405,8 +455,9 @@ class TrainContext:
             checkpoint_files.check_space(saver.root, 2 * saver.nbytes(self.stateful))
 
     # the loop --------------------------------------------------------------------
-    def loop(self, data: Iterable[Any] | None, steps: int | None = None, *,
-             epochs: int | None = None) -> Iterator[tuple[int, Any]]:
+    def loop(
+        self, data: Iterable[Any] | None, steps: int | None = None, *, epochs: int | None = None
+    ) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` until ``steps`` steps or ``epochs`` passes over
         ``data`` are done (whichever comes first), or the job is stopped.
 
@@ -429,12 +480,19 @@ class TrainContext:
         if first and self.rank == 0 and total is not None:  # for progress bars and ETAs
             self._report(RankEvent.LOOP, total_steps=total)
         limit = total if total is not None else steps  # None: until the stream's epochs end
-        batches = self._batches = _epochs.Batches(data, epochs, self.step) if data is not None else None
+        batches = self._batches = (
+            _epochs.Batches(data, epochs, self.step) if data is not None else None
+        )
         # on_nan other than "report": every step checked, and agreed on before any save
         guard = self._nan_guard if self.spec.on_nan != "report" else None
         skip = frozenset(self.spec.skip_steps or ())  # steps whose batch a rollback drops
-        check = ControlCheck(self._control, self.step, self.world_size, self._control_group,
-                             every_step=guard is not None)
+        check = ControlCheck(
+            self._control,
+            self.step,
+            self.world_size,
+            self._control_group,
+            every_step=guard is not None,
+        )
         start = self.step
         clock, profiler = self._phases, self._profiler
         clock.bind()
@@ -528,8 +586,9 @@ class TrainContext:
             batches, index = iter(data), 0
             try:
                 while True:
-                    if check.due(index) and not self._act(check, check.agree(index), index,
-                                                          evaluating=True):
+                    if check.due(index) and not self._act(
+                        check, check.agree(index), index, evaluating=True
+                    ):
                         self.stopped = True
                         return
                     self._phase = "evaluate"
@@ -549,8 +608,10 @@ class TrainContext:
         """Draw the batch of a step that a rollback skips, and drop it."""
         dropped = batches.next()
         if self.rank == 0 and dropped is not _epochs.END:
-            print(f"step {self.step}: its batch is dropped (it gave a non-finite value before "
-                  "a rollback, on_nan='rollback')")
+            print(
+                f"step {self.step}: its batch is dropped (it gave a non-finite value before "
+                "a rollback, on_nan='rollback')"
+            )
         return dropped
 
     def _first_step_done(self) -> None:
@@ -563,8 +624,9 @@ class TrainContext:
                 print(note)
         self._rebinder.notes.clear()
 
-    def _act(self, check: ControlCheck, words: list[int], at: int, evaluating: bool = False
-             ) -> bool:
+    def _act(
+        self, check: ControlCheck, words: list[int], at: int, evaluating: bool = False
+    ) -> bool:
         """Carry out the agreed control vector; False means: leave the loop.
 
         ``at`` is the check's position (the step; in an evaluation, the batch).
@@ -648,8 +710,9 @@ class TrainContext:
     @property
     def registered(self) -> Mapping[str, Any]:
         """What ``ctx.register`` got (``optimizer``, ``scheduler``...) and ``model``: read-only."""
-        return types.MappingProxyType({k: v for k, v in self.stateful.items()
-                                       if k not in INTERNAL and k not in self._shards})
+        return types.MappingProxyType(
+            {k: v for k, v in self.stateful.items() if k not in INTERNAL and k not in self._shards}
+        )
 
     def expose(self, **objects: Any) -> None:
         """Make ``objects`` reachable to ``job.run``'s functions as ``ctx.exposed[name]``
@@ -672,12 +735,20 @@ class TrainContext:
         """What ``job.update`` may change on this rank now."""
         steps = self._steps
         return Tunables(
-            rank=self.rank, stateful=self.stateful, hparams=self._live.hparams,
-            settings={"clip_grad_norm": steps.clip, "grad_accum": steps.accum,
-                      "checkpoint_every": self._every,
-                      "metrics_interval": self.spec.metrics_interval},
-            set_option=self._set_option, called=frozenset(steps.called),
-            pipeline=self.layout.pipelined, checkpoints=self._saver is not None)
+            rank=self.rank,
+            stateful=self.stateful,
+            hparams=self._live.hparams,
+            settings={
+                "clip_grad_norm": steps.clip,
+                "grad_accum": steps.accum,
+                "checkpoint_every": self._every,
+                "metrics_interval": self.spec.metrics_interval,
+            },
+            set_option=self._set_option,
+            called=frozenset(steps.called),
+            pipeline=self.layout.pipelined,
+            checkpoints=self._saver is not None,
+        )
 
     def _set_option(self, key: str, value: Any) -> None:
         """A launch option ``job.update`` changed (planned and checked by :mod:`.tuning`):
@@ -720,12 +791,20 @@ class TrainContext:
 
 # the training options of a job's spec, and their values when the spec leaves them out
 OPTIONS: dict[str, Any] = {
-    "mesh": None, "precision": "fp32", "grad_accum": 1, "clip_grad_norm": None,
-    "microbatches": None, "schedule": None, "split": None,
-    "reshard_after_forward": True, "cpu_offload": False,
+    "mesh": None,
+    "precision": "fp32",
+    "grad_accum": 1,
+    "clip_grad_norm": None,
+    "microbatches": None,
+    "schedule": None,
+    "split": None,
+    "reshard_after_forward": True,
+    "cpu_offload": False,
 }
 
 
 def _options(spec: WireSpec) -> dict[str, Any]:
-    return {k: default if getattr(spec, k) is None else getattr(spec, k)
-            for k, default in OPTIONS.items()}
+    return {
+        k: default if getattr(spec, k) is None else getattr(spec, k)
+        for k, default in OPTIONS.items()
+    }

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..protocol import no_words
 
@@ -63,8 +64,9 @@ class ControlCheck:
     raises a word that every rank must act on at the very next boundary).
     """
 
-    def __init__(self, control: Control, step: int, world_size: int, group: Any,
-                 every_step: bool = False):
+    def __init__(
+        self, control: Control, step: int, world_size: int, group: Any, every_step: bool = False
+    ):
         self.control = control
         self.world_size = world_size
         self.group = group

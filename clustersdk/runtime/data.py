@@ -16,7 +16,8 @@ one number: samples consumed in the current epoch.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -24,8 +25,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from .streams import Prefetcher, split_global_batch, to_device
 
 
-def make_loader(dataset: Any, batch_size: int | None, rank: int, world_size: int,
-                device: torch.device, **options: Any) -> Any:
+def make_loader(
+    dataset: Any,
+    batch_size: int | None,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    **options: Any,
+) -> Any:
     """The loader for ``dataset``: Parquet, stream or map-style (see the module docstring),
     or token-budget batches of a map-style dataset with ``tokens_per_batch=`` (see
     :mod:`.budget`). ``log``: where a loader logs its per-step figures (``ctx.log``)."""
@@ -35,13 +42,17 @@ def make_loader(dataset: Any, batch_size: int | None, rank: int, world_size: int
     log = options.pop("log", None)
     if tokens is not None:
         if batch_size is not None:
-            raise ValueError(f"give batch_size= (samples) or tokens_per_batch= (a token budget) "
-                             f"per batch, not both: got batch_size={batch_size!r}, "
-                             f"tokens_per_batch={tokens!r}")
+            raise ValueError(
+                f"give batch_size= (samples) or tokens_per_batch= (a token budget) "
+                f"per batch, not both: got batch_size={batch_size!r}, "
+                f"tokens_per_batch={tokens!r}"
+            )
         if is_parquet(dataset) or is_stream(dataset):
-            raise ValueError("tokens_per_batch= plans each epoch from every sample's length: it "
-                             f"needs a map-style dataset (len and indexing), not "
-                             f"{type(dataset).__name__}")
+            raise ValueError(
+                "tokens_per_batch= plans each epoch from every sample's length: it "
+                f"needs a map-style dataset (len and indexing), not "
+                f"{type(dataset).__name__}"
+            )
         from .budget import TokenBudgetLoader
 
         return TokenBudgetLoader(dataset, tokens, rank, world_size, device, log=log, **options)
@@ -49,8 +60,10 @@ def make_loader(dataset: Any, batch_size: int | None, rank: int, world_size: int
         if name in options:
             raise ValueError(f"{name}= goes with tokens_per_batch= (token-budget batches)")
     if batch_size is None:
-        raise ValueError("ctx.shard needs batch_size= (samples per data-parallel rank) or "
-                         "tokens_per_batch= (a token budget per batch, with length=)")
+        raise ValueError(
+            "ctx.shard needs batch_size= (samples per data-parallel rank) or "
+            "tokens_per_batch= (a token budget per batch, with length=)"
+        )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
@@ -71,8 +84,9 @@ def is_stream(dataset: Any) -> bool:
     """An iterable without random access (a streaming Hugging Face dataset is one)."""
     if isinstance(dataset, IterableDataset):
         return True
-    return hasattr(dataset, "__iter__") and not (hasattr(dataset, "__getitem__")
-                                                 and hasattr(dataset, "__len__"))
+    return hasattr(dataset, "__iter__") and not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+    )
 
 
 class ShardedLoader:
@@ -138,7 +152,7 @@ class ShardedLoader:
             perm = list(range(n))
         G, B, r = self.global_batch, self.batch_size, self.rank
         start = self.consumed // G
-        return [perm[b * G + r * B: b * G + (r + 1) * B] for b in range(start, len(self))]
+        return [perm[b * G + r * B : b * G + (r + 1) * B] for b in range(start, len(self))]
 
     def __iter__(self) -> Iterator[Any]:
         if self.consumed >= len(self) * self.global_batch:  # saved right at an epoch's end
@@ -148,8 +162,11 @@ class ShardedLoader:
         # the same whether or not the run was interrupted and resumed.
         seed = self.seed * 1_000_003 + self.epoch
         loader = DataLoader(
-            self.dataset, batch_sampler=self._batches(), collate_fn=self.collate_fn,
-            num_workers=self.num_workers, generator=torch.Generator().manual_seed(seed),
+            self.dataset,
+            batch_sampler=self._batches(),
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(seed),
         )
         reader = Prefetcher(iter(loader), self.prefetch, name=f"clustersdk-data-rank{self.rank}")
         try:
@@ -162,8 +179,12 @@ class ShardedLoader:
         self.consumed = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "global_batch": self.global_batch}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue where ``state`` left off, at this loader's world size.
@@ -173,6 +194,6 @@ class ShardedLoader:
         ``global_batch / world_size``.
         """
         self.epoch, self.consumed, self.seed = state["epoch"], state["consumed"], state["seed"]
-        self.batch_size = split_global_batch(state.get("global_batch", self.global_batch),
-                                             self.world_size)
-
+        self.batch_size = split_global_batch(
+            state.get("global_batch", self.global_batch), self.world_size
+        )

@@ -14,7 +14,8 @@ taken); for any other iterable the loop counts passes itself.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import SpecError
 
@@ -34,8 +35,9 @@ def length_of(data: Any) -> int | None:
 def check_target(data: Any, steps: Any, epochs: Any) -> None:
     """Refuse a loop with no end, or with an end that is not a count."""
     for name, value in (("steps", steps), ("epochs", epochs)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
             raise SpecError(f"{name} must be a non-negative int, got {value!r}")
     if steps is None and epochs is None:
         raise SpecError("ctx.loop needs steps= or epochs= (or both: it stops at the first)")

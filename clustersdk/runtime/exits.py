@@ -77,8 +77,11 @@ class ExitReporter(NannyPlugin):
         memory = getattr(nanny, "memory_manager", None)
         killed_pid = getattr(memory, "_last_terminated_pid", None)
         return {
-            "worker": nanny.worker_address, "pid": self.pid, "exitcode": exitcode,
-            "memory_limit": getattr(memory, "memory_limit", None), "rss": self.rss,
+            "worker": nanny.worker_address,
+            "pid": self.pid,
+            "exitcode": exitcode,
+            "memory_limit": getattr(memory, "memory_limit", None),
+            "rss": self.rss,
             "terminate_fraction": getattr(memory, "memory_terminate_fraction", None) or None,
             "terminated_for_memory": killed_pid is not None and killed_pid == self.pid,
             "time": time.time(),

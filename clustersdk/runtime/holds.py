@@ -33,7 +33,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import RankEvent, Word
 
@@ -42,14 +43,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-VALUE_LIMIT = 240      # characters of one local's repr
-TOTAL_LIMIT = 20_000   # characters of every local of every frame together
-MAX_FRAMES = 40        # innermost frames kept
-MAX_LOCALS = 60        # locals shown per frame
-REPR_SECONDS = 1.0     # one repr running Python code longer than this is stopped
-TOTAL_SECONDS = 10.0   # all of them; a repr blocked outside Python is abandoned then
+VALUE_LIMIT = 240  # characters of one local's repr
+TOTAL_LIMIT = 20_000  # characters of every local of every frame together
+MAX_FRAMES = 40  # innermost frames kept
+MAX_LOCALS = 60  # locals shown per frame
+REPR_SECONDS = 1.0  # one repr running Python code longer than this is stopped
+TOTAL_SECONDS = 10.0  # all of them; a repr blocked outside Python is abandoned then
 STATS_NUMEL = 10_000_000  # tensors up to this size get min/max/mean/NaN stats
-SHOWN_NUMEL = 6        # tensors up to this size show their values
+SHOWN_NUMEL = 6  # tensors up to this size show their values
 
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # clustersdk/
 
@@ -92,7 +93,8 @@ class SafeRepr(reprlib.Repr):
             raise
         except BaseException as e:  # noqa: BLE001 - a broken __repr__ is the user's to see
             return f"<{type(x).__name__} object; its repr raised {type(e).__name__}: {e}>"[
-                :VALUE_LIMIT]
+                :VALUE_LIMIT
+            ]
         return _cut(text, self.maxother)
 
 
@@ -101,8 +103,11 @@ def tensor_text(t: Any) -> str:
     nan=False)``: what a tensor is without printing it."""
     import torch
 
-    parts = [f"shape={list(t.shape)}", f"dtype={str(t.dtype).removeprefix('torch.')}",
-             f"device={t.device}"]
+    parts = [
+        f"shape={list(t.shape)}",
+        f"dtype={str(t.dtype).removeprefix('torch.')}",
+        f"device={t.device}",
+    ]
     if t.requires_grad:
         parts.append("requires_grad")
     try:
@@ -133,8 +138,11 @@ def _stats(torch: Any, t: Any) -> list[str]:
             if d.is_complex():
                 return out
             f = d.float()
-            return out + [f"min={f.min().item():.4g}", f"max={f.max().item():.4g}",
-                          f"mean={f.mean().item():.4g}"]
+            return out + [
+                f"min={f.min().item():.4g}",
+                f"max={f.max().item():.4g}",
+                f"mean={f.mean().item():.4g}",
+            ]
         return out + [f"min={d.min().item()}", f"max={d.max().item()}"]
 
 
@@ -149,7 +157,7 @@ def _cut(text: str, limit: int = VALUE_LIMIT) -> str:
     """One line (a multi-line repr's lines joined) of at most ``limit`` characters."""
     if "\n" in text:
         text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _bounded(fn: Callable[[], str], seconds: float) -> str:
@@ -188,10 +196,17 @@ def render_frames(tb: Any) -> list[dict[str, Any]]:
     frames = []
     for frame, line in walked:
         code = frame.f_code
-        frames.append({"file": code.co_filename, "line": line, "function": code.co_name,
-                       "code": _source_line(code.co_filename, line, frame.f_globals),
-                       "ours": os.path.abspath(code.co_filename).startswith(_OURS + os.sep),
-                       "locals": {}, "omitted": 0})
+        frames.append(
+            {
+                "file": code.co_filename,
+                "line": line,
+                "function": code.co_name,
+                "code": _source_line(code.co_filename, line, frame.f_globals),
+                "ours": os.path.abspath(code.co_filename).startswith(_OURS + os.sep),
+                "locals": {},
+                "omitted": 0,
+            }
+        )
     wanted = []  # (frame index, name, value), the innermost frame first
     for index in reversed(range(len(walked))):
         if frames[index]["ours"]:
@@ -249,14 +264,19 @@ class Hold:
     ``"held"`` from then on (``job.stacks()`` and the hang watchdog see it), else None.
     """
 
-    def __init__(self, *, control: Control, report: Callable[..., None], rank: int,
-                 timeout: float):
+    def __init__(self, *, control: Control, report: Callable[..., None], rank: int, timeout: float):
         self.control, self.report, self.rank, self.timeout = control, report, rank, timeout
         self.error: BaseException | None = None
         self.phase: str | None = None
 
-    def wait(self, exc: BaseException, error: dict[str, Any], *, step: int,
-             serve_runs: Callable[[list[int]], None]) -> None:
+    def wait(
+        self,
+        exc: BaseException,
+        error: dict[str, Any],
+        *,
+        step: int,
+        serve_runs: Callable[[list[int]], None],
+    ) -> None:
         """Report ``HELD`` and wait, alive, until the job says STOP or ``timeout`` passes,
         handing each new control vector to ``serve_runs``.
 
@@ -268,8 +288,9 @@ class Hold:
         try:
             frames = render_frames(exc.__traceback__)
         except Exception:  # noqa: BLE001 - the post-mortem must not cost the report
-            logger.exception("clustersdk: rendering the failing frames of rank %d failed",
-                             self.rank)
+            logger.exception(
+                "clustersdk: rendering the failing frames of rank %d failed", self.rank
+            )
             frames = []
         self.report(RankEvent.HELD, error=error, frames=frames, step=step)
         control = self.control
@@ -278,8 +299,11 @@ class Hold:
         while not seen[Word.STOP]:
             left = deadline - time.monotonic()
             if left <= 0:
-                logger.warning("clustersdk: rank %d was held for hold_timeout=%g s: failing",
-                               self.rank, self.timeout)
+                logger.warning(
+                    "clustersdk: rank %d was held for hold_timeout=%g s: failing",
+                    self.rank,
+                    self.timeout,
+                )
                 return
             if control.wait_beyond(seen, min(left, 1.0)):
                 seen = control.words()

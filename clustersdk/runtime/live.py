@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import torch
@@ -66,13 +67,20 @@ class Live:
     (``job.stacks()`` and the hang watchdog see it), else None.
     """
 
-    def __init__(self, *, fetch: Callable[..., list] | None, report: Callable[..., None],
-                 group: Any, rank: int, world_size: int,
-                 hparams: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        fetch: Callable[..., list] | None,
+        report: Callable[..., None],
+        group: Any,
+        rank: int,
+        world_size: int,
+        hparams: Mapping[str, Any] | None = None,
+    ):
         self.fetch, self.report, self.group = fetch, report, group
         self.rank, self.world_size = rank, world_size
-        self.runs_done = 0      # the newest RUN request carried out
-        self.updates_done = 0   # the newest UPDATE request carried out
+        self.runs_done = 0  # the newest RUN request carried out
+        self.updates_done = 0  # the newest UPDATE request carried out
         self.exposed: dict[str, Any] = {}
         self.hparams: dict[str, Any] = dict(hparams or {})
         self.batch: int | None = None  # this rank's batch, seen at its first step
@@ -82,14 +90,14 @@ class Live:
     def due(self, words: list[int]) -> bool:
         return words[Word.RUN] > self.runs_done or words[Word.UPDATE] > self.updates_done
 
-    def act(self, words: list[int], ctx: TrainContext,
-            tunables: Callable[[], Tunables]) -> None:
+    def act(self, words: list[int], ctx: TrainContext, tunables: Callable[[], Tunables]) -> None:
         """Carry out the requests up to the agreed words, in order: runs are called with
         ``ctx``, updates change what ``tunables()`` offers."""
         if self.fetch is None:
             return
-        entries = self.fetch(runs=[self.runs_done, words[Word.RUN]],
-                             updates=[self.updates_done, words[Word.UPDATE]])
+        entries = self.fetch(
+            runs=[self.runs_done, words[Word.RUN]], updates=[self.updates_done, words[Word.UPDATE]]
+        )
         self.runs_done = max(self.runs_done, words[Word.RUN])
         self.updates_done = max(self.updates_done, words[Word.UPDATE])
         for entry in entries:
@@ -104,8 +112,9 @@ class Live:
         they wait for the next agreed one)."""
         if self.fetch is None or words[Word.RUN] <= self.runs_done:
             return
-        entries = self.fetch(runs=[self.runs_done, words[Word.RUN]],
-                             updates=[self.updates_done, self.updates_done])
+        entries = self.fetch(
+            runs=[self.runs_done, words[Word.RUN]], updates=[self.updates_done, self.updates_done]
+        )
         self.runs_done = max(self.runs_done, words[Word.RUN])
         for entry in entries:
             if entry["kind"] == "run":
@@ -126,17 +135,26 @@ class Live:
         try:
             changes = tuning.plan(tunables, entry["changes"], self.batch)
         except Exception as e:  # noqa: BLE001 - refused on this rank: nobody applies it
-            changes, error = [], {"rank": self.rank, "type": type(e).__name__,
-                                  "message": str(e), "cause": True}
+            changes, error = (
+                [],
+                {"rank": self.rank, "type": type(e).__name__, "message": str(e), "cause": True},
+            )
         if not self._everyone_can(error is None):
-            error = error or {"rank": self.rank, "type": "Refused", "message": "another rank "
-                              "refused the update"}
+            error = error or {
+                "rank": self.rank,
+                "type": "Refused",
+                "message": "another rank refused the update",
+            }
             self.report(RankEvent.UPDATED, seq=entry["seq"], step=step, error=error)
             return
         for change in changes:
             change.apply()
-        self.report(RankEvent.UPDATED, seq=entry["seq"], step=step,
-                    changes={c.key: [c.old, c.new] for c in changes})
+        self.report(
+            RankEvent.UPDATED,
+            seq=entry["seq"],
+            step=step,
+            changes={c.key: [c.old, c.new] for c in changes},
+        )
 
     def _everyone_can(self, ok: bool) -> bool:
         """Whether every rank can apply the update (one MIN all-reduce): all or none do."""
@@ -155,8 +173,11 @@ class Live:
             return
         self._told = True
         self.batch = batch_size(batch)
-        info = {"optimizers": tuning.optimizers_info(tunables.stateful), "batch": self.batch,
-                "calls": sorted(tunables.called)}
+        info = {
+            "optimizers": tuning.optimizers_info(tunables.stateful),
+            "batch": self.batch,
+            "calls": sorted(tunables.called),
+        }
         self.report(RankEvent.TUNABLE, info=info)
 
 
@@ -176,20 +197,38 @@ def call(payload: bytes, ctx: Any, limit: int) -> dict[str, Any]:
             e.__suppress_context__ = True  # on a held rank: not "during handling of" its error
         # the traceback from the user's function on (this module's frame left out)
         tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-        return {"error": {"rank": ctx.rank, "type": type(e).__name__, "message": str(e),
-                          "traceback": "".join(traceback.format_exception(type(e), e, tb))}}
+        return {
+            "error": {
+                "rank": ctx.rank,
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": "".join(traceback.format_exception(type(e), e, tb)),
+            }
+        }
     try:
         data = cloudpickle.dumps(result)
     except Exception as e:  # noqa: BLE001
-        return {"error": {"rank": ctx.rank, "type": "UnpicklableResult", "traceback": "",
-                          "message": f"the function returned a {type(result).__name__}, which "
-                                     f"can't be pickled ({type(e).__name__}: {e}); return plain "
-                                     "data (numbers, lists, dicts, tensors)"}}
+        return {
+            "error": {
+                "rank": ctx.rank,
+                "type": "UnpicklableResult",
+                "traceback": "",
+                "message": f"the function returned a {type(result).__name__}, which "
+                f"can't be pickled ({type(e).__name__}: {e}); return plain "
+                "data (numbers, lists, dicts, tensors)",
+            }
+        }
     if len(data) > limit:
-        return {"error": {"rank": ctx.rank, "type": "ResultTooLarge", "traceback": "",
-                          "message": f"the result is {format_bytes(len(data))} pickled, over the "
-                                     f"limit of {format_bytes(limit)} (clustersdk.run-result-limit "
-                                     "on the scheduler); return a summary, or raise the limit"}}
+        return {
+            "error": {
+                "rank": ctx.rank,
+                "type": "ResultTooLarge",
+                "traceback": "",
+                "message": f"the result is {format_bytes(len(data))} pickled, over the "
+                f"limit of {format_bytes(limit)} (clustersdk.run-result-limit "
+                "on the scheduler); return a summary, or raise the limit",
+            }
+        }
     return {"result": data}
 
 

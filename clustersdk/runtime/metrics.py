@@ -23,7 +23,8 @@ import contextlib
 import math
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -95,14 +96,19 @@ class Metrics:
     def drain(self) -> list[dict[str, Any]]:
         """Closed rows since the last drain, as plain numbers."""
         with self._lock:
-            if self._open is not None and not self._holding \
-                    and threading.get_ident() == self._owner:
+            if (
+                self._open is not None
+                and not self._holding
+                and threading.get_ident() == self._owner
+            ):
                 self._close()
             rows = list(self._rows)
             self._rows.clear()
         for row in rows:
-            row["scalars"] = {k: (v.item() if isinstance(v, torch.Tensor) else v)
-                              for k, v in row["scalars"].items()}
+            row["scalars"] = {
+                k: (v.item() if isinstance(v, torch.Tensor) else v)
+                for k, v in row["scalars"].items()
+            }
         return rows
 
     def _close(self) -> None:
@@ -124,8 +130,11 @@ class Metrics:
 
     def finish(self, step: int, evaluation: Evaluation) -> dict[str, float]:
         """Reduce what the pass accumulated over the ranks and log it at ``step``."""
-        row = {k: v for k, v in evaluation.reduce(self.world_size, self.group).items()
-               if not math.isnan(v)}  # logged by no rank at all
+        row = {
+            k: v
+            for k, v in evaluation.reduce(self.world_size, self.group).items()
+            if not math.isnan(v)
+        }  # logged by no rank at all
         if row:
             self.merge(step, row)
         return row
@@ -144,8 +153,10 @@ class Evaluation:
         for name in (*names, *row):
             known = self.ops.setdefault(name, op)
             if known != op:
-                raise SpecError(f"ctx.log({name}=..., reduce={op!r}) in an evaluation that logs "
-                                f"{name} with reduce={known!r}: one reduction per name")
+                raise SpecError(
+                    f"ctx.log({name}=..., reduce={op!r}) in an evaluation that logs "
+                    f"{name} with reduce={known!r}: one reduction per name"
+                )
         for name, value in row.items():
             value = _number(value)
             if op in ("max", "min"):
@@ -164,16 +175,19 @@ class Evaluation:
             for part in everyone:
                 for name, op in part:
                     if ops.setdefault(name, op) != op:
-                        raise SpecError(f"ranks log {name} with different reductions "
-                                        f"({ops[name]!r} and {op!r})")
+                        raise SpecError(
+                            f"ranks log {name} with different reductions ({ops[name]!r} and {op!r})"
+                        )
         names = sorted(ops)
         if not names:
             return {}
         summed = [n for n in names if ops[n] in ("mean", "sum")]
         # one SUM for the totals and every name's count, one MAX, one MIN
-        flat = [self.totals.get(n, 0.0) for n in summed] + [float(self.counts.get(n, 0)) for n in names]
+        flat = [self.totals.get(n, 0.0) for n in summed] + [
+            float(self.counts.get(n, 0)) for n in names
+        ]
         sums = self._all_reduce(flat, "sum", world_size, group)
-        totals, counts = dict(zip(summed, sums)), dict(zip(names, sums[len(summed):]))
+        totals, counts = dict(zip(summed, sums)), dict(zip(names, sums[len(summed) :]))
         for kind in ("max", "min"):
             chosen = [n for n in names if ops[n] == kind]
             if chosen:
@@ -197,8 +211,12 @@ class Evaluation:
         return tensor.tolist()
 
 
-_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
-        "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "mean": dist.ReduceOp.SUM,
+    "max": dist.ReduceOp.MAX,
+    "min": dist.ReduceOp.MIN,
+}
 
 
 def _number(value: Any) -> float:
@@ -212,8 +230,9 @@ def _checked(scalars: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key in RESERVED:
-            raise SpecError(f"ctx.log({key}=...): {key!r} is recorded with every row already; "
-                            "pick another name")
+            raise SpecError(
+                f"ctx.log({key}=...): {key!r} is recorded with every row already; pick another name"
+            )
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
                 raise SpecError(

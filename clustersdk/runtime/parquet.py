@@ -28,7 +28,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -41,8 +42,9 @@ def arrow() -> Any:
     try:
         import pyarrow.dataset as pads
     except ImportError as e:  # pragma: no cover - pyarrow is in the test extra
-        raise SpecError("ctx.shard of Parquet files needs pyarrow: pip install "
-                        "'clustersdk[data]'") from e
+        raise SpecError(
+            "ctx.shard of Parquet files needs pyarrow: pip install 'clustersdk[data]'"
+        ) from e
     return pads
 
 
@@ -50,8 +52,11 @@ def is_parquet(source: Any) -> bool:
     """Paths (files, directories, globs, a list of them) or a ``pyarrow.dataset.Dataset``."""
     if isinstance(source, (str, os.PathLike)):
         return True
-    if isinstance(source, (list, tuple)) and source and \
-            all(isinstance(s, (str, os.PathLike)) for s in source):
+    if (
+        isinstance(source, (list, tuple))
+        and source
+        and all(isinstance(s, (str, os.PathLike)) for s in source)
+    ):
         return True
     module = type(source).__module__ or ""
     return module.startswith("pyarrow") and hasattr(source, "get_fragments")
@@ -60,10 +65,20 @@ def is_parquet(source: Any) -> bool:
 class ParquetLoader:
     """Iterates one epoch of this rank's batches per ``iter()``, moved to ``device``."""
 
-    def __init__(self, source: Any, batch_size: int, rank: int, world_size: int,
-                 device: torch.device, shuffle: bool | None = None, seed: int = 0,
-                 collate_fn: Callable | None = None, prefetch: int = 2,
-                 columns: list[str] | None = None, lanes: int | None = None):
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        shuffle: bool | None = None,
+        seed: int = 0,
+        collate_fn: Callable | None = None,
+        prefetch: int = 2,
+        columns: list[str] | None = None,
+        lanes: int | None = None,
+    ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise SpecError(f"prefetch must be a non-negative int (batches), got {prefetch!r}")
         self.units, self.files = _units(source)
@@ -76,17 +91,24 @@ class ParquetLoader:
         self.columns = columns
         self.epoch = 0
         self.consumed = 0  # samples of the current epoch taken by all ranks together
-        if lanes is not None and (isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1
-                                  or self.global_batch % lanes):
-            raise SpecError(f"lanes must be a positive int that divides the global batch of "
-                            f"{self.global_batch}, got {lanes!r}")
+        if lanes is not None and (
+            isinstance(lanes, bool)
+            or not isinstance(lanes, int)
+            or lanes < 1
+            or self.global_batch % lanes
+        ):
+            raise SpecError(
+                f"lanes must be a positive int that divides the global batch of "
+                f"{self.global_batch}, got {lanes!r}"
+            )
         self.lanes = lanes or world_size
         self._deal()
         if len(self) == 0:
             raise ValueError(
                 f"the Parquet files hold {sum(u[2] - u[1] for u in self.units)} rows in "
                 f"{len(self.units)} row groups: not one global batch of {self.global_batch} "
-                f"over {self.lanes} lanes")
+                f"over {self.lanes} lanes"
+            )
 
     @property
     def global_batch(self) -> int:
@@ -101,7 +123,7 @@ class ParquetLoader:
             mid = (start + stop) // 2
             if mid == start:
                 break
-            units[i:i + 1] = [(frag, start, mid), (frag, mid, stop)]
+            units[i : i + 1] = [(frag, start, mid), (frag, mid, stop)]
         self._lane_units: list[list[int]] = [[] for _ in range(self.lanes)]
         rows = [0] * self.lanes
         for index, (_frag, start, stop) in enumerate(units):
@@ -125,8 +147,11 @@ class ParquetLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.end_of_epoch():  # saved right at an epoch's end
             self.epoch, self.consumed = self.epoch + 1, 0
-        reader = Prefetcher(self._batches(self.epoch, self.consumed // self.global_batch),
-                            self.prefetch, name=f"clustersdk-parquet-rank{self.rank}")
+        reader = Prefetcher(
+            self._batches(self.epoch, self.consumed // self.global_batch),
+            self.prefetch,
+            name=f"clustersdk-parquet-rank{self.rank}",
+        )
         try:
             for batch in reader:
                 self.consumed += self.global_batch
@@ -143,8 +168,9 @@ class ParquetLoader:
             lo, hi = max(r * B, lane * L) - lane * L, min((r + 1) * B, (lane + 1) * L) - lane * L
             if lo < hi:
                 spans.append((lane, lo, hi))
-        readers = {lane: _Lane(self._order(lane, epoch), self._read, start * L)
-                   for lane, _lo, _hi in spans}
+        readers = {
+            lane: _Lane(self._order(lane, epoch), self._read, start * L) for lane, _lo, _hi in spans
+        }
         for _ in range(start, len(self)):
             parts = [readers[lane].take(L).slice(lo, hi - lo) for lane, lo, hi in spans]
             table = parts[0] if len(parts) == 1 else _concat(parts)
@@ -168,15 +194,27 @@ class ParquetLoader:
         return table
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "global_batch": self.global_batch, "lanes": self.lanes, "files": self.files}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "lanes": self.lanes,
+            "files": self.files,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` left off, with its global batch and lanes."""
         if state.get("files", self.files) != self.files:
-            raise ValueError("the Parquet files are not those of the checkpoint (their paths, row "
-                             "groups or row counts changed); resume on the same files")
-        self.epoch, self.consumed, self.seed = int(state["epoch"]), int(state["consumed"]), int(state["seed"])
+            raise ValueError(
+                "the Parquet files are not those of the checkpoint (their paths, row "
+                "groups or row counts changed); resume on the same files"
+            )
+        self.epoch, self.consumed, self.seed = (
+            int(state["epoch"]),
+            int(state["consumed"]),
+            int(state["seed"]),
+        )
         self.batch_size = split_global_batch(int(state["global_batch"]), self.world_size)
         self.lanes = int(state.get("lanes", self.lanes))
         self._deal()
@@ -260,11 +298,17 @@ def table_to_batch(table: Any) -> dict[str, Any]:
             if column.null_count == 0:
                 out[name] = torch.from_numpy(np.array(column.to_numpy(zero_copy_only=False)))
                 continue
-        if (pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind)
-                or pa.types.is_large_list(kind)) and column.null_count == 0:
+        if (
+            pa.types.is_list(kind)
+            or pa.types.is_fixed_size_list(kind)
+            or pa.types.is_large_list(kind)
+        ) and column.null_count == 0:
             inner = kind.value_type
-            lengths = set(column.value_lengths().to_pylist()) if not \
-                pa.types.is_fixed_size_list(kind) else {kind.list_size}
+            lengths = (
+                set(column.value_lengths().to_pylist())
+                if not pa.types.is_fixed_size_list(kind)
+                else {kind.list_size}
+            )
             if len(lengths) == 1 and (pa.types.is_integer(inner) or pa.types.is_floating(inner)):
                 flat = np.array(column.flatten().to_numpy(zero_copy_only=False))
                 out[name] = torch.from_numpy(flat.reshape(len(column), -1))

@@ -41,7 +41,6 @@ import threading
 import time
 from typing import Any
 
-
 _local = threading.local()  # the PhaseClock of the rank whose thread this is
 _hooks_installed = False
 _install_lock = threading.Lock()
@@ -59,11 +58,11 @@ class PhaseClock:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self.optimizer = 0.0   # running totals, read at the phase marks
+        self.optimizer = 0.0  # running totals, read at the phase marks
         self.checkpoint = 0.0
         self.paused = 0.0
         self._opt_t0 = 0.0
-        self._opt_depth = 0    # an optimizer that steps others inside: only the outer counts
+        self._opt_depth = 0  # an optimizer that steps others inside: only the outer counts
         self._rows: collections.deque = collections.deque()  # appends and pops are atomic
         self._start = self._data0 = self._data1 = 0.0
         self._marks = (0.0, 0.0, 0.0)  # optimizer, checkpoint, paused at the step's start
@@ -107,8 +106,15 @@ class PhaseClock:
         data = self._data1 - self._data0
         body = end - self._data1 - (paused - self._paused_boundary)
         sync = self._data0 - self._start - self._paused_boundary - self._ckpt_boundary
-        row = [float(step), data, max(body - optimizer - ckpt_body, 0.0), optimizer,
-               self._ckpt_boundary + ckpt_body, max(sync, 0.0), end - self._start - paused]
+        row = [
+            float(step),
+            data,
+            max(body - optimizer - ckpt_body, 0.0),
+            optimizer,
+            self._ckpt_boundary + ckpt_body,
+            max(sync, 0.0),
+            end - self._start - paused,
+        ]
         self._rows.append(row)
 
     def abandon(self) -> None:

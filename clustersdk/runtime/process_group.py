@@ -41,8 +41,10 @@ def open_store(world_size: int, timeout: float, host: str = "") -> dist.TCPStore
         except OSError as e:
             if e.errno != errno.EADDRINUSE and "EADDRINUSE" not in str(e):
                 raise
-    raise RuntimeError(f"every port of the rendezvous range {low}-{high} is in use on this host; "
-                       "widen clustersdk.rendezvous-ports")
+    raise RuntimeError(
+        f"every port of the rendezvous range {low}-{high} is in use on this host; "
+        "widen clustersdk.rendezvous-ports"
+    )
 
 
 def store_on(port: int, world_size: int, timeout: float, host: str = "") -> dist.TCPStore:
@@ -57,8 +59,12 @@ def store_on(port: int, world_size: int, timeout: float, host: str = "") -> dist
         sock.listen(512)
         port = sock.getsockname()[1]
         return dist.TCPStore(
-            host or "0.0.0.0", port, world_size, is_master=True,
-            timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+            host or "0.0.0.0",
+            port,
+            world_size,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
             master_listen_fd=sock.detach(),  # the store owns (and closes) it from now on
         )
     finally:
@@ -66,8 +72,9 @@ def store_on(port: int, world_size: int, timeout: float, host: str = "") -> dist
 
 
 def join_store(host: str, port: int, world_size: int, timeout: float) -> dist.TCPStore:
-    return dist.TCPStore(host, port, world_size, is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout))
+    return dist.TCPStore(
+        host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout)
+    )
 
 
 def rank_device(kind: str) -> torch.device:
@@ -87,8 +94,13 @@ def rank_device(kind: str) -> torch.device:
 _saved_env: dict[str, str | None] = {}
 
 
-def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
-            env: dict[str, str] | None = None) -> None:
+def set_env(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    env: dict[str, str] | None = None,
+) -> None:
     """The rank's environment: torch's variables, the job's ``env`` and, unless set,
     the socket interface towards rank 0 (see :mod:`clustersdk.network`; for a
     loopback ``master_addr``, the loopback interface).
@@ -112,11 +124,16 @@ def set_env(rank: int, world_size: int, master_addr: str, master_port: int,
     for name, value in wanted.items():
         _saved_env[name] = os.environ.get(name)
         os.environ[name] = value
-    os.environ.update({
-        "RANK": str(rank), "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-    })
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        }
+    )
 
 
 def child_environ(master_addr: str, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -130,8 +147,14 @@ def child_environ(master_addr: str, env: dict[str, str] | None = None) -> dict[s
             out.pop(name, None)
         else:
             out[name] = value
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT"):
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         out.pop(name, None)
     wanted = dict(env or {})
     # as set_env: gloo and NCCL listen only on the interface towards rank 0 (loopback too)
@@ -158,7 +181,11 @@ def init(store: dist.Store, rank: int, world_size: int, device: torch.device, ti
     backend = "nccl" if device.type == "cuda" else "gloo"
     limit = datetime.timedelta(seconds=timeout)
     dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=limit,
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=limit,
         device_id=device if device.type == "cuda" else None,
     )
     return dist.new_group(backend="gloo", timeout=limit), dist.new_group(backend="gloo")
@@ -185,8 +212,7 @@ def teardown() -> None:
         torch.cuda.empty_cache()
 
 
-def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]
-                ) -> DeviceMesh:
+def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]) -> DeviceMesh:
     """The job's ``DeviceMesh`` (one sub-group per dimension; all ranks must call it)."""
     from torch.distributed.device_mesh import init_device_mesh
 

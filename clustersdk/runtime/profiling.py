@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import config
 from ..protocol import RankEvent, WireSpec, profile_request
@@ -28,9 +29,23 @@ from ..protocol import RankEvent, WireSpec, profile_request
 TOP_OPS = 15
 DATA_WAIT = "clustersdk.data_wait"  # the record_function around the loader's next()
 # operators that move data between ranks (gloo, NCCL, c10d functional collectives)
-_COMM = ("allreduce", "all_reduce", "allgather", "all_gather", "reduce_scatter", "broadcast",
-         "alltoall", "all_to_all", "nccl", "gloo", "c10d::", "record_param_comms", "send", "recv",
-         "barrier")
+_COMM = (
+    "allreduce",
+    "all_reduce",
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+    "all_to_all",
+    "nccl",
+    "gloo",
+    "c10d::",
+    "record_param_comms",
+    "send",
+    "recv",
+    "barrier",
+)
 
 
 def trace_dir(spec: WireSpec, seq: int) -> str:
@@ -60,12 +75,22 @@ class Profiler:
             return
         self.done = seq
         try:
-            self.capture = Capture(seq, steps, step, self.rank, trace_dir(spec, seq),
-                                   self.device_type)
+            self.capture = Capture(
+                seq, steps, step, self.rank, trace_dir(spec, seq), self.device_type
+            )
         except Exception as e:  # e.g. the training function runs a profiler of its own
-            self.report(RankEvent.PROFILED, seq=seq, profile={
-                "rank": self.rank, "seq": seq, "first_step": step, "steps": 0,
-                "asked": steps, "error": f"{type(e).__name__}: {e}"})
+            self.report(
+                RankEvent.PROFILED,
+                seq=seq,
+                profile={
+                    "rank": self.rank,
+                    "seq": seq,
+                    "first_step": step,
+                    "steps": 0,
+                    "asked": steps,
+                    "error": f"{type(e).__name__}: {e}",
+                },
+            )
 
     def step_done(self) -> None:
         """A step is over: finish the capture once it has all its steps."""
@@ -82,17 +107,23 @@ class Profiler:
         try:
             profile = capture.finish()
         except Exception as e:  # e.g. the disk is full
-            profile = {"rank": self.rank, "seq": capture.seq, "first_step": capture.first,
-                       "steps": capture.done, "asked": capture.steps,
-                       "error": f"{type(e).__name__}: {e}"}
+            profile = {
+                "rank": self.rank,
+                "seq": capture.seq,
+                "first_step": capture.first,
+                "steps": capture.done,
+                "asked": capture.steps,
+                "error": f"{type(e).__name__}: {e}",
+            }
         self.report(RankEvent.PROFILED, seq=capture.seq, profile=profile)
 
 
 class Capture:
     """One rank's profile of ``steps`` steps from ``first``; :meth:`step_done` after each."""
 
-    def __init__(self, seq: int, steps: int, first: int, rank: int, directory: str,
-                 device_type: str):
+    def __init__(
+        self, seq: int, steps: int, first: int, rank: int, directory: str, device_type: str
+    ):
         import torch.profiler as tp
 
         self.seq, self.steps, self.first, self.rank = seq, steps, first, rank
@@ -107,8 +138,10 @@ class Capture:
         with warnings.catch_warnings():  # "won't be using warmup": the steps are the user's
             warnings.simplefilter("ignore")
             self._prof = tp.profile(
-                activities=activities, record_shapes=False,
-                schedule=tp.schedule(wait=0, warmup=0, active=steps, repeat=1))
+                activities=activities,
+                record_shapes=False,
+                schedule=tp.schedule(wait=0, warmup=0, active=steps, repeat=1),
+            )
             self._prof.start()
         self._t0 = time.perf_counter()
         self._wall = 0.0
@@ -135,9 +168,15 @@ class Capture:
         self._prof.stop()
         os.makedirs(self.directory, exist_ok=True)
         self._prof.export_chrome_trace(self.path)
-        return {"rank": self.rank, "seq": self.seq, "first_step": self.first,
-                "steps": self.done, "asked": self.steps, "path": self.path,
-                **summarize(self._prof.key_averages(), self._wall, self.cuda)}
+        return {
+            "rank": self.rank,
+            "seq": self.seq,
+            "first_step": self.first,
+            "steps": self.done,
+            "asked": self.steps,
+            "path": self.path,
+            **summarize(self._prof.key_averages(), self._wall, self.cuda),
+        }
 
 
 def summarize(averages: Any, wall: float, cuda: bool = False) -> dict[str, Any]:
@@ -156,10 +195,22 @@ def summarize(averages: Any, wall: float, cuda: bool = False) -> dict[str, Any]:
         lowered = name.lower()
         if any(tag in lowered for tag in _COMM):
             comm += device if cuda and device else self_cpu
-        ops.append({"name": name, "calls": int(avg.count), "self_s": self_cpu,
-                    "total_s": avg.cpu_time_total / 1e6, "device_s": device})
+        ops.append(
+            {
+                "name": name,
+                "calls": int(avg.count),
+                "self_s": self_cpu,
+                "total_s": avg.cpu_time_total / 1e6,
+                "device_s": device,
+            }
+        )
     key = "device_s" if cuda else "self_s"
     ops.sort(key=lambda o: o[key], reverse=True)
     comm = min(comm, max(wall - data_wait, 0.0))
-    return {"wall_s": wall, "data_wait_s": data_wait, "communication_s": comm,
-            "compute_s": max(wall - data_wait - comm, 0.0), "top_ops": ops[:TOP_OPS]}
+    return {
+        "wall_s": wall,
+        "data_wait_s": data_wait,
+        "communication_s": comm,
+        "compute_s": max(wall - data_wait - comm, 0.0),
+        "top_ops": ops[:TOP_OPS],
+    }

@@ -69,32 +69,40 @@ class Rebinder:
 
     def fix(self, optimizer: Any) -> None:
         """Swap ``optimizer``'s old parameters for the prepared ones (once per optimizer)."""
-        if not isinstance(optimizer, torch.optim.Optimizer) or optimizer in self._checked \
-                or not self._new:
+        if (
+            not isinstance(optimizer, torch.optim.Optimizer)
+            or optimizer in self._checked
+            or not self._new
+        ):
             return
-        stale = [(p, self._old[id(p)][1]) for group in optimizer.param_groups
-                 for p in group["params"]
-                 if id(p) not in self._current and id(p) in self._old
-                 and self._old[id(p)][0]() is p]
+        stale = [
+            (p, self._old[id(p)][1])
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if id(p) not in self._current and id(p) in self._old and self._old[id(p)][0]() is p
+        ]
         if stale:
             self._rebind(optimizer, dict((id(p), name) for p, name in stale), stale)
         self._checked.add(optimizer)
 
-    def _rebind(self, optimizer: torch.optim.Optimizer, names: dict[int, str],
-                stale: list[tuple[Any, str]]) -> None:
+    def _rebind(
+        self, optimizer: torch.optim.Optimizer, names: dict[int, str], stale: list[tuple[Any, str]]
+    ) -> None:
         kind = type(optimizer).__name__
         if any(p in optimizer.state for p, _ in stale):
             raise SpecError(
                 f"the {kind} optimizer holds the parameters the model had before ctx.prepare "
                 f"(strategy={self.strategy!r} replaced them, e.g. {stale[0][1]!r}) and has "
                 "stepped on them already: build it after model = ctx.prepare(model), from "
-                "model.parameters()")
+                "model.parameters()"
+            )
         lost = [name for _, name in stale if name not in self._new]
         if lost and not self.pipelined:
             raise SpecError(
                 f"the {kind} optimizer was built before ctx.prepare and holds parameters that "
                 f"the prepared model has no counterpart for ({', '.join(lost[:3])}): build it "
-                "after model = ctx.prepare(model), from model.parameters()")
+                "after model = ctx.prepare(model), from model.parameters()"
+            )
         for group in optimizer.param_groups:
             kept, kept_names = [], []
             names_of = group.get("param_names")
@@ -112,19 +120,23 @@ class Rebinder:
         self.notes.append(
             f"clustersdk: the {kind} optimizer was built before ctx.prepare; its "
             f"{len(stale)} parameter(s) are now the prepared model's (strategy="
-            f"{self.strategy!r} replaces parameters)")
+            f"{self.strategy!r} replaces parameters)"
+        )
 
     def check_schedulers(self, stateful: dict[str, Any], optimizers: list[Any]) -> None:
         """After the first step: every registered LR scheduler drives an optimizer in use."""
         self.watching = False
         used = set(map(id, optimizers)) | {id(o) for o in self.stepped}
         for key, obj in stateful.items():
-            if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) and \
-                    id(obj.optimizer) not in used:
+            if (
+                isinstance(obj, torch.optim.lr_scheduler.LRScheduler)
+                and id(obj.optimizer) not in used
+            ):
                 raise SpecError(
                     f"the LR scheduler registered as {key!r} adjusts an optimizer that is not "
                     "registered and did not step in the first step (built before the one that "
-                    "trains?): build the scheduler on the optimizer you step, and register both")
+                    "trains?): build the scheduler on the optimizer you step, and register both"
+                )
 
 
 def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

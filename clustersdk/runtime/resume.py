@@ -36,8 +36,11 @@ def saved_state(path: str, key: str, template: dict[str, Any]) -> dict[str, Any]
     in ``template``), read by this process alone; None if it holds nothing for ``key``."""
     reader = storage(path).reader(path)
     prefix = f"extra.{key}."
-    present = {name[len(prefix):] for name in reader.read_metadata().state_dict_metadata
-               if name.startswith(prefix)}
+    present = {
+        name[len(prefix) :]
+        for name in reader.read_metadata().state_dict_metadata
+        if name.startswith(prefix)
+    }
     wanted = {k: v for k, v in template.items() if k in present}
     if not wanted:
         return None

@@ -46,7 +46,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..protocol import ExitStatus, RankEvent, WireSpec, Word, no_words
@@ -58,29 +59,53 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STDERR_TAIL = 20           # lines of stderr kept for a failure's record
-LINE_LIMIT = 64 * 1024     # a longer "line" (a progress bar without newlines) is cut
-PY_SPY_TIMEOUT = 2.5       # seconds py-spy has to read a rank's stack
+STDERR_TAIL = 20  # lines of stderr kept for a failure's record
+LINE_LIMIT = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut
+PY_SPY_TIMEOUT = 2.5  # seconds py-spy has to read a rank's stack
 ENV_CONTROL = "CLUSTERSDK_CONTROL"  # the Unix socket of clustersdk.script
 
 # what a stopped or running process is, by the state letter of /proc/PID/stat
-PROCESS_STATES = {"T": "stopped (SIGSTOP)", "t": "stopped by a tracer",
-                  "D": "in uninterruptible I/O", "S": "sleeping", "R": "running",
-                  "Z": "a zombie"}
+PROCESS_STATES = {
+    "T": "stopped (SIGSTOP)",
+    "t": "stopped by a tracer",
+    "D": "in uninterruptible I/O",
+    "S": "sleeping",
+    "R": "running",
+    "Z": "a zombie",
+}
 
 
-def script_payload(archive: bytes | None, digest: str | None, script: str | None,
-                   modules: Sequence[str] = (), chdir: bool = False) -> bytes:
+def script_payload(
+    archive: bytes | None,
+    digest: str | None,
+    script: str | None,
+    modules: Sequence[str] = (),
+    chdir: bool = False,
+) -> bytes:
     """The payload of a script job: the shipped code (a zip archive and its hash, or
     None), the script's path inside it, the shipped modules and whether the archive
     becomes the ranks' working directory. Plain data: nothing to unpickle but bytes."""
-    return pickle.dumps({"archive": archive, "digest": digest, "script": script,
-                         "modules": list(modules), "chdir": chdir})
+    return pickle.dumps(
+        {
+            "archive": archive,
+            "digest": digest,
+            "script": script,
+            "modules": list(modules),
+            "chdir": chdir,
+        }
+    )
 
 
-def torchrun_environ(rank: int, hosts: Sequence[str], master_addr: str, master_port: int,
-                     spec: WireSpec, cuda: bool, error_file: str,
-                     inherited: dict[str, str]) -> dict[str, str]:
+def torchrun_environ(
+    rank: int,
+    hosts: Sequence[str],
+    master_addr: str,
+    master_port: int,
+    spec: WireSpec,
+    cuda: bool,
+    error_file: str,
+    inherited: dict[str, str],
+) -> dict[str, str]:
     """The variables torchrun (``torch.distributed.run``, its ``LocalElasticAgent``) gives
     a worker process, for rank ``rank`` of a gang whose ranks run on ``hosts`` (rank
     order: sorted by host, so each host's ranks are contiguous, as torchrun's are).
@@ -138,9 +163,18 @@ class ScriptRank(threading.Thread):
 
     ctx = None  # no TrainContext: the rank's code is another process
 
-    def __init__(self, agent: Agent, job: str, rank: int, spec: WireSpec, payload: bytes,
-                 master_addr: str, master_port: int, store: Any,
-                 hosts: Sequence[str] | None = None):
+    def __init__(
+        self,
+        agent: Agent,
+        job: str,
+        rank: int,
+        spec: WireSpec,
+        payload: bytes,
+        master_addr: str,
+        master_port: int,
+        store: Any,
+        hosts: Sequence[str] | None = None,
+    ):
         super().__init__(name=f"clustersdk-{spec.name}-rank{rank}", daemon=True)
         self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
         self.code: dict[str, Any] = pickle.loads(payload) if payload else {}
@@ -160,10 +194,10 @@ class ScriptRank(threading.Thread):
         self.stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL)
         self.proc: subprocess.Popen | None = None
         self.step: int | None = None
-        self.phase = "setup"      # "step" from the first sign of life; "paused", "checkpoint"
-        self.ticks = 0            # lines and steps: what the hang watch counts as progress
-        self.asked = ""           # "stop" or "suspend" once a SIGTERM was sent for it
-        self.killed = False       # SIGKILLed after the grace
+        self.phase = "setup"  # "step" from the first sign of life; "paused", "checkpoint"
+        self.ticks = 0  # lines and steps: what the hang watch counts as progress
+        self.asked = ""  # "stop" or "suspend" once a SIGTERM was sent for it
+        self.killed = False  # SIGKILLed after the grace
         self.dir = ""
         self._server: socket.socket | None = None
         self._peers: list[socket.socket] = []
@@ -190,20 +224,26 @@ class ScriptRank(threading.Thread):
         if not final and now - self._last_sample >= self.telemetry_interval:
             self._last_sample = now
             try:
-                system.append({"rank": self.rank, "time": time.time(),
-                               "sample": self.sampler.sample()})
+                system.append(
+                    {"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()}
+                )
             except Exception:  # telemetry must never hurt the job
                 logger.debug("clustersdk: telemetry sample failed", exc_info=True)
         beacon = {"step": self.step or 0, "phase": self.phase, "ticks": self.ticks}
-        return {"sent": time.time(), "rows": rows, "logs": self.sink.drain(final),
-                "system": system, "phases": [], "beacon": beacon}
+        return {
+            "sent": time.time(),
+            "rows": rows,
+            "logs": self.sink.drain(final),
+            "system": system,
+            "phases": [],
+            "beacon": beacon,
+        }
 
     async def stacks(self, all_threads: bool = False) -> dict[str, Any]:
         """The process's Python stack (every thread's), read by py-spy without its help;
         what ``/proc`` says of the process beside it."""
         proc = self.proc
-        head = {"rank": self.rank, "attempt": self.attempt, "step": self.step,
-                "phase": self.phase}
+        head = {"rank": self.rank, "attempt": self.attempt, "step": self.step, "phase": self.phase}
         if proc is None or proc.poll() is not None:
             return {**head, "pid": None, "text": "(the rank's process is not running)"}
         state = process_state(proc.pid)
@@ -216,14 +256,19 @@ class ScriptRank(threading.Thread):
         try:
             argv, env, cwd = self._prepare()
             self._spawn(argv, env, cwd)
-            self.agent.report(self, RankEvent.STARTED,
-                              versions=getattr(self.agent, "versions", None))
+            self.agent.report(
+                self, RankEvent.STARTED, versions=getattr(self.agent, "versions", None)
+            )
             self._supervise()
             outcome = self._outcome()
         except BaseException as e:  # noqa: BLE001 - could not start it: the rank failed
             outcome = {"status": ExitStatus.FAILED.value}
-            error = {"rank": self.rank, "type": type(e).__name__, "message": str(e),
-                     "traceback": ""}
+            error = {
+                "rank": self.rank,
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": "",
+            }
             self._report_failure(error)
         finally:
             self._cleanup()
@@ -232,12 +277,13 @@ class ScriptRank(threading.Thread):
             try:
                 self.agent.report(self, RankEvent.EXIT, final=True, **outcome)
             except Exception:  # the worker is closing: the scheduler learns it by itself
-                logger.info("clustersdk: could not report the exit of rank %d", self.rank,
-                            exc_info=True)
+                logger.info(
+                    "clustersdk: could not report the exit of rank %d", self.rank, exc_info=True
+                )
 
     def _prepare(self) -> tuple[list[str], dict[str, str], str | None]:
-        from .shipping import unpack
         from .process_group import child_environ
+        from .shipping import unpack
 
         spec = self.spec
         self.dir = tempfile.mkdtemp(prefix=f"clustersdk-{spec.name}-r{self.rank}-")
@@ -246,12 +292,22 @@ class ScriptRank(threading.Thread):
             root = unpack(self.code["archive"], self.code["digest"])
         inherited = child_environ(self.master[0], spec.env)
         cuda = self.agent.slot["kind"] == "cuda"
-        env = {**inherited, **torchrun_environ(
-            self.rank, self.hosts, *self.master, spec, cuda,
-            os.path.join(self.dir, "error.json"), inherited)}
+        env = {
+            **inherited,
+            **torchrun_environ(
+                self.rank,
+                self.hosts,
+                *self.master,
+                spec,
+                cuda,
+                os.path.join(self.dir, "error.json"),
+                inherited,
+            ),
+        }
         if cuda:  # one GPU per rank: the worker's own
             env["CUDA_VISIBLE_DEVICES"] = os.environ.get(
-                "CUDA_VISIBLE_DEVICES", str(max(self.agent.slot["index"], 0))).split(",")[0]
+                "CUDA_VISIBLE_DEVICES", str(max(self.agent.slot["index"], 0))
+            ).split(",")[0]
         env["CLUSTERSDK_JOB"] = spec.name
         env[ENV_CONTROL] = self._listen()
         if spec.checkpoint_dir:
@@ -275,7 +331,8 @@ class ScriptRank(threading.Thread):
             if found is None:
                 raise FileNotFoundError(
                     f"command {spec.command!r} is not on worker {self.agent.slot['worker']}'s "
-                    f"PATH ({search}); install it there, or give its path")
+                    f"PATH ({search}); install it there, or give its path"
+                )
             argv = [found, *args]
         return argv, env, cwd
 
@@ -283,12 +340,19 @@ class ScriptRank(threading.Thread):
         # preexec_fn with threads around: it only calls prctl, resolved before the fork (no
         # lock, no allocation of Python's), which is what its warning is about
         self.proc = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent())  # noqa: PLW1509
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )  # noqa: PLW1509
         for pipe, stream in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
-            threading.Thread(target=self._read, args=(pipe, stream), daemon=True,
-                             name=f"{self.name}-{stream}").start()
+            threading.Thread(
+                target=self._read, args=(pipe, stream), daemon=True, name=f"{self.name}-{stream}"
+            ).start()
 
     def _supervise(self) -> None:
         """Until the process ends: pass new control words on, and turn a stop or a suspend
@@ -304,8 +368,9 @@ class ScriptRank(threading.Thread):
                 seen = words
                 self._push(words)
                 if (words[Word.STOP] or words[Word.SUSPEND]) and not self.asked:
-                    self.asked = "suspend" if words[Word.SUSPEND] and not words[Word.STOP] \
-                        else "stop"
+                    self.asked = (
+                        "suspend" if words[Word.SUSPEND] and not words[Word.STOP] else "stop"
+                    )
                     self._signal(signal.SIGTERM)
                     self._signal(signal.SIGCONT)  # a stopped process must see it too
                     kill_at = time.monotonic() + self.spec.grace
@@ -321,10 +386,14 @@ class ScriptRank(threading.Thread):
         code = proc.returncode
         if self.asked:
             if code:
-                how = ("killed after its grace of "
-                       f"{self.spec.grace:g} s" if self.killed else _exit_text(code))
-                self.sink.write("log", f"clustersdk: rank {self.rank} left on SIGTERM "
-                                       f"({self.asked}): {how}\n")
+                how = (
+                    f"killed after its grace of {self.spec.grace:g} s"
+                    if self.killed
+                    else _exit_text(code)
+                )
+                self.sink.write(
+                    "log", f"clustersdk: rank {self.rank} left on SIGTERM ({self.asked}): {how}\n"
+                )
             status = ExitStatus.SUSPENDED if self.asked == "suspend" else ExitStatus.STOPPED
             return {"status": status.value}
         if code == 0:
@@ -341,9 +410,14 @@ class ScriptRank(threading.Thread):
         """The failure's record: the exit code or signal, the error the script wrote to
         TORCHELASTIC_ERROR_FILE (torch's @record), the last lines of its stderr."""
         how = _exit_text(code)
-        err: dict[str, Any] = {"rank": self.rank, "type": "ScriptExit", "message": how,
-                               "traceback": "", "exit_code": code if code >= 0 else None,
-                               "signal": _signal_name(-code) if code < 0 else None}
+        err: dict[str, Any] = {
+            "rank": self.rank,
+            "type": "ScriptExit",
+            "message": how,
+            "traceback": "",
+            "exit_code": code if code >= 0 else None,
+            "signal": _signal_name(-code) if code < 0 else None,
+        }
         recorded = read_error_file(os.path.join(self.dir, "error.json"))
         if recorded is not None:
             err["type"], message, err["traceback"] = recorded
@@ -351,8 +425,11 @@ class ScriptRank(threading.Thread):
         tail = list(self.stderr_tail)
         if tail:
             err["stderr"] = tail
-            err["traceback"] = (err["traceback"] + "\n" if err["traceback"] else "") + \
-                f"last {len(tail)} line(s) of its stderr:\n" + "\n".join(tail)
+            err["traceback"] = (
+                (err["traceback"] + "\n" if err["traceback"] else "")
+                + f"last {len(tail)} line(s) of its stderr:\n"
+                + "\n".join(tail)
+            )
         return err
 
     def _report_failure(self, error: dict[str, Any]) -> None:
@@ -434,8 +511,9 @@ class ScriptRank(threading.Thread):
                 self._peers.append(peer)
                 words = list(self._words)
             self._send(peer, {"words": words})
-            threading.Thread(target=self._serve, args=(peer,), daemon=True,
-                             name=f"{self.name}-channel").start()
+            threading.Thread(
+                target=self._serve, args=(peer,), daemon=True, name=f"{self.name}-channel"
+            ).start()
 
     def _push(self, words: list[int]) -> None:
         with self._peers_lock:
@@ -454,8 +532,12 @@ class ScriptRank(threading.Thread):
                 try:
                     self._heard(json.loads(line))
                 except Exception:  # a bad message must not end the rank's channel
-                    logger.warning("clustersdk: bad message from rank %d's script: %r",
-                                   self.rank, line[:200], exc_info=True)
+                    logger.warning(
+                        "clustersdk: bad message from rank %d's script: %r",
+                        self.rank,
+                        line[:200],
+                        exc_info=True,
+                    )
 
     def _heard(self, msg: dict[str, Any]) -> None:
         """A message of the script (see :mod:`clustersdk.script`)."""
@@ -466,9 +548,14 @@ class ScriptRank(threading.Thread):
         self._alive()
         if op == "log":  # at the step it names (else the newest one heard)
             at = step if isinstance(step, int) and not isinstance(step, bool) else self.step
-            self.rows.append({"rank": self.rank, "step": at or 0,
-                              "time": float(msg.get("time") or time.time()),
-                              "scalars": dict(msg.get("scalars") or {})})
+            self.rows.append(
+                {
+                    "rank": self.rank,
+                    "step": at or 0,
+                    "time": float(msg.get("time") or time.time()),
+                    "scalars": dict(msg.get("scalars") or {}),
+                }
+            )
         elif op == "controls":
             self.agent.report(self, RankEvent.CONTROLS, accepts=list(msg.get("accepts") or ()))
         elif op == "phase":
@@ -482,9 +569,13 @@ class ScriptRank(threading.Thread):
         elif op == "saved":
             self.phase = "step"
             if self.rank == 0:  # as a function job's: rank 0 reports the commit
-                self.agent.report(self, RankEvent.CHECKPOINT, seq=int(msg.get("seq") or 0),
-                                  step=int(step or 0),
-                                  path=str(msg.get("path") or self.spec.checkpoint_dir or ""))
+                self.agent.report(
+                    self,
+                    RankEvent.CHECKPOINT,
+                    seq=int(msg.get("seq") or 0),
+                    step=int(step or 0),
+                    path=str(msg.get("path") or self.spec.checkpoint_dir or ""),
+                )
 
 
 # --- reading a rank from outside ----------------------------------------------------------------
@@ -528,11 +619,19 @@ async def py_spy_dump(pid: int, path: str) -> str:
     search = os.pathsep.join((path, os.path.dirname(sys.executable)))
     exe = shutil.which("py-spy", path=search)
     if exe is None:
-        return ("(py-spy is not installed on this worker, so the stack of a script's "
-                "process can't be read: pip install 'clustersdk[scripts]')")
+        return (
+            "(py-spy is not installed on this worker, so the stack of a script's "
+            "process can't be read: pip install 'clustersdk[scripts]')"
+        )
     proc = await asyncio.create_subprocess_exec(
-        exe, "dump", "--pid", str(pid), "--nonblocking", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        exe,
+        "dump",
+        "--pid",
+        str(pid),
+        "--nonblocking",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT)
     except asyncio.TimeoutError:

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import threading
 import zipfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import cloudpickle
 
@@ -36,8 +37,15 @@ def cache_dir() -> str:
 class Shipped:
     """The training function with the code it needs, unpickled where that code is."""
 
-    def __init__(self, payload: bytes, archive: bytes, digest: str, modules: list[str],
-                 chdir: bool, name: str):
+    def __init__(
+        self,
+        payload: bytes,
+        archive: bytes,
+        digest: str,
+        modules: list[str],
+        chdir: bool,
+        name: str,
+    ):
         self.payload, self.archive, self.digest = payload, archive, digest
         self.modules, self.chdir = modules, chdir
         self.__name__ = self.__qualname__ = name

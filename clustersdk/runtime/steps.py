@@ -11,7 +11,8 @@ and backward of the micro-batches instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,8 +25,11 @@ if TYPE_CHECKING:
 
 # what each option needs the training function to call, so that it takes effect
 NEEDS = {
-    "bf16": {"autocast"}, "fp16": {"autocast", "backward", "optimizer_step"},
-    "grad_accum": {"micro_batches"}, "clip_grad_norm": {"optimizer_step"}, "pp": {"train_step"},
+    "bf16": {"autocast"},
+    "fp16": {"autocast", "backward", "optimizer_step"},
+    "grad_accum": {"micro_batches"},
+    "clip_grad_norm": {"optimizer_step"},
+    "pp": {"train_step"},
 }
 
 
@@ -62,8 +66,9 @@ class Steps:
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
         self.called.add("optimizer_step")
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise SpecError(f"ctx.optimizer_step needs a torch.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}")
+            raise SpecError(
+                f"ctx.optimizer_step needs a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         scaler, norm = self.precision.scaler, None
         if scaler is not None:
             scaler.unscale_(optimizer)
@@ -82,11 +87,16 @@ class Steps:
         return norm
 
     # --- the whole step -----------------------------------------------------------------
-    def train_step(self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
-                   ) -> torch.Tensor | None:
-        self.called.update(("train_step", "autocast", "micro_batches", "backward", "optimizer_step"))
+    def train_step(
+        self, optimizer: torch.optim.Optimizer, inputs: Any, target: Any
+    ) -> torch.Tensor | None:
+        self.called.update(
+            ("train_step", "autocast", "micro_batches", "backward", "optimizer_step")
+        )
         if self.model is None:
-            raise SpecError("ctx.train_step needs a model: call ctx.prepare(model, loss_fn=...) first")
+            raise SpecError(
+                "ctx.train_step needs a model: call ctx.prepare(model, loss_fn=...) first"
+            )
         if self.loss_fn is None:
             raise SpecError("ctx.train_step needs the loss: pass ctx.prepare(model, loss_fn=...)")
         if self.pipeline is not None:
@@ -95,7 +105,9 @@ class Steps:
             losses = []
             for x, y in self.micro_batches(inputs, target):
                 with self.precision.autocast():
-                    loss = self.loss_fn(self.model(*x) if isinstance(x, tuple) else self.model(x), y)
+                    loss = self.loss_fn(
+                        self.model(*x) if isinstance(x, tuple) else self.model(x), y
+                    )
                 self.backward(loss)
                 losses.append(loss.detach())
             loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
@@ -120,16 +132,20 @@ class Steps:
         wanted = {
             f"precision={self.precision.name!r}": NEEDS.get(self.precision.name, set()),
             f"grad_accum={self.accum}": NEEDS["grad_accum"] if self.accum > 1 else set(),
-            f"clip_grad_norm={self.clip}": NEEDS["clip_grad_norm"] if self.clip is not None else set(),
+            f"clip_grad_norm={self.clip}": NEEDS["clip_grad_norm"]
+            if self.clip is not None
+            else set(),
             self._pipeline_name(): NEEDS["pp"] if self.pipeline is not None else set(),
         }
         for option, needs in wanted.items():
             missing = sorted(needs - self.called)
             if missing:
                 calls = ", ".join(f"ctx.{m}" for m in missing)
-                raise SpecError(f"{option} takes effect through {calls}, which this training "
-                                "function did not call in its first step; use "
-                                "loss = ctx.train_step(optimizer, inputs, target)")
+                raise SpecError(
+                    f"{option} takes effect through {calls}, which this training "
+                    "function did not call in its first step; use "
+                    "loss = ctx.train_step(optimizer, inputs, target)"
+                )
 
     def _pipeline_name(self) -> str:
         """How the launch asked for a pipeline: ``strategy='pp'`` or a mesh with ``pp``."""
@@ -139,6 +155,8 @@ class Steps:
 
     def _not_pipeline(self, what: str) -> None:
         if self.pipeline is not None:
-            raise SpecError(f"{what} can't be used with {self._pipeline_name()}: its pipeline "
-                            "schedule runs forward and backward; use "
-                            "loss = ctx.train_step(optimizer, inputs, target)")
+            raise SpecError(
+                f"{what} can't be used with {self._pipeline_name()}: its pipeline "
+                "schedule runs forward and backward; use "
+                "loss = ctx.train_step(optimizer, inputs, target)"
+            )

@@ -23,15 +23,16 @@ import itertools
 import json
 import queue
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
 from ..errors import SpecError
 
-_DONE = object()      # the pass is over
-_NOTHING = object()   # nothing peeked yet
+_DONE = object()  # the pass is over
+_NOTHING = object()  # nothing peeked yet
 
 
 class Prefetcher:
@@ -104,14 +105,24 @@ class Prefetcher:
 class StreamLoader:
     """Iterates one pass of the stream per ``iter()``: this rank's batches, on ``device``."""
 
-    def __init__(self, dataset: Any, batch_size: int, rank: int, world_size: int,
-                 device: torch.device, collate_fn: Callable | None = None, prefetch: int = 2,
-                 shuffle: bool | None = None, seed: int = 0):
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        collate_fn: Callable | None = None,
+        prefetch: int = 2,
+        shuffle: bool | None = None,
+        seed: int = 0,
+    ):
         if shuffle:
             raise SpecError(
                 f"ctx.shard can't shuffle a stream ({type(dataset).__name__}): shuffle it at its "
                 "source (Hugging Face datasets: ds.shuffle(seed=..., buffer_size=...)); its "
-                "set_epoch(epoch) is called at every pass")
+                "set_epoch(epoch) is called at every pass"
+            )
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise SpecError(f"prefetch must be a non-negative int (batches), got {prefetch!r}")
         self.dataset = dataset
@@ -123,8 +134,9 @@ class StreamLoader:
         self.epoch = 0
         self.consumed = 0  # samples of the current pass taken by all ranks together
         # a stream that saves its own position: its state after the last batch taken
-        self.resumable = callable(getattr(dataset, "state_dict", None)) and \
-            callable(getattr(dataset, "load_state_dict", None))
+        self.resumable = callable(getattr(dataset, "state_dict", None)) and callable(
+            getattr(dataset, "load_state_dict", None)
+        )
         self._start = dataset.state_dict() if self.resumable else None
         self._state: Any = None
         self._reader: Prefetcher | None = None
@@ -140,7 +152,8 @@ class StreamLoader:
         except TypeError:
             raise TypeError(
                 f"this stream ({type(self.dataset).__name__}) has no length: loop with steps=, "
-                "or with epochs= (an epoch ends when the stream runs out)") from None
+                "or with epochs= (an epoch ends when the stream runs out)"
+            ) from None
         return n // self.global_batch
 
     def end_of_epoch(self) -> bool:
@@ -149,8 +162,9 @@ class StreamLoader:
         return reader is None or reader.peek() is _DONE
 
     def __iter__(self) -> Iterator[Any]:
-        reader = self._reader = Prefetcher(self._global_batches(), self.prefetch,
-                                           name=f"clustersdk-stream-rank{self.rank}")
+        reader = self._reader = Prefetcher(
+            self._global_batches(), self.prefetch, name=f"clustersdk-stream-rank{self.rank}"
+        )
         try:
             for batch, state in reader:
                 self.consumed += self.global_batch
@@ -171,14 +185,15 @@ class StreamLoader:
             if len(batch) < G:  # the last partial global batch is dropped, as with len()
                 return
             state = _encode(self.dataset.state_dict()) if self.resumable else None
-            yield self.collate_fn(batch[r * B:(r + 1) * B]), state
+            yield self.collate_fn(batch[r * B : (r + 1) * B]), state
 
     def _open(self) -> Iterator[Any]:
         """The stream's samples from the saved position on."""
         ds = self.dataset
         if self.resumable:
-            ds.load_state_dict(_decode(self._state) if self.consumed and self._state
-                               else self._start)
+            ds.load_state_dict(
+                _decode(self._state) if self.consumed and self._state else self._start
+            )
         if callable(getattr(ds, "set_epoch", None)):
             ds.set_epoch(self.epoch)
         samples = iter(ds)
@@ -187,8 +202,13 @@ class StreamLoader:
         return samples
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
-                "global_batch": self.global_batch, "stream": self._state or ""}
+        return {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "stream": self._state or "",
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where ``state`` left off; the saved global batch is kept."""

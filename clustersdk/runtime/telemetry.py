@@ -14,7 +14,8 @@ nvidia-ml-py has no second.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class Sampler:
@@ -48,11 +49,15 @@ class Sampler:
         util = nv.nvmlDeviceGetUtilizationRates(h)
         mem = self._memory()
         out: dict[str, Any] = {
-            "source": "nvml", "gpu_util": float(util.gpu),
-            "gpu_mem_used": float(mem.used), "gpu_mem_total": float(mem.total),
+            "source": "nvml",
+            "gpu_util": float(util.gpu),
+            "gpu_mem_used": float(mem.used),
+            "gpu_mem_total": float(mem.total),
         }
-        for key, read in (("gpu_temp", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                          ("gpu_power", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)):
+        for key, read in (
+            ("gpu_temp", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            ("gpu_power", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        ):
             try:  # not every board reports these
                 out[key] = float(read())
             except Exception:
@@ -67,7 +72,8 @@ class Sampler:
         out: dict[str, Any] = {
             "source": "psutil",
             "cpu_percent": float(psutil.cpu_percent(interval=None)),
-            "mem_used": float(vm.total - vm.available), "mem_total": float(vm.total),
+            "mem_used": float(vm.total - vm.available),
+            "mem_total": float(vm.total),
             "rss": float(proc.memory_info().rss),
         }
         net, now = psutil.net_io_counters(), time.monotonic()

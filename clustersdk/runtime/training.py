@@ -12,7 +12,8 @@ import contextlib
 import io
 import json
 import math
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,9 @@ from ..errors import SpecError
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, total: int,
-                  min_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float = 0.0
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` x lr at ``total``.
 
     Call ``.step()`` once per optimizer step; register it with ``ctx.register``
@@ -68,8 +70,10 @@ class Precision:
         if name not in PRECISIONS:
             raise SpecError(f"precision must be one of {sorted(PRECISIONS)}, got {name!r}")
         if name == "fp16" and device.type != "cuda":
-            raise SpecError(f"precision='fp16' needs CUDA (its grad scaler is CUDA-only), but this "
-                            f"rank runs on {device}; use precision='bf16'")
+            raise SpecError(
+                f"precision='fp16' needs CUDA (its grad scaler is CUDA-only), but this "
+                f"rank runs on {device}; use precision='bf16'"
+            )
         self.name, self.device = name, device
         self.dtype = PRECISIONS[name]
         self.scaler = None
@@ -95,14 +99,20 @@ def split(values: tuple[Any, ...], parts: int) -> list[tuple[Any, ...]]:
     sizes = {len(v) for v in values if isinstance(v, torch.Tensor)}
     for size in sizes:
         if size % parts:
-            raise SpecError(f"grad_accum={parts} must divide this rank's batch of {size} "
-                            "samples; pick a batch_size that is a multiple of it")
+            raise SpecError(
+                f"grad_accum={parts} must divide this rank's batch of {size} "
+                "samples; pick a batch_size that is a multiple of it"
+            )
     chunks = [v.chunk(parts) if isinstance(v, torch.Tensor) else (v,) * parts for v in values]
     return [tuple(c[i] for c in chunks) for i in range(parts)]
 
 
-def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float,
-                    replicated: int, device: torch.device | None = None) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.nn.Parameter],
+    max_norm: float,
+    replicated: int,
+    device: torch.device | None = None,
+) -> torch.Tensor:
     """Scale gradients in place so that the norm of the *whole model's* gradient is at
     most ``max_norm``; return that norm (same on every rank, same as one process).
 

@@ -21,7 +21,8 @@ state hold it, so checkpoints keep it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import torch
 
@@ -79,11 +80,16 @@ def plan(rank: Tunables, changes: dict[str, Any], batch: int | None) -> list[Cha
 
 def optimizers_info(stateful: Mapping[str, Any]) -> dict[str, Any]:
     """The registered optimizers' param groups, as plain data (no parameters)."""
-    return {name: {"type": type(opt).__name__,
-                   "groups": [{k: _plain(v) for k, v in group.items()
-                               if k != "params" and _plain(v) is not None}
-                              for group in opt.param_groups]}
-            for name, opt in _optimizers(stateful)}
+    return {
+        name: {
+            "type": type(opt).__name__,
+            "groups": [
+                {k: _plain(v) for k, v in group.items() if k != "params" and _plain(v) is not None}
+                for group in opt.param_groups
+            ],
+        }
+        for name, opt in _optimizers(stateful)
+    }
 
 
 # --- the optimizers' keys ------------------------------------------------------------------
@@ -92,23 +98,29 @@ def _optimizers(stateful: Mapping[str, Any]) -> list[tuple[str, torch.optim.Opti
 
 
 def _schedulers(stateful: Mapping[str, Any], opt: torch.optim.Optimizer) -> list[Any]:
-    return [s for s in stateful.values()
-            if getattr(s, "optimizer", None) is opt and hasattr(s, "base_lrs")]
+    return [
+        s
+        for s in stateful.values()
+        if getattr(s, "optimizer", None) is opt and hasattr(s, "base_lrs")
+    ]
 
 
-def _optimizer(rank: Tunables, key: str, name: str, group: int | None,
-               value: Any) -> Change | None:
+def _optimizer(rank: Tunables, key: str, name: str, group: int | None, value: Any) -> Change | None:
     optimizers = _optimizers(rank.stateful)
     if not optimizers:
-        raise SpecError(f"job.update({key}=...): no optimizer is registered on rank "
-                        f"{rank.rank}; call ctx.register(optimizer=opt)")
+        raise SpecError(
+            f"job.update({key}=...): no optimizer is registered on rank "
+            f"{rank.rank}; call ctx.register(optimizer=opt)"
+        )
     targets = []  # (optimizer, group index)
     for opt_name, opt in optimizers:
         groups = range(len(opt.param_groups)) if group is None else [group]
         for index in groups:
             if index >= len(opt.param_groups) or name not in opt.param_groups[index]:
-                raise SpecError(f"job.update({key}=...): optimizer {opt_name!r} on rank "
-                                f"{rank.rank} has no {name!r} in param group {index}")
+                raise SpecError(
+                    f"job.update({key}=...): optimizer {opt_name!r} on rank "
+                    f"{rank.rank} has no {name!r} in param group {index}"
+                )
             targets.append((opt, index))
     olds = [_current(rank.stateful, opt, index, name) for opt, index in targets]
     new = tuple(value) if name == "betas" else value
@@ -125,8 +137,7 @@ def _optimizer(rank: Tunables, key: str, name: str, group: int | None,
     return Change(key, old, _plain(new), apply)
 
 
-def _current(stateful: Mapping[str, Any], opt: torch.optim.Optimizer, index: int,
-             name: str) -> Any:
+def _current(stateful: Mapping[str, Any], opt: torch.optim.Optimizer, index: int, name: str) -> Any:
     """A group's value of ``name``; for ``lr`` under a scheduler, the schedule's base."""
     if name == "lr":
         for sched in _schedulers(stateful, opt):
@@ -134,8 +145,9 @@ def _current(stateful: Mapping[str, Any], opt: torch.optim.Optimizer, index: int
     return opt.param_groups[index][name]
 
 
-def _set(stateful: Mapping[str, Any], opt: torch.optim.Optimizer, index: int, name: str,
-         value: Any) -> None:
+def _set(
+    stateful: Mapping[str, Any], opt: torch.optim.Optimizer, index: int, name: str, value: Any
+) -> None:
     group = opt.param_groups[index]
     if name != "lr":
         group[name] = value
@@ -173,10 +185,15 @@ def _option(rank: Tunables, key: str, new: Any) -> Change | None:
 
 
 def _clip(rank: Tunables, value: Any, batch: int | None) -> Change | None:
-    if value is not None and value != rank.settings.get("clip_grad_norm") \
-            and "optimizer_step" not in rank.called:
-        raise SpecError("job.update(clip_grad_norm=...): clipping takes effect through "
-                        "ctx.optimizer_step or ctx.train_step, which this rank does not call")
+    if (
+        value is not None
+        and value != rank.settings.get("clip_grad_norm")
+        and "optimizer_step" not in rank.called
+    ):
+        raise SpecError(
+            "job.update(clip_grad_norm=...): clipping takes effect through "
+            "ctx.optimizer_step or ctx.train_step, which this rank does not call"
+        )
     return _option(rank, "clip_grad_norm", value)
 
 
@@ -185,11 +202,15 @@ def _accum(rank: Tunables, value: int, batch: int | None) -> Change | None:
         if rank.pipeline:
             raise SpecError("job.update(grad_accum=...) can't change a pipeline's micro-batches")
         if batch and batch % value:
-            raise SpecError(f"job.update(grad_accum={value}): it must divide rank {rank.rank}'s "
-                            f"batch of {batch} samples")
+            raise SpecError(
+                f"job.update(grad_accum={value}): it must divide rank {rank.rank}'s "
+                f"batch of {batch} samples"
+            )
         if value > 1 and "micro_batches" not in rank.called:
-            raise SpecError("job.update(grad_accum=...): accumulation takes effect through "
-                            "ctx.micro_batches or ctx.train_step, which this rank does not call")
+            raise SpecError(
+                "job.update(grad_accum=...): accumulation takes effect through "
+                "ctx.micro_batches or ctx.train_step, which this rank does not call"
+            )
     return _option(rank, "grad_accum", value)
 
 
@@ -204,8 +225,12 @@ def _interval(rank: Tunables, value: float, batch: int | None) -> Change | None:
     return _option(rank, "metrics_interval", value)
 
 
-_SPEC = {"clip_grad_norm": _clip, "grad_accum": _accum, "checkpoint_every": _every,
-         "metrics_interval": _interval}
+_SPEC = {
+    "clip_grad_norm": _clip,
+    "grad_accum": _accum,
+    "checkpoint_every": _every,
+    "metrics_interval": _interval,
+}
 
 
 def _hparam(rank: Tunables, key: str, value: Any) -> Change | None:

@@ -46,7 +46,13 @@ def versions() -> dict[str, str | None]:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # a torch built without NCCL
             nccl = None
-    return {"python": platform.python_version(), "torch": torch.__version__, "nccl": nccl,
-            "cuda_driver": driver(), "clustersdk": __version__,
-            "dask": dask.__version__, "distributed": distributed.__version__,
-            "cloudpickle": cloudpickle.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "nccl": nccl,
+        "cuda_driver": driver(),
+        "clustersdk": __version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "cloudpickle": cloudpickle.__version__,
+    }

@@ -55,8 +55,9 @@ class Identity:
         return self.role == ANONYMOUS
 
     @classmethod
-    def from_peercert(cls, cert: Mapping[str, Any] | None,
-                      own_subject: tuple[str, str] | None = None) -> Identity:
+    def from_peercert(
+        cls, cert: Mapping[str, Any] | None, own_subject: tuple[str, str] | None = None
+    ) -> Identity:
         """The identity in ``ssl.SSLSocket.getpeercert()``'s answer (None: no certificate).
 
         A certificate without one of :data:`ROLES` in its OU (another PKI's) is a
@@ -86,8 +87,12 @@ class Identity:
         return f"{self.name!r}" + (" (admin)" if self.admin else "")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "admin": self.admin,
-                "serial": None if self.serial is None else format(self.serial, "X")}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "admin": self.admin,
+            "serial": None if self.serial is None else format(self.serial, "X"),
+        }
 
 
 def subject_fields(subject: Any) -> dict[str, str]:

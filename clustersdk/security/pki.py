@@ -45,8 +45,10 @@ __all__ = ["Authority", "Credentials", "read_credentials", "private", "certifica
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$")  # a user name, also a file name
 SKEW = datetime.timedelta(minutes=5)  # certificates start this early: clocks of hosts differ
-_HEADER = ("# clustersdk credentials of {name!r} ({role}), valid until {until} UTC.\n"
-           "# Private: whoever holds this file acts as {name!r} on the cluster.\n")
+_HEADER = (
+    "# clustersdk credentials of {name!r} ({role}), valid until {until} UTC.\n"
+    "# Private: whoever holds this file acts as {name!r} on the cluster.\n"
+)
 
 
 def _now() -> datetime.datetime:
@@ -58,8 +60,9 @@ def _pem(cert: x509.Certificate) -> str:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
 
 
 def private(path: str, text: str) -> None:
@@ -114,22 +117,24 @@ def read_credentials(path: str) -> Credentials:
         certs = x509.load_pem_x509_certificates(data)
         serialization.load_pem_private_key(_block(data, b"PRIVATE KEY"), password=None)
     except ValueError as e:
-        raise SpecError(f"{path} is not a clustersdk credentials file (a certificate, the "
-                        f"cluster's CA certificate and a key, in PEM): {e}") from None
+        raise SpecError(
+            f"{path} is not a clustersdk credentials file (a certificate, the "
+            f"cluster's CA certificate and a key, in PEM): {e}"
+        ) from None
     holder = next((c for c in certs if not _is_ca(c)), None)
     ca = next((c for c in certs if _is_ca(c)), None)
     if holder is None or ca is None:
-        raise SpecError(f"{path} must hold its holder's certificate and the cluster's CA "
-                        "certificate; make it again with cluster.add_user()")
+        raise SpecError(
+            f"{path} must hold its holder's certificate and the cluster's CA "
+            "certificate; make it again with cluster.add_user()"
+        )
     name, role = _subject(holder)
-    return Credentials(path, name, role, holder.serial_number,
-                       holder.not_valid_after_utc, _pem(ca))
+    return Credentials(path, name, role, holder.serial_number, holder.not_valid_after_utc, _pem(ca))
 
 
 def _block(data: bytes, kind: bytes) -> bytes:
     """The first PEM block whose label ends with ``kind`` (e.g. ``EC PRIVATE KEY``)."""
-    match = re.search(rb"-----BEGIN ([A-Z ]*" + kind + rb")-----.*?-----END \1-----", data,
-                      re.S)
+    match = re.search(rb"-----BEGIN ([A-Z ]*" + kind + rb")-----.*?-----END \1-----", data, re.S)
     if match is None:
         raise ValueError(f"no {kind.decode()} block")
     return match.group(0)
@@ -154,8 +159,15 @@ def certificate_facts(path: str) -> list[dict[str, Any]]:
     """Every certificate in a PEM file: subject CN and OU, expiry (for the doctor)."""
     with open(path, "rb") as f:
         certs = x509.load_pem_x509_certificates(f.read())
-    return [{"name": _subject(c)[0], "role": _subject(c)[1], "ca": _is_ca(c),
-             "not_after": c.not_valid_after_utc.timestamp()} for c in certs]
+    return [
+        {
+            "name": _subject(c)[0],
+            "role": _subject(c)[1],
+            "ca": _is_ca(c),
+            "not_after": c.not_valid_after_utc.timestamp(),
+        }
+        for c in certs
+    ]
 
 
 def file_facts(paths: Any) -> list[dict[str, Any]]:
@@ -171,12 +183,15 @@ def file_facts(paths: Any) -> list[dict[str, Any]]:
         except OSError:
             continue
         try:
-            expiry = min((c.not_valid_after_utc.timestamp()
-                          for c in x509.load_pem_x509_certificates(data)), default=None)
+            expiry = min(
+                (c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(data)),
+                default=None,
+            )
         except ValueError:  # a key or a revocation list alone
             expiry = None
-        out.append({"path": path, "mode": mode, "key": b"PRIVATE KEY-----" in data,
-                    "not_after": expiry})
+        out.append(
+            {"path": path, "mode": mode, "key": b"PRIVATE KEY-----" in data, "not_after": expiry}
+        )
     return out
 
 
@@ -204,34 +219,57 @@ class Authority:
 
     # --- making one ------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: str, *, admin: str, days: float = 30.0,
-               cluster: str = "clustersdk") -> Authority:
+    def create(
+        cls, directory: str, *, admin: str, days: float = 30.0, cluster: str = "clustersdk"
+    ) -> Authority:
         """A new CA in ``directory`` (made 0700; it must not exist yet), with certificates
         for the scheduler, the workers and ``admin`` (the creator), and an empty
         revocation list. Everything is valid for ``days``."""
         check_name(admin)
         if days <= 0:
-            raise SpecError(f"certificates must be valid for a positive number of days, "
-                            f"got {days!r}")
+            raise SpecError(
+                f"certificates must be valid for a positive number of days, got {days!r}"
+            )
         os.makedirs(os.path.dirname(os.path.abspath(directory)), mode=0o700, exist_ok=True)
         os.mkdir(directory, 0o700)
         os.chmod(directory, 0o700)
         os.mkdir(os.path.join(directory, "users"), 0o700)
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} CA"),
-                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "ca")])
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.COMMON_NAME, f"{cluster} CA"),
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "ca"),
+            ]
+        )
         start, end = _now() - SKEW, _now() + datetime.timedelta(days=days)
-        ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-              .public_key(key.public_key()).serial_number(x509.random_serial_number())
-              .not_valid_before(start).not_valid_after(end)
-              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-              .add_extension(x509.KeyUsage(
-                  digital_signature=True, key_cert_sign=True, crl_sign=True,
-                  content_commitment=False, key_encipherment=False, data_encipherment=False,
-                  key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-              .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                             critical=False)
-              .sign(key, hashes.SHA256()))
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+            )
+            .sign(key, hashes.SHA256())
+        )
         private(os.path.join(directory, "ca-key.pem"), _key_pem(key))
         _public(os.path.join(directory, "ca.pem"), _pem(ca))
         authority = cls(directory)
@@ -279,8 +317,10 @@ class Authority:
         """Where ``name``'s credentials are (raises SpecError for an unknown name)."""
         entry = self.users().get(name)
         if entry is None or entry["revoked"]:
-            raise SpecError(f"{name!r} has no credentials on this cluster; known: "
-                            f"{', '.join(self.active_users()) or 'none'}")
+            raise SpecError(
+                f"{name!r} has no credentials on this cluster; known: "
+                f"{', '.join(self.active_users()) or 'none'}"
+            )
         return entry["file"]
 
     # --- people ---------------------------------------------------------------------------
@@ -302,18 +342,28 @@ class Authority:
             users = self.users()
             known = users.get(name)
             if known is not None and not known["revoked"]:
-                raise SpecError(f"{name!r} already has credentials ({known['file']}); "
-                                f"remove_user({name!r}) first to issue new ones")
+                raise SpecError(
+                    f"{name!r} already has credentials ({known['file']}); "
+                    f"remove_user({name!r}) first to issue new ones"
+                )
             role = ADMIN if admin else USER
             cert, key_pem = self._issue(name, role)
-            target = os.path.abspath(os.path.expanduser(path)) if path else \
-                self._file(os.path.join("users", f"{name}.pem"))
-            header = _HEADER.format(name=name, role=role,
-                                    until=cert.not_valid_after_utc.strftime("%Y-%m-%d %H:%M"))
+            target = (
+                os.path.abspath(os.path.expanduser(path))
+                if path
+                else self._file(os.path.join("users", f"{name}.pem"))
+            )
+            header = _HEADER.format(
+                name=name, role=role, until=cert.not_valid_after_utc.strftime("%Y-%m-%d %H:%M")
+            )
             private(target, header + _pem(cert) + self.ca_pem + key_pem)
-            users[name] = {"role": role, "serial": format(cert.serial_number, "X"),
-                           "file": target, "expires": cert.not_valid_after_utc.timestamp(),
-                           "revoked": False}
+            users[name] = {
+                "role": role,
+                "serial": format(cert.serial_number, "X"),
+                "file": target,
+                "expires": cert.not_valid_after_utc.timestamp(),
+                "revoked": False,
+            }
             self._write_users(users)
         return target
 
@@ -325,8 +375,10 @@ class Authority:
             users = self.users()
             entry = users.get(name)
             if entry is None or entry["revoked"]:
-                raise SpecError(f"{name!r} has no credentials on this cluster; known: "
-                                f"{', '.join(self.active_users()) or 'none'}")
+                raise SpecError(
+                    f"{name!r} has no credentials on this cluster; known: "
+                    f"{', '.join(self.active_users()) or 'none'}"
+                )
             serial = int(entry["serial"], 16)
             entry["revoked"] = True
             self._write_users(users)
@@ -357,19 +409,31 @@ class Authority:
         if role not in ROLES:
             raise SpecError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
-                             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)])
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.COMMON_NAME, name),
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+            ]
+        )
         usage = [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
         if role not in PEOPLE:  # the cluster's processes also listen
             usage.append(x509.ExtendedKeyUsageOID.SERVER_AUTH)
-        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(self.ca.subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(_now() - SKEW).not_valid_after(self.expires)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                    self._key.public_key()), critical=False)
-                .sign(self._key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(self.ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(_now() - SKEW)
+            .not_valid_after(self.expires)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                critical=False,
+            )
+            .sign(self._key, hashes.SHA256())
+        )
         return cert, _key_pem(key)
 
     def _write_crl(self, revoked: set[int]) -> str:
@@ -380,14 +444,21 @@ class Authority:
             with open(self.crl_file, "rb") as f:
                 previous = x509.load_pem_x509_crl(f.read()).last_update_utc
             last = max(last, previous + datetime.timedelta(seconds=1))
-        builder = (x509.CertificateRevocationListBuilder().issuer_name(self.ca.subject)
-                   .last_update(last).next_update(self.expires + SKEW))
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(self.ca.subject)
+            .last_update(last)
+            .next_update(self.expires + SKEW)
+        )
         for serial in sorted(revoked):
             builder = builder.add_revoked_certificate(
-                x509.RevokedCertificateBuilder().serial_number(serial)
-                .revocation_date(last).build())
-        pem = builder.sign(self._key, hashes.SHA256()).public_bytes(
-            serialization.Encoding.PEM).decode()
+                x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(last).build()
+            )
+        pem = (
+            builder.sign(self._key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM)
+            .decode()
+        )
         _public(self.crl_file, pem)
         if os.path.isdir(self._file("workers")):  # the workers' private copy too
             private(os.path.join(self._file("workers"), "crl.pem"), pem)
@@ -409,6 +480,8 @@ class Authority:
 
 def check_name(name: Any) -> str:
     if not isinstance(name, str) or not NAME.match(name):
-        raise SpecError(f"a user name must be 1-64 letters, digits or ._@+- (starting with a "
-                        f"letter or digit), got {name!r}")
+        raise SpecError(
+            f"a user name must be 1-64 letters, digits or ._@+- (starting with a "
+            f"letter or digit), got {name!r}"
+        )
     return name

@@ -30,9 +30,18 @@ from .. import config
 from ..errors import SpecError
 from .pki import Authority, private, read_credentials
 
-__all__ = ["ClusterSecurity", "InsecureClusterWarning", "Prepared", "apply_crl",
-           "cluster_only", "cluster_security", "credentials_security", "creator_name",
-           "own_subject", "tls_root"]
+__all__ = [
+    "ClusterSecurity",
+    "InsecureClusterWarning",
+    "Prepared",
+    "apply_crl",
+    "cluster_only",
+    "cluster_security",
+    "credentials_security",
+    "creator_name",
+    "own_subject",
+    "tls_root",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +66,17 @@ class ClusterSecurity(Security):
         return args
 
     @classmethod
-    def in_directory(cls, directory: str, *roles: str, client: str | None = None
-                     ) -> ClusterSecurity:
+    def in_directory(
+        cls, directory: str, *roles: str, client: str | None = None
+    ) -> ClusterSecurity:
         """The security of a cluster process whose files lie in ``directory`` (an
         :class:`~.pki.Authority`'s, or the copy a remote host got): ``ca.pem``,
         ``crl.pem`` and ``ROLE.pem`` for each of ``roles`` (``scheduler``, ``worker``);
         ``client`` is the credentials file its own client connections present."""
-        files: dict[str, Any] = {"tls_ca_file": os.path.join(directory, "ca.pem"),
-                                 "tls_crl_file": os.path.join(directory, "crl.pem")}
+        files: dict[str, Any] = {
+            "tls_ca_file": os.path.join(directory, "ca.pem"),
+            "tls_crl_file": os.path.join(directory, "crl.pem"),
+        }
         for role in roles:
             path = os.path.join(directory, f"{role}.pem")
             files[f"tls_{role}_cert"] = files[f"tls_{role}_key"] = path
@@ -119,8 +131,10 @@ def own_subject(security: Any, role: str) -> tuple[str, str] | None:
         with open(path, "rb") as f:
             data = f.read()
     cert = x509.load_pem_x509_certificate(_first_certificate(data))
-    values = [cert.subject.get_attributes_for_oid(oid) for oid in
-              (NameOID.COMMON_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME)]
+    values = [
+        cert.subject.get_attributes_for_oid(oid)
+        for oid in (NameOID.COMMON_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME)
+    ]
     cn, ou = (str(v[0].value) if v else "" for v in values)
     return cn, ou
 
@@ -147,7 +161,12 @@ def cluster_only(server: Any, role: str, handler: Any) -> Any:
             if not who.cluster:
                 raise AccessDeniedError(
                     f"{who.describe()} may not call {handler.__name__!r} on a {role}: only the "
-                    "control plane does", None, None, who.name, handler.__name__)
+                    "control plane does",
+                    None,
+                    None,
+                    who.name,
+                    handler.__name__,
+                )
         return handler(**kwargs)
 
     guarded.__name__ = getattr(handler, "__name__", "handler")
@@ -158,9 +177,11 @@ def security_files(security: Any) -> list[str]:
     """The files a ``Security`` reads (certificates, keys, the revocation list)."""
     if security is None:
         return []
-    names = ("tls_ca_file", "tls_crl_file", *(f"tls_{r}_{k}" for r in ("client", "scheduler",
-                                                                       "worker")
-                                              for k in ("cert", "key")))
+    names = (
+        "tls_ca_file",
+        "tls_crl_file",
+        *(f"tls_{r}_{k}" for r in ("client", "scheduler", "worker") for k in ("cert", "key")),
+    )
     return [v for v in (getattr(security, n, None) for n in names) if isinstance(v, str) and v]
 
 
@@ -178,10 +199,19 @@ def credentials_security(path: str) -> Security:
     warning (``doctor`` reports it too)."""
     creds = read_credentials(path)
     if os.stat(creds.path).st_mode & 0o077:
-        logger.warning("clustersdk: %s can be read by other users of this machine; whoever "
-                       "reads it acts as %r: chmod 600 %s", creds.path, creds.name, creds.path)
-    return Security(require_encryption=True, tls_ca_file=creds.ca_pem,
-                    tls_client_cert=creds.path, tls_client_key=creds.path)
+        logger.warning(
+            "clustersdk: %s can be read by other users of this machine; whoever "
+            "reads it acts as %r: chmod 600 %s",
+            creds.path,
+            creds.name,
+            creds.path,
+        )
+    return Security(
+        require_encryption=True,
+        tls_ca_file=creds.ca_pem,
+        tls_client_cert=creds.path,
+        tls_client_key=creds.path,
+    )
 
 
 def creator_name() -> str:
@@ -206,9 +236,15 @@ class Prepared:
     the workers and of the creator's client (all None for ``security=False``), and the
     cluster's :class:`~.pki.Authority` when clustersdk made one (``"auto"``)."""
 
-    def __init__(self, *, scheduler: Security | None = None, worker: Security | None = None,
-                 client: Security | None = None, authority: Authority | None = None,
-                 credentials: str | None = None):
+    def __init__(
+        self,
+        *,
+        scheduler: Security | None = None,
+        worker: Security | None = None,
+        client: Security | None = None,
+        authority: Authority | None = None,
+        credentials: str | None = None,
+    ):
         self.scheduler, self.worker, self.client = scheduler, worker, client
         self.authority, self.credentials = authority, credentials
 
@@ -239,21 +275,25 @@ def cluster_security(security: Any, *, state_dir: str, kind: str) -> Prepared:
     if isinstance(security, Security):
         return Prepared(scheduler=security, worker=security, client=security)
     if security != "auto":
-        raise SpecError(f"security must be 'auto', a distributed.Security or False, got "
-                        f"{security!r}")
+        raise SpecError(
+            f"security must be 'auto', a distributed.Security or False, got {security!r}"
+        )
     root = tls_root(state_dir)
     os.makedirs(root, mode=0o700, exist_ok=True)
     os.chmod(root, 0o700)
     _remove_stale(root)
     directory = os.path.join(root, f"{os.getpid()}-{secrets.token_hex(4)}")
-    authority = Authority.create(directory, admin=creator_name(),
-                                 days=float(config.get("security.days")))
+    authority = Authority.create(
+        directory, admin=creator_name(), days=float(config.get("security.days"))
+    )
     admin = authority.credentials_file(creator_name())
     return Prepared(
         scheduler=ClusterSecurity.in_directory(directory, "scheduler"),
         worker=ClusterSecurity.in_directory(directory, "worker"),
         client=ClusterSecurity.in_directory(directory, client=admin),
-        authority=authority, credentials=admin)
+        authority=authority,
+        credentials=admin,
+    )
 
 
 def _warn_insecure(kind: str) -> None:
@@ -265,8 +305,10 @@ def _warn_insecure(kind: str) -> None:
         f"\n\n    !!! Cluster.{kind}(security=False): this cluster listens on plain tcp://, "
         "unencrypted and unauthenticated.\n    !!! Anyone who can reach its ports can run "
         "code on every worker and stop or change any job.\n    !!! Use it only on a machine "
-        "and network you alone use; `doctor` reports it.\n", InsecureClusterWarning,
-        stacklevel=4)
+        "and network you alone use; `doctor` reports it.\n",
+        InsecureClusterWarning,
+        stacklevel=4,
+    )
 
 
 def _remove_stale(root: str) -> None:

@@ -78,12 +78,16 @@ def job_mimebundle(job: Job, include: Any = None, exclude: Any = None) -> dict[s
         bundle.update({"text/html": dash.html(), "text/plain": dash.text(repr(job))})
     else:
         view = source.job_view(job)
-        bundle = {"text/html": render.job_html(view),
-                  "text/plain": render.job_text(view, repr(job))}
+        bundle = {
+            "text/html": render.job_html(view),
+            "text/plain": render.job_text(view, repr(job)),
+        }
     return _filter(bundle, include, exclude)
 
 
-def cluster_mimebundle(cluster: Cluster, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+def cluster_mimebundle(
+    cluster: Cluster, include: Any = None, exclude: Any = None
+) -> dict[str, Any]:
     """The display of a cluster: live dashboard where possible, always HTML and text."""
     from .cluster import snapshot
 
@@ -93,7 +97,9 @@ def cluster_mimebundle(cluster: Cluster, include: Any = None, exclude: Any = Non
         model = dash.model
     else:
         bundle, model = {}, snapshot(cluster)
-    bundle.update({"text/html": render.cluster_html(model), "text/plain": render.cluster_text(model)})
+    bundle.update(
+        {"text/html": render.cluster_html(model), "text/plain": render.cluster_text(model)}
+    )
     return _filter(bundle, include, exclude)
 
 

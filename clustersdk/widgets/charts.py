@@ -7,7 +7,8 @@ Only this module knows bqplot; the dashboards hand it points per rank.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,8 +16,8 @@ from .format import rank_color
 
 MAX_LEGEND = 8  # more ranks than this: colours only, the legend would hide the lines
 MARKER_COLOR = "#7c3aed"  # job.update's changes on the loss chart
-BAND_COLOR = "#2563eb"    # a big job's band over its ranks, and its mean
-ALL_RANKS = -1            # the line of a band's mean: lines[ALL_RANKS]
+BAND_COLOR = "#2563eb"  # a big job's band over its ranks, and its mean
+ALL_RANKS = -1  # the line of a band's mean: lines[ALL_RANKS]
 
 
 def _bqplot():
@@ -36,9 +37,19 @@ class LineChart:
     >>> chart.set(0, [0, 1, 2], [2.3, 1.9, 1.5])        # doctest: +SKIP
     """
 
-    def __init__(self, title: str, *, x_label: str, y_label: str = "", x_min: float | None = None,
-                 y_min: float | None = None, y_max: float | None = None, x_format: str = "~g",
-                 height: str = "230px", legend: bool = True):
+    def __init__(
+        self,
+        title: str,
+        *,
+        x_label: str,
+        y_label: str = "",
+        x_min: float | None = None,
+        y_min: float | None = None,
+        y_max: float | None = None,
+        x_format: str = "~g",
+        height: str = "230px",
+        legend: bool = True,
+    ):
         import ipywidgets
 
         bq = _bqplot()
@@ -48,10 +59,21 @@ class LineChart:
         self.y_scale = bq.LinearScale(min=y_min, max=y_max)
         self.x_min, self.y_min, self.y_max = x_min, y_min, y_max
         axes = [
-            bq.Axis(scale=self.x_scale, label=x_label, grid_lines="none", tick_format=x_format,
-                    label_offset="28px"),
-            bq.Axis(scale=self.y_scale, side="left", label=y_label, grid_lines="dashed",
-                    tick_format=".3~g", label_offset="40px"),
+            bq.Axis(
+                scale=self.x_scale,
+                label=x_label,
+                grid_lines="none",
+                tick_format=x_format,
+                label_offset="28px",
+            ),
+            bq.Axis(
+                scale=self.y_scale,
+                side="left",
+                label=y_label,
+                grid_lines="dashed",
+                tick_format=".3~g",
+                label_offset="40px",
+            ),
         ]
         self.x_axis, self.y_axis = axes
         self.lines: dict[int, object] = {}
@@ -59,9 +81,13 @@ class LineChart:
         self.rules: Any = None  # vertical rules at given x (job.update's changes), if any
         self.markers: Any = None  # rings at points to point out (loss spikes), if any
         self.figure = bq.Figure(
-            title=title, marks=[], axes=axes, animation_duration=0,
+            title=title,
+            marks=[],
+            axes=axes,
+            animation_duration=0,
             fig_margin={"top": 34, "bottom": 40, "left": 56, "right": 14},
-            legend_location="top-right", legend_style={"stroke-width": 0},
+            legend_location="top-right",
+            legend_style={"stroke-width": 0},
             title_style={"font-size": "13px", "font-weight": "600"},
             layout=ipywidgets.Layout(width="auto", height=height, min_width="0", overflow="hidden"),
         )
@@ -80,8 +106,9 @@ class LineChart:
                 line.x, line.y = x, y
         self._update_ticks()
 
-    def set_band(self, xs: Sequence[float], lo: Sequence[float], mean: Sequence[float],
-                 hi: Sequence[float]) -> None:
+    def set_band(
+        self, xs: Sequence[float], lo: Sequence[float], mean: Sequence[float], hi: Sequence[float]
+    ) -> None:
         """A big job's band: its ranks' min to max shaded, their mean as a line
         (``lines[ALL_RANKS]``)."""
         if len(xs) < 2:
@@ -90,10 +117,18 @@ class LineChart:
         y = np.asarray([lo, hi], dtype=np.float64)
         if self.band is None:
             bq = _bqplot()
-            self.band = bq.Lines(x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale},
-                                 fill="between", colors=[BAND_COLOR, BAND_COLOR],
-                                 fill_colors=[BAND_COLOR], fill_opacities=[0.18],
-                                 stroke_width=0.5, display_legend=False, enable_hover=False)
+            self.band = bq.Lines(
+                x=x,
+                y=y,
+                scales={"x": self.x_scale, "y": self.y_scale},
+                fill="between",
+                colors=[BAND_COLOR, BAND_COLOR],
+                fill_colors=[BAND_COLOR],
+                fill_opacities=[0.18],
+                stroke_width=0.5,
+                display_legend=False,
+                enable_hover=False,
+            )
             self._show_marks()
         else:
             with self.band.hold_sync():
@@ -102,8 +137,10 @@ class LineChart:
 
     def _update_ticks(self) -> None:
         """A few round tick values (d3's defaults crowd a 340 x 230 px chart)."""
-        for axis, attr, lo, hi, count in ((self.x_axis, "x", self.x_min, None, 6),
-                                          (self.y_axis, "y", self.y_min, self.y_max, 4)):
+        for axis, attr, lo, hi, count in (
+            (self.x_axis, "x", self.x_min, None, 6),
+            (self.y_axis, "y", self.y_min, self.y_max, 4),
+        ):
             values = [getattr(line, attr) for line in self.lines.values()]
             if self.band is not None:
                 values.append(np.ravel(getattr(self.band, attr)))
@@ -120,10 +157,13 @@ class LineChart:
     def _add(self, rank: int, x: np.ndarray, y: np.ndarray) -> None:
         bq = _bqplot()
         line = bq.Lines(
-            x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale},
+            x=x,
+            y=y,
+            scales={"x": self.x_scale, "y": self.y_scale},
             colors=[BAND_COLOR if rank == ALL_RANKS else rank_color(rank)],
             labels=["mean of all ranks" if rank == ALL_RANKS else f"rank {rank}"],
-            stroke_width=1.6, enable_hover=False,
+            stroke_width=1.6,
+            enable_hover=False,
         )
         self.lines[rank] = line
         show_legend = self.legend and len(self.lines) <= MAX_LEGEND
@@ -140,9 +180,16 @@ class LineChart:
         y = np.asarray([[0.0, 1.0]] * len(xs), dtype=np.float64)
         if self.rules is None:
             self.rules = bq.Lines(
-                x=x, y=y, scales={"x": self.x_scale, "y": bq.LinearScale(min=0.0, max=1.0)},
-                colors=[MARKER_COLOR], line_style="dashed", stroke_width=1.2,
-                labels=list(labels), display_legend=False, enable_hover=True)
+                x=x,
+                y=y,
+                scales={"x": self.x_scale, "y": bq.LinearScale(min=0.0, max=1.0)},
+                colors=[MARKER_COLOR],
+                line_style="dashed",
+                stroke_width=1.2,
+                labels=list(labels),
+                display_legend=False,
+                enable_hover=True,
+            )
             self._show_marks()
         else:
             with self.rules.hold_sync():
@@ -156,9 +203,17 @@ class LineChart:
         x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
         if self.markers is None:
             self.markers = bq.Scatter(
-                x=x, y=y, scales={"x": self.x_scale, "y": self.y_scale}, marker="circle",
-                colors=["#dc2626"], fill=False, stroke="#dc2626", default_size=64,
-                labels=["loss spike"], enable_hover=False)
+                x=x,
+                y=y,
+                scales={"x": self.x_scale, "y": self.y_scale},
+                marker="circle",
+                colors=["#dc2626"],
+                fill=False,
+                stroke="#dc2626",
+                default_size=64,
+                labels=["loss spike"],
+                enable_hover=False,
+            )
             self._show_marks()
         else:
             with self.markers.hold_sync():

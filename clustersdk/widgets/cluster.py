@@ -30,12 +30,15 @@ def snapshot(cluster: Cluster, seen: dict | None = None) -> dict[str, Any]:
     """The cluster dashboard's model, read now (``seen`` makes repeated reads incremental)."""
     address = _address(cluster)
     if cluster.closed:
-        return cluster_model(kind=cluster.kind, address=address, slots=[], jobs=[], samples={},
-                             closed=True)
+        return cluster_model(
+            kind=cluster.kind, address=address, slots=[], jobs=[], samples={}, closed=True
+        )
     slots = cluster.slots()
     jobs = source.job_records(cluster)
     samples = source.latest_samples(cluster, slots, {} if seen is None else seen)
-    return cluster_model(kind=cluster.kind, address=address, slots=slots, jobs=jobs, samples=samples)
+    return cluster_model(
+        kind=cluster.kind, address=address, slots=slots, jobs=jobs, samples=samples
+    )
 
 
 class ClusterDashboard:
@@ -50,8 +53,9 @@ class ClusterDashboard:
         self.body = w.HTML(cluster_html(self.model), layout=w.Layout(width="100%"))
         self.widget = w.VBox([self.body], layout=w.Layout(width="100%"))
         self.widget.add_class("clustersdk-cluster")
-        self._thread = threading.Thread(target=self._run, name="clustersdk-cluster-dashboard",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="clustersdk-cluster-dashboard", daemon=True
+        )
         self._thread.start()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class Console:
         self._pump = pump_ or pump()
         self._lock = threading.RLock()
         self._pending: collections.deque = collections.deque()
-        self._seen = 0                 # the newest message shown (by seq)
+        self._seen = 0  # the newest message shown (by seq)
         self._text = ""
         self.sessions: dict[int, int] = {}  # rank -> k of its open session
         self._build()
@@ -74,18 +74,32 @@ class Console:
 
     def _build(self) -> None:
         self.transcript = w.HTML(layout=w.Layout(width="100%"))
-        self.input = w.Text(placeholder="pdb command, e.g. p x, n, c (Enter sends)",
-                            continuous_update=True, layout=w.Layout(flex="1 1 auto"))
+        self.input = w.Text(
+            placeholder="pdb command, e.g. p x, n, c (Enter sends)",
+            continuous_update=True,
+            layout=w.Layout(flex="1 1 auto"),
+        )
         self.input.on_msg(self._on_input_msg)
-        self.send_button = w.Button(description="Send", icon="terminal", disabled=True,
-                                    tooltip="Send the line to the rank's pdb session",
-                                    layout=w.Layout(width="auto", min_width="80px"))
+        self.send_button = w.Button(
+            description="Send",
+            icon="terminal",
+            disabled=True,
+            tooltip="Send the line to the rank's pdb session",
+            layout=w.Layout(width="auto", min_width="80px"),
+        )
         self.send_button.on_click(lambda _b: self.send())
         self.status = w.HTML()
-        self.widget = w.VBox([self.transcript,
-                              w.HBox([self.input, self.send_button],
-                                     layout=w.Layout(width="100%", align_items="center")),
-                              self.status], layout=w.Layout(width="100%", padding="2px"))
+        self.widget = w.VBox(
+            [
+                self.transcript,
+                w.HBox(
+                    [self.input, self.send_button],
+                    layout=w.Layout(width="100%", align_items="center"),
+                ),
+                self.status,
+            ],
+            layout=w.Layout(width="100%", padding="2px"),
+        )
         self.widget.add_class("clustersdk-console")
         self._render()
 
@@ -154,24 +168,32 @@ class Console:
         return True
 
     def _render(self) -> None:
-        body = html.escape(self._text) or '<span style="color:#9ca3af;">(no session yet: ' \
+        body = (
+            html.escape(self._text)
+            or '<span style="color:#9ca3af;">(no session yet: '
             "ctx.breakpoint() in a job launched with debug=True opens one)</span>"
+        )
         # column-reverse keeps the newest line in view
         self.transcript.value = (
             '<div style="display:flex;flex-direction:column-reverse;max-height:320px;'
             'overflow:auto;border:1px solid #e5e7eb;border-radius:4px;background:#111827;">'
             '<pre class="clustersdk-console-transcript" style="margin:0;padding:4px 8px;'
-            f'font-size:12px;line-height:1.35;color:#e5e7eb;">{body}</pre></div>')
+            f'font-size:12px;line-height:1.35;color:#e5e7eb;">{body}</pre></div>'
+        )
         self.send_button.disabled = not self.sessions
         if self.sessions:
-            ranks = ", ".join(f"rank {r} (breakpoint {k})" for r, k in sorted(self.sessions.items()))
+            ranks = ", ".join(
+                f"rank {r} (breakpoint {k})" for r, k in sorted(self.sessions.items())
+            )
             self._note(f"pdb session open on {ranks}")
         else:
             self._note("no pdb session open")
 
     def _note(self, text: str, error: bool = False) -> None:
         color = "#b91c1c" if error else "#6b7280"
-        self.status.value = f'<span style="font-size:12px;color:{color};">{html.escape(text)}</span>'
+        self.status.value = (
+            f'<span style="font-size:12px;color:{color};">{html.escape(text)}</span>'
+        )
 
     def close(self) -> None:
         """Stop following the job and close the widgets (the sessions go on)."""

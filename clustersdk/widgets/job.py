@@ -35,7 +35,13 @@ logger = logging.getLogger(__name__)
 
 LOG_TAIL = 120  # lines shown in the log panel
 BUTTONS = (  # action, label, icon, style, tooltip
-    ("pause", "Pause", "pause", "warning", "Hold every rank at the next step boundary (slots kept)"),
+    (
+        "pause",
+        "Pause",
+        "pause",
+        "warning",
+        "Hold every rank at the next step boundary (slots kept)",
+    ),
     ("resume", "Resume", "play", "success", "Continue a paused or suspended job"),
     ("checkpoint", "Checkpoint", "save", "info", "Save a checkpoint at the next step boundary"),
     ("suspend", "Suspend", "moon-o", "", "Checkpoint, free the slots, wait to be resumed"),
@@ -63,7 +69,9 @@ class JobDashboard:
         self._syncing = False
         self._rank_picked = False
         self.received: collections.deque = collections.deque(maxlen=10_000)
-        self.delays: collections.deque = collections.deque(maxlen=10_000)  # ctx.log -> plot, seconds
+        self.delays: collections.deque = collections.deque(
+            maxlen=10_000
+        )  # ctx.log -> plot, seconds
         # someone else's job (a TLS cluster): every button greyed out, saying whose it is
         self._refusal = job.cluster.refusal(job.owner)
         self._build()
@@ -82,50 +90,71 @@ class JobDashboard:
     def _build(self) -> None:
         self.header = w.HTML()
         self.diagnosis = w.HTML()  # the newest diagnosis: what went wrong, what to do
-        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
-                                        layout=w.Layout(width="320px", display="none"))
+        self.progress = w.FloatProgress(
+            value=0.0, min=0.0, max=1.0, layout=w.Layout(width="320px", display="none")
+        )
         self.progress_label = w.HTML()
         self.buttons: dict[str, w.Button] = {}
         for action, label, icon, style, tip in BUTTONS:
-            button = w.Button(description=label, icon=icon, button_style=style, tooltip=tip,
-                              disabled=True, layout=w.Layout(width="auto", min_width="96px"))
+            button = w.Button(
+                description=label,
+                icon=icon,
+                button_style=style,
+                tooltip=tip,
+                disabled=True,
+                layout=w.Layout(width="auto", min_width="96px"),
+            )
             button.on_click(lambda _b, action=action: self._act(action))
             self.buttons[action] = button
         self.message = w.HTML(layout=w.Layout(margin="0 0 0 8px"))
-        self.metric = w.Dropdown(options=["loss"], value="loss", description="metric",
-                                 layout=w.Layout(width="220px", display="none"))
+        self.metric = w.Dropdown(
+            options=["loss"],
+            value="loss",
+            description="metric",
+            layout=w.Layout(width="220px", display="none"),
+        )
         self.metric.observe(self._on_metric, names="value")
         self.charts: dict[str, LineChart] = {
             "loss": LineChart("loss", x_label="step", x_min=0.0, x_format="~s"),  # 1.5k
-            "rate": LineChart("Throughput (steps/s)", x_label="time (s)", x_min=0.0, y_min=0.0,
-                              legend=False),
+            "rate": LineChart(
+                "Throughput (steps/s)", x_label="time (s)", x_min=0.0, y_min=0.0, legend=False
+            ),
         }
         self.grid = w.GridBox(
             [self.charts["loss"].figure, self.charts["rate"].figure],
-            layout=w.Layout(grid_template_columns="repeat(auto-fill, minmax(340px, 1fr))",
-                            grid_gap="2px 8px", width="100%"),
+            layout=w.Layout(
+                grid_template_columns="repeat(auto-fill, minmax(340px, 1fr))",
+                grid_gap="2px 8px",
+                width="100%",
+            ),
         )
-        self.rank = w.Dropdown(options=[("rank 0", 0)], value=0, description="log of",
-                               layout=w.Layout(width="180px"))
+        self.rank = w.Dropdown(
+            options=[("rank 0", 0)], value=0, description="log of", layout=w.Layout(width="180px")
+        )
         self.rank.observe(self._on_rank, names="value")
         self.log = w.HTML(layout=w.Layout(width="100%"))
         self.phases = w.HTML(layout=w.Layout(width="100%"))  # the straggler view
         self.error = w.HTML(layout=w.Layout(display="none", width="100%"))
         self.console_box = w.VBox(layout=w.Layout(width="100%"))  # job.console(), once one opens
-        self.widget = w.VBox([
-            self.header,
-            self.diagnosis,
-            w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
-            w.HBox([*self.buttons.values(), self.message],
-                   layout=w.Layout(align_items="center", flex_flow="row wrap")),
-            self.error,
-            self.console_box,
-            self.metric,
-            self.grid,
-            self.phases,
-            self.rank,
-            self.log,
-        ], layout=w.Layout(width="100%", padding="4px"))
+        self.widget = w.VBox(
+            [
+                self.header,
+                self.diagnosis,
+                w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
+                w.HBox(
+                    [*self.buttons.values(), self.message],
+                    layout=w.Layout(align_items="center", flex_flow="row wrap"),
+                ),
+                self.error,
+                self.console_box,
+                self.metric,
+                self.grid,
+                self.phases,
+                self.rank,
+                self.log,
+            ],
+            layout=w.Layout(width="100%", padding="4px"),
+        )
         self.widget.add_class("clustersdk-job")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
@@ -175,8 +204,9 @@ class JobDashboard:
                     self.received.extend(received - r["time"] for r in new)
                     rows.extend(new)
                 except Exception:  # one malformed message must not stall the dashboard
-                    logger.warning("clustersdk: dashboard skipped a malformed event %.200r", msg,
-                                   exc_info=True)
+                    logger.warning(
+                        "clustersdk: dashboard skipped a malformed event %.200r", msg, exc_info=True
+                    )
             if status_seen:
                 self._refresh_record()
             if console_seen:
@@ -249,8 +279,10 @@ class JobDashboard:
         reason = f" · <em>{html.escape(v.reason)}</em>" if waiting else ""
         if v.checkpoint:
             reason += f" · last checkpoint <code>{html.escape(_short_path(v.checkpoint))}</code>"
-        events = "".join(f'<div style="color:#6b7280;font-size:12px;">{html.escape(line)}</div>'
-                         for line in event_lines(v.events))
+        events = "".join(
+            f'<div style="color:#6b7280;font-size:12px;">{html.escape(line)}</div>'
+            for line in event_lines(v.events)
+        )
         self.header.value = (
             f'<div style="display:flex;align-items:center;gap:8px;font-size:13px;">'
             f'<strong style="font-size:14px;">Job {html.escape(v.name)}</strong> {badge(v.status)}'
@@ -263,11 +295,15 @@ class JobDashboard:
         if p["fraction"] is not None:
             self.progress.layout.display = ""
             self.progress.value = p["fraction"]
-            self.progress.bar_style = {"FINISHED": "success", "FAILED": "danger",
-                                       "PAUSED": "warning", "RESTARTING": "warning"
-                                       }.get(self.view.status, "info")
-        self.progress_label.value = (f'<span style="font-size:13px;color:#374151;">'
-                                     f"{html.escape(progress_text(p))}</span>")
+            self.progress.bar_style = {
+                "FINISHED": "success",
+                "FAILED": "danger",
+                "PAUSED": "warning",
+                "RESTARTING": "warning",
+            }.get(self.view.status, "info")
+        self.progress_label.value = (
+            f'<span style="font-size:13px;color:#374151;">{html.escape(progress_text(p))}</span>'
+        )
 
     def _render_buttons(self) -> None:
         job = self._job()
@@ -281,13 +317,22 @@ class JobDashboard:
             elif controls is not None and action in ("pause", "checkpoint"):
                 if action not in controls:
                     available = False
-                    button.tooltip = (f"The script does not accept {action} requests: it calls "
-                                      "no clustersdk.script.step(), nor uses ClusterSDKCallback")
-            elif action in ("checkpoint", "suspend") and not self.view.checkpoint_dir \
-                    and controls is None:
+                    button.tooltip = (
+                        f"The script does not accept {action} requests: it calls "
+                        "no clustersdk.script.step(), nor uses ClusterSDKCallback"
+                    )
+            elif (
+                action in ("checkpoint", "suspend")
+                and not self.view.checkpoint_dir
+                and controls is None
+            ):
                 available = False
-                button.tooltip = f"{action.capitalize()} needs a job launched with checkpoint_dir=..."
-            button.disabled = self._busy is not None or not available or status not in ACTIONS[action]
+                button.tooltip = (
+                    f"{action.capitalize()} needs a job launched with checkpoint_dir=..."
+                )
+            button.disabled = (
+                self._busy is not None or not available or status not in ACTIONS[action]
+            )
         self.message.value = self._message
 
     def _render_error(self) -> None:
@@ -370,8 +415,14 @@ class JobDashboard:
         for chart_id, _field, title, unit, _scale in SYSTEM_CHARTS.get(source_ or "", ()):
             chart = self.charts.get(chart_id)
             if chart is None:
-                chart = LineChart(f"{title} ({unit})", x_label="time (s)", x_min=0.0, y_min=0.0,
-                                  y_max=100.0 if unit == "%" else None, legend=False)
+                chart = LineChart(
+                    f"{title} ({unit})",
+                    x_label="time (s)",
+                    x_min=0.0,
+                    y_min=0.0,
+                    y_max=100.0 if unit == "%" else None,
+                    legend=False,
+                )
                 self.charts[chart_id] = chart
                 self.grid.children = [*self.grid.children, chart.figure]
             band = self.view.system_bands.get(chart_id)
@@ -384,10 +435,15 @@ class JobDashboard:
         rank = self.rank.value
         tail = self.view.log_tail(rank, LOG_TAIL)
         colors = {"stderr": "#b91c1c", "log": "#92400e"}
-        lines = "\n".join(
-            f'<span style="color:{colors[s]};">{html.escape(t)}</span>' if s in colors else html.escape(t)
-            for s, t in tail
-        ) or '<span style="color:#9ca3af;">(no output yet)</span>'
+        lines = (
+            "\n".join(
+                f'<span style="color:{colors[s]};">{html.escape(t)}</span>'
+                if s in colors
+                else html.escape(t)
+                for s, t in tail
+            )
+            or '<span style="color:#9ca3af;">(no output yet)</span>'
+        )
         # column-reverse keeps the newest line in view as lines come in
         self.log.value = (
             '<div style="display:flex;flex-direction:column-reverse;max-height:180px;overflow:auto;'
@@ -417,7 +473,9 @@ class JobDashboard:
 
     def _set_message(self, text: str, color: str) -> None:
         with self._lock:
-            self._message = f'<span style="font-size:12px;color:{color};">{html.escape(text)}</span>'
+            self._message = (
+                f'<span style="font-size:12px;color:{color};">{html.escape(text)}</span>'
+            )
             self._render_buttons()
 
 

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..protocol import what_runs
 from .phases import PhaseView
 from .series import MAX_POINTS, Band, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
 
-MAX_LOG_LINES = 300     # per rank
+MAX_LOG_LINES = 300  # per rank
 GIB = float(1 << 30)
 
 #: The system charts per telemetry source: (chart id, sample field, title, unit, scale).
@@ -50,10 +51,19 @@ SYSTEM_CHARTS: dict[str, list[tuple[str, str, str, str, float]]] = {
 }
 
 STATUS_COLORS = {
-    "QUEUED": "#6b7280", "STARTING": "#2563eb", "RUNNING": "#16a34a", "PAUSED": "#d97706",
-    "HUNG": "#b91c1c", "HELD": "#c2410c",
-    "RESTARTING": "#db2777", "SUSPENDING": "#7c3aed", "SUSPENDED": "#7c3aed", "STOPPING": "#ea580c",
-    "FINISHED": "#0f766e", "FAILED": "#dc2626", "STOPPED": "#4b5563",
+    "QUEUED": "#6b7280",
+    "STARTING": "#2563eb",
+    "RUNNING": "#16a34a",
+    "PAUSED": "#d97706",
+    "HUNG": "#b91c1c",
+    "HELD": "#c2410c",
+    "RESTARTING": "#db2777",
+    "SUSPENDING": "#7c3aed",
+    "SUSPENDED": "#7c3aed",
+    "STOPPING": "#ea580c",
+    "FINISHED": "#0f766e",
+    "FAILED": "#dc2626",
+    "STOPPED": "#4b5563",
 }
 TERMINAL = frozenset({"FINISHED", "FAILED", "STOPPED"})
 
@@ -63,8 +73,19 @@ ACTIONS: dict[str, frozenset[str]] = {
     "resume": frozenset({"PAUSED", "SUSPENDED"}),
     "checkpoint": frozenset({"RUNNING", "PAUSED"}),
     "suspend": frozenset({"RUNNING", "PAUSED"}),
-    "stop": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED", "HUNG", "RESTARTING",
-                       "SUSPENDING", "SUSPENDED", "HELD"}),
+    "stop": frozenset(
+        {
+            "QUEUED",
+            "STARTING",
+            "RUNNING",
+            "PAUSED",
+            "HUNG",
+            "RESTARTING",
+            "SUSPENDING",
+            "SUSPENDED",
+            "HELD",
+        }
+    ),
 }
 
 
@@ -77,16 +98,27 @@ class JobView:
     (``job.update``'s changes, drawn at their step on the loss chart).
     """
 
-    def __init__(self, *, name: str, world_size: int, strategy: str, status: str = "QUEUED",
-                 started: float | None = None, ended: float | None = None,
-                 total_steps: int | None = None, reason: str = "", error: dict | None = None,
-                 cap: int = MAX_POINTS, log_lines: int = MAX_LOG_LINES):
+    def __init__(
+        self,
+        *,
+        name: str,
+        world_size: int,
+        strategy: str,
+        status: str = "QUEUED",
+        started: float | None = None,
+        ended: float | None = None,
+        total_steps: int | None = None,
+        reason: str = "",
+        error: dict | None = None,
+        cap: int = MAX_POINTS,
+        log_lines: int = MAX_LOG_LINES,
+    ):
         self.name, self.world_size, self.strategy = name, world_size, strategy
         self.status, self.reason, self.error = status, reason, error
         self.started, self.ended, self.total_steps = started, ended, total_steps
         self.device = ""  # "CPU (no GPU) on 1 host", from the record's ranks
         self.checkpoint_dir: str | None = None  # checkpoints (and suspend) need one
-        self.checkpoint: str | None = None      # the newest committed checkpoint
+        self.checkpoint: str | None = None  # the newest committed checkpoint
         self.controls: list[str] | None = None  # a script job's: what its ranks accept
         self.sharing = ""  # "alice · queue default · priority 50": who, where, how urgent
         self.events: list[dict[str, Any]] = []  # restarts, failures, preemptions (durable)
@@ -118,11 +150,16 @@ class JobView:
     def from_record(cls, record: dict[str, Any], **options: Any) -> JobView:
         spec = record.get("spec") or {}
         view = cls(
-            name=record["name"], world_size=int(spec.get("world_size", 1)),
-            strategy=what_runs(spec), status=record.get("status", "QUEUED"),
-            started=record.get("started"), ended=record.get("ended"),
-            total_steps=total_steps_of(record), reason=record.get("reason") or "",
-            error=record.get("error"), **options,
+            name=record["name"],
+            world_size=int(spec.get("world_size", 1)),
+            strategy=what_runs(spec),
+            status=record.get("status", "QUEUED"),
+            started=record.get("started"),
+            ended=record.get("ended"),
+            total_steps=total_steps_of(record),
+            reason=record.get("reason") or "",
+            error=record.get("error"),
+            **options,
         )
         view.device = device_text(record)
         view.checkpoint_dir = spec.get("checkpoint_dir")
@@ -143,11 +180,15 @@ class JobView:
         if kind == "status":
             self.set_status(msg.get("status", self.status), msg)
         elif kind == "metrics":
-            self.add_rows(r for r in msg.get("rows") or () if self._cut_rows.fresh(r["rank"], r["time"]))
-            self.add_system(s for s in msg.get("system") or ()
-                            if self._cut_system.fresh(s["rank"], s["time"]))
-            self.add_logs(line for line in msg.get("logs") or ()
-                          if self._cut_logs.fresh(line[0], line[1]))
+            self.add_rows(
+                r for r in msg.get("rows") or () if self._cut_rows.fresh(r["rank"], r["time"])
+            )
+            self.add_system(
+                s for s in msg.get("system") or () if self._cut_system.fresh(s["rank"], s["time"])
+            )
+            self.add_logs(
+                line for line in msg.get("logs") or () if self._cut_logs.fresh(line[0], line[1])
+            )
             if msg.get("phases"):  # keyed by step and rank: a row read twice is one row
                 self.phases.add(int(msg["rank"]), msg["phases"])
                 self.dirty.add("phases")
@@ -168,15 +209,33 @@ class JobView:
         reserved = ("seq", "rank", "step", "time")
         for row in rows:
             self._cut_rows.load(row["rank"], row["time"])
-            self.add_rows([{"rank": row["rank"], "step": row["step"], "time": row["time"],
-                            "scalars": {k: v for k, v in row.items() if k not in reserved}}])
+            self.add_rows(
+                [
+                    {
+                        "rank": row["rank"],
+                        "step": row["step"],
+                        "time": row["time"],
+                        "scalars": {k: v for k, v in row.items() if k not in reserved},
+                    }
+                ]
+            )
 
     def load_steps(self, rows: Iterable[dict[str, Any]]) -> None:
         """Per-step summaries as :meth:`Job.steps` returns them (a big job's history)."""
-        self.add_steps({"steps": [
-            {"step": r["step"], "time": r["time"],
-             "scalars": {k: [v["min"], v["mean"], v["max"]] for k, v in r["scalars"].items()}}
-            for r in rows]})
+        self.add_steps(
+            {
+                "steps": [
+                    {
+                        "step": r["step"],
+                        "time": r["time"],
+                        "scalars": {
+                            k: [v["min"], v["mean"], v["max"]] for k, v in r["scalars"].items()
+                        },
+                    }
+                    for r in rows
+                ]
+            }
+        )
 
     def load_phases(self, rows: Iterable[dict[str, Any]]) -> None:
         """Phase rows as :meth:`Job.phases` returns them."""
@@ -216,7 +275,9 @@ class JobView:
             self.device = device
             self.dirty.add("status")
         spec = record.get("spec") or {}
-        if spec.get("world_size") and spec["world_size"] != self.world_size:  # resumed at another size
+        if (
+            spec.get("world_size") and spec["world_size"] != self.world_size
+        ):  # resumed at another size
             self.world_size = int(spec["world_size"])
             self.dirty.update(("status", "phases"))
             self._drop_gone_ranks()
@@ -249,10 +310,15 @@ class JobView:
 
     def markers(self, metric: str) -> tuple[list[float], list[float]]:
         """Steps and values to mark on the chart of ``metric``: the loss spikes."""
-        spikes = [d for d in self.diagnoses if d.get("kind") == "loss_spike"
-                  and d.get("step") is not None and metric == "loss"]
-        return ([float(d["step"]) for d in spikes],
-                [float((d.get("data") or {}).get("value", "nan")) for d in spikes])
+        spikes = [
+            d
+            for d in self.diagnoses
+            if d.get("kind") == "loss_spike" and d.get("step") is not None and metric == "loss"
+        ]
+        return (
+            [float(d["step"]) for d in spikes],
+            [float((d.get("data") or {}).get("value", "nan")) for d in spikes],
+        )
 
     def roll_back(self, step: int) -> None:
         """Steps from ``step`` on were rolled back (a restart replays them): drop their rows."""
@@ -312,8 +378,9 @@ class JobView:
         if msg.get("phases"):
             self.phases.add_bands(msg["phases"])
             self.dirty.add("phases")
-        self.add_logs(line for line in msg.get("logs") or ()
-                      if self._cut_logs.fresh(line[0], line[1]))
+        self.add_logs(
+            line for line in msg.get("logs") or () if self._cut_logs.fresh(line[0], line[1])
+        )
 
     def add_system_band(self, band: dict[str, Any]) -> None:
         fields = dict(band["fields"])
@@ -335,7 +402,10 @@ class JobView:
             seq = u.get("seq")
             if seq is None or seq in self.updates or u.get("step") is None:
                 continue
-            self.updates[int(seq)] = {"step": int(u["step"]), "changes": dict(u.get("changes") or {})}
+            self.updates[int(seq)] = {
+                "step": int(u["step"]),
+                "changes": dict(u.get("changes") or {}),
+            }
             self.dirty.add("updates")
 
     def update_marks(self) -> list[tuple[int, str]]:
@@ -365,7 +435,9 @@ class JobView:
         for rank, _t, stream, text in lines:
             rank = int(rank)
             self._rank(rank)
-            self.logs.setdefault(rank, collections.deque(maxlen=self.log_lines)).append((stream, text))
+            self.logs.setdefault(rank, collections.deque(maxlen=self.log_lines)).append(
+                (stream, text)
+            )
             self.dirty.add("logs")
 
     def take_dirty(self) -> set[str]:
@@ -425,9 +497,14 @@ class JobView:
         if total and rate and not self.terminal and self.status != "PAUSED":
             eta = max(total - done, 0) / rate
         running = self.status in ("RUNNING", "STARTING")
-        return {"step": done, "total": total, "rate": rate if running else None,
-                "eta": eta, "elapsed": elapsed,
-                "fraction": min(done / total, 1.0) if total else None}
+        return {
+            "step": done,
+            "total": total,
+            "rate": rate if running else None,
+            "eta": eta,
+            "elapsed": elapsed,
+            "fraction": min(done / total, 1.0) if total else None,
+        }
 
     def log_tail(self, rank: int, lines: int | None = None) -> list[tuple[str, str]]:
         tail = list(self.logs.get(rank, ()))
@@ -471,8 +548,11 @@ def diagnoses_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     in a record without events, the newest one)."""
     if "events" not in record:
         return [record["diagnosis"]] if record.get("diagnosis") else []
-    return [e["diagnosis"] for e in record.get("events") or ()
-            if e.get("kind") == "diagnosis" and e.get("diagnosis")]
+    return [
+        e["diagnosis"]
+        for e in record.get("events") or ()
+        if e.get("kind") == "diagnosis" and e.get("diagnosis")
+    ]
 
 
 def diagnosis_line(diagnosis: dict[str, Any]) -> str:

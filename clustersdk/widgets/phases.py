@@ -22,14 +22,15 @@ rank, without a heatmap (mode ``"bands"``).
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..protocol import PHASES
 
-KEEP_STEPS = 600       # the newest steps kept
-LINES_UP_TO = 8        # ranks drawn as lines; more: a heatmap
-HEATMAP_COLUMNS = 60   # step bins of the heatmap
-WINDOW = 50            # steps the slowest rank is judged on
+KEEP_STEPS = 600  # the newest steps kept
+LINES_UP_TO = 8  # ranks drawn as lines; more: a heatmap
+HEATMAP_COLUMNS = 60  # step bins of the heatmap
+WINDOW = 50  # steps the slowest rank is judged on
 _WORK = ("data", "compute", "optimizer", "checkpoint")  # what a rank does itself (not sync)
 
 
@@ -39,8 +40,9 @@ class PhaseView:
     def __init__(self, world_size: int, keep: int = KEEP_STEPS):
         self.world_size = world_size
         self.keep = keep
-        self._steps: collections.OrderedDict[int, dict[int, tuple[float, ...]]] = \
+        self._steps: collections.OrderedDict[int, dict[int, tuple[float, ...]]] = (
             collections.OrderedDict()
+        )
         self._bands: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
 
     def __len__(self) -> int:
@@ -145,7 +147,7 @@ class PhaseView:
         if not steps:
             return {"ranks": list(range(self.world_size)), "steps": [], "values": []}
         per = max(1, -(-len(steps) // columns))
-        bins = [steps[j:j + per] for j in range(0, len(steps), per)]
+        bins = [steps[j : j + per] for j in range(0, len(steps), per)]
         values = []
         for rank in range(self.world_size):
             row = []
@@ -153,8 +155,11 @@ class PhaseView:
                 got = [self._steps[s][rank][i] for s in chunk if rank in self._steps[s]]
                 row.append(sum(got) / len(got) if got else None)
             values.append(row)
-        return {"ranks": list(range(self.world_size)), "steps": [c[0] for c in bins],
-                "values": values}
+        return {
+            "ranks": list(range(self.world_size)),
+            "steps": [c[0] for c in bins],
+            "values": values,
+        }
 
     def slowest(self, window: int = WINDOW) -> dict[str, Any] | None:
         """The rank whose own work (data, compute, optimizer, checkpoint: not the wait for
@@ -168,8 +173,12 @@ class PhaseView:
             work_i = [PHASES.index(p) for p in _WORK]
             typical = sum(sum(b["mean"][i] for i in work_i) for b in recent) / len(recent)
             seconds = sum(mine) / len(mine)
-            return {"rank": rank, "seconds": seconds, "median": typical,
-                    "ratio": seconds / typical if typical > 0 else 1.0}
+            return {
+                "rank": rank,
+                "seconds": seconds,
+                "median": typical,
+                "ratio": seconds / typical if typical > 0 else 1.0,
+            }
         work = [PHASES.index(p) for p in _WORK]
         totals: dict[int, list[float]] = {}
         for ranks in list(self._steps.values())[-window:]:
@@ -181,8 +190,12 @@ class PhaseView:
         rank = max(means, key=lambda r: (means[r], -r))
         ordered = sorted(means.values())
         median = ordered[len(ordered) // 2]
-        return {"rank": rank, "seconds": means[rank], "median": median,
-                "ratio": means[rank] / median if median > 0 else 1.0}
+        return {
+            "rank": rank,
+            "seconds": means[rank],
+            "median": median,
+            "ratio": means[rank] / median if median > 0 else 1.0,
+        }
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per phase, the median over kept steps of the mean, min and max across ranks."""
@@ -198,4 +211,3 @@ def _median(values: list[float]) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
-

@@ -50,8 +50,9 @@ class Pump:
                 return
             self._due[target] = max(time.monotonic(), self._last.get(target, 0.0) + self.interval)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="clustersdk-dashboards",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="clustersdk-dashboards", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 

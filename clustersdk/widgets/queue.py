@@ -17,9 +17,11 @@ from .render import badge, template
 def _summary(data: dict[str, Any]) -> str:
     cap = data.get("per_user_cap")
     users = ", ".join(f"{u or '?'} {n}" for u, n in sorted(data.get("users", {}).items()))
-    return (f"{data['slots']} slots, {data['free']} free"
-            + (f" · per user at most {cap}" if cap else "")
-            + (f" · in use by {users}" if users else ""))
+    return (
+        f"{data['slots']} slots, {data['free']} free"
+        + (f" · per user at most {cap}" if cap else "")
+        + (f" · in use by {users}" if users else "")
+    )
 
 
 def _quota(q: dict[str, Any]) -> str:
@@ -33,14 +35,30 @@ def _rows(q: dict[str, Any], now: float) -> list[dict[str, Any]]:
         until = ""
         if j.get("ends_by"):
             until = f"time_limit ends in {max(0, j['ends_by'] - now) / 60:.0f} min"
-        rows.append({"name": j["name"], "owner": j["owner"], "priority": j["priority_name"],
-                     "slots": j["slots"], "status": j["status"].upper(), "note": until})
+        rows.append(
+            {
+                "name": j["name"],
+                "owner": j["owner"],
+                "priority": j["priority_name"],
+                "slots": j["slots"],
+                "status": j["status"].upper(),
+                "note": until,
+            }
+        )
     for j in q["waiting"]:
         note = j["reason"]
         if j.get("estimated_start"):
             note += f" (expected to start {_when(j['estimated_start'], now)})"
-        rows.append({"name": j["name"], "owner": j["owner"], "priority": j["priority_name"],
-                     "slots": j["world_size"], "status": "QUEUED", "note": note})
+        rows.append(
+            {
+                "name": j["name"],
+                "owner": j["owner"],
+                "priority": j["priority_name"],
+                "slots": j["world_size"],
+                "status": "QUEUED",
+                "note": note,
+            }
+        )
     return rows
 
 
@@ -53,9 +71,14 @@ def _when(t: float, now: float) -> str:
 
 def queue_html(data: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
-    queues = [{"name": q["name"], "quota": _quota(q),
-               "rows": [{**row, "badge": badge(row["status"])} for row in _rows(q, now)]}
-              for q in data["queues"]]
+    queues = [
+        {
+            "name": q["name"],
+            "quota": _quota(q),
+            "rows": [{**row, "badge": badge(row["status"])} for row in _rows(q, now)],
+        }
+        for q in data["queues"]
+    ]
     return template("queue.html.j2").render(summary=_summary(data), queues=queues)
 
 
@@ -65,6 +88,8 @@ def queue_text(data: dict[str, Any], now: float | None = None) -> str:
     for q in data["queues"]:
         lines.append(f"queue {q['name']}: {_quota(q)}")
         for row in _rows(q, now):
-            lines.append(f"  {row['name']:<24} {row['owner']:<10} {row['priority']:<8} "
-                         f"{row['slots']:>3}  {row['status']:<10} {row['note']}".rstrip())
+            lines.append(
+                f"  {row['name']:<24} {row['owner']:<10} {row['priority']:<8} "
+                f"{row['slots']:>3}  {row['status']:<10} {row['note']}".rstrip()
+            )
     return "\n".join(lines)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import html
 import os
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import jinja2
 from markupsafe import Markup, escape
@@ -37,7 +38,7 @@ def badge(status: str) -> Markup:
     color = STATUS_COLORS.get(status, "#6b7280")
     return Markup(
         f'<span class="clustersdk-badge" style="background: {color}; color: white; '
-        f'border-radius: 9px; padding: 1px 8px; font-size: 11px; font-weight: 600; '
+        f"border-radius: 9px; padding: 1px 8px; font-size: 11px; font-weight: 600; "
         f'letter-spacing: 0.03em;">{escape(status)}</span>'
     )
 
@@ -53,38 +54,53 @@ def job_html(view: JobView) -> str:
         row = view.last_row.get(rank, {})
         sample = view.last_sample.get(rank, {})
         rate = view.rate.get(rank)
-        ranks.append({
-            "rank": rank, "color": rank_color(rank),
-            "step": fmt_number(row["step"] + 1) if "step" in row else "—",
-            "metrics": [fmt_number(row[k]) if k in row else "—" for k in metrics],
-            "rate": f"{rate.last()[1]:.3g}" if rate is not None and rate.last() else "—",
-            "system": [_sample_text(sample, field, unit) for _c, field, _t, unit, _s in charts],
-        })
+        ranks.append(
+            {
+                "rank": rank,
+                "color": rank_color(rank),
+                "step": fmt_number(row["step"] + 1) if "step" in row else "—",
+                "metrics": [fmt_number(row[k]) if k in row else "—" for k in metrics],
+                "rate": f"{rate.last()[1]:.3g}" if rate is not None and rate.last() else "—",
+                "system": [_sample_text(sample, field, unit) for _c, field, _t, unit, _s in charts],
+            }
+        )
     progress = view.progress()
     return template("job.html.j2").render(
-        name=view.name, badge=badge(view.status), color=STATUS_COLORS.get(view.status, "#6b7280"),
-        strategy=view.strategy, world_size=view.world_size,
+        name=view.name,
+        badge=badge(view.status),
+        color=STATUS_COLORS.get(view.status, "#6b7280"),
+        strategy=view.strategy,
+        world_size=view.world_size,
         device=" · ".join(p for p in (view.device, view.sharing) if p),
-        progress=progress_text(progress), fraction=progress["fraction"],
+        progress=progress_text(progress),
+        fraction=progress["fraction"],
         reason=view.reason if view.status in ("QUEUED", "RESTARTING", "HUNG", "HELD") else "",
-        metrics=metrics, ranks=ranks, system_labels=[_short_label(c) for c in charts],
+        metrics=metrics,
+        ranks=ranks,
+        system_labels=[_short_label(c) for c in charts],
         system_note="System figures are host CPU and memory (psutil): these ranks have no GPU."
-        if source == "psutil" else "",
-        spark=sparkline(metrics[0], view.scalars.get(metrics[0], {}),
-                        markers=view.markers(metrics[0])) if metrics else None,
+        if source == "psutil"
+        else "",
+        spark=sparkline(
+            metrics[0], view.scalars.get(metrics[0], {}), markers=view.markers(metrics[0])
+        )
+        if metrics
+        else None,
         diagnosis=Markup(diagnosis_html(view.diagnoses)),
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
-        stacks=Markup((stacks_html(view.stacks)
-                       if view.status in ("HUNG", "FAILED", "STOPPED") else "")
-                      + (held_html(view.held) if view.status in ("HELD", "FAILED") else "")),
+        stacks=Markup(
+            (stacks_html(view.stacks) if view.status in ("HUNG", "FAILED", "STOPPED") else "")
+            + (held_html(view.held) if view.status in ("HELD", "FAILED") else "")
+        ),
         phases=Markup(phases_html(view.phases)),
     )
 
 
 #: A diagnosis's colour: a failure's red, a warning's (the job goes on) amber.
-FAILURE_KINDS = frozenset({"cuda_oom", "host_oom", "collective_timeout", "duplicate_gpu",
-                           "port_in_use"})
+FAILURE_KINDS = frozenset(
+    {"cuda_oom", "host_oom", "collective_timeout", "duplicate_gpu", "port_in_use"}
+)
 
 
 def diagnosis_html(diagnoses: list[dict[str, Any]]) -> str:
@@ -95,20 +111,27 @@ def diagnosis_html(diagnoses: list[dict[str, Any]]) -> str:
     red = d.get("kind") in FAILURE_KINDS
     border, background = ("#dc2626", "#fef2f2") if red else ("#d97706", "#fffbeb")
     at = f"step {d['step']} · " if d.get("step") is not None else ""
-    more = (f' <span style="color:#6b7280;">({len(diagnoses) - 1} earlier: '
-            "job.diagnoses())</span>" if len(diagnoses) > 1 else "")
-    return (f'<div class="clustersdk-diagnosis" style="border-left:4px solid {border};'
-            f'background:{background};padding:4px 10px;margin:4px 0;font-size:12px;">'
-            f"<strong>Diagnosis:</strong> {html.escape(at + str(d.get('summary', '')))}{more}"
-            f"<br><strong>What to do:</strong> {html.escape(str(d.get('advice', '')))}</div>")
+    more = (
+        f' <span style="color:#6b7280;">({len(diagnoses) - 1} earlier: job.diagnoses())</span>'
+        if len(diagnoses) > 1
+        else ""
+    )
+    return (
+        f'<div class="clustersdk-diagnosis" style="border-left:4px solid {border};'
+        f'background:{background};padding:4px 10px;margin:4px 0;font-size:12px;">'
+        f"<strong>Diagnosis:</strong> {html.escape(at + str(d.get('summary', '')))}{more}"
+        f"<br><strong>What to do:</strong> {html.escape(str(d.get('advice', '')))}</div>"
+    )
 
 
 def stacks_html(stacks: dict[str, Any]) -> str:
     """Where each rank was when its job was found hung: one foldable stack per rank."""
     if not stacks:
         return ""
-    parts = ['<div style="border-left:4px solid #b91c1c;background:#fef2f2;padding:6px 10px;'
-             'margin-top:8px;"><strong>Where each rank was when the job was found hung</strong>']
+    parts = [
+        '<div style="border-left:4px solid #b91c1c;background:#fef2f2;padding:6px 10px;'
+        'margin-top:8px;"><strong>Where each rank was when the job was found hung</strong>'
+    ]
     for key in sorted(stacks, key=int):
         entry = stacks[key]
         where = f"rank {key}"
@@ -116,9 +139,11 @@ def stacks_html(stacks: dict[str, Any]) -> str:
             where += f" · step {entry['step']} · {entry.get('phase')}"
         if not entry.get("answered", True):
             where += " · no answer"
-        parts.append(f'<details><summary>{html.escape(where)}</summary><pre style="white-space:'
-                     f'pre-wrap;font-size:12px;max-height:320px;overflow:auto;">'
-                     f'{html.escape(str(entry.get("text", "")))}</pre></details>')
+        parts.append(
+            f'<details><summary>{html.escape(where)}</summary><pre style="white-space:'
+            f'pre-wrap;font-size:12px;max-height:320px;overflow:auto;">'
+            f"{html.escape(str(entry.get('text', '')))}</pre></details>"
+        )
     return "".join(parts) + "</div>"
 
 
@@ -129,12 +154,21 @@ def held_html(held: dict[str, Any]) -> str:
     entry = (held.get("ranks") or {}).get(str(held.get("cause")))
     if not entry:
         return ""
-    post = PostMortem({**entry, "name": "", "status": "held", "cause": held.get("cause"),
-                       "ended": held.get("ended", "")})
-    return ('<div class="clustersdk-held" style="border-left:4px solid #c2410c;'
-            'background:#fff7ed;padding:6px 10px;margin-top:8px;font-size:12px;">'
-            f"<strong>Held: rank {post.rank}'s failing frames, with their locals "
-            f"(job.debug({post.rank}))</strong>{post._repr_html_()}</div>")
+    post = PostMortem(
+        {
+            **entry,
+            "name": "",
+            "status": "held",
+            "cause": held.get("cause"),
+            "ended": held.get("ended", ""),
+        }
+    )
+    return (
+        '<div class="clustersdk-held" style="border-left:4px solid #c2410c;'
+        'background:#fff7ed;padding:6px 10px;margin-top:8px;font-size:12px;">'
+        f"<strong>Held: rank {post.rank}'s failing frames, with their locals "
+        f"(job.debug({post.rank}))</strong>{post._repr_html_()}</div>"
+    )
 
 
 def job_text(view: JobView, header: str) -> str:
@@ -152,8 +186,13 @@ def job_text(view: JobView, header: str) -> str:
     return text
 
 
-def sparkline(title: str, series: dict[int, Any], width: int = 360, height: int = 80,
-              markers: tuple[list[float], list[float]] = ([], [])) -> dict | None:
+def sparkline(
+    title: str,
+    series: dict[int, Any],
+    width: int = 360,
+    height: int = 80,
+    markers: tuple[list[float], list[float]] = ([], []),
+) -> dict | None:
     """SVG polylines for one metric, one per rank, sharing the axes; ``markers`` (steps
     and values: the loss spikes) as red dots."""
     lines = {rank: s.points() for rank, s in series.items() if len(s)}
@@ -169,18 +208,36 @@ def sparkline(title: str, series: dict[int, Any], width: int = 360, height: int 
     out = []
     for rank in sorted(lines):
         px, py = lines[rank]
-        points = " ".join(f"{4 + (x - x0) * sx:.1f},{height - 4 - (y - y0) * sy:.1f}"
-                          for x, y in zip(px, py) if y == y)
+        points = " ".join(
+            f"{4 + (x - x0) * sx:.1f},{height - 4 - (y - y0) * sy:.1f}"
+            for x, y in zip(px, py)
+            if y == y
+        )
         out.append({"color": rank_color(rank), "points": points})
-    dots = [{"x": round(4 + (x - x0) * sx, 1), "y": round(height - 4 - (min(y, y1) - y0) * sy, 1)}
-            for x, y in zip(*markers) if y == y and x0 <= x <= x1]
-    return {"title": title, "width": width, "height": height, "lines": out,
-            "ymin": fmt_number(y0), "ymax": fmt_number(y1), "markers": dots}
+    dots = [
+        {"x": round(4 + (x - x0) * sx, 1), "y": round(height - 4 - (min(y, y1) - y0) * sy, 1)}
+        for x, y in zip(*markers)
+        if y == y and x0 <= x <= x1
+    ]
+    return {
+        "title": title,
+        "width": width,
+        "height": height,
+        "lines": out,
+        "ymin": fmt_number(y0),
+        "ymax": fmt_number(y1),
+        "markers": dots,
+    }
 
 
 def _short_label(chart: tuple) -> str:
-    return {"gpu_util": "GPU util", "gpu_mem": "GPU mem", "cpu": "host CPU",
-            "rss": "RSS", "net": "net"}.get(chart[0], chart[2])
+    return {
+        "gpu_util": "GPU util",
+        "gpu_mem": "GPU mem",
+        "cpu": "host CPU",
+        "rss": "RSS",
+        "net": "net",
+    }.get(chart[0], chart[2])
 
 
 def _sample_text(sample: dict, field: str, unit: str) -> str:
@@ -204,13 +261,17 @@ def jobs_text(records: Iterable[dict[str, Any]], now: float | None = None) -> st
     rows = [_job_row(r, now) for r in records]
     if not rows:
         return "No jobs yet."
-    head = (f"{'job':<28} {'status':<10} {'ranks':>5}  {'strategy':<9} {'owner':<10} "
-            f"{'queue':<10} {'prio':>4}  {'submitted':<10} {'ran':>9}  note")
+    head = (
+        f"{'job':<28} {'status':<10} {'ranks':>5}  {'strategy':<9} {'owner':<10} "
+        f"{'queue':<10} {'prio':>4}  {'submitted':<10} {'ran':>9}  note"
+    )
     lines = [head]
     for j in rows:
-        lines.append(f"{j['name']:<28} {j['status']:<10} {j['world_size']:>5}  {j['strategy']:<9} "
-                     f"{j['owner']:<10} {j['queue']:<10} {j['priority']:>4}  "
-                     f"{j['submitted']:<10} {j['ran']:>9}  {j['note']}".rstrip())
+        lines.append(
+            f"{j['name']:<28} {j['status']:<10} {j['world_size']:>5}  {j['strategy']:<9} "
+            f"{j['owner']:<10} {j['queue']:<10} {j['priority']:>4}  "
+            f"{j['submitted']:<10} {j['ran']:>9}  {j['note']}".rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -225,17 +286,30 @@ def _job_row(record: dict[str, Any], now: float | None) -> dict[str, Any]:
         e = record["error"]
         note = f"rank {e.get('rank')}: {e.get('type')}: {e.get('message')}"
     submitted = record.get("submitted")
-    return {"name": record.get("name", "?"), "status": status, "badge": badge(status),
-            "world_size": spec.get("world_size", "?"), "strategy": what_runs(spec),
-            "owner": spec.get("owner") or "—", "queue": spec.get("queue") or "—",
-            "priority": "—" if spec.get("priority") is None else spec["priority"],
-            "submitted": time.strftime("%H:%M:%S", time.localtime(submitted)) if submitted else "—",
-            "ran": ran, "note": note[:120]}
+    return {
+        "name": record.get("name", "?"),
+        "status": status,
+        "badge": badge(status),
+        "world_size": spec.get("world_size", "?"),
+        "strategy": what_runs(spec),
+        "owner": spec.get("owner") or "—",
+        "queue": spec.get("queue") or "—",
+        "priority": "—" if spec.get("priority") is None else spec["priority"],
+        "submitted": time.strftime("%H:%M:%S", time.localtime(submitted)) if submitted else "—",
+        "ran": ran,
+        "note": note[:120],
+    }
 
 
-def cluster_model(*, kind: str, address: str, slots: list[dict[str, Any]],
-                  jobs: list[dict[str, Any]], samples: dict[str, dict[str, Any]],
-                  closed: bool = False) -> dict[str, Any]:
+def cluster_model(
+    *,
+    kind: str,
+    address: str,
+    slots: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    samples: dict[str, dict[str, Any]],
+    closed: bool = False,
+) -> dict[str, Any]:
     """The JSON model of the cluster dashboard: slots with device bars, and jobs.
 
     ``samples`` maps a worker address to the newest system sample of the rank
@@ -249,20 +323,32 @@ def cluster_model(*, kind: str, address: str, slots: list[dict[str, Any]],
     for s in slots:
         job = by_id.get(s.get("job") or "")
         sample = samples.get(s["worker"]) or {}
-        rows.append({
-            "label": f"GPU {s['index']}" if s["kind"] == "cuda" else "CPU slot",
-            "host": s["host"], "worker": s["worker"],
-            "job": job["name"] if job else None,
-            "status": job["status"] if job else None,
-            **_bars(sample),
-        })
+        rows.append(
+            {
+                "label": f"GPU {s['index']}" if s["kind"] == "cuda" else "CPU slot",
+                "host": s["host"],
+                "worker": s["worker"],
+                "job": job["name"] if job else None,
+                "status": job["status"] if job else None,
+                **_bars(sample),
+            }
+        )
     busy = sum(1 for r in rows if r["job"])
-    summary = (f"{len(slots)} {'GPU' if gpu else 'CPU'} slot{'s' if len(slots) != 1 else ''} "
-               f"on {len(hosts)} host{'s' if len(hosts) != 1 else ''} · {busy} busy · "
-               f"{sum(1 for j in jobs if j['status'] not in ('FINISHED', 'FAILED', 'STOPPED'))} "
-               f"active job(s)")
-    return {"kind": kind, "address": address, "closed": closed, "summary": summary,
-            "gpu": gpu, "slots": rows, "jobs": jobs}
+    summary = (
+        f"{len(slots)} {'GPU' if gpu else 'CPU'} slot{'s' if len(slots) != 1 else ''} "
+        f"on {len(hosts)} host{'s' if len(hosts) != 1 else ''} · {busy} busy · "
+        f"{sum(1 for j in jobs if j['status'] not in ('FINISHED', 'FAILED', 'STOPPED'))} "
+        f"active job(s)"
+    )
+    return {
+        "kind": kind,
+        "address": address,
+        "closed": closed,
+        "summary": summary,
+        "gpu": gpu,
+        "slots": rows,
+        "jobs": jobs,
+    }
 
 
 def _bars(sample: dict[str, Any]) -> dict[str, Any]:
@@ -272,14 +358,20 @@ def _bars(sample: dict[str, Any]) -> dict[str, Any]:
         return {
             "util": _bar(util, f"{util:.0f}%") if util is not None else None,
             "mem": _bar(100 * used / total, f"{used / GIB:.1f} / {total / GIB:.0f} GiB")
-            if used is not None and total else None,
+            if used is not None and total
+            else None,
         }
     if sample.get("source") == "psutil":
-        cpu, used, total = sample.get("cpu_percent"), sample.get("mem_used"), sample.get("mem_total")
+        cpu, used, total = (
+            sample.get("cpu_percent"),
+            sample.get("mem_used"),
+            sample.get("mem_total"),
+        )
         return {
             "util": _bar(cpu, f"{cpu:.0f}% host CPU") if cpu is not None else None,
             "mem": _bar(100 * used / total, f"{used / GIB:.1f} / {total / GIB:.0f} GiB host")
-            if used is not None and total else None,
+            if used is not None and total
+            else None,
         }
     return {"util": None, "mem": None}
 
@@ -297,8 +389,10 @@ def cluster_html(model: dict[str, Any]) -> str:
         **{**model, "slots": slots},
         util_label="GPU utilisation" if gpu else "CPU (no GPU)",
         mem_label="GPU memory" if gpu else "host memory (no GPU)",
-        note="" if gpu else "No GPU on these workers: the bars show host CPU and memory (psutil), "
-                            "sampled by the ranks of running jobs.",
+        note=""
+        if gpu
+        else "No GPU on these workers: the bars show host CPU and memory (psutil), "
+        "sampled by the ranks of running jobs.",
         jobs_table=Markup(jobs_html(model["jobs"])),
     )
 

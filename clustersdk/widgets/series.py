@@ -5,8 +5,8 @@ from __future__ import annotations
 import bisect
 import math
 
-MAX_POINTS = 600        # per series; older points are thinned when it fills
-RATE_WINDOW = 1.0       # seconds of steps that make one throughput point
+MAX_POINTS = 600  # per series; older points are thinned when it fills
+RATE_WINDOW = 1.0  # seconds of steps that make one throughput point
 
 
 class Series:

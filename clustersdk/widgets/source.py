@@ -50,8 +50,9 @@ def job_records(cluster: Cluster) -> list[dict[str, Any]]:
     return cluster.job_records()
 
 
-def latest_samples(cluster: Cluster, slots: list[dict[str, Any]],
-                   seen: dict[str, tuple[int, dict]]) -> dict[str, dict[str, Any]]:
+def latest_samples(
+    cluster: Cluster, slots: list[dict[str, Any]], seen: dict[str, tuple[int, dict]]
+) -> dict[str, dict[str, Any]]:
     """The newest system sample of each busy slot's rank, by worker address.
 
     ``seen`` (job id -> (last seq, {rank: sample})) carries what earlier calls

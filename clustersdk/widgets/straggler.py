@@ -16,9 +16,14 @@ from .phases import PhaseView
 
 WIDTH, HEIGHT = 180, 56
 BAND_COLOR = "#2563eb"
-_LABELS = {"data": "data wait", "compute": "compute (fwd+bwd)", "optimizer": "optimizer",
-           "checkpoint": "checkpoint stall", "sync": "sync (waiting for peers)",
-           "total": "step total"}
+_LABELS = {
+    "data": "data wait",
+    "compute": "compute (fwd+bwd)",
+    "optimizer": "optimizer",
+    "checkpoint": "checkpoint stall",
+    "sync": "sync (waiting for peers)",
+    "total": "step total",
+}
 
 
 def phases_html(view: PhaseView) -> str:
@@ -28,13 +33,20 @@ def phases_html(view: PhaseView) -> str:
     slow = view.slowest()
     head = f"Step phases, {view.world_size} rank{'s' if view.world_size != 1 else ''}"
     if slow is not None and view.world_size > 1:
-        head += (f" · slowest: <b>rank {slow['rank']}</b> "
-                 f"({_ms(slow['seconds'])} of own work per step, {slow['ratio']:.2f}x the median)")
+        head += (
+            f" · slowest: <b>rank {slow['rank']}</b> "
+            f"({_ms(slow['seconds'])} of own work per step, {slow['ratio']:.2f}x the median)"
+        )
     charts = "".join(_band_svg(view, phase) for phase in PHASES)
-    detail = {"heatmap": _heatmap_svg, "lines": lambda v: _lines_svg(v, "total"),
-              "bands": lambda v: ""}[view.mode](view)
-    return (f"<div class='clustersdk-phases' style='font-size:12px'><div>{head}</div>"
-            f"<div style='display:flex;flex-wrap:wrap;gap:6px'>{charts}</div>{detail}</div>")
+    detail = {
+        "heatmap": _heatmap_svg,
+        "lines": lambda v: _lines_svg(v, "total"),
+        "bands": lambda v: "",
+    }[view.mode](view)
+    return (
+        f"<div class='clustersdk-phases' style='font-size:12px'><div>{head}</div>"
+        f"<div style='display:flex;flex-wrap:wrap;gap:6px'>{charts}</div>{detail}</div>"
+    )
 
 
 def _band_svg(view: PhaseView, phase: str) -> str:
@@ -49,14 +61,17 @@ def _band_svg(view: PhaseView, phase: str) -> str:
     def pt(x: float, y: float) -> str:
         return f"{2 + (x - x0) * sx:.1f},{HEIGHT - 2 - y / top * (HEIGHT - 4):.1f}"
 
-    area = " ".join([pt(x, y) for x, y in zip(xs, hi)] + [pt(x, y) for x, y in
-                                                          zip(reversed(xs), reversed(lo))])
+    area = " ".join(
+        [pt(x, y) for x, y in zip(xs, hi)] + [pt(x, y) for x, y in zip(reversed(xs), reversed(lo))]
+    )
     line = " ".join(pt(x, y) for x, y in zip(xs, mid))
-    return (f"<div><div style='color:#6b7280'>{escape(_LABELS[phase])} · max {_ms(top)}</div>"
-            f"<svg width='{WIDTH}' height='{HEIGHT}' style='background:#f9fafb'>"
-            f"<polygon points='{area}' fill='{BAND_COLOR}' fill-opacity='0.2'/>"
-            f"<polyline points='{line}' fill='none' stroke='{BAND_COLOR}' stroke-width='1.2'/>"
-            "</svg></div>")
+    return (
+        f"<div><div style='color:#6b7280'>{escape(_LABELS[phase])} · max {_ms(top)}</div>"
+        f"<svg width='{WIDTH}' height='{HEIGHT}' style='background:#f9fafb'>"
+        f"<polygon points='{area}' fill='{BAND_COLOR}' fill-opacity='0.2'/>"
+        f"<polyline points='{line}' fill='none' stroke='{BAND_COLOR}' stroke-width='1.2'/>"
+        "</svg></div>"
+    )
 
 
 def _lines_svg(view: PhaseView, phase: str) -> str:
@@ -70,13 +85,20 @@ def _lines_svg(view: PhaseView, phase: str) -> str:
     sx = (width - 4) / ((x1 - x0) or 1)
     out = []
     for rank, (xs, ys) in lines.items():
-        points = " ".join(f"{2 + (x - x0) * sx:.1f},{height - 2 - y / top * (height - 4):.1f}"
-                          for x, y in zip(xs, ys))
-        out.append(f"<polyline points='{points}' fill='none' stroke='{rank_color(rank)}' "
-                   f"stroke-width='1'><title>rank {rank}</title></polyline>")
-    return (f"<div style='color:#6b7280'>{escape(_LABELS[phase])} by rank</div>"
-            f"<svg width='{width}' height='{height}' style='background:#f9fafb'>"
-            + "".join(out) + "</svg>")
+        points = " ".join(
+            f"{2 + (x - x0) * sx:.1f},{height - 2 - y / top * (height - 4):.1f}"
+            for x, y in zip(xs, ys)
+        )
+        out.append(
+            f"<polyline points='{points}' fill='none' stroke='{rank_color(rank)}' "
+            f"stroke-width='1'><title>rank {rank}</title></polyline>"
+        )
+    return (
+        f"<div style='color:#6b7280'>{escape(_LABELS[phase])} by rank</div>"
+        f"<svg width='{width}' height='{height}' style='background:#f9fafb'>"
+        + "".join(out)
+        + "</svg>"
+    )
 
 
 def _heatmap_svg(view: PhaseView, phase: str = "total") -> str:
@@ -93,18 +115,24 @@ def _heatmap_svg(view: PhaseView, phase: str = "total") -> str:
             if value is None:
                 continue
             heat = (value - lo) / ((hi - lo) or 1.0)
-            cells.append(f"<rect x='{30 + col * cell_w}' y='{rank * cell_h}' width='{cell_w}' "
-                         f"height='{cell_h}' fill='rgb({int(255 * heat)},{int(80 + 100 * (1 - heat))},"
-                         f"{int(255 * (1 - heat))})'><title>rank {rank}, from step "
-                         f"{grid['steps'][col]}: {_ms(value)}</title></rect>")
+            cells.append(
+                f"<rect x='{30 + col * cell_w}' y='{rank * cell_h}' width='{cell_w}' "
+                f"height='{cell_h}' fill='rgb({int(255 * heat)},{int(80 + 100 * (1 - heat))},"
+                f"{int(255 * (1 - heat))})'><title>rank {rank}, from step "
+                f"{grid['steps'][col]}: {_ms(value)}</title></rect>"
+            )
     if slow is not None:
-        cells.append(f"<text x='0' y='{(slow['rank'] + 1) * cell_h}' font-size='9' "
-                     f"fill='#dc2626'>&#9654;{slow['rank']}</text>")
+        cells.append(
+            f"<text x='0' y='{(slow['rank'] + 1) * cell_h}' font-size='9' "
+            f"fill='#dc2626'>&#9654;{slow['rank']}</text>"
+        )
     width = 30 + cell_w * max(len(r) for r in grid["values"])
     height = cell_h * len(grid["ranks"])
-    return (f"<div style='color:#6b7280'>{escape(_LABELS[phase])}, rank (rows) by step "
-            f"(columns): {_ms(lo)} to {_ms(hi)}</div>"
-            f"<svg width='{width}' height='{height}'>" + "".join(cells) + "</svg>")
+    return (
+        f"<div style='color:#6b7280'>{escape(_LABELS[phase])}, rank (rows) by step "
+        f"(columns): {_ms(lo)} to {_ms(hi)}</div>"
+        f"<svg width='{width}' height='{height}'>" + "".join(cells) + "</svg>"
+    )
 
 
 def _ms(seconds: float) -> str:

@@ -6,7 +6,8 @@ box leaves its children, their layouts and a figure's marks and scales alive.)
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def widget_tree(root: Any) -> Iterator[Any]:

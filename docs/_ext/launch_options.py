@@ -12,8 +12,8 @@ from typing import Any
 
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
-from sphinx.util.nodes import nested_parse_with_titles
 from docutils.statemachine import StringList
+from sphinx.util.nodes import nested_parse_with_titles
 
 
 def _literal(text: str) -> str:
@@ -37,8 +37,9 @@ class LaunchOptions(Directive):
 
         wanted = self.options.get("group")
         if wanted is not None and wanted not in options.GROUPS:
-            raise self.error(f"unknown launch option group {wanted!r}: one of "
-                             f"{', '.join(options.GROUPS)}")
+            raise self.error(
+                f"unknown launch option group {wanted!r}: one of {', '.join(options.GROUPS)}"
+            )
         lines: list[str] = []
         for group, (what, page) in options.GROUPS.items():
             if wanted is not None and group != wanted:
@@ -46,19 +47,29 @@ class LaunchOptions(Directive):
             rows = [o for o in options.OPTIONS if o.group == group]
             if wanted is None:
                 lines += [f"**{group}**: {what} (:doc:`/{page}`)", ""]
-            lines += [".. list-table::", "   :header-rows: 1", "   :widths: auto", "",
-                      "   * - option", "     - default", "     - what", "     - jobs"]
+            lines += [
+                ".. list-table::",
+                "   :header-rows: 1",
+                "   :widths: auto",
+                "",
+                "   * - option",
+                "     - default",
+                "     - what",
+                "     - jobs",
+            ]
             for option in rows:
-                kinds = " ".join("fn" if k == options.FUNCTION else "script"
-                                 for k in option.kinds)
-                lines += [f"   * - {_literal(option.name)}",
-                          f"     - {_shown(option, options)}",
-                          f"     - {_cell(option.doc)}",
-                          f"     - {kinds}"]
+                kinds = " ".join("fn" if k == options.FUNCTION else "script" for k in option.kinds)
+                lines += [
+                    f"   * - {_literal(option.name)}",
+                    f"     - {_shown(option, options)}",
+                    f"     - {_cell(option.doc)}",
+                    f"     - {kinds}",
+                ]
             lines.append("")
         container = nodes.container(classes=["launch-options"])
-        nested_parse_with_titles(self.state, StringList(lines, source="clustersdk/options.py"),
-                                 container)
+        nested_parse_with_titles(
+            self.state, StringList(lines, source="clustersdk/options.py"), container
+        )
         return [container]
 
 

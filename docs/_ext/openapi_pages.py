@@ -72,8 +72,11 @@ class Spec:
             kind = " and ".join(self.type_of(s) for s in schema["allOf"])
         elif "oneOf" in schema or "anyOf" in schema:
             kind = " or ".join(self.type_of(s) for s in schema.get("oneOf", schema.get("anyOf")))
-        elif schema.get("type") == "object" and "additionalProperties" in schema \
-                and isinstance(schema["additionalProperties"], dict):
+        elif (
+            schema.get("type") == "object"
+            and "additionalProperties" in schema
+            and isinstance(schema["additionalProperties"], dict)
+        ):
             kind = f"object of {self.type_of(schema['additionalProperties'])}"
         else:
             kind = f"``{schema.get('type', 'any')}``"
@@ -123,11 +126,17 @@ class OpenAPI(Directive):
         nested_parse_with_titles(self.state, StringList(lines, source=str(path)), container)
         return container.children
 
-    def operation(self, spec: Spec, route: str, method: str, op: dict[str, Any],
-                  shared: list[dict[str, Any]]) -> list[str]:
+    def operation(
+        self, spec: Spec, route: str, method: str, op: dict[str, Any], shared: list[dict[str, Any]]
+    ) -> list[str]:
         title = f"{method.upper()} {route}"
-        lines = [f".. _{spec.label('op', op.get('operationId', title))}:", "", title,
-                 "~" * len(title), ""]
+        lines = [
+            f".. _{spec.label('op', op.get('operationId', title))}:",
+            "",
+            title,
+            "~" * len(title),
+            "",
+        ]
         if op.get("summary"):
             lines += [f"**{_text(op['summary'])}**", ""]
         if op.get("description"):
@@ -179,8 +188,10 @@ class OpenAPI(Directive):
             elif "allOf" in schema:
                 pass
             else:
-                lines += [f"A {spec.type_of({k: v for k, v in schema.items() if k != 'description'})}.",
-                          ""]
+                lines += [
+                    f"A {spec.type_of({k: v for k, v in schema.items() if k != 'description'})}.",
+                    "",
+                ]
         return lines
 
 

@@ -35,5 +35,5 @@ class CharDataset(Dataset):
         return len(self.data) - self.block_size
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.data[idx: idx + self.block_size + 1]
+        chunk = self.data[idx : idx + self.block_size + 1]
         return chunk[:-1], chunk[1:]

@@ -45,8 +45,9 @@ class CausalSelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(config.attn_pdrop)
         self.resid_drop = nn.Dropout(config.resid_pdrop)
         mask = torch.tril(torch.ones(config.block_size, config.block_size))
-        self.register_buffer("mask", mask.view(1, 1, config.block_size, config.block_size),
-                             persistent=False)
+        self.register_buffer(
+            "mask", mask.view(1, 1, config.block_size, config.block_size), persistent=False
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -67,8 +68,10 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln2 = nn.LayerNorm(config.n_embd)
         self.mlp = nn.Sequential(
-            nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
-            nn.Linear(4 * config.n_embd, config.n_embd), nn.Dropout(config.resid_pdrop),
+            nn.Linear(config.n_embd, 4 * config.n_embd),
+            nn.GELU(),
+            nn.Linear(4 * config.n_embd, config.n_embd),
+            nn.Dropout(config.resid_pdrop),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,10 +98,13 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         T = idx.size(1)
-        assert T <= self.block_size, f"sequence of {T} is longer than the block of {self.block_size}"
+        assert T <= self.block_size, (
+            f"sequence of {T} is longer than the block of {self.block_size}"
+        )
         x = self.drop(self.tok_emb(idx) + self.pos_emb[:, :T, :])
         for block in self.blocks:
             x = block(x)

@@ -21,15 +21,16 @@ import torch
 @dataclass
 class TrainerConfig:
     max_epochs: int = 10
-    batch_size: int = 32          # per rank: the global batch is batch_size * world_size
+    batch_size: int = 32  # per rank: the global batch is batch_size * world_size
     data_loader_workers: int = 0
     grad_norm_clip: float = 1.0
     log_every: int = 100
 
 
 class Trainer:
-    def __init__(self, ctx, trainer_config: TrainerConfig, model, optimizer, train_dataset,
-                 test_dataset=None):
+    def __init__(
+        self, ctx, trainer_config: TrainerConfig, model, optimizer, train_dataset, test_dataset=None
+    ):
         self.ctx = ctx
         self.config = trainer_config
         self.train_loader = self._prepare_dataloader(train_dataset)
@@ -39,8 +40,12 @@ class Trainer:
         ctx.register(optimizer=optimizer)
 
     def _prepare_dataloader(self, dataset):
-        return self.ctx.shard(dataset, batch_size=self.config.batch_size, shuffle=False,
-                              num_workers=self.config.data_loader_workers)
+        return self.ctx.shard(
+            dataset,
+            batch_size=self.config.batch_size,
+            shuffle=False,
+            num_workers=self.config.data_loader_workers,
+        )
 
     def _run_batch(self, source, targets, train: bool = True) -> float:
         with torch.set_grad_enabled(train), self.ctx.autocast():
@@ -64,7 +69,9 @@ class Trainer:
             loss = self._run_batch(source, targets)
             self.ctx.log(loss=loss, epoch=self.ctx.epoch)
             if step % self.config.log_every == 0:
-                print(f"[rank{self.ctx.rank}] Epoch {self.ctx.epoch} | Step {step} | "
-                      f"Train Loss {loss:.5f}")
+                print(
+                    f"[rank{self.ctx.rank}] Epoch {self.ctx.epoch} | Step {step} | "
+                    f"Train Loss {loss:.5f}"
+                )
             if self.test_loader is not None and self.ctx.epoch_end:
                 self._run_eval()

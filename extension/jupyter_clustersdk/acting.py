@@ -19,7 +19,8 @@ from .errors import SchedulerUnavailableError
 
 #: the Jupyter user name of the request being served (None: the server itself)
 JUPYTER_USER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "clustersdk_jupyter_user", default=None)
+    "clustersdk_jupyter_user", default=None
+)
 
 
 class Credentials:
@@ -33,8 +34,7 @@ class Credentials:
     What the server asks for itself (``/clustersdk/healthz``) uses its own too.
     """
 
-    def __init__(self, by_user: Mapping[str, str] | None = None,
-                 state_dirs: Iterable[str] = ()):
+    def __init__(self, by_user: Mapping[str, str] | None = None, state_dirs: Iterable[str] = ()):
         self.by_user = {u: os.path.expanduser(p) for u, p in (by_user or {}).items()}
         self.state_dirs = list(state_dirs)
 
@@ -50,7 +50,11 @@ class Credentials:
                     f"Jupyter user {user!r} has no clustersdk credentials on this server, so "
                     f"cluster {cluster} refuses them: an admin makes some (`clustersdk cluster "
                     f"add-user {user}`) and maps them in ClusterSDKApp.credentials",
-                    None, None, user, "connect")
+                    None,
+                    None,
+                    user,
+                    "connect",
+                )
             return path
         path = config.get("credentials")
         for state_dir in self.state_dirs:
@@ -59,5 +63,6 @@ class Credentials:
             raise SchedulerUnavailableError(
                 f"this server has no credentials for cluster {cluster} ({address}), so it "
                 "cannot reach it: set DASK_CLUSTERSDK__CREDENTIALS, or ClusterSDKApp.credentials "
-                "per Jupyter user")
+                "per Jupyter user"
+            )
         return path

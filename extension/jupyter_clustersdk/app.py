@@ -32,24 +32,27 @@ class ClusterSDKApp(ExtensionApp):
         Unicode(), help="Dask scheduler addresses to serve besides those in the SDK's registry."
     ).tag(config=True)
     state_dirs = List(
-        Unicode(), help="clustersdk state directories whose cluster registry to read "
-        "(default: the SDK's configured state directory)."
+        Unicode(),
+        help="clustersdk state directories whose cluster registry to read "
+        "(default: the SDK's configured state directory).",
     ).tag(config=True)
-    call_timeout = Float(
-        10.0, help="Seconds a scheduler may take to answer a read."
-    ).tag(config=True)
+    call_timeout = Float(10.0, help="Seconds a scheduler may take to answer a read.").tag(
+        config=True
+    )
     action_timeout = Float(
-        120.0, help="Seconds a scheduler may take for pause/resume/checkpoint/suspend/stop "
-        "(a pause returns once every rank has paused)."
+        120.0,
+        help="Seconds a scheduler may take for pause/resume/checkpoint/suspend/stop "
+        "(a pause returns once every rank has paused).",
     ).tag(config=True)
     connect_timeout = Float(5.0, help="Seconds to connect to a scheduler.").tag(config=True)
     credentials = Dict(
-        key_trait=Unicode(), value_trait=Unicode(),
+        key_trait=Unicode(),
+        value_trait=Unicode(),
         help="Jupyter user name -> the clustersdk credentials file (from `clustersdk cluster "
         "add-user`) that user's requests present to TLS schedulers; a user missing from it is "
         "refused. Empty (a single-user server, as JupyterHub runs one per person): every "
         "request acts with this server's own credentials (DASK_CLUSTERSDK__CREDENTIALS, "
-        "else the registry's)."
+        "else the registry's).",
     ).tag(config=True)
     metrics_ended_window = Float(
         300.0, help="Seconds a finished, failed or stopped job stays in the metrics."
@@ -63,14 +66,20 @@ class ClusterSDKApp(ExtensionApp):
 
     def initialize_settings(self) -> None:
         self.manager = ClusterManager(
-            state_dirs=self.state_dirs, addresses=self.scheduler_addresses,
-            call_timeout=self.call_timeout, action_timeout=self.action_timeout,
-            connect_timeout=self.connect_timeout, ended_window=self.metrics_ended_window,
+            state_dirs=self.state_dirs,
+            addresses=self.scheduler_addresses,
+            call_timeout=self.call_timeout,
+            action_timeout=self.action_timeout,
+            connect_timeout=self.connect_timeout,
+            ended_window=self.metrics_ended_window,
             credentials=dict(self.credentials),
         )
         self.settings["clustersdk_manager"] = self.manager
-        self.log.info("clustersdk: serving %d cluster(s) under %sclustersdk/",
-                      len(self.manager.targets()), self.serverapp.base_url)
+        self.log.info(
+            "clustersdk: serving %d cluster(s) under %sclustersdk/",
+            len(self.manager.targets()),
+            self.serverapp.base_url,
+        )
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(ROUTES)

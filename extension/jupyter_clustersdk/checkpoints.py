@@ -30,7 +30,13 @@ def scan(directory: str) -> list[dict[str, Any]]:
             when = committed_at(path)
         except (OSError, ValueError):  # removed by retention since it was listed
             continue
-        found.append({"step": step, "path": path, "time": when,
-                      "bytes": sum(int(size) for size in manifest.get("files", {}).values()),
-                      "world_size": manifest.get("world_size")})
+        found.append(
+            {
+                "step": step,
+                "path": path,
+                "time": when,
+                "bytes": sum(int(size) for size in manifest.get("files", {}).values()),
+                "world_size": manifest.get("world_size"),
+            }
+        )
     return found

@@ -14,8 +14,9 @@ from .errors import SchedulerUnavailableError
 from .models import Target
 
 
-async def run(target: Target, *, connect_timeout: float = 5.0, credentials: str | None = None,
-              **options: Any) -> dict[str, Any]:
+async def run(
+    target: Target, *, connect_timeout: float = 5.0, credentials: str | None = None, **options: Any
+) -> dict[str, Any]:
     """The doctor's report on ``target``, as JSON (with the request's ``credentials`` on a
     TLS cluster)."""
     from distributed import Client
@@ -27,21 +28,30 @@ async def run(target: Target, *, connect_timeout: float = 5.0, credentials: str 
         from clustersdk.security.tls import credentials_security
 
         security = credentials_security(credentials)
-    client = Client(target.address, asynchronous=True, set_as_default=False,
-                    timeout=connect_timeout, name="jupyter-clustersdk-doctor", security=security)
+    client = Client(
+        target.address,
+        asynchronous=True,
+        set_as_default=False,
+        timeout=connect_timeout,
+        name="jupyter-clustersdk-doctor",
+        security=security,
+    )
     try:
         await asyncio.wait_for(client, connect_timeout + 1)
     except Exception as e:
         await _close(client)
         raise SchedulerUnavailableError(
             f"could not connect to the scheduler of cluster {target.id} ({target.address}): "
-            f"{type(e).__name__}: {e}".rstrip(": ")) from e
+            f"{type(e).__name__}: {e}".rstrip(": ")
+        ) from e
     try:
         report = await adoctor(client, **options)
     except (OSError, asyncio.TimeoutError) as e:
         raise SchedulerUnavailableError(
-            f"the doctor could not finish on cluster {target.id}: {type(e).__name__}: {e}"
-            .rstrip(": ")) from e
+            f"the doctor could not finish on cluster {target.id}: {type(e).__name__}: {e}".rstrip(
+                ": "
+            )
+        ) from e
     finally:
         await _close(client)
     return report.to_dict()

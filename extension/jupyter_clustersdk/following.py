@@ -11,7 +11,8 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from clustersdk.errors import AccessDeniedError
 
@@ -19,22 +20,22 @@ from . import models
 from .errors import UnsupportedOperationError, UpstreamError
 from .models import Target
 
-HISTORY_PAGE = 5000          # rows per read while catching up with a job's history
-RATE_WINDOW = 30.0           # seconds of steps that steps/s is measured over
-STALL_AFTER = 10.0           # a running job with no new row for this long makes 0 steps/s
-UNSUPPORTED_RETRY = 60.0     # how long an op the scheduler lacks is not asked again
+HISTORY_PAGE = 5000  # rows per read while catching up with a job's history
+RATE_WINDOW = 30.0  # seconds of steps that steps/s is measured over
+STALL_AFTER = 10.0  # a running job with no new row for this long makes 0 steps/s
+UNSUPPORTED_RETRY = 60.0  # how long an op the scheduler lacks is not asked again
 
 
 @dataclasses.dataclass
 class Progress:
     """What the manager remembers about one job between reads."""
 
-    seq: int = 0                                   # last history row read
+    seq: int = 0  # last history row read
     latest: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     points: deque = dataclasses.field(default_factory=lambda: deque(maxlen=1024))
-    system_seq: int = 0                            # last telemetry sample read
+    system_seq: int = 0  # last telemetry sample read
     system: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    final: bool = False                            # terminal and fully read
+    final: bool = False  # terminal and fully read
     updated: float | None = None
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
@@ -53,8 +54,9 @@ class Following:
             terminal = models.is_terminal(record["status"])  # read before the rows: none missed
             while True:
                 try:
-                    rows = await self.call(target, "history", job=record["id"],
-                                           since=progress.seq, limit=HISTORY_PAGE)
+                    rows = await self.call(
+                        target, "history", job=record["id"], since=progress.seq, limit=HISTORY_PAGE
+                    )
                 except AccessDeniedError:  # hide-metrics: another user's job, not shown
                     return progress
                 for row in rows:
@@ -81,8 +83,9 @@ class Following:
             return
         async with progress.lock:
             try:
-                samples = await self.call(target, "system", job=record["id"],
-                                          since=progress.system_seq)
+                samples = await self.call(
+                    target, "system", job=record["id"], since=progress.system_seq
+                )
             except UnsupportedOperationError:
                 self._unsupported[key] = time.monotonic() + UNSUPPORTED_RETRY
                 return
@@ -96,8 +99,9 @@ class Following:
     def _progress_model(self, progress: Progress, status: str) -> dict[str, Any]:
         rate = 0.0  # a paused, queued or finished job makes no progress, whatever it did before
         if status == "RUNNING":
-            rate = models.steps_per_second(list(progress.points), time.time(), RATE_WINDOW,
-                                           stale=STALL_AFTER)
+            rate = models.steps_per_second(
+                list(progress.points), time.time(), RATE_WINDOW, stale=STALL_AFTER
+            )
         return models.progress_model(progress.latest, rate, progress.updated)
 
     # metrics and health ------------------------------------------------------------------
@@ -113,26 +117,46 @@ class Following:
 
     async def _snapshot(self, target: Target) -> dict[str, Any]:
         try:
-            inventory, records = await gather_all(self.call(target, "inventory"),
-                                            self.call(target, "jobs"))
+            inventory, records = await gather_all(
+                self.call(target, "inventory"), self.call(target, "jobs")
+            )
             now = time.time()
-            shown = [r for r in records if not models.is_terminal(r["status"])
-                     or (r.get("ended") or now) >= now - self.ended_window]
+            shown = [
+                r
+                for r in records
+                if not models.is_terminal(r["status"])
+                or (r.get("ended") or now) >= now - self.ended_window
+            ]
             await gather_all(*(self._follow(target, r) for r in shown))
-            await gather_all(*(self._follow_system(target, r) for r in shown
-                                   if not models.is_terminal(r["status"])))
+            await gather_all(
+                *(
+                    self._follow_system(target, r)
+                    for r in shown
+                    if not models.is_terminal(r["status"])
+                )
+            )
         except (UpstreamError, AccessDeniedError) as e:
             return {"id": target.id, "up": False, "error": str(e)}
         jobs = []
         for record in shown:
             progress = self._progress[record["id"]]
             visible = (await self.job_view(target, record, {})).get("progress") is not None
-            jobs.append({"record": record,
-                         "progress": self._progress_model(progress, record["status"])
-                         if visible else models.progress_model({}, 0.0, None),
-                         "system": dict(progress.system) if visible else {}})
-        return {"id": target.id, "up": True, "slots": inventory, "jobs": jobs,
-                "counts": _counts(records)}
+            jobs.append(
+                {
+                    "record": record,
+                    "progress": self._progress_model(progress, record["status"])
+                    if visible
+                    else models.progress_model({}, 0.0, None),
+                    "system": dict(progress.system) if visible else {},
+                }
+            )
+        return {
+            "id": target.id,
+            "up": True,
+            "slots": inventory,
+            "jobs": jobs,
+            "counts": _counts(records),
+        }
 
 
 async def gather_all(*awaitables: Any) -> list[Any]:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Awaitable, Callable
 from http.client import responses
 from importlib import resources
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import yaml
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
@@ -68,8 +69,9 @@ class ClusterSDKHandler(ExtensionHandlerMixin, APIHandler):
         user = self.current_user
         JUPYTER_USER.set(getattr(user, "username", None) if user else None)
 
-    def int_arg(self, name: str, default: int | None, minimum: int = 0,
-                maximum: int | None = None) -> int | None:
+    def int_arg(
+        self, name: str, default: int | None, minimum: int = 0, maximum: int | None = None
+    ) -> int | None:
         raw = self.get_query_argument(name, None)
         if raw is None or raw == "":
             return default
@@ -125,9 +127,12 @@ class DoctorHandler(ClusterSDKHandler):
     async def post(self, cluster: str) -> Any:
         options = self._options()
         target = self.manager.target(cluster)
-        return await doctor.run(target, connect_timeout=self.manager.connect_timeout,
-                                credentials=self.manager.credentials.for_address(
-                                    target.address, target.id), **options)
+        return await doctor.run(
+            target,
+            connect_timeout=self.manager.connect_timeout,
+            credentials=self.manager.credentials.for_address(target.address, target.id),
+            **options,
+        )
 
     def _options(self) -> dict[str, Any]:
         raw = self.request.body.strip()
@@ -142,8 +147,10 @@ class DoctorHandler(ClusterSDKHandler):
         if unknown:
             raise BadRequestError(f"doctor takes {sorted(kinds)}, got {unknown}")
         for name, value in body.items():
-            if value is not None and (not isinstance(value, kinds[name])
-                                      or (kinds[name] is int and isinstance(value, bool))):
+            if value is not None and (
+                not isinstance(value, kinds[name])
+                or (kinds[name] is int and isinstance(value, bool))
+            ):
                 raise BadRequestError(f"{name} must be {_KIND_NAMES[kinds[name]]}, got {value!r}")
         if body.get("max_size") is not None and body["max_size"] < 1:
             raise BadRequestError(f"max_size must be at least 1 (bytes), got {body['max_size']}")
@@ -170,8 +177,10 @@ class JobsHandler(ClusterSDKHandler):
         except ValueError:
             raise BadRequestError("the request body must be a JSON object") from None
         if not isinstance(body, dict):
-            raise BadRequestError('the request body must be a JSON object, e.g. {"world_size": '
-                                  '2, "script": "train.py", "args": ["--lr", "1e-3"]}')
+            raise BadRequestError(
+                'the request body must be a JSON object, e.g. {"world_size": '
+                '2, "script": "train.py", "args": ["--lr", "1e-3"]}'
+            )
         record = await self.manager.submit_script(body)
         self.set_status(201)
         return record
@@ -212,8 +221,9 @@ class LogsHandler(ClusterSDKHandler):
     @authorized
     @_json
     async def get(self, job: str) -> Any:
-        return await self.manager.logs(job, rank=self.int_arg("rank", None),
-                                       since=self.int_arg("since", 0))
+        return await self.manager.logs(
+            job, rank=self.int_arg("rank", None), since=self.int_arg("since", 0)
+        )
 
 
 class OverviewHandler(ClusterSDKHandler):
@@ -284,8 +294,9 @@ class UpdateHandler(ClusterSDKHandler):
         except ValueError:
             raise BadRequestError("the request body must be a JSON object") from None
         if not isinstance(changes, dict) or not changes:
-            raise BadRequestError('the request body must be a JSON object of the changes, e.g. '
-                                  '{"lr": 0.0001}')
+            raise BadRequestError(
+                'the request body must be a JSON object of the changes, e.g. {"lr": 0.0001}'
+            )
         result = await self.manager.update(job, changes)
         if not result["applied"]:
             self.set_status(202)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from clustersdk import registry
 from clustersdk.client import ControlClient
@@ -46,16 +47,23 @@ logger = logging.getLogger(__name__)
 
 ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop", "restart")
 WAITING_ACTIONS = ("pause", "checkpoint", "suspend")  # return once the ranks have done it
-RECONNECT_AFTER = 5.0        # how long a scheduler that refused a connection is not tried again
+RECONNECT_AFTER = 5.0  # how long a scheduler that refused a connection is not tried again
 
 
 class ClusterManager(Following, PanelQueries):
     """Every cluster the extension can see, and the calls the REST API makes on them."""
 
-    def __init__(self, *, state_dirs: Iterable[str] = (), addresses: Iterable[str] = (),
-                 call_timeout: float = 10.0, action_timeout: float = 120.0,
-                 connect_timeout: float = 5.0, ended_window: float = 300.0,
-                 credentials: dict[str, str] | None = None):
+    def __init__(
+        self,
+        *,
+        state_dirs: Iterable[str] = (),
+        addresses: Iterable[str] = (),
+        call_timeout: float = 10.0,
+        action_timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        ended_window: float = 300.0,
+        credentials: dict[str, str] | None = None,
+    ):
         self.state_dirs = list(state_dirs)
         # a TLS scheduler sees the Jupyter user of each request (see acting.py)
         self.credentials = Credentials(credentials, self.state_dirs)
@@ -71,20 +79,28 @@ class ClusterManager(Following, PanelQueries):
         self._unsupported: dict[tuple[str, str], float] = {}
         self._down: dict[tuple[str, str | None], tuple[float, str]] = {}  # (retry after, why)
         self._progress: dict[str, Progress] = {}
-        self._located: dict[str, str] = {}   # job id -> cluster id
+        self._located: dict[str, str] = {}  # job id -> cluster id
 
     # discovery ---------------------------------------------------------------------
     def targets(self) -> list[Target]:
         """Configured addresses first, then the SDK's registry; one per address."""
         found: dict[str, Target] = {}
         for address in self.addresses:
-            found.setdefault(address, Target(models.cluster_id(address), address, "remote",
-                                             "config"))
+            found.setdefault(
+                address, Target(models.cluster_id(address), address, "remote", "config")
+            )
         for state_dir in self.state_dirs:
             for entry in registry.entries(state_dir):
                 address = entry["address"]
-                found.setdefault(address, Target(models.cluster_id(address), address,
-                                                 str(entry.get("kind", "local")), "registry"))
+                found.setdefault(
+                    address,
+                    Target(
+                        models.cluster_id(address),
+                        address,
+                        str(entry.get("kind", "local")),
+                        "registry",
+                    ),
+                )
         return list(found.values())
 
     def target(self, cluster: str) -> Target:
@@ -95,15 +111,17 @@ class ClusterManager(Following, PanelQueries):
         raise ClusterNotFoundError(f"no cluster with id {cluster!r}; known clusters: {known}")
 
     # calls -------------------------------------------------------------------------
-    async def call(self, target: Target, op: Op | str, *, call_timeout: float | None = None,
-                   **kwargs: Any) -> Any:
+    async def call(
+        self, target: Target, op: Op | str, *, call_timeout: float | None = None, **kwargs: Any
+    ) -> Any:
         """The control plane's operation ``op`` with ``kwargs``, on ``target``'s scheduler."""
         operation = Op(op)
         client = await self._client(target)
         control = ControlClient(client.scheduler)
         try:
-            result = await asyncio.wait_for(control.call(operation, **kwargs),
-                                            call_timeout or self.call_timeout)
+            result = await asyncio.wait_for(
+                control.call(operation, **kwargs), call_timeout or self.call_timeout
+            )
         except KNOWN_ERRORS:
             raise
         except ClusterSDKError as e:  # an SDK error the API has no status for: the scheduler's
@@ -112,11 +130,13 @@ class ClusterManager(Following, PanelQueries):
             await self._drop(self._key(target))
             raise SchedulerUnavailableError(
                 f"the scheduler of cluster {target.id} ({target.address}) did not answer "
-                f"{operation.value!r}: {type(e).__name__}: {e}".rstrip(": ")) from e
+                f"{operation.value!r}: {type(e).__name__}: {e}".rstrip(": ")
+            ) from e
         except Exception as e:  # the scheduler raised something it shouldn't: report, don't crash
             raise UpstreamError(
                 f"the scheduler of cluster {target.id} failed on {operation.value!r}: "
-                f"{type(e).__name__}: {e}") from e
+                f"{type(e).__name__}: {e}"
+            ) from e
         if result is None:  # what a Dask server replies to an op it has no handler for
             raise UnsupportedOperationError(
                 f"the scheduler of cluster {target.id} does not support {operation.value!r}: its "
@@ -153,9 +173,14 @@ class ClusterManager(Following, PanelQueries):
                 from clustersdk.security.tls import credentials_security
 
                 security = credentials_security(key[1])
-            client = Client(target.address, asynchronous=True, set_as_default=False,
-                            timeout=self.connect_timeout, name="jupyter-clustersdk",
-                            security=security)
+            client = Client(
+                target.address,
+                asynchronous=True,
+                set_as_default=False,
+                timeout=self.connect_timeout,
+                name="jupyter-clustersdk",
+                security=security,
+            )
 
             async def started() -> None:
                 await client
@@ -167,8 +192,10 @@ class ClusterManager(Following, PanelQueries):
                     await asyncio.wait_for(client.close(), 2)
                 except Exception:
                     pass
-                message = (f"could not connect to the scheduler of cluster {target.id} "
-                           f"({target.address}): {type(e).__name__}: {e}".rstrip(": "))
+                message = (
+                    f"could not connect to the scheduler of cluster {target.id} "
+                    f"({target.address}): {type(e).__name__}: {e}".rstrip(": ")
+                )
                 self._down[key] = (time.monotonic() + RECONNECT_AFTER, message)
                 raise SchedulerUnavailableError(message) from e
             self._down.pop(key, None)
@@ -190,13 +217,20 @@ class ClusterManager(Following, PanelQueries):
 
     async def _rules(self, target: Target) -> tuple[Identity, bool, bool]:
         who = await self.who(target)
-        role = who.get("role") if who.get("role") in ("admin", "user", "scheduler",
-                                                      "worker") else "user"
-        return (Identity(who.get("name") or "", role), bool(who.get("enforced")),
-                bool(who.get("hide_metrics")))
+        role = (
+            who.get("role")
+            if who.get("role") in ("admin", "user", "scheduler", "worker")
+            else "user"
+        )
+        return (
+            Identity(who.get("name") or "", role),
+            bool(who.get("enforced")),
+            bool(who.get("hide_metrics")),
+        )
 
-    async def job_view(self, target: Target, record: dict[str, Any],
-                       progress: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def job_view(
+        self, target: Target, record: dict[str, Any], progress: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """:func:`.models.job_model`, with whether this request's user may change the job
         (and why not: the panel's tooltip), and its progress only where they may see it."""
         who, enforced, hide = await self._rules(target)
@@ -235,19 +269,27 @@ class ClusterManager(Following, PanelQueries):
         samples: dict[str, dict] = {}
         try:
             inventory, jobs, identity = await gather_all(
-                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target))
+                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target)
+            )
             if detail:
                 busy = {s["job"] for s in inventory if s.get("job")}
                 records = [r for r in jobs if r["id"] in busy]
                 await gather_all(*(self._follow_system(target, r) for r in records))
                 for record in records:
-                    samples.update(models.newest_by_worker(record,
-                                                           self._progress[record["id"]].system))
+                    samples.update(
+                        models.newest_by_worker(record, self._progress[record["id"]].system)
+                    )
         except UpstreamError as e:
             return models.cluster_model(target, error=str(e))
-        return models.cluster_model(target, inventory=inventory, jobs=jobs, samples=samples,
-                                    workers=identity.get("workers"),
-                                    scheduler_id=identity.get("id"), detail=detail)
+        return models.cluster_model(
+            target,
+            inventory=inventory,
+            jobs=jobs,
+            samples=samples,
+            workers=identity.get("workers"),
+            scheduler_id=identity.get("id"),
+            detail=detail,
+        )
 
     async def _identity(self, target: Target) -> dict[str, Any]:
         client = await self._client(target)
@@ -282,14 +324,18 @@ class ClusterManager(Following, PanelQueries):
         known = set(options.names(options.SCRIPT))
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise SpecError(f"a script job takes {', '.join(['cluster', 'args', *sorted(known)])}"
-                            f"; got {', '.join(unknown)}")
+            raise SpecError(
+                f"a script job takes {', '.join(['cluster', 'args', *sorted(known)])}"
+                f"; got {', '.join(unknown)}"
+            )
         if "world_size" not in fields:
             raise SpecError("world_size is required: how many ranks")
         targets = [self.target(cluster)] if cluster else self.targets()
         if len(targets) != 1:
-            raise SpecError(f"give the cluster's id: there are {len(targets)} clusters ("
-                            f"{', '.join(t.id for t in targets) or 'none'})")
+            raise SpecError(
+                f"give the cluster's id: there are {len(targets)} clusters ("
+                f"{', '.join(t.id for t in targets) or 'none'})"
+            )
         target = targets[0]
         if not isinstance(args, list):
             raise SpecError(f"args must be a list of strings, got {args!r}")
@@ -306,16 +352,18 @@ class ClusterManager(Following, PanelQueries):
         """The queues of every reachable cluster (or of one): who holds what, what waits
         and why, estimated starts."""
         answers, unreachable = await self._ask_all(cluster, "queue")
-        return {"clusters": [{"cluster": target.id, **view} for target, view in answers],
-                "unreachable": unreachable}
+        return {
+            "clusters": [{"cluster": target.id, **view} for target, view in answers],
+            "unreachable": unreachable,
+        }
 
-    async def _ask_all(self, cluster: str | None, op: str) -> tuple[list[tuple[Target, Any]],
-                                                                     list[str]]:
+    async def _ask_all(
+        self, cluster: str | None, op: str
+    ) -> tuple[list[tuple[Target, Any]], list[str]]:
         """``op`` on every known cluster's scheduler (or on one): the answers, and the
         ids of the clusters that could not be asked."""
         targets = [self.target(cluster)] if cluster else self.targets()
-        results = await asyncio.gather(*(self.call(t, op) for t in targets),
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(self.call(t, op) for t in targets), return_exceptions=True)
         answers, unreachable = [], []
         for target, result in zip(targets, results):
             if isinstance(result, (UpstreamError, AccessDeniedError)):
@@ -336,12 +384,14 @@ class ClusterManager(Following, PanelQueries):
             except (ClusterNotFoundError, JobNotFoundError, UpstreamError):
                 self._located.pop(ref, None)
         targets = self.targets()
-        results = await asyncio.gather(*(self._find(t, ref) for t in targets),
-                                       return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._find(t, ref) for t in targets), return_exceptions=True
+        )
         hits = [(t, r) for t, r in zip(targets, results) if isinstance(r, dict)]
         for result in results:
             if isinstance(result, BaseException) and not isinstance(
-                    result, (UpstreamError, AccessDeniedError)):
+                result, (UpstreamError, AccessDeniedError)
+            ):
                 raise result
         if not hits:
             down = [t.id for t, r in zip(targets, results) if isinstance(r, UpstreamError)]
@@ -366,8 +416,7 @@ class ClusterManager(Following, PanelQueries):
         """One job with its progress (step, steps/s, newest scalars)."""
         target, record = await self.locate(ref)
         progress = await self._follow(target, record)
-        return await self.job_view(target, record,
-                                   self._progress_model(progress, record["status"]))
+        return await self.job_view(target, record, self._progress_model(progress, record["status"]))
 
     async def history(self, ref: str, since: int = 0, limit: int = 1000) -> dict[str, Any]:
         target, record = await self.locate(ref)
@@ -387,21 +436,29 @@ class ClusterManager(Following, PanelQueries):
         target, record = await self.locate(ref)
         if action in WAITING_ACTIONS:  # the scheduler gives up (and withdraws the request) first
             kwargs["timeout"] = self.action_timeout
-        result = await self.call(target, action, job=record["id"],
-                                 call_timeout=self.action_timeout + 5, **kwargs)
+        result = await self.call(
+            target, action, job=record["id"], call_timeout=self.action_timeout + 5, **kwargs
+        )
         return await self.job_view(target, result)
 
     async def update(self, ref: str, changes: dict[str, Any]) -> dict[str, Any]:
         """``job.update(**changes)``: checked by the scheduler before any rank sees it (a
         SpecError names what is wrong); the step it was applied before, with old -> new."""
         target, record = await self.locate(ref)
-        result = await self.call(target, Op.UPDATE, job=record["id"], changes=changes,
-                                 timeout=self.action_timeout,
-                                 call_timeout=self.action_timeout + 5)
+        result = await self.call(
+            target,
+            Op.UPDATE,
+            job=record["id"],
+            changes=changes,
+            timeout=self.action_timeout,
+            call_timeout=self.action_timeout + 5,
+        )
         error = result.get("error")
         if error:
-            raise SpecError(f"the update of job {record['name']!r} was refused by rank "
-                            f"{error.get('rank')}: {error.get('message')}; nothing changed")
+            raise SpecError(
+                f"the update of job {record['name']!r} was refused by rank "
+                f"{error.get('rank')}: {error.get('message')}; nothing changed"
+            )
         if result["step"] is not None:  # the old values are in the durable event
             record = await self.call(target, "job", job=record["id"])
         return models.update_model(result, record, target.id)
@@ -409,8 +466,13 @@ class ClusterManager(Following, PanelQueries):
     async def stacks(self, ref: str, all_threads: bool = False) -> dict[str, Any]:
         """Where every rank is now (see ``Job.stacks``)."""
         target, record = await self.locate(ref)
-        found = await self.call(target, Op.STACKS, job=record["id"], all_threads=all_threads,
-                                call_timeout=self.action_timeout)
+        found = await self.call(
+            target,
+            Op.STACKS,
+            job=record["id"],
+            all_threads=all_threads,
+            call_timeout=self.action_timeout,
+        )
         return models.stacks_model(record, found, target.id)
 
     async def health(self) -> tuple[int, dict[str, Any]]:

@@ -33,7 +33,8 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,10 +54,16 @@ _GPU_GAUGES = (
     ("clustersdk_gpu_power_watts", "GPU power draw (NVML), watts", "gpu_power"),
 )
 _RANK_GAUGES = (
-    ("clustersdk_rank_cpu_percent", "Host CPU use seen by a CPU rank (psutil), percent",
-     "cpu_percent"),
-    ("clustersdk_rank_memory_rss_bytes", "Resident memory of a rank's process (psutil), bytes",
-     "rss"),
+    (
+        "clustersdk_rank_cpu_percent",
+        "Host CPU use seen by a CPU rank (psutil), percent",
+        "cpu_percent",
+    ),
+    (
+        "clustersdk_rank_memory_rss_bytes",
+        "Resident memory of a rank's process (psutil), bytes",
+        "rss",
+    ),
 )
 
 
@@ -69,8 +76,9 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
             f[name] = GaugeMetricFamily(name, doc, labels=labels)
         return f[name].add_metric
 
-    gauge("clustersdk_scheduler_up", "1 if the cluster's scheduler answered this scrape",
-          ["cluster"])
+    gauge(
+        "clustersdk_scheduler_up", "1 if the cluster's scheduler answered this scrape", ["cluster"]
+    )
     for cluster in snapshot.get("clusters", ()):
         cid = cluster["id"]
         gauge("clustersdk_scheduler_up", "", ["cluster"])([cid], 1.0 if cluster.get("up") else 0.0)
@@ -82,8 +90,9 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
     return list(f.values())
 
 
-def render(snapshot: Mapping[str, Any],
-           encoder: Callable[[CollectorRegistry], bytes] = generate_latest) -> bytes:
+def render(
+    snapshot: Mapping[str, Any], encoder: Callable[[CollectorRegistry], bytes] = generate_latest
+) -> bytes:
     """The snapshot in Prometheus' text format (or the format ``encoder`` writes)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(families(snapshot)))
@@ -106,15 +115,19 @@ def _cluster_families(f: dict, gauge: Callable, cid: str, cluster: Mapping[str, 
     for kind in kinds:
         mine = [s for s in slots if s["kind"] == kind]
         gauge("clustersdk_slots", "Slots (GPUs or CPU slots) per kind", ["cluster", "kind"])(
-            [cid, kind], float(len(mine)))
+            [cid, kind], float(len(mine))
+        )
         gauge("clustersdk_slots_busy", "Slots running a job, per kind", ["cluster", "kind"])(
-            [cid, kind], float(sum(1 for s in mine if s.get("job"))))
+            [cid, kind], float(sum(1 for s in mine if s.get("job")))
+        )
     counts = cluster.get("counts", {})
     gauge("clustersdk_queue_length", "Jobs waiting for a gang of free slots", ["cluster"])(
-        [cid], float(counts.get(JobStatus.QUEUED.name, 0)))
+        [cid], float(counts.get(JobStatus.QUEUED.name, 0))
+    )
     for status in JobStatus:
         gauge("clustersdk_jobs", "Jobs per state on this scheduler", ["cluster", "state"])(
-            [cid, status.name], float(counts.get(status.name, 0)))
+            [cid, status.name], float(counts.get(status.name, 0))
+        )
     by_worker = {s["worker"]: s for s in slots}
     for job in cluster.get("jobs", ()):
         _telemetry_families(gauge, cid, job, by_worker)
@@ -125,35 +138,54 @@ def _job_families(f: dict, gauge: Callable, cid: str, job: Mapping[str, Any]) ->
     labels = [cid, record["id"], record["name"]]
     for status in JobStatus:
         gauge("clustersdk_job_state", "1 for the job's current state", [*JOB, "state"])(
-            [*labels, status.name], 1.0 if record["status"] == status.name else 0.0)
+            [*labels, status.name], 1.0 if record["status"] == status.name else 0.0
+        )
     spec = record.get("spec") or {}
-    gauge("clustersdk_job_info", "1, labelled with who launched the job and where it queues",
-          [*JOB, "owner", "queue", "priority"])(
-        [*labels, str(spec.get("owner") or ""), str(spec.get("queue") or ""),
-         str(spec.get("priority") if spec.get("priority") is not None else "")], 1.0)
+    gauge(
+        "clustersdk_job_info",
+        "1, labelled with who launched the job and where it queues",
+        [*JOB, "owner", "queue", "priority"],
+    )(
+        [
+            *labels,
+            str(spec.get("owner") or ""),
+            str(spec.get("queue") or ""),
+            str(spec.get("priority") if spec.get("priority") is not None else ""),
+        ],
+        1.0,
+    )
     gauge("clustersdk_job_world_size", "Ranks of the job", JOB)(
-        labels, float((record.get("spec") or {}).get("world_size") or 0))
+        labels, float((record.get("spec") or {}).get("world_size") or 0)
+    )
     if progress.get("step") is not None:
         gauge("clustersdk_job_step", "Furthest step any rank has logged", JOB)(
-            labels, float(progress["step"]))
-    gauge("clustersdk_job_steps_per_second", "Rank 0's steps per second over the last 30 s",
-          JOB)(labels, float(progress.get("steps_per_second") or 0.0))
+            labels, float(progress["step"])
+        )
+    gauge("clustersdk_job_steps_per_second", "Rank 0's steps per second over the last 30 s", JOB)(
+        labels, float(progress.get("steps_per_second") or 0.0)
+    )
     scalars = progress.get("scalars") or {}
     if _finite(scalars.get("loss")):
         gauge("clustersdk_job_loss", "Mean over ranks of each rank's newest loss", JOB)(
-            labels, float(scalars["loss"]))
+            labels, float(scalars["loss"])
+        )
     for name, value in sorted(scalars.items()):
         if _finite(value):
-            gauge("clustersdk_job_scalar", "Mean over ranks of each rank's newest ctx.log value",
-                  [*JOB, "scalar"])([*labels, name], float(value))
+            gauge(
+                "clustersdk_job_scalar",
+                "Mean over ranks of each rank's newest ctx.log value",
+                [*JOB, "scalar"],
+            )([*labels, name], float(value))
     if "clustersdk_job_restarts" not in f:
         f["clustersdk_job_restarts"] = CounterMetricFamily(
-            "clustersdk_job_restarts", "Gang restarts of the job after a lost worker", labels=JOB)
+            "clustersdk_job_restarts", "Gang restarts of the job after a lost worker", labels=JOB
+        )
     f["clustersdk_job_restarts"].add_metric(labels, float(record.get("restarts") or 0))
 
 
-def _telemetry_families(gauge: Callable, cid: str, job: Mapping[str, Any],
-                        by_worker: Mapping[str, Mapping[str, Any]]) -> None:
+def _telemetry_families(
+    gauge: Callable, cid: str, job: Mapping[str, Any], by_worker: Mapping[str, Mapping[str, Any]]
+) -> None:
     """Per GPU (NVML samples) or per CPU rank (psutil samples): the newest reading."""
     record, newest = job["record"], job.get("system") or {}
     for rank in record.get("ranks") or []:
@@ -162,8 +194,15 @@ def _telemetry_families(gauge: Callable, cid: str, job: Mapping[str, Any],
             continue
         slot = by_worker.get(rank["worker"], {})
         if sample.get("source") == "nvml":
-            labels = [cid, rank["host"], rank["worker"], str(slot.get("index", "")),
-                      str(slot.get("uuid") or ""), record["id"], str(rank["rank"])]
+            labels = [
+                cid,
+                rank["host"],
+                rank["worker"],
+                str(slot.get("index", "")),
+                str(slot.get("uuid") or ""),
+                record["id"],
+                str(rank["rank"]),
+            ]
             table, names = _GPU_GAUGES, GPU
         else:
             labels = [cid, rank["host"], rank["worker"], record["id"], str(rank["rank"])]

@@ -15,17 +15,41 @@ import dataclasses
 import math
 import re
 from collections import Counter
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from clustersdk.status import JobStatus
 
 #: record fields every control plane sends; others (paused_at, checkpoint...) pass through
-_RECORD_FIELDS = ("id", "name", "scheduler", "status", "reason", "submitted", "started", "ended",
-                  "ranks", "error", "spec")
-_DERIVED_FIELDS = frozenset({"cluster", "terminal", "world_size", "strategy", "owner", "progress",
-                             "result"})
-_SAMPLE_KEYS = ("gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_temp", "gpu_power",
-                "cpu_percent", "mem_used", "mem_total", "rss", "net_sent_per_s", "net_recv_per_s")
+_RECORD_FIELDS = (
+    "id",
+    "name",
+    "scheduler",
+    "status",
+    "reason",
+    "submitted",
+    "started",
+    "ended",
+    "ranks",
+    "error",
+    "spec",
+)
+_DERIVED_FIELDS = frozenset(
+    {"cluster", "terminal", "world_size", "strategy", "owner", "progress", "result"}
+)
+_SAMPLE_KEYS = (
+    "gpu_util",
+    "gpu_mem_used",
+    "gpu_mem_total",
+    "gpu_temp",
+    "gpu_power",
+    "cpu_percent",
+    "mem_used",
+    "mem_total",
+    "rss",
+    "net_sent_per_s",
+    "net_recv_per_s",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +58,8 @@ class Target:
 
     id: str
     address: str
-    kind: str     # "local" | "connect" | "remote"
-    source: str   # "registry" | "config"
+    kind: str  # "local" | "connect" | "remote"
+    source: str  # "registry" | "config"
 
 
 def cluster_id(address: str) -> str:
@@ -56,26 +80,30 @@ def error_model(code: str, message: str) -> dict[str, Any]:
 
 
 # jobs -----------------------------------------------------------------------------
-def job_model(record: Mapping[str, Any], cluster: str,
-              progress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def job_model(
+    record: Mapping[str, Any], cluster: str, progress: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """One job: the scheduler's record, its cluster id, and (for one job) its progress."""
     spec = record.get("spec") or {}
     out: dict[str, Any] = {key: _jsonable(record.get(key)) for key in _RECORD_FIELDS}
     out["reason"] = out["reason"] or ""
     out["ranks"] = out["ranks"] or []
     out["spec"] = spec
-    out.update({
-        "cluster": cluster,
-        "terminal": is_terminal(str(record.get("status", ""))),
-        "world_size": spec.get("world_size"),
-        "strategy": spec.get("strategy"),
-        "kind": "script" if spec.get("script") or spec.get("module") or spec.get("command")
-        else "function",  # a script job (launch_script) runs spec["fn"] as torchrun would
-        "owner": spec.get("owner"),
-        "queue": spec.get("queue"),
-        "priority": spec.get("priority"),
-        "preemptible": spec.get("preemptible", True),
-    })
+    out.update(
+        {
+            "cluster": cluster,
+            "terminal": is_terminal(str(record.get("status", ""))),
+            "world_size": spec.get("world_size"),
+            "strategy": spec.get("strategy"),
+            "kind": "script"
+            if spec.get("script") or spec.get("module") or spec.get("command")
+            else "function",  # a script job (launch_script) runs spec["fn"] as torchrun would
+            "owner": spec.get("owner"),
+            "queue": spec.get("queue"),
+            "priority": spec.get("priority"),
+            "preemptible": spec.get("preemptible", True),
+        }
+    )
     for key, value in record.items():
         if key not in out and key not in _DERIVED_FIELDS:
             out[key] = _jsonable(value)
@@ -84,27 +112,46 @@ def job_model(record: Mapping[str, Any], cluster: str,
     return out
 
 
-def update_model(result: Mapping[str, Any], record: Mapping[str, Any],
-                 cluster: str) -> dict[str, Any]:
+def update_model(
+    result: Mapping[str, Any], record: Mapping[str, Any], cluster: str
+) -> dict[str, Any]:
     """A ``job.update``: ``applied`` with the ``step`` it was applied before and each
     change as ``[old, new]`` (from the job's durable ``updated`` event), or not yet
     (the job left RUNNING/PAUSED first: its next gang applies it before its first step)."""
-    event = next((e for e in record.get("events") or () if e.get("kind") == "updated"
-                  and e.get("seq") == result["seq"]), None)
-    changes = {k: list(v) for k, v in event["changes"].items()} if event else \
-        {k: [None, v] for k, v in (result.get("changes") or {}).items()}
-    return {"job": record["id"], "name": record.get("name"), "cluster": cluster,
-            "seq": result["seq"], "applied": result["step"] is not None,
-            "step": result["step"], "status": result.get("status"), "changes": changes}
+    event = next(
+        (
+            e
+            for e in record.get("events") or ()
+            if e.get("kind") == "updated" and e.get("seq") == result["seq"]
+        ),
+        None,
+    )
+    changes = (
+        {k: list(v) for k, v in event["changes"].items()}
+        if event
+        else {k: [None, v] for k, v in (result.get("changes") or {}).items()}
+    )
+    return {
+        "job": record["id"],
+        "name": record.get("name"),
+        "cluster": cluster,
+        "seq": result["seq"],
+        "applied": result["step"] is not None,
+        "step": result["step"],
+        "status": result.get("status"),
+        "changes": changes,
+    }
 
 
-def stacks_model(record: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]],
-                 cluster: str) -> dict[str, Any]:
+def stacks_model(
+    record: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]], cluster: str
+) -> dict[str, Any]:
     """Where every rank is (rank -> worker, step, phase, stack text), ranks in order."""
-    ranks = {str(k): {key: _jsonable(v) for key, v in entry.items()}
-             for k, entry in sorted(found.items(), key=lambda kv: int(kv[0]))}
-    return {"job": record["id"], "cluster": cluster, "status": record.get("status"),
-            "ranks": ranks}
+    ranks = {
+        str(k): {key: _jsonable(v) for key, v in entry.items()}
+        for k, entry in sorted(found.items(), key=lambda kv: int(kv[0]))
+    }
+    return {"job": record["id"], "cluster": cluster, "status": record.get("status"), "ranks": ranks}
 
 
 def jobs_model(jobs: Iterable[dict[str, Any]], unreachable: Sequence[str] = ()) -> dict[str, Any]:
@@ -113,70 +160,113 @@ def jobs_model(jobs: Iterable[dict[str, Any]], unreachable: Sequence[str] = ()) 
     return {"jobs": ordered, "unreachable": list(unreachable)}
 
 
-def overview_model(clusters: Sequence[Mapping[str, Any]], jobs: Iterable[dict[str, Any]],
-                   now: float) -> dict[str, Any]:
+def overview_model(
+    clusters: Sequence[Mapping[str, Any]], jobs: Iterable[dict[str, Any]], now: float
+) -> dict[str, Any]:
     """Everything the JupyterLab panel shows, in one answer: every cluster with its slots,
     and every job (with its progress where the server follows it), oldest first."""
     unreachable = [c["id"] for c in clusters if not c.get("reachable", True)]
     return {"time": now, "clusters": list(clusters), **jobs_model(jobs, unreachable)}
 
 
-def checkpoints_model(job: str, directory: str | None, found: Sequence[Mapping[str, Any]],
-                      newest: str | None, error: str | None = None) -> dict[str, Any]:
+def checkpoints_model(
+    job: str,
+    directory: str | None,
+    found: Sequence[Mapping[str, Any]],
+    newest: str | None,
+    error: str | None = None,
+) -> dict[str, Any]:
     """A job's committed checkpoints, newest first: step, size in bytes, commit time.
 
     ``directory`` is the job's ``checkpoint_dir`` (``None`` when it has none);
     ``error`` says why it could not be read from this server (the list is then empty).
     """
-    rows = [{"step": c["step"], "path": c["path"], "bytes": c["bytes"], "time": c["time"],
-             "world_size": c.get("world_size"), "newest": c["path"] == newest}
-            for c in sorted(found, key=lambda c: c["step"], reverse=True)]
-    return {"job": job, "directory": directory, "readable": error is None, "error": error,
-            "newest": newest, "checkpoints": rows}
+    rows = [
+        {
+            "step": c["step"],
+            "path": c["path"],
+            "bytes": c["bytes"],
+            "time": c["time"],
+            "world_size": c.get("world_size"),
+            "newest": c["path"] == newest,
+        }
+        for c in sorted(found, key=lambda c: c["step"], reverse=True)
+    ]
+    return {
+        "job": job,
+        "directory": directory,
+        "readable": error is None,
+        "error": error,
+        "newest": newest,
+        "checkpoints": rows,
+    }
 
 
-def history_model(job: str, rows: Sequence[Mapping[str, Any]], since: int,
-                  limit: int) -> dict[str, Any]:
+def history_model(
+    job: str, rows: Sequence[Mapping[str, Any]], since: int, limit: int
+) -> dict[str, Any]:
     """Metric rows after ``since``; ``last`` is the ``since`` of the next incremental read."""
-    clean = [{k: _number(v) if k not in ("seq", "rank", "step") else v for k, v in row.items()}
-             for row in rows]
+    clean = [
+        {k: _number(v) if k not in ("seq", "rank", "step") else v for k, v in row.items()}
+        for row in rows
+    ]
     last = clean[-1]["seq"] if clean else since
     return {"job": job, "since": since, "last": last, "more": len(clean) >= limit, "rows": clean}
 
 
-def logs_model(job: str, lines: Sequence[Mapping[str, Any]], since: int,
-               rank: int | None) -> dict[str, Any]:
+def logs_model(
+    job: str, lines: Sequence[Mapping[str, Any]], since: int, rank: int | None
+) -> dict[str, Any]:
     """Log lines after ``since`` (of one rank, or all); ``text`` joins them."""
     clean = [dict(line) for line in lines]
     last = clean[-1]["seq"] if clean else since
-    return {"job": job, "rank": rank, "since": since, "last": last, "lines": clean,
-            "text": "".join(line["text"] + "\n" for line in clean)}
+    return {
+        "job": job,
+        "rank": rank,
+        "since": since,
+        "last": last,
+        "lines": clean,
+        "text": "".join(line["text"] + "\n" for line in clean),
+    }
 
 
-def progress_model(latest: Mapping[int, Mapping[str, Any]], steps_per_s: float,
-                   updated: float | None) -> dict[str, Any]:
+def progress_model(
+    latest: Mapping[int, Mapping[str, Any]], steps_per_s: float, updated: float | None
+) -> dict[str, Any]:
     """Where a job is: its step (the furthest rank), the mean of each rank's newest scalars."""
     if not latest:
-        return {"step": None, "steps_per_second": steps_per_s, "scalars": {}, "ranks": {},
-                "updated": updated}
+        return {
+            "step": None,
+            "steps_per_second": steps_per_s,
+            "scalars": {},
+            "ranks": {},
+            "updated": updated,
+        }
     names = sorted({k for row in latest.values() for k in row if k not in _ROW_KEYS})
     scalars = {}
     for name in names:
         values = [row[name] for row in latest.values() if _finite(row.get(name))]
         if values:
             scalars[name] = sum(values) / len(values)
-    ranks = {str(rank): {"step": row.get("step"), "time": row.get("time")}
-             for rank, row in sorted(latest.items())}
-    return {"step": max(row.get("step", 0) for row in latest.values()),
-            "steps_per_second": steps_per_s, "scalars": scalars, "ranks": ranks,
-            "updated": updated}
+    ranks = {
+        str(rank): {"step": row.get("step"), "time": row.get("time")}
+        for rank, row in sorted(latest.items())
+    }
+    return {
+        "step": max(row.get("step", 0) for row in latest.values()),
+        "steps_per_second": steps_per_s,
+        "scalars": scalars,
+        "ranks": ranks,
+        "updated": updated,
+    }
 
 
 _ROW_KEYS = frozenset({"seq", "rank", "step", "time"})
 
 
-def steps_per_second(points: Sequence[tuple[float, int]], now: float, window: float,
-                     stale: float | None = None) -> float:
+def steps_per_second(
+    points: Sequence[tuple[float, int]], now: float, window: float, stale: float | None = None
+) -> float:
     """Steps per second over the last ``window`` seconds of ``(time, step)`` points.
 
     0.0 when fewer than two points fall in the window, or when the newest is
@@ -197,40 +287,58 @@ def steps_per_second(points: Sequence[tuple[float, int]], now: float, window: fl
 
 
 # clusters -------------------------------------------------------------------------
-def cluster_model(target: Target, *, inventory: Sequence[Mapping[str, Any]] | None = None,
-                  jobs: Sequence[Mapping[str, Any]] = (), error: str | None = None,
-                  samples: Mapping[str, Mapping[str, Any]] | None = None,
-                  workers: Mapping[str, Mapping[str, Any]] | None = None,
-                  scheduler_id: str | None = None, detail: bool = False) -> dict[str, Any]:
+def cluster_model(
+    target: Target,
+    *,
+    inventory: Sequence[Mapping[str, Any]] | None = None,
+    jobs: Sequence[Mapping[str, Any]] = (),
+    error: str | None = None,
+    samples: Mapping[str, Mapping[str, Any]] | None = None,
+    workers: Mapping[str, Mapping[str, Any]] | None = None,
+    scheduler_id: str | None = None,
+    detail: bool = False,
+) -> dict[str, Any]:
     """A cluster: how to reach it, its slots (GPUs or CPU slots), utilisation and job counts.
 
     ``samples`` maps a worker address to the newest telemetry sample of the
     rank running there; ``workers`` is Dask's per-worker info. ``detail``
     adds the per-worker and per-slot lists.
     """
-    out: dict[str, Any] = {"id": target.id, "address": target.address, "kind": target.kind,
-                           "source": target.source, "reachable": error is None, "error": error}
+    out: dict[str, Any] = {
+        "id": target.id,
+        "address": target.address,
+        "kind": target.kind,
+        "source": target.source,
+        "reachable": error is None,
+        "error": error,
+    }
     if error is not None:
         return out
     slots = list(inventory or [])
     samples = samples or {}
     counts = Counter(str(j.get("status")) for j in jobs)
     busy = [s for s in slots if s.get("job")]
-    gpu_utils = [samples[s["worker"]]["gpu_util"] for s in busy
-                 if _finite(samples.get(s["worker"], {}).get("gpu_util"))]
-    out.update({
-        "scheduler_id": scheduler_id,
-        "workers": len({s["worker"] for s in slots}) if workers is None else len(workers),
-        "hosts": len({s["host"] for s in slots}),
-        "gpus": sum(1 for s in slots if s.get("kind") == "cuda"),
-        "utilisation": {
-            "slots": len(slots), "busy": len(busy),
-            "busy_fraction": len(busy) / len(slots) if slots else 0.0,
-            "gpu_util_mean": sum(gpu_utils) / len(gpu_utils) if gpu_utils else None,
-        },
-        "jobs": {status.name: counts.get(status.name, 0) for status in JobStatus},
-        "queue_length": counts.get(JobStatus.QUEUED.name, 0),
-    })
+    gpu_utils = [
+        samples[s["worker"]]["gpu_util"]
+        for s in busy
+        if _finite(samples.get(s["worker"], {}).get("gpu_util"))
+    ]
+    out.update(
+        {
+            "scheduler_id": scheduler_id,
+            "workers": len({s["worker"] for s in slots}) if workers is None else len(workers),
+            "hosts": len({s["host"] for s in slots}),
+            "gpus": sum(1 for s in slots if s.get("kind") == "cuda"),
+            "utilisation": {
+                "slots": len(slots),
+                "busy": len(busy),
+                "busy_fraction": len(busy) / len(slots) if slots else 0.0,
+                "gpu_util_mean": sum(gpu_utils) / len(gpu_utils) if gpu_utils else None,
+            },
+            "jobs": {status.name: counts.get(status.name, 0) for status in JobStatus},
+            "queue_length": counts.get(JobStatus.QUEUED.name, 0),
+        }
+    )
     if detail:
         out["slots"] = [slot_model(s, samples.get(s["worker"])) for s in slots]
         out["worker_details"] = worker_models(slots, workers or {})
@@ -242,13 +350,20 @@ def slot_model(slot: Mapping[str, Any], sample: Mapping[str, Any] | None) -> dic
     telemetry = None
     if sample:
         telemetry = {k: sample[k] for k in ("source", "time", *_SAMPLE_KEYS) if k in sample}
-    return {"worker": slot["worker"], "host": slot["host"], "kind": slot["kind"],
-            "index": slot.get("index"), "uuid": slot.get("uuid"), "job": slot.get("job"),
-            "telemetry": telemetry}
+    return {
+        "worker": slot["worker"],
+        "host": slot["host"],
+        "kind": slot["kind"],
+        "index": slot.get("index"),
+        "uuid": slot.get("uuid"),
+        "job": slot.get("job"),
+        "telemetry": telemetry,
+    }
 
 
-def worker_models(slots: Sequence[Mapping[str, Any]],
-                  workers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def worker_models(
+    slots: Sequence[Mapping[str, Any]], workers: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """Dask workers with their host, threads, memory and the slots they hold."""
     addresses = sorted({s["worker"] for s in slots} | set(workers))
     out = []
@@ -256,21 +371,24 @@ def worker_models(slots: Sequence[Mapping[str, Any]],
         info = workers.get(address, {})
         metrics = info.get("metrics") or {}
         host = info.get("host") or next((s["host"] for s in slots if s["worker"] == address), None)
-        out.append({
-            "address": address,
-            "name": None if info.get("name") is None else str(info.get("name")),
-            "host": host,
-            "nthreads": info.get("nthreads"),
-            "memory_limit": info.get("memory_limit"),
-            "cpu": _number(metrics.get("cpu")),
-            "memory": _number(metrics.get("memory")),
-            "slots": [s.get("index") for s in slots if s["worker"] == address],
-        })
+        out.append(
+            {
+                "address": address,
+                "name": None if info.get("name") is None else str(info.get("name")),
+                "host": host,
+                "nthreads": info.get("nthreads"),
+                "memory_limit": info.get("memory_limit"),
+                "cpu": _number(metrics.get("cpu")),
+                "memory": _number(metrics.get("memory")),
+                "slots": [s.get("index") for s in slots if s["worker"] == address],
+            }
+        )
     return out
 
 
-def newest_by_worker(record: Mapping[str, Any],
-                     newest: Mapping[int, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def newest_by_worker(
+    record: Mapping[str, Any], newest: Mapping[int, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Re-key a job's newest sample per rank by the worker each rank runs on."""
     out = {}
     for rank in record.get("ranks") or []:
@@ -287,8 +405,11 @@ def health_model(results: Mapping[str, str | None]) -> tuple[int, dict[str, Any]
     Names no job, no address: it is served without authentication.
     """
     down = sorted(cid for cid, err in results.items() if err is not None)
-    body: dict[str, Any] = {"status": "ok" if not down else "unavailable",
-                            "schedulers": len(results), "reachable": len(results) - len(down)}
+    body: dict[str, Any] = {
+        "status": "ok" if not down else "unavailable",
+        "schedulers": len(results),
+        "reachable": len(results) - len(down),
+    }
     if down:
         body["reason"] = "; ".join(f"cluster {cid}: {results[cid]}" for cid in down)
         return 503, body

@@ -37,14 +37,20 @@ class PanelQueries:
         jobs = [job for _, cluster_jobs in parts for job in cluster_jobs]
         return models.overview_model([cluster for cluster, _ in parts], jobs, time.time())
 
-    async def _overview(self: ClusterManager,
-                        target: Target) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def _overview(
+        self: ClusterManager, target: Target
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         try:
             inventory, records, identity = await _settled(
-                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target))
+                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target)
+            )
             now = time.time()
-            followed = {r["id"] for r in records if not models.is_terminal(r["status"])
-                        or (r.get("ended") or now) >= now - self.ended_window}
+            followed = {
+                r["id"]
+                for r in records
+                if not models.is_terminal(r["status"])
+                or (r.get("ended") or now) >= now - self.ended_window
+            }
             busy = {s["job"] for s in inventory if s.get("job")}
             await _settled(*(self._follow(target, r) for r in records if r["id"] in followed))
             await _settled(*(self._follow_system(target, r) for r in records if r["id"] in busy))
@@ -61,9 +67,15 @@ class PanelQueries:
             if record["id"] in followed and progress is not None:
                 shown = self._progress_model(progress, record["status"])
             jobs.append(await self.job_view(target, record, shown))
-        cluster = models.cluster_model(target, inventory=inventory, jobs=records, samples=samples,
-                                       workers=identity.get("workers"),
-                                       scheduler_id=identity.get("id"), detail=True)
+        cluster = models.cluster_model(
+            target,
+            inventory=inventory,
+            jobs=records,
+            samples=samples,
+            workers=identity.get("workers"),
+            scheduler_id=identity.get("id"),
+            detail=True,
+        )
         return cluster, jobs
 
     async def checkpoints(self: ClusterManager, ref: str) -> dict[str, Any]:
@@ -75,12 +87,16 @@ class PanelQueries:
         if directory:
             try:
                 found = await asyncio.get_running_loop().run_in_executor(
-                    None, checkpoints.scan, directory)
+                    None, checkpoints.scan, directory
+                )
             except (OSError, CheckpointError) as e:  # CheckpointError: fsspec's package missing
-                error = (f"checkpoint_dir {directory!r} can't be read from this server "
-                         f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})")
-        return models.checkpoints_model(record["id"], directory, found, record.get("checkpoint"),
-                                        error)
+                error = (
+                    f"checkpoint_dir {directory!r} can't be read from this server "
+                    f"({type(e).__name__}: {getattr(e, 'strerror', None) or e})"
+                )
+        return models.checkpoints_model(
+            record["id"], directory, found, record.get("checkpoint"), error
+        )
 
 
 async def _settled(*awaitables: Any) -> list[Any]:

@@ -30,8 +30,16 @@ OUTPUT = ROOT / "test-output" / "browser"
 # these tests (committed, so that the docs build without a browser)
 DOCS_SCREENSHOTS = ROOT / "docs" / "_static" / "screenshots"
 CHROMIUM = os.environ.get("CLUSTERSDK_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def pytest_configure(config):
@@ -40,7 +48,9 @@ def pytest_configure(config):
 
 def _missing(reason: str):
     if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI must run the browser test: see .ci/apt-packages and the test extra)")
+        pytest.fail(
+            f"{reason} (CI must run the browser test: see .ci/apt-packages and the test extra)"
+        )
     pytest.skip(reason)
 
 
@@ -66,8 +76,9 @@ class Lab:
     """A running JupyterLab: its URL, token, root directory, log and the clustersdk state
     directory whose registry its server extension reads."""
 
-    def __init__(self, root: Path, port: int, token: str, proc: subprocess.Popen, log: Path,
-                 state_dir: Path):
+    def __init__(
+        self, root: Path, port: int, token: str, proc: subprocess.Popen, log: Path, state_dir: Path
+    ):
         self.root, self.port, self.token, self.proc, self.log = root, port, token, proc, log
         self.state_dir = state_dir
 
@@ -76,8 +87,9 @@ class Lab:
         return f"http://127.0.0.1:{self.port}"
 
     def api(self, path: str, method: str = "GET") -> object:
-        req = urllib.request.Request(f"{self.url}{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.url}{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             body = r.read()
         return json.loads(body) if body else None
@@ -98,19 +110,30 @@ def jupyterlab(tmp_path):
 
 
 @contextlib.contextmanager
-def lab_server(tmp_path: Path, config: dict | None = None,
-               env: dict[str, str] | None = None) -> Iterator[Lab]:
+def lab_server(
+    tmp_path: Path, config: dict | None = None, env: dict[str, str] | None = None
+) -> Iterator[Lab]:
     """The :func:`jupyterlab` fixture's server, with more ``config`` (merged into its
     ``jupyter_server_config.json``) and ``env``. It loads this checkout's build of the
     lab extension where there is one (``./dev setup`` makes it), else the installed one."""
     root, home = tmp_path / "root", tmp_path / "home"
-    for d in (root, home / "config", home / "runtime", home / "workspaces", home / "settings",
-              home / "state", home / "data" / "labextensions"):
+    for d in (
+        root,
+        home / "config",
+        home / "runtime",
+        home / "workspaces",
+        home / "settings",
+        home / "state",
+        home / "data" / "labextensions",
+    ):
         d.mkdir(parents=True)
     server_config: dict = {
         # nothing reaches out to the internet: no news, no update check, no PyPI extension search
-        "LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
-                   "extension_manager": "readonly"},
+        "LabApp": {
+            "news_url": None,
+            "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+            "extension_manager": "readonly",
+        },
         "ServerApp": {"allow_root": True},  # CI containers run as root
     }
     for section, values in (config or {}).items():
@@ -125,7 +148,8 @@ def lab_server(tmp_path: Path, config: dict | None = None,
         (home / "data" / "labextensions" / "jupyterlab-clustersdk").symlink_to(built)
     env = {
         **os.environ,
-        "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
         "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
         "JUPYTER_PATH": os.pathsep.join([str(home / "data"), os.environ.get("JUPYTER_PATH", "")]),
@@ -137,10 +161,23 @@ def lab_server(tmp_path: Path, config: dict | None = None,
     log = tmp_path / "jupyterlab.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"],
-            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "lab",
+                "--no-browser",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={token}",
+                f"--ServerApp.root_dir={root}",
+            ],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     lab = Lab(root, port, token, proc, log, home / "state")
     try:
@@ -155,7 +192,9 @@ def lab_server(tmp_path: Path, config: dict | None = None,
                 break
             except OSError as e:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"JupyterLab did not answer within 60 s:\n{lab.log_tail()}") from e
+                    raise AssertionError(
+                        f"JupyterLab did not answer within 60 s:\n{lab.log_tail()}"
+                    ) from e
                 time.sleep(0.2)
         yield lab
     finally:
@@ -168,8 +207,11 @@ def _shutdown(lab: Lab) -> None:
     import psutil
 
     # the kernels and what they started (the notebook's Dask cluster) all run in the root
-    started = [p for p in psutil.process_iter(["cwd"])
-               if p.info["cwd"] == str(lab.root) and p.pid not in (lab.proc.pid, os.getpid())]
+    started = [
+        p
+        for p in psutil.process_iter(["cwd"])
+        if p.info["cwd"] == str(lab.root) and p.pid not in (lab.proc.pid, os.getpid())
+    ]
     try:
         lab.api("/api/shutdown", method="POST")
         lab.proc.wait(timeout=20)
@@ -202,8 +244,12 @@ def browser(tmp_path):
         _missing(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_FLAGS, viewport={"width": 1440, "height": 1100}, device_scale_factor=1,
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1440, "height": 1100},
+            device_scale_factor=1,
         )
         page = context.pages[0] if context.pages else context.new_page()
         try:

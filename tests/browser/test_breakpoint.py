@@ -43,12 +43,32 @@ def own_code(monkeypatch):
 
 
 def notebook(path: Path) -> None:
-    path.write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
-                   "outputs": [], "source": source} for i, source in enumerate(CELLS)],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                    "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}))
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        "cell_type": "code",
+                        "execution_count": None,
+                        "id": f"c{i}",
+                        "metadata": {},
+                        "outputs": [],
+                        "source": source,
+                    }
+                    for i, source in enumerate(CELLS)
+                ],
+                "metadata": {
+                    "kernelspec": {
+                        "display_name": "Python 3 (ipykernel)",
+                        "language": "python",
+                        "name": "python3",
+                    }
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
 
 
 def wait_until(predicate, timeout: float, what: str):
@@ -92,5 +112,8 @@ def test_the_breakpoint_console_works_in_jupyterlab(own_code, browser, jupyterla
     line.fill("c")
     console.get_by_role("button", name="Send").click()
     wait_until(lambda: badge.text_content() == "FINISHED", 120, "the job to finish")
-    wait_until(lambda: "(continuing: the job runs on)" in transcript.text_content(), 30,
-               "the transcript's end")
+    wait_until(
+        lambda: "(continuing: the job runs on)" in transcript.text_content(),
+        30,
+        "the transcript's end",
+    )

@@ -64,8 +64,10 @@ def test_quickstart_runs_in_jupyterlab_and_pause_works(browser, jupyterlab, outp
     page.goto(f"{jupyterlab.url}/doc/tree/{NOTEBOOK.name}?token={jupyterlab.token}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
     # the status bar says so once the kernel has started and answered
-    page.wait_for_function("document.querySelector('.jp-StatusBar-Widget, #jp-main-statusbar')"
-                           " && document.body.innerText.includes('(ipykernel) | Idle')")
+    page.wait_for_function(
+        "document.querySelector('.jp-StatusBar-Widget, #jp-main-statusbar')"
+        " && document.body.innerText.includes('(ipykernel) | Idle')"
+    )
 
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
@@ -77,7 +79,9 @@ def test_quickstart_runs_in_jupyterlab_and_pause_works(browser, jupyterlab, outp
     wait_until(lambda: badge.text_content() == "RUNNING", 60, "the playground job to run")
     wait_until(lambda: last_step_on_chart(dashboard) > 0, 30, "the first points on the loss chart")
     first_step, first_points = last_step_on_chart(dashboard), vertices(dashboard)
-    wait_until(lambda: last_step_on_chart(dashboard) > first_step, 10, "the loss chart to gain steps")
+    wait_until(
+        lambda: last_step_on_chart(dashboard) > first_step, 10, "the loss chart to gain steps"
+    )
     wait_until(lambda: last_step_on_chart(dashboard) >= 1500, 60, "a run worth a screenshot")
     assert vertices(dashboard) >= min(first_points, 100), "the loss line lost its points"
     # the first job's dashboard, finished, shows its whole run

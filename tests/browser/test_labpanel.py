@@ -24,12 +24,31 @@ APPEAR_WITHIN = 2.0  # seconds from launch() returning to the job's row in the s
 
 
 def empty_notebook(path) -> None:
-    path.write_text(json.dumps({
-        "cells": [{"cell_type": "code", "execution_count": None, "id": "first", "metadata": {},
-                   "outputs": [], "source": "1 + 1"}],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                                    "name": "python3"}},
-        "nbformat": 4, "nbformat_minor": 5}))
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        "cell_type": "code",
+                        "execution_count": None,
+                        "id": "first",
+                        "metadata": {},
+                        "outputs": [],
+                        "source": "1 + 1",
+                    }
+                ],
+                "metadata": {
+                    "kernelspec": {
+                        "display_name": "Python 3 (ipykernel)",
+                        "language": "python",
+                        "name": "python3",
+                    }
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
 
 
 def overview_requests(page, seconds: float) -> int:
@@ -64,7 +83,8 @@ def palette(page, label: str) -> None:
 
 
 def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
-        browser, jupyterlab, output_dir, tmp_path):
+    browser, jupyterlab, output_dir, tmp_path
+):
     page = browser
     page.set_default_timeout(60_000)
     empty_notebook(jupyterlab.root / "attach.ipynb")
@@ -83,7 +103,9 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         sidebar.locator(".jp-clustersdk-cluster", has_text=cluster.scheduler_address).wait_for()
         assert sidebar.locator(".jp-clustersdk-slot").count() == 2
         assert sidebar.locator(".jp-clustersdk-slot-label").all_text_contents() == [
-            "CPU slot 0", "CPU slot 1"]
+            "CPU slot 0",
+            "CPU slot 1",
+        ]
         page.locator(".jp-clustersdk-status-text", has_text="0/2 slots busy").wait_for()
 
         # hidden: no refresh at all; the status bar item shows it again, and it refreshes
@@ -97,8 +119,9 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         schema = jupyterlab.api("/lab/api/settings/jupyterlab-clustersdk:plugin")["schema"]
         assert schema["properties"]["refreshInterval"]["default"] == 750
 
-        job = cluster.launch(ticker, world_size=2, name="lab-job",
-                             checkpoint_dir=str(tmp_path / "ck"))
+        job = cluster.launch(
+            ticker, world_size=2, name="lab-job", checkpoint_dir=str(tmp_path / "ck")
+        )
         launched = time.monotonic()
         row = sidebar.locator('.jp-clustersdk-job[data-name="lab-job"]')
         row.wait_for(timeout=30_000)
@@ -109,8 +132,9 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         wait_for(lambda: badge.text_content() == "RUNNING", 60)
         row.get_by_text(re.compile(r"step \d+ / 1000000")).wait_for()
         assert "ddp · 2 ranks" in row.locator(".jp-clustersdk-job-meta").text_content()
-        page.locator(".jp-clustersdk-status-text",
-                     has_text="clustersdk: 1 running · 2/2 slots busy").wait_for()
+        page.locator(
+            ".jp-clustersdk-status-text", has_text="clustersdk: 1 running · 2/2 slots busy"
+        ).wait_for()
 
         def button(name: str):
             return row.get_by_role("button", name=name, exact=True)
@@ -164,7 +188,8 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         page.keyboard.type("print('attached', job.id, job.status)")
         page.keyboard.press("Shift+Enter")
         page.locator(".jp-OutputArea-output", has_text=f"attached {job.id} RUNNING").wait_for(
-            timeout=60_000)
+            timeout=60_000
+        )
 
         button("Stop").click()
         wait_for(lambda: job.status is cs.JobStatus.STOPPED, 60)

@@ -25,16 +25,22 @@ def test_bobs_buttons_on_alices_job_are_disabled(browser, output_dir, tmp_path):
         alice = cs.Cluster.local(workers=2, state_dir=str(tmp_path / "alice"))
     try:
         path = alice.add_user("bob", path=str(tmp_path / "bob.pem"))
-        bob = cs.Cluster.connect(alice.scheduler_address, credentials=path,
-                                 state_dir=str(tmp_path / "bob"))
+        bob = cs.Cluster.connect(
+            alice.scheduler_address, credentials=path, state_dir=str(tmp_path / "bob")
+        )
         hers = alice.launch(spin, world_size=1, name="alice-job")
         his = bob.launch(spin, world_size=1, name="bob-job")
-        config = {"ServerApp": {"identity_provider_class": "tests.extension.people.TokenPeople"},
-                  "TokenPeople": {"tokens": {"bob-token": "bob"}},
-                  "ClusterSDKApp": {"state_dirs": [str(tmp_path / "alice")],
-                                    "credentials": {"bob": path}}}
-        with lab_server(tmp_path / "lab", config, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'extension'}"}
-                        ) as lab:
+        config = {
+            "ServerApp": {"identity_provider_class": "tests.extension.people.TokenPeople"},
+            "TokenPeople": {"tokens": {"bob-token": "bob"}},
+            "ClusterSDKApp": {
+                "state_dirs": [str(tmp_path / "alice")],
+                "credentials": {"bob": path},
+            },
+        }
+        with lab_server(
+            tmp_path / "lab", config, env={"PYTHONPATH": f"{ROOT}:{ROOT / 'extension'}"}
+        ) as lab:
             page = browser
             page.set_default_timeout(60_000)
             page.goto(f"{lab.url}/lab?token=bob-token")
@@ -50,9 +56,9 @@ def test_bobs_buttons_on_alices_job_are_disabled(browser, output_dir, tmp_path):
                 assert button.is_disabled(), name
                 assert button.get_attribute("title") == (
                     "this job belongs to 'alice'; only its owner or an admin may change it "
-                    "(you are 'bob')")
-            wait_for(lambda: mine.locator(".jp-clustersdk-badge").text_content() == "RUNNING",
-                     60)
+                    "(you are 'bob')"
+                )
+            wait_for(lambda: mine.locator(".jp-clustersdk-badge").text_content() == "RUNNING", 60)
             assert mine.get_by_role("button", name="Stop", exact=True).is_enabled()
             page.mouse.move(1, 1)
             sidebar.screenshot(path=str(output_dir / "people-bob.png"))

@@ -16,8 +16,11 @@ _seq = itertools.count(1)
 
 
 def gpus(hosts: int = 1, per_host: int = 4, prefix: str = "h") -> list[Slot]:
-    return [Slot(f"tcp://{prefix}{h}:{9000 + i}", f"{prefix}{h}", "cuda", i, f"GPU-{prefix}{h}-{i}")
-            for h in range(hosts) for i in range(per_host)]
+    return [
+        Slot(f"tcp://{prefix}{h}:{9000 + i}", f"{prefix}{h}", "cuda", i, f"GPU-{prefix}{h}-{i}")
+        for h in range(hosts)
+        for i in range(per_host)
+    ]
 
 
 def config(**settings: Any) -> PolicyConfig:
@@ -32,8 +35,12 @@ def req(job: str, n: int, priority: int | str = "normal", **kw: Any) -> Request:
     return Request(job, n, priority=prio, seq=next(_seq), **kw)
 
 
-def scheduler(slots: list[Slot] | None = None, cfg: PolicyConfig | None = None,
-              *requests: Request, now: float = 0.0) -> Scheduler:
+def scheduler(
+    slots: list[Slot] | None = None,
+    cfg: PolicyConfig | None = None,
+    *requests: Request,
+    now: float = 0.0,
+) -> Scheduler:
     s = Scheduler(cfg or config(), slots if slots is not None else gpus())
     for r in requests:
         s.submit(r)
@@ -47,8 +54,9 @@ def started(decision) -> dict[str, int]:
 
 # --- lifecycles -------------------------------------------------------------------------
 def make(world_size: int = 2, **options) -> Lifecycle:
-    return Lifecycle(WireSpec(id="j1", name="j", world_size=world_size, **options),
-                     failure_grace=3.0)
+    return Lifecycle(
+        WireSpec(id="j1", name="j", world_size=world_size, **options), failure_grace=3.0
+    )
 
 
 def gang(n: int) -> ev.Allocated:
@@ -87,6 +95,7 @@ def running(world_size: int = 2, **options) -> Lifecycle:
 def exit_all(job: Lifecycle, status: ExitStatus = ExitStatus.OK, ranks=None) -> list:
     actions = []
     for rank in ranks if ranks is not None else range(job.world_size):
-        actions += job.handle(ev.Exited(rank, job.attempt, status,
-                                        b"result" if rank == 0 else None), 5.0)
+        actions += job.handle(
+            ev.Exited(rank, job.attempt, status, b"result" if rank == 0 else None), 5.0
+        )
     return actions

@@ -11,14 +11,14 @@ import pytest
 
 from clustersdk.control import events as ev
 from clustersdk.diagnosis import Diagnosis, diagnose, version_mismatch
+from clustersdk.errors import JobFailedError, SpecError
+from clustersdk.protocol import ExitStatus, Word
 from clustersdk.signals import (
     SpikeDetector,
     StepMeans,
     first_nonfinite,
     nonfinite_values,
 )
-from clustersdk.errors import JobFailedError, SpecError
-from clustersdk.protocol import ExitStatus, Word
 from clustersdk.spec import JobSpec
 from clustersdk.status import JobStatus
 
@@ -28,35 +28,56 @@ S = JobStatus
 GIB = 2**30
 
 # --- the classifier: (what a rank or the plane recorded, kind, words the summary has) ----------
-NEW_OOM = ("CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of "
-           "23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has "
-           "23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, "
-           "and 194.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocated "
-           "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
-           "avoid fragmentation.  See documentation for Memory Management  "
-           "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
-OLD_OOM = ("CUDA out of memory. Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB total capacity; "
-           "781.59 MiB already allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)")
-DUPLICATE = ("NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run "
-             "with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\nncclInvalidUsage: This "
-             "usually reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU "
-             "detected : rank 1 and rank 0 both on CUDA device 10")
-NCCL_TIMEOUT = ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, "
-                "OpType=ALLREDUCE, NumelIn=466119168, NumelOut=466119168, Timeout(ms)=600000) ran "
-                "for 600060 milliseconds before timing out.")
-GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
-                "Timed out waiting 3000ms for recv operation to complete")
-STORE_IN_USE = ("The server socket has failed to listen on any local network address. port: "
-                "29533, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in "
-                "use")
-RANGE_IN_USE = ("could not start rank 0 on worker tcp://127.0.0.1:40121: every port of the "
-                "rendezvous range 29533-29533 is in use on this host; widen "
-                "clustersdk.rendezvous-ports")
-CPU_ALLOC = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
-             "memory: you tried to allocate 1125899906842624 bytes. Error code 12 (Cannot "
-             "allocate memory)")
-WHERE = {"where": {"0": {"step": 12, "phase": "step"}, "1": {"step": 11, "phase": "data"},
-                   "2": {"step": 12, "phase": "step"}}}
+NEW_OOM = (
+    "CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of "
+    "23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has "
+    "23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, "
+    "and 194.87 MiB is reserved by PyTorch but unallocated. If reserved but unallocated "
+    "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to "
+    "avoid fragmentation.  See documentation for Memory Management  "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+OLD_OOM = (
+    "CUDA out of memory. Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB total capacity; "
+    "781.59 MiB already allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)"
+)
+DUPLICATE = (
+    "NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, invalid usage (run "
+    "with NCCL_DEBUG=WARN for details), NCCL version 2.20.5\nncclInvalidUsage: This "
+    "usually reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU "
+    "detected : rank 1 and rank 0 both on CUDA device 10"
+)
+NCCL_TIMEOUT = (
+    "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580, "
+    "OpType=ALLREDUCE, NumelIn=466119168, NumelOut=466119168, Timeout(ms)=600000) ran "
+    "for 600060 milliseconds before timing out."
+)
+GLOO_TIMEOUT = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+    "Timed out waiting 3000ms for recv operation to complete"
+)
+STORE_IN_USE = (
+    "The server socket has failed to listen on any local network address. port: "
+    "29533, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in "
+    "use"
+)
+RANGE_IN_USE = (
+    "could not start rank 0 on worker tcp://127.0.0.1:40121: every port of the "
+    "rendezvous range 29533-29533 is in use on this host; widen "
+    "clustersdk.rendezvous-ports"
+)
+CPU_ALLOC = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+    "memory: you tried to allocate 1125899906842624 bytes. Error code 12 (Cannot "
+    "allocate memory)"
+)
+WHERE = {
+    "where": {
+        "0": {"step": 12, "phase": "step"},
+        "1": {"step": 11, "phase": "data"},
+        "2": {"step": 12, "phase": "step"},
+    }
+}
 
 
 def err(type_: str, message: str, rank: int | None = 0, **facts):
@@ -65,59 +86,146 @@ def err(type_: str, message: str, rank: int | None = 0, **facts):
 
 
 def lost(**worker):
-    return err("WorkerLost", "worker tcp://10.0.0.2:4000 (host 10.0.0.2) of rank 1 left the "
-               "cluster", rank=1, worker={"worker": "tcp://10.0.0.2:4000", "host": "10.0.0.2",
-                                          **worker})
+    return err(
+        "WorkerLost",
+        "worker tcp://10.0.0.2:4000 (host 10.0.0.2) of rank 1 left the cluster",
+        rank=1,
+        worker={"worker": "tcp://10.0.0.2:4000", "host": "10.0.0.2", **worker},
+    )
 
 
 CASES = [
-    ("cuda oom, torch >= 2.1", err("OutOfMemoryError", NEW_OOM, rank=1, memory={
-        "device": "cuda:0", "max_allocated": 22.9 * GIB, "max_reserved": 23.1 * GIB,
-        "total": 23.65 * GIB}), "cuda_oom",
-     ["CUDA out of memory on rank 1 (cuda:0)", "peak 22.90 GiB allocated of 23.65 GiB",
-      "tried to allocate 22.00 MiB"]),
-    ("cuda oom, older torch, no peaks", err("RuntimeError", OLD_OOM), "cuda_oom",
-     ["tried to allocate 2.26 GiB", "3.03 GiB free of 6.00 GiB"]),
-    ("duplicate gpu", err("DistBackendError", DUPLICATE, rank=1), "duplicate_gpu",
-     ["ranks 1 and 0 are on the same GPU (CUDA device 10)"]),
-    ("nccl watchdog timeout", err("DistBackendError", NCCL_TIMEOUT, **WHERE), "collective_timeout",
-     ["ALLREDUCE", "timed out on rank 0 at step 12 after 600 s", "ranks 0 and 2 reached it",
-      "rank 1 did not (it was in data at step 11)"]),
-    ("gloo timeout", err("RuntimeError", GLOO_TIMEOUT, rank=2, **WHERE), "collective_timeout",
-     ["(recv) timed out on rank 2 at step 12 after 3 s", "rank 1 did not"]),
-    ("gloo pair closed", err("RuntimeError", "Application timeout caused pair closure"),
-     "collective_timeout", ["timed out on rank 0"]),
-    ("rendezvous, clients joined", err("DistStoreError", "Timed out after 3 seconds waiting for "
-                                       "clients. 1/2 clients joined."), "collective_timeout",
-     ["rendezvous timed out on rank 0: 1/2 ranks joined within 3 s"]),
-    ("rendezvous, key wait", err("DistStoreError", "wait timeout after 2000ms, keys: "
-                                 "/0//cpu//0/1", rank=1), "collective_timeout",
-     ["rendezvous timed out on rank 1"]),
-    ("TCPStore port in use", err("DistNetworkError", STORE_IN_USE), "port_in_use",
-     ["port 29533 is already in use on rank 0"]),
-    ("python socket in use", err("OSError", "[Errno 98] Address already in use"), "port_in_use",
-     ["a port is already in use"]),
-    ("rendezvous range full", err("RuntimeError", RANGE_IN_USE), "port_in_use",
-     ["every port of the rendezvous range 29533-29533 is already in use"]),
-    ("cpu allocation", err("RuntimeError", CPU_ALLOC, rank=3), "host_oom",
-     ["host out of memory on rank 3: an allocation of 1048576.00 GiB failed"]),
+    (
+        "cuda oom, torch >= 2.1",
+        err(
+            "OutOfMemoryError",
+            NEW_OOM,
+            rank=1,
+            memory={
+                "device": "cuda:0",
+                "max_allocated": 22.9 * GIB,
+                "max_reserved": 23.1 * GIB,
+                "total": 23.65 * GIB,
+            },
+        ),
+        "cuda_oom",
+        [
+            "CUDA out of memory on rank 1 (cuda:0)",
+            "peak 22.90 GiB allocated of 23.65 GiB",
+            "tried to allocate 22.00 MiB",
+        ],
+    ),
+    (
+        "cuda oom, older torch, no peaks",
+        err("RuntimeError", OLD_OOM),
+        "cuda_oom",
+        ["tried to allocate 2.26 GiB", "3.03 GiB free of 6.00 GiB"],
+    ),
+    (
+        "duplicate gpu",
+        err("DistBackendError", DUPLICATE, rank=1),
+        "duplicate_gpu",
+        ["ranks 1 and 0 are on the same GPU (CUDA device 10)"],
+    ),
+    (
+        "nccl watchdog timeout",
+        err("DistBackendError", NCCL_TIMEOUT, **WHERE),
+        "collective_timeout",
+        [
+            "ALLREDUCE",
+            "timed out on rank 0 at step 12 after 600 s",
+            "ranks 0 and 2 reached it",
+            "rank 1 did not (it was in data at step 11)",
+        ],
+    ),
+    (
+        "gloo timeout",
+        err("RuntimeError", GLOO_TIMEOUT, rank=2, **WHERE),
+        "collective_timeout",
+        ["(recv) timed out on rank 2 at step 12 after 3 s", "rank 1 did not"],
+    ),
+    (
+        "gloo pair closed",
+        err("RuntimeError", "Application timeout caused pair closure"),
+        "collective_timeout",
+        ["timed out on rank 0"],
+    ),
+    (
+        "rendezvous, clients joined",
+        err("DistStoreError", "Timed out after 3 seconds waiting for clients. 1/2 clients joined."),
+        "collective_timeout",
+        ["rendezvous timed out on rank 0: 1/2 ranks joined within 3 s"],
+    ),
+    (
+        "rendezvous, key wait",
+        err("DistStoreError", "wait timeout after 2000ms, keys: /0//cpu//0/1", rank=1),
+        "collective_timeout",
+        ["rendezvous timed out on rank 1"],
+    ),
+    (
+        "TCPStore port in use",
+        err("DistNetworkError", STORE_IN_USE),
+        "port_in_use",
+        ["port 29533 is already in use on rank 0"],
+    ),
+    (
+        "python socket in use",
+        err("OSError", "[Errno 98] Address already in use"),
+        "port_in_use",
+        ["a port is already in use"],
+    ),
+    (
+        "rendezvous range full",
+        err("RuntimeError", RANGE_IN_USE),
+        "port_in_use",
+        ["every port of the rendezvous range 29533-29533 is already in use"],
+    ),
+    (
+        "cpu allocation",
+        err("RuntimeError", CPU_ALLOC, rank=3),
+        "host_oom",
+        ["host out of memory on rank 3: an allocation of 1048576.00 GiB failed"],
+    ),
     ("MemoryError", err("MemoryError", ""), "host_oom", ["host out of memory on rank 0"]),
-    ("nanny memory kill", lost(exitcode=-15, memory_limit=2 * GIB, rss=1.95 * GIB,
-                               terminated_for_memory=True, terminate_fraction=0.95), "host_oom",
-     ["Dask's nanny terminated worker tcp://10.0.0.2:4000 (rank 1) at RSS 1.95 GiB, 98% of "
-      "its memory_limit 2.00 GiB (over 95%; signal 15, SIGTERM)"]),
-    ("OOM killer", lost(exitcode=-9, memory_limit=2 * GIB, rss=1.8 * GIB), "host_oom",
-     ["killed by SIGKILL at RSS 1.80 GiB, 90% of its memory_limit 2.00 GiB: most likely the "
-      "kernel's OOM killer"]),
-    ("anomaly mode", err("RuntimeError", "Function 'DivBackward0' returned nan values in its "
-                         "1th output."), "nonfinite", ["autograd found NaN values on rank 0"]),
+    (
+        "nanny memory kill",
+        lost(
+            exitcode=-15,
+            memory_limit=2 * GIB,
+            rss=1.95 * GIB,
+            terminated_for_memory=True,
+            terminate_fraction=0.95,
+        ),
+        "host_oom",
+        [
+            "Dask's nanny terminated worker tcp://10.0.0.2:4000 (rank 1) at RSS 1.95 GiB, 98% of "
+            "its memory_limit 2.00 GiB (over 95%; signal 15, SIGTERM)"
+        ],
+    ),
+    (
+        "OOM killer",
+        lost(exitcode=-9, memory_limit=2 * GIB, rss=1.8 * GIB),
+        "host_oom",
+        [
+            "killed by SIGKILL at RSS 1.80 GiB, 90% of its memory_limit 2.00 GiB: most likely the "
+            "kernel's OOM killer"
+        ],
+    ),
+    (
+        "anomaly mode",
+        err("RuntimeError", "Function 'DivBackward0' returned nan values in its 1th output."),
+        "nonfinite",
+        ["autograd found NaN values on rank 0"],
+    ),
 ]
 
 NOT_DIAGNOSED = [
     ("a user's bug", err("ValueError", "boom at step 3 on rank 1")),
     ("a peer's reset", err("RuntimeError", "Connection reset by peer")),
-    ("SIGKILL far below the limit (someone killed it)", lost(exitcode=-9, memory_limit=8 * GIB,
-                                                             rss=0.4 * GIB)),
+    (
+        "SIGKILL far below the limit (someone killed it)",
+        lost(exitcode=-9, memory_limit=8 * GIB, rss=0.4 * GIB),
+    ),
     ("a worker lost without a report", lost()),
     ("a hang", err("Hang", "hung: no rank has finished a step for 61 s", rank=None)),
 ]
@@ -141,12 +249,18 @@ def test_unknown_failures_get_no_diagnosis_rather_than_a_guess(record):
 def test_the_advice_fits_the_failure():
     oom = diagnose(CASES[0][1])
     assert "grad_accum" in oom.advice and "fsdp" in oom.advice and "checkpointing" in oom.advice
-    fragmented = diagnose(err("OutOfMemoryError", NEW_OOM, memory={
-        "max_allocated": 10 * GIB, "max_reserved": 20 * GIB, "total": 24 * GIB}))
+    fragmented = diagnose(
+        err(
+            "OutOfMemoryError",
+            NEW_OOM,
+            memory={"max_allocated": 10 * GIB, "max_reserved": 20 * GIB, "total": 24 * GIB},
+        )
+    )
     assert "expandable_segments:True" in fragmented.advice
     assert "expandable_segments" not in oom.advice
-    host = diagnose(lost(exitcode=-15, memory_limit=2 * GIB, rss=1.95 * GIB,
-                         terminated_for_memory=True))
+    host = diagnose(
+        lost(exitcode=-15, memory_limit=2 * GIB, rss=1.95 * GIB, terminated_for_memory=True)
+    )
     assert "memory_limit" in host.advice and host.worker == "tcp://10.0.0.2:4000"
     assert host.data == {"memory_limit": 2 * GIB, "rss": 1.95 * GIB, "exitcode": -15}
     timeout = diagnose(CASES[3][1])
@@ -160,8 +274,10 @@ def test_versions_that_differ_between_ranks_are_named_with_their_ranks_and_hosts
     other = {**same, "torch": "2.12.1", "cuda_driver": "535"}  # a driver may differ
     found = version_mismatch({0: same, 1: same, 2: other}, hosts={0: "a", 1: "a", 2: "b"})
     assert found.kind == "version_mismatch"
-    assert found.summary == ("ranks run different versions: torch 2.13.0 on ranks 0 and 1 "
-                             "(host a), 2.12.1 on rank 2 (host b)")
+    assert found.summary == (
+        "ranks run different versions: torch 2.13.0 on ranks 0 and 1 "
+        "(host a), 2.12.1 on rank 2 (host b)"
+    )
     assert found.data["versions"] == {"torch": {"2.13.0": [0, 1], "2.12.1": [2]}}
 
 
@@ -171,16 +287,19 @@ def test_a_job_failed_error_leads_with_its_diagnosis():
     e = JobFailedError.from_record("a", record)
     text = str(e)
     assert e.diagnosis == found
-    assert text.index("Diagnosis: CUDA out of memory") < text.index("What to do: lower the "
-                                                                     "micro-batch")
+    assert text.index("Diagnosis: CUDA out of memory") < text.index(
+        "What to do: lower the micro-batch"
+    )
     assert text.index("What to do:") < text.index("Remote traceback")
     assert JobFailedError.from_record("a", CASES[1][1]).diagnosis is None
 
 
 # --- what the logged scalars say ------------------------------------------------------------
 def test_only_watched_scalars_count_as_non_finite():
-    rows = [{"rank": 0, "step": 4, "scalars": {"loss": 0.3, "lr": math.inf}},
-            {"rank": 1, "step": 4, "scalars": {"val_loss": math.nan, "grad_norm": math.inf}}]
+    rows = [
+        {"rank": 0, "step": 4, "scalars": {"loss": 0.3, "lr": math.inf}},
+        {"rank": 1, "step": 4, "scalars": {"val_loss": math.nan, "grad_norm": math.inf}},
+    ]
     assert nonfinite_values(rows[0]["scalars"]) == {}
     rank, step, values = first_nonfinite(rows)
     assert (rank, step) == (1, 4) and set(values) == {"val_loss", "grad_norm"}
@@ -194,8 +313,9 @@ def noisy_loss(step: int, rng: random.Random) -> float:
 @pytest.mark.parametrize("seed", range(5))
 def test_ordinary_noisy_training_makes_no_spike(seed):
     rng, detector = random.Random(seed), SpikeDetector()
-    assert [s for s in (detector.add(step, noisy_loss(step, rng)) for step in range(2000)) if s] \
-        == []
+    assert [
+        s for s in (detector.add(step, noisy_loss(step, rng)) for step in range(2000)) if s
+    ] == []
 
 
 def test_a_spike_is_found_once_at_its_step_and_noise_after_it_is_not():
@@ -215,7 +335,7 @@ def test_the_job_loss_is_judged_and_the_spike_names_the_rank_with_the_highest_lo
     means, job = StepMeans(world_size=4), SpikeDetector()
     judged = []
     for step in range(600):
-        losses = [(0.1 + 0.5 * 0.99 ** step) * rng.uniform(0.7, 1.3) for _ in range(4)]
+        losses = [(0.1 + 0.5 * 0.99**step) * rng.uniform(0.7, 1.3) for _ in range(4)]
         if step == 500:
             losses = [v * 10 for v in losses[:3]] + [losses[3] * 30]  # the batch went wrong
         for rank in rng.sample(range(4), 4):  # the ranks' rows come in any order
@@ -254,8 +374,9 @@ def train(ctx):
 
 def test_on_nan_and_on_spike_are_checked_at_launch():
     assert JobSpec(fn=train, world_size=1).to_wire().on_nan == "report"
-    with pytest.raises(SpecError, match="on_nan must be one of 'report', 'pause', 'rollback', "
-                                        "'fail', got 'skip'"):
+    with pytest.raises(
+        SpecError, match="on_nan must be one of 'report', 'pause', 'rollback', 'fail', got 'skip'"
+    ):
         JobSpec(fn=train, world_size=1, on_nan="skip")
     with pytest.raises(SpecError, match="on_spike must be one of 'report', 'pause', got True"):
         JobSpec(fn=train, world_size=1, on_spike=True)
@@ -277,8 +398,9 @@ def nan(job, step: int = 7, rank: int = 1):
 def test_report_diagnoses_the_first_non_finite_step_and_the_job_goes_on():
     job = running(2)
     first = diagnosed(nan(job, 7))
-    assert [(d["kind"], d["step"], d["rank"], d["worker"]) for d in first] == \
-        [("nonfinite", 7, 1, "w1")]
+    assert [(d["kind"], d["step"], d["rank"], d["worker"]) for d in first] == [
+        ("nonfinite", 7, 1, "w1")
+    ]
     assert first[0]["summary"] == "non-finite loss=nan at step 7 on rank 1"
     assert diagnosed(nan(job, 8)) == [] and diagnosed(nan(job, 7)) == []  # said once
     earlier = diagnosed(nan(job, 6, rank=0))  # its rows came late: that one is the first
@@ -324,15 +446,18 @@ def test_rollback_restarts_from_the_newest_checkpoint_without_that_steps_batch()
     assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(5)]
     assert any(a.kind == "rolled back" for a in of(actions, ev.Record))
     reason = [a.fields["reason"] for a in of(actions, ev.Journal) if "reason" in a.fields][-1]
-    assert reason.startswith("rollback 1 of 3 after a non-finite value at step 7 on rank 1: "
-                             "from checkpoint /c/step-5")
+    assert reason.startswith(
+        "rollback 1 of 3 after a non-finite value at step 7 on rank 1: from checkpoint /c/step-5"
+    )
 
 
 def test_a_step_non_finite_again_after_its_batch_was_dropped_fails_the_job():
     job = running(2, on_nan="rollback", checkpoint_dir="/c")
     rolled_back(job, 7)
-    job.handle(ev.Allocated(job.ranks or (ev.RankSlot("w0", "h0", "cpu"),
-                                          ev.RankSlot("w1", "h1", "cpu"))), 6.0)
+    job.handle(
+        ev.Allocated(job.ranks or (ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w1", "h1", "cpu"))),
+        6.0,
+    )
     for rank in (0, 1):
         job.handle(ev.Started(rank, job.attempt), 6.5)
     actions = nan(job, 7)
@@ -345,8 +470,7 @@ def test_rollbacks_are_bounded():
     job = running(2, on_nan="rollback", checkpoint_dir="/c")
     job.anomalies.max_rollbacks = 1  # (its constructor takes max_rollbacks=)
     rolled_back(job, 7)
-    job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w1", "h1", "cpu"))),
-               6.0)
+    job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w1", "h1", "cpu"))), 6.0)
     for rank in (0, 1):
         job.handle(ev.Started(rank, job.attempt), 6.5)
     nan(job, 9)
@@ -366,8 +490,14 @@ def test_a_spike_is_diagnosed_once_and_pauses_with_on_spike_pause():
 
 def test_a_failure_of_a_known_kind_carries_its_diagnosis_and_a_restart_is_diagnosed_too():
     job = running(2, max_restarts=1)
-    report = {"worker": "w1", "host": "h1", "exitcode": -15, "memory_limit": 2 * GIB,
-              "rss": 1.96 * GIB, "terminated_for_memory": True}
+    report = {
+        "worker": "w1",
+        "host": "h1",
+        "exitcode": -15,
+        "memory_limit": 2 * GIB,
+        "rss": 1.96 * GIB,
+        "terminated_for_memory": True,
+    }
     actions = job.handle(ev.WorkerLost(1, 0, "w1", "h1", facts=report), 2.0)
     assert job.status is S.RESTARTING
     assert [d["kind"] for d in diagnosed(actions)] == ["host_oom"]

@@ -26,8 +26,10 @@ def test_a_job_is_hung_when_no_step_finished_for_the_timeout():
     assert w.verdict(6.9, hang_timeout=6) is None
     beat(w, 7.5, (0, 2, "control"), (1, 2, "control"))  # heard, but no step finished
     assert w.verdict(7.5, hang_timeout=6) == pytest.approx(6.5)
-    assert w.where(8.0) == ("rank 0 at step 2, phase control (heard 0.5 s ago), "
-                            "rank 1 at step 2, phase control (heard 0.5 s ago)")
+    assert w.where(8.0) == (
+        "rank 0 at step 2, phase control (heard 0.5 s ago), "
+        "rank 1 at step 2, phase control (heard 0.5 s ago)"
+    )
     beat(w, 8.0, (1, 3, "step"))  # one rank moved on: progress
     assert w.verdict(8.5, hang_timeout=6) is None
 

@@ -14,10 +14,23 @@ from .helpers import exit_all, of, running, statuses
 
 S = JobStatus
 OWN = {"rank": 1, "type": "ValueError", "message": "bad batch at step 12", "traceback": "tb"}
-LINK = {"rank": 0, "type": "DistBackendError", "message": "[gloo] Timed out waiting 60000ms "
-        "for recv operation to complete", "traceback": ""}
-FRAMES = [{"file": "train.py", "line": 9, "function": "train", "code": "raise ValueError",
-           "ours": False, "locals": {"x": "3"}, "omitted": 0}]
+LINK = {
+    "rank": 0,
+    "type": "DistBackendError",
+    "message": "[gloo] Timed out waiting 60000ms for recv operation to complete",
+    "traceback": "",
+}
+FRAMES = [
+    {
+        "file": "train.py",
+        "line": 9,
+        "function": "train",
+        "code": "raise ValueError",
+        "ours": False,
+        "locals": {"x": "3"},
+        "omitted": 0,
+    }
+]
 
 
 def held(world_size: int = 2, **options):
@@ -54,7 +67,9 @@ def test_a_peer_s_collective_timeout_is_a_consequence_and_a_later_own_error_the_
     job.handle(ev.Held(0, 0, LINK, [], step=12), 3.0)  # the symptom comes first
     assert job.status is S.HELD and job.holds.book.cause == 0
     actions = job.handle(ev.Held(1, 0, OWN, FRAMES, step=12), 3.5)
-    assert job.holds.book.cause == 1 and "rank 1 raised ValueError" in journaled(actions, "reason")[0]
+    assert (
+        job.holds.book.cause == 1 and "rank 1 raised ValueError" in journaled(actions, "reason")[0]
+    )
     job.handle(ev.Held(2, 0, {**LINK, "rank": 2}, [], step=12), 4.0)
     job.handle(ev.StopRequested(), 5.0)
     actions = exit_all(job, ExitStatus.FAILED)
@@ -74,7 +89,9 @@ def test_stop_ends_the_hold_failed_with_the_error_and_ends_ranks_that_never_get_
     exit_all(job, ExitStatus.STOPPED, ranks=[0])  # rank 1 is stuck in a collective
     actions = job.handle(ev.StopOverdue(0, 10.0), 20.0)
     assert [a.worker for a in of(actions, ev.RestartWorker)] == ["w1"]
-    assert statuses(actions) == ["FAILED"] and journaled(actions, "error")[0]["type"] == "ValueError"
+    assert (
+        statuses(actions) == ["FAILED"] and journaled(actions, "error")[0]["type"] == "ValueError"
+    )
     assert of(actions, ev.Release) and not job.held
 
 
@@ -95,13 +112,14 @@ def test_restart_from_checkpoint_continues_from_the_newest_checkpoint_without_a_
     actions = job.handle(ev.RestartRequested(), 5.0)
     assert statuses(actions) == ["RESTARTING"] and job.restarts == 0
     assert of(actions, ev.SendControl)[-1].words[Word.STOP] == 1
-    actions = (exit_all(job, ExitStatus.STOPPED, ranks=[0])
-               + exit_all(job, ExitStatus.FAILED, ranks=[1]))
+    actions = exit_all(job, ExitStatus.STOPPED, ranks=[0]) + exit_all(
+        job, ExitStatus.FAILED, ranks=[1]
+    )
     assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue(front=True)]
     assert job.spec.resume == "/ck/step-8" and job.attempt == 1
     assert journaled(actions, "reason") == [
-        "restarted from its checkpoint (job.restart_from_checkpoint()): from checkpoint "
-        "/ck/step-8"]
+        "restarted from its checkpoint (job.restart_from_checkpoint()): from checkpoint /ck/step-8"
+    ]
     assert job.holds.ranks == [] and job.faults.cause is None  # the new gang starts clean
 
 
@@ -110,7 +128,9 @@ def test_restart_needs_a_held_job_and_a_checkpoint_and_a_refusal_changes_nothing
     with pytest.raises(SpecError, match="has no committed checkpoint to restart from"):
         job.handle(ev.RestartRequested(), 5.0)
     assert job.status is S.HELD
-    with pytest.raises(InvalidTransitionError, match="is RUNNING; only a HELD job can be restarted"):
+    with pytest.raises(
+        InvalidTransitionError, match="is RUNNING; only a HELD job can be restarted"
+    ):
         running(2).handle(ev.RestartRequested(), 5.0)
 
 
@@ -159,7 +179,9 @@ def test_a_breakpoint_pauses_the_job_and_continue_releases_every_rank():
     assert statuses(actions) == ["PAUSED"]
     assert journaled(actions, "reason")[0].startswith("at ctx.breakpoint() on rank 0, step 5")
     (opened,) = console(actions)
-    assert opened["open"] and opened["seq"] == 1 and "ctx.breakpoint() #1 at step 5" in opened["text"]
+    assert (
+        opened["open"] and opened["seq"] == 1 and "ctx.breakpoint() #1 at step 5" in opened["text"]
+    )
     out = job.handle(ev.ConsoleOutput(0, 0, k=1, text="(Pdb rank 0) "), 2.1)
     assert console(out)[0]["text"] == "(Pdb rank 0) " and not of(out, ev.SendControl)
     with pytest.raises(InvalidTransitionError):

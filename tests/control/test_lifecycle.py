@@ -19,9 +19,14 @@ def test_a_gang_starts_runs_and_finishes_freeing_each_slot_once():
     job = make(3)
     actions = job.handle(gang(3), 0.0)
     assert statuses(actions) == ["STARTING"] and of(actions, ev.StartGang) == [
-        ev.StartGang(0, tuple(no_words()))]
+        ev.StartGang(0, tuple(no_words()))
+    ]
     assert of(actions, ev.Journal)[0].fields["ranks"][2] == {
-        "rank": 2, "worker": "w2", "host": "h2", "device": "cpu"}
+        "rank": 2,
+        "worker": "w2",
+        "host": "h2",
+        "device": "cpu",
+    }
     assert job.handle(ev.Started(0, 0), 1.0) == []  # not every rank yet
     job.handle(ev.Started(1, 0), 1.0)
     actions = job.handle(ev.Started(2, 0), 1.5)
@@ -60,15 +65,20 @@ def test_checkpoint_requests_count_up_and_commits_are_journaled():
     assert job.words[Word.CHECKPOINT] == 2
     actions = job.handle(ev.CheckpointCommitted(0, 0, seq=2, step=9, path="/ck/step-9"), 2.5)
     assert job.checkpoint_seq == 2 and (job.checkpoint, job.checkpoint_step) == ("/ck/step-9", 9)
-    assert of(actions, ev.Journal)[0].fields == {"checkpoint": "/ck/step-9", "checkpoint_step": 9,
-                                                 "checkpoint_error": None}
+    assert of(actions, ev.Journal)[0].fields == {
+        "checkpoint": "/ck/step-9",
+        "checkpoint_step": 9,
+        "checkpoint_error": None,
+    }
 
 
 def test_suspend_then_resume_at_another_world_size_queues_a_new_attempt():
     job = running(2, checkpoint_dir="/ck")
     actions = job.handle(ev.SuspendRequested(), 2.0)
-    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
-        Word.SUSPEND] == 1
+    assert (
+        statuses(actions) == ["SUSPENDING"]
+        and of(actions, ev.SendControl)[0].words[Word.SUSPEND] == 1
+    )
     job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=12, path="/ck/step-12"), 2.5)
     actions = exit_all(job, ExitStatus.SUSPENDED)
     assert statuses(actions) == ["SUSPENDED"] and not of(actions, ev.Release)
@@ -100,7 +110,9 @@ def test_stop_while_queued_dequeues_and_releases_at_once():
 def test_stop_while_running_asks_the_ranks_and_ends_stopped():
     job = running(2)
     actions = job.handle(ev.StopRequested(), 2.0)
-    assert statuses(actions) == ["STOPPING"] and of(actions, ev.SendControl)[0].words[Word.STOP] == 1
+    assert (
+        statuses(actions) == ["STOPPING"] and of(actions, ev.SendControl)[0].words[Word.STOP] == 1
+    )
     assert job.handle(ev.StopRequested(), 2.1) == []  # asked already
     assert statuses(exit_all(job, ExitStatus.STOPPED)) == ["STOPPED"] and job.released
 
@@ -128,7 +140,8 @@ def test_a_failure_without_restarts_stops_the_others_and_fails_once_they_are_out
     job = running(3)
     actions = job.handle(ev.Failed(2, 0, OWN), 2.0)
     assert statuses(actions) == [] and of(actions, ev.StartTimer) == [
-        ev.StartTimer(3.0, ev.GraceExpired(0))]
+        ev.StartTimer(3.0, ev.GraceExpired(0))
+    ]
     assert of(actions, ev.SendControl)[0].words[Word.STOP] == 1  # it fails either way
     job.handle(ev.Failed(0, 0, ERROR), 2.1)  # a peer's collective breaks: a consequence
     actions = exit_all(job, ExitStatus.FAILED)
@@ -136,7 +149,8 @@ def test_a_failure_without_restarts_stops_the_others_and_fails_once_they_are_out
     failure = [a.fields["error"] for a in of(actions, ev.Journal) if "error" in a.fields][0]
     assert failure == {**OWN, "consequences": [{**brief(ERROR), "rank": 1}]}
     assert [(r.kind, r.message) for r in of(actions, ev.Record)] == [
-        ("failed", "rank 2: ValueError: bad batch")]
+        ("failed", "rank 2: ValueError: bad batch")
+    ]
 
 
 def test_a_rank_s_own_error_is_the_cause_even_when_a_peer_s_broken_pipe_came_first():
@@ -176,8 +190,10 @@ def test_with_restarts_a_failure_is_held_back_and_a_lost_worker_restarts_the_job
     assert job.status is S.RUNNING
     actions = job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 2.1)  # the cause
     assert statuses(actions) == ["RESTARTING"]
-    assert "worker w1 (host h1) of rank 1 left the cluster; restart 1 of 2" in \
-        of(actions, ev.Journal)[0].fields["reason"]
+    assert (
+        "worker w1 (host h1) of rank 1 left the cluster; restart 1 of 2"
+        in of(actions, ev.Journal)[0].fields["reason"]
+    )
     assert of(actions, ev.FreeSlot) == [ev.FreeSlot("w1")]
     assert of(actions, ev.SendControl)[0].workers == ("w0",)  # only the survivor
     (event,) = of(actions, ev.Record)  # durable, after RESTARTING has long moved on
@@ -188,7 +204,7 @@ def test_with_restarts_a_failure_is_held_back_and_a_lost_worker_restarts_the_job
     assert of(actions, ev.TruncateHistory) == [ev.TruncateHistory(20)]
     assert (job.attempt, job.spec.resume, job.restarts) == (1, "/ck/step-20", 1)
     assert job.handle(ev.GraceExpired(0), 5.0) == []  # for the earlier attempt: over
-    assert job.handle(ev.Started(0, 0), 5.0) == []    # a late event of the earlier gang
+    assert job.handle(ev.Started(0, 0), 5.0) == []  # a late event of the earlier gang
 
 
 def test_losing_a_whole_host_is_one_restart():
@@ -222,8 +238,10 @@ def test_when_the_budget_is_used_up_the_lost_worker_fails_the_job_naming_it():
     actions = job.handle(ev.WorkerLost(1, 1, "w1", "h1"), 4.0)
     error = of(actions, ev.Journal)[0].fields["error"]
     assert statuses(actions) == ["FAILED"] and error["type"] == "WorkerLost" and error["rank"] == 1
-    assert "w1 (host h1)" in error["message"] and "all 1 restart(s) of the job are used up" in \
-        error["message"]
+    assert (
+        "w1 (host h1)" in error["message"]
+        and "all 1 restart(s) of the job are used up" in error["message"]
+    )
 
 
 def test_a_paused_job_that_loses_a_worker_comes_back_paused_from_the_start():
@@ -244,8 +262,10 @@ def test_a_rank_that_cannot_be_started_counts_as_a_lost_worker():
     job.handle(gang(2), 0.0)
     actions = job.handle(ev.StartFailed(1, 0, "OSError", "refused"), 0.5)
     assert statuses(actions) == ["RESTARTING"] and of(actions, ev.FreeSlot) == [ev.FreeSlot("w1")]
-    assert "could not start rank 1 on worker w1: refused" in of(actions, ev.Journal)[0].fields[
-        "reason"]
+    assert (
+        "could not start rank 1 on worker w1: refused"
+        in of(actions, ev.Journal)[0].fields["reason"]
+    )
     actions = job.handle(ev.Exited(0, 0, ExitStatus.FAILED), 1.0)
     assert statuses(actions) == ["QUEUED"]
 
@@ -270,14 +290,17 @@ def test_closing_the_scheduler_fails_active_jobs_but_keeps_suspended_ones():
 
 
 # --- requests that make no sense ---------------------------------------------------------------
-@pytest.mark.parametrize("request_, match", [
-    (ev.PauseRequested(), "is QUEUED; it cannot become PAUSED"),
-    (ev.ResumeRequested(), "only a PAUSED or SUSPENDED job can be resumed"),
-    (ev.CheckpointRequested(), "has no checkpoint_dir, so it cannot checkpoint"),
-    (ev.SuspendRequested(), "has no checkpoint_dir, so it cannot suspend"),
-    (ev.ProfileRequested(3), "is QUEUED; only a RUNNING or PAUSED job can be profiled"),
-    (ev.ProfileRequested(0), "steps must be an int from 1"),
-])
+@pytest.mark.parametrize(
+    "request_, match",
+    [
+        (ev.PauseRequested(), "is QUEUED; it cannot become PAUSED"),
+        (ev.ResumeRequested(), "only a PAUSED or SUSPENDED job can be resumed"),
+        (ev.CheckpointRequested(), "has no checkpoint_dir, so it cannot checkpoint"),
+        (ev.SuspendRequested(), "has no checkpoint_dir, so it cannot suspend"),
+        (ev.ProfileRequested(3), "is QUEUED; only a RUNNING or PAUSED job can be profiled"),
+        (ev.ProfileRequested(0), "steps must be an int from 1"),
+    ],
+)
 def test_a_refused_request_changes_nothing(request_, match):
     job = make(2)
     with pytest.raises((InvalidTransitionError, SpecError), match=match):
@@ -300,8 +323,10 @@ def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
 def test_a_preempted_job_suspends_then_queues_again_from_its_checkpoint():
     job = running(3, checkpoint_dir="/ck", max_restarts=1)
     actions = job.handle(ev.Preempted("suspend", "preempted for big (priority 100)"), 2.0)
-    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
-        Word.SUSPEND] == 1
+    assert (
+        statuses(actions) == ["SUSPENDING"]
+        and of(actions, ev.SendControl)[0].words[Word.SUSPEND] == 1
+    )
     job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=12, path="/ck/step-12"), 2.5)
     actions = exit_all(job, ExitStatus.SUSPENDED)
     assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue()]
@@ -377,7 +402,8 @@ def test_a_gang_smaller_than_asked_for_runs_at_that_world_size():
     job = make(4, min_world_size=2)
     actions = job.handle(gang(3), 0.0)
     assert [(r.kind, r.data) for r in of(actions, ev.Record)] == [
-        ("resized", {"world_size": 3, "was": 4, "asked": 4})]
+        ("resized", {"world_size": 3, "was": 4, "asked": 4})
+    ]
     assert job.spec.asked_world_size == 4
     assert job.world_size == 3 and of(actions, ev.Journal)[0].fields["spec"]["world_size"] == 3
     assert len(of(actions, ev.StartGang)[0].words) == len(Word) and job.held == {0, 1, 2}
@@ -396,15 +422,21 @@ def test_a_job_on_fewer_ranks_grows_back_through_a_checkpoint():
     for rank in range(3):
         job.handle(ev.Started(rank, 0), 1.0)
     actions = job.handle(ev.Grow(4), 2.0)
-    assert statuses(actions) == ["SUSPENDING"] and of(actions, ev.SendControl)[0].words[
-        Word.SUSPEND] == 1
+    assert (
+        statuses(actions) == ["SUSPENDING"]
+        and of(actions, ev.SendControl)[0].words[Word.SUSPEND] == 1
+    )
     assert [(r.kind, r.data) for r in of(actions, ev.Record)] == [
-        ("resized", {"world_size": 4, "was": 3})]
+        ("resized", {"world_size": 4, "was": 3})
+    ]
     job.handle(ev.CheckpointCommitted(0, 0, seq=0, step=8, path="/ck/step-8"), 2.5)
     actions = exit_all(job, ExitStatus.SUSPENDED)
     assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue)
-    assert (job.spec.world_size, job.spec.asked_world_size, job.spec.resume) == (4, None,
-                                                                                  "/ck/step-8")
+    assert (job.spec.world_size, job.spec.asked_world_size, job.spec.resume) == (
+        4,
+        None,
+        "/ck/step-8",
+    )
     assert job.handle(ev.Grow(4), 3.0) == []  # only a RUNNING job on fewer ranks grows
 
 
@@ -449,7 +481,7 @@ def test_only_a_running_or_paused_job_can_be_profiled():
 def test_a_peers_broken_link_on_the_way_out_does_not_fail_a_stopped_job():
     job = running(3, max_restarts=1)
     job.handle(ev.WorkerLost(2, 0, "w2", "h2"), 2.0)  # RESTARTING: the others stop
-    job.handle(ev.StopRequested(), 2.1)               # and the user stops it for good
+    job.handle(ev.StopRequested(), 2.1)  # and the user stops it for good
     job.handle(ev.Failed(0, 0, {**ERROR, "rank": 0}), 2.2)  # a survivor's collective broke
     actions = exit_all(job, ExitStatus.FAILED, ranks=[0, 1])
     assert statuses(actions) == ["STOPPED"] and job.released

@@ -25,18 +25,32 @@ ERROR = {"rank": 0, "type": "RuntimeError", "message": "boom", "traceback": ""}
 class World:
     """One job and what the control plane would see of it; checks invariants as it goes."""
 
-    def __init__(self, world_size: int, max_restarts: int, checkpoints: bool,
-                 on_hang: str = "report", on_error: str = "fail"):
-        self.job = Lifecycle(WireSpec(id="j", name="j", world_size=world_size,
-                                      max_restarts=max_restarts, on_hang=on_hang,
-                                      on_error=on_error, debug=True,
-                                      checkpoint_dir="/ck" if checkpoints else None),
-                             failure_grace=1.0)
+    def __init__(
+        self,
+        world_size: int,
+        max_restarts: int,
+        checkpoints: bool,
+        on_hang: str = "report",
+        on_error: str = "fail",
+    ):
+        self.job = Lifecycle(
+            WireSpec(
+                id="j",
+                name="j",
+                world_size=world_size,
+                max_restarts=max_restarts,
+                on_hang=on_hang,
+                on_error=on_error,
+                debug=True,
+                checkpoint_dir="/ck" if checkpoints else None,
+            ),
+            failure_grace=1.0,
+        )
         self.now = 0.0
-        self.allocated: set[str] = set()   # every worker a gang was given (unique per gang)
+        self.allocated: set[str] = set()  # every worker a gang was given (unique per gang)
         self.freed: collections.Counter = collections.Counter()
         self.releases = 0
-        self.live: set[int] = set()       # ranks of the current gang that may still report
+        self.live: set[int] = set()  # ranks of the current gang that may still report
         self.gangs = 0
 
     # --- feeding, with the invariants checked after every event ---------------------------
@@ -82,8 +96,9 @@ class World:
             n = self.job.world_size
             self.allocated |= {f"w{self.gangs}-{i}" for i in range(n)}
             self.live = set(range(n))
-            self.feed(ev.Allocated(tuple(ev.RankSlot(f"w{self.gangs}-{i}", "h", "cpu")
-                                         for i in range(n))))
+            self.feed(
+                ev.Allocated(tuple(ev.RankSlot(f"w{self.gangs}-{i}", "h", "cpu") for i in range(n)))
+            )
 
     def rank_move(self, kind: int, pick: int) -> None:
         if not self.live:
@@ -108,7 +123,9 @@ class World:
             self.live.discard(rank)
             self.feed(ev.WorkerLost(rank, attempt, f"w{self.gangs}-{rank}", "h"))
         elif kind == 7:
-            self.feed(ev.CheckpointCommitted(rank, attempt, seq=pick, step=pick, path=f"/ck/{pick}"))
+            self.feed(
+                ev.CheckpointCommitted(rank, attempt, seq=pick, step=pick, path=f"/ck/{pick}")
+            )
         elif kind == 8:  # a late event of an earlier gang start
             self.feed(ev.Exited(rank, attempt - 1, ExitStatus.FAILED))
         elif kind == 9:  # raised under on_error="hold": it waits
@@ -116,23 +133,33 @@ class World:
         elif kind == 10:  # at a ctx.breakpoint(), its pdb session opens
             self.feed(ev.BreakpointHit(rank, attempt, k=1 + pick % 3, step=pick))
         elif kind == 11:  # the session printed, or ended (continue)
-            self.feed(ev.ConsoleOutput(rank, attempt, k=1 + pick % 3, text="(Pdb) ",
-                                       closed=pick % 2 == 0))
+            self.feed(
+                ev.ConsoleOutput(rank, attempt, k=1 + pick % 3, text="(Pdb) ", closed=pick % 2 == 0)
+            )
 
     def request(self, kind: int, pick: int) -> None:
-        self.feed([ev.StopRequested(), ev.PauseRequested(), ev.PauseWithdrawn(),
-                   ev.ResumeRequested(world_size=[None, 1, 2][pick % 3]),
-                   ev.CheckpointRequested(), ev.SuspendRequested(),
-                   ev.GraceExpired(self.job.attempt),
-                   # the scheduling policy's: preemption (and its overdue stop), idle reclaim
-                   ev.Preempted(["suspend", "stop"][pick % 2], "for a higher job"),
-                   ev.Preempted("suspend", "for a higher job", overdue=True),
-                   ev.Reclaimed(["suspend", "stop"][pick % 2], "idle"),
-                   # the hang watchdog's: found hung, a step after all, ranks that never stop
-                   ev.HangDetected(9.0, 6.0, "rank 0 in step", 1.0), ev.Progressed(),
-                   ev.StopOverdue(self.job.attempt, 1.0),
-                   # holds: the owner's restart, the hold timeout
-                   ev.RestartRequested(), ev.HoldExpired(self.job.attempt)][kind % 15])
+        self.feed(
+            [
+                ev.StopRequested(),
+                ev.PauseRequested(),
+                ev.PauseWithdrawn(),
+                ev.ResumeRequested(world_size=[None, 1, 2][pick % 3]),
+                ev.CheckpointRequested(),
+                ev.SuspendRequested(),
+                ev.GraceExpired(self.job.attempt),
+                # the scheduling policy's: preemption (and its overdue stop), idle reclaim
+                ev.Preempted(["suspend", "stop"][pick % 2], "for a higher job"),
+                ev.Preempted("suspend", "for a higher job", overdue=True),
+                ev.Reclaimed(["suspend", "stop"][pick % 2], "idle"),
+                # the hang watchdog's: found hung, a step after all, ranks that never stop
+                ev.HangDetected(9.0, 6.0, "rank 0 in step", 1.0),
+                ev.Progressed(),
+                ev.StopOverdue(self.job.attempt, 1.0),
+                # holds: the owner's restart, the hold timeout
+                ev.RestartRequested(),
+                ev.HoldExpired(self.job.attempt),
+            ][kind % 15]
+        )
 
     def drain(self) -> None:
         """Every rank still out there exits; nothing may be left holding a slot."""
@@ -142,17 +169,21 @@ class World:
         self.feed(ev.GraceExpired(self.job.attempt))
 
 
-moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 14), st.integers(0, 7)),
-                 max_size=60)
+moves = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 14), st.integers(0, 7)), max_size=60)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(world_size=st.integers(1, 4), max_restarts=st.integers(0, 2), checkpoints=st.booleans(),
-       on_hang=st.sampled_from(["report", "restart", "fail"]),
-       on_error=st.sampled_from(["fail", "hold"]), moves=moves)
-def test_no_sequence_of_events_leaks_a_slot_or_releases_twice(world_size, max_restarts,
-                                                              checkpoints, on_hang, on_error,
-                                                              moves):
+@given(
+    world_size=st.integers(1, 4),
+    max_restarts=st.integers(0, 2),
+    checkpoints=st.booleans(),
+    on_hang=st.sampled_from(["report", "restart", "fail"]),
+    on_error=st.sampled_from(["fail", "hold"]),
+    moves=moves,
+)
+def test_no_sequence_of_events_leaks_a_slot_or_releases_twice(
+    world_size, max_restarts, checkpoints, on_hang, on_error, moves
+):
     world = World(world_size, max_restarts, checkpoints, on_hang, on_error)
     for group, kind, pick in moves:
         if group == 0:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from clustersdk.control import events as ev
 from clustersdk import hparams
+from clustersdk.control import events as ev
 from clustersdk.control.lifecycle import Lifecycle
 from clustersdk.errors import InvalidTransitionError, SpecError
 from clustersdk.protocol import ExitStatus, WireSpec, Word
@@ -14,8 +14,13 @@ from clustersdk.status import JobStatus
 
 S = JobStatus
 SGD = {"type": "SGD", "groups": [{"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0}]}
-ADAMW2 = {"type": "AdamW", "groups": [{"lr": 0.01, "betas": [0.9, 0.999], "weight_decay": 0.01},
-                                      {"lr": 0.02, "betas": [0.9, 0.999], "weight_decay": 0.0}]}
+ADAMW2 = {
+    "type": "AdamW",
+    "groups": [
+        {"lr": 0.01, "betas": [0.9, 0.999], "weight_decay": 0.01},
+        {"lr": 0.02, "betas": [0.9, 0.999], "weight_decay": 0.0},
+    ],
+}
 
 
 def info(optimizer=ADAMW2, batch=16, calls=("micro_batches", "optimizer_step")):
@@ -23,10 +28,12 @@ def info(optimizer=ADAMW2, batch=16, calls=("micro_batches", "optimizer_step")):
 
 
 def running(world_size=2, **options) -> Lifecycle:
-    job = Lifecycle(WireSpec(id="j1", name="j", world_size=world_size, **options),
-                    failure_grace=3.0)
-    job.handle(ev.Allocated(tuple(ev.RankSlot(f"w{i}", f"h{i}", "cpu")
-                                  for i in range(world_size))), 0.0)
+    job = Lifecycle(
+        WireSpec(id="j1", name="j", world_size=world_size, **options), failure_grace=3.0
+    )
+    job.handle(
+        ev.Allocated(tuple(ev.RankSlot(f"w{i}", f"h{i}", "cpu") for i in range(world_size))), 0.0
+    )
     for rank in range(world_size):
         job.handle(ev.Started(rank, job.attempt), 1.0)
     return job
@@ -84,8 +91,9 @@ def test_a_run_on_ranks_the_job_does_not_have_is_refused_before_anything(ranks):
 
 def test_run_and_update_need_a_running_or_paused_job():
     job = Lifecycle(WireSpec(id="j1", name="j", world_size=1), failure_grace=3.0)
-    with pytest.raises(InvalidTransitionError, match="is QUEUED; job.run needs a RUNNING, PAUSED or "
-                                                     "HELD job"):
+    with pytest.raises(
+        InvalidTransitionError, match="is QUEUED; job.run needs a RUNNING, PAUSED or HELD job"
+    ):
         job.handle(ev.RunRequested(b"fn", None, 1000), 0.0)
     with pytest.raises(InvalidTransitionError, match="is QUEUED; job.update needs"):
         job.handle(ev.UpdateRequested({"lr": 0.1}), 0.0)
@@ -116,54 +124,76 @@ def test_old_run_results_are_let_go_but_not_a_run_a_rank_has_still_to_carry_out(
 
 
 # --- job.update: the checks --------------------------------------------------------------------
-SPEC = WireSpec(id="j", name="j", world_size=2, checkpoint_dir="/c",
-                hparams={"warmup": 10, "smoothing": 0.1, "schedule": "cosine", "ema": False})
+SPEC = WireSpec(
+    id="j",
+    name="j",
+    world_size=2,
+    checkpoint_dir="/c",
+    hparams={"warmup": 10, "smoothing": 0.1, "schedule": "cosine", "ema": False},
+)
 RANKS = {0: info(), 1: info()}
 
 
-@pytest.mark.parametrize("changes, normal", [
-    ({"lr": 1e-3}, {"lr": 1e-3}),
-    ({"lr": 0}, {"lr": 0.0}),
-    ({"lr": {0: 1e-3, "1": 2e-3}}, {"lr[0]": 1e-3, "lr[1]": 2e-3}),
-    ({"betas": (0.8, 0.95)}, {"betas": [0.8, 0.95]}),
-    ({"weight_decay": {1: 0.1}}, {"weight_decay[1]": 0.1}),
-    ({"clip_grad_norm": 1}, {"clip_grad_norm": 1.0}),
-    ({"clip_grad_norm": None}, {"clip_grad_norm": None}),
-    ({"grad_accum": 4}, {"grad_accum": 4}),
-    ({"checkpoint_every": 50}, {"checkpoint_every": 50}),
-    ({"metrics_interval": 1}, {"metrics_interval": 1.0}),
-    ({"warmup": 20, "smoothing": 0, "schedule": "linear", "ema": True},
-     {"warmup": 20, "smoothing": 0.0, "schedule": "linear", "ema": True}),
-])
+@pytest.mark.parametrize(
+    "changes, normal",
+    [
+        ({"lr": 1e-3}, {"lr": 1e-3}),
+        ({"lr": 0}, {"lr": 0.0}),
+        ({"lr": {0: 1e-3, "1": 2e-3}}, {"lr[0]": 1e-3, "lr[1]": 2e-3}),
+        ({"betas": (0.8, 0.95)}, {"betas": [0.8, 0.95]}),
+        ({"weight_decay": {1: 0.1}}, {"weight_decay[1]": 0.1}),
+        ({"clip_grad_norm": 1}, {"clip_grad_norm": 1.0}),
+        ({"clip_grad_norm": None}, {"clip_grad_norm": None}),
+        ({"grad_accum": 4}, {"grad_accum": 4}),
+        ({"checkpoint_every": 50}, {"checkpoint_every": 50}),
+        ({"metrics_interval": 1}, {"metrics_interval": 1.0}),
+        (
+            {"warmup": 20, "smoothing": 0, "schedule": "linear", "ema": True},
+            {"warmup": 20, "smoothing": 0.0, "schedule": "linear", "ema": True},
+        ),
+    ],
+)
 def test_good_changes_are_normalized(changes, normal):
     assert hparams.check(changes, SPEC, RANKS) == normal
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({}, r"needs at least one change"),
-    ({"momentum": 0.5}, r"job.update\(momentum=...\): unknown key; it changes lr, weight_decay, "
-                        r"betas, .* and the job's hparams \(ema, schedule, smoothing, warmup\)"),
-    ({"lr": -1e-3}, r"job.update\(lr=-0.001\): lr must be a finite number >= 0"),
-    ({"lr": float("nan")}, r"lr must be a finite number"),
-    ({"lr": "fast"}, r"job.update\(lr='fast'\): lr must be a finite number >= 0"),
-    ({"lr": True}, r"lr must be a finite number"),
-    ({"lr": {2: 1e-3}}, r"group 2 does not exist; optimizer 'optimizer' \(AdamW\) has 2 param "
-                        r"group\(s\), 0 to 1"),
-    ({"lr": {"x": 1e-3}}, r"'x' is not a param group index"),
-    ({"betas": 0.9}, r"betas must be two numbers in \[0, 1\)"),
-    ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
-    ({"clip_grad_norm": 0}, r"clip_grad_norm must be a finite number > 0"),
-    ({"grad_accum": 0}, r"grad_accum must be a positive int"),
-    ({"grad_accum": 2.0}, r"grad_accum must be a positive int"),
-    ({"grad_accum": 3}, r"grad_accum must divide the batch of each rank, and rank 0's is 16"),
-    ({"checkpoint_every": -5}, r"checkpoint_every must be a positive int"),
-    ({"metrics_interval": 0}, r"metrics_interval must be a finite number > 0"),
-    ({"warmup": 2.5}, r"job.update\(warmup=2.5\): ctx.hparams\['warmup'\] is a int \(launched "
-                      r"as 10\); give a int"),
-    ({"warmup": True}, r"ctx.hparams\['warmup'\] is a int"),
-    ({"smoothing": "0.1"}, r"ctx.hparams\['smoothing'\] is a float"),
-    ({"ema": 1}, r"ctx.hparams\['ema'\] is a bool"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({}, r"needs at least one change"),
+        (
+            {"momentum": 0.5},
+            r"job.update\(momentum=...\): unknown key; it changes lr, weight_decay, "
+            r"betas, .* and the job's hparams \(ema, schedule, smoothing, warmup\)",
+        ),
+        ({"lr": -1e-3}, r"job.update\(lr=-0.001\): lr must be a finite number >= 0"),
+        ({"lr": float("nan")}, r"lr must be a finite number"),
+        ({"lr": "fast"}, r"job.update\(lr='fast'\): lr must be a finite number >= 0"),
+        ({"lr": True}, r"lr must be a finite number"),
+        (
+            {"lr": {2: 1e-3}},
+            r"group 2 does not exist; optimizer 'optimizer' \(AdamW\) has 2 param "
+            r"group\(s\), 0 to 1",
+        ),
+        ({"lr": {"x": 1e-3}}, r"'x' is not a param group index"),
+        ({"betas": 0.9}, r"betas must be two numbers in \[0, 1\)"),
+        ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
+        ({"clip_grad_norm": 0}, r"clip_grad_norm must be a finite number > 0"),
+        ({"grad_accum": 0}, r"grad_accum must be a positive int"),
+        ({"grad_accum": 2.0}, r"grad_accum must be a positive int"),
+        ({"grad_accum": 3}, r"grad_accum must divide the batch of each rank, and rank 0's is 16"),
+        ({"checkpoint_every": -5}, r"checkpoint_every must be a positive int"),
+        ({"metrics_interval": 0}, r"metrics_interval must be a finite number > 0"),
+        (
+            {"warmup": 2.5},
+            r"job.update\(warmup=2.5\): ctx.hparams\['warmup'\] is a int \(launched "
+            r"as 10\); give a int",
+        ),
+        ({"warmup": True}, r"ctx.hparams\['warmup'\] is a int"),
+        ({"smoothing": "0.1"}, r"ctx.hparams\['smoothing'\] is a float"),
+        ({"ema": 1}, r"ctx.hparams\['ema'\] is a bool"),
+    ],
+)
 def test_bad_changes_name_the_key_and_what_it_takes(changes, message):
     with pytest.raises(SpecError, match=message):
         hparams.check(changes, SPEC, RANKS)
@@ -171,8 +201,11 @@ def test_bad_changes_name_the_key_and_what_it_takes(changes, message):
 
 def test_what_the_ranks_hold_decides_what_can_change():
     sgd = {0: info(SGD), 1: info(SGD)}
-    with pytest.raises(SpecError, match=r"optimizer 'optimizer' \(SGD\) has no 'betas' in param "
-                                        r"group 0; it has lr, momentum, weight_decay"):
+    with pytest.raises(
+        SpecError,
+        match=r"optimizer 'optimizer' \(SGD\) has no 'betas' in param "
+        r"group 0; it has lr, momentum, weight_decay",
+    ):
         hparams.check({"betas": (0.9, 0.99)}, SPEC, sgd)
     with pytest.raises(SpecError, match="registered no optimizer; call ctx.register"):
         hparams.check({"lr": 0.1}, SPEC, {0: {"optimizers": {}, "calls": []}})
@@ -188,8 +221,11 @@ def test_what_the_ranks_hold_decides_what_can_change():
 
 def test_what_the_spec_says_decides_too():
     pp = SPEC.replace(strategy="pp")
-    with pytest.raises(SpecError, match=r"under strategy='pp' the pipeline schedule cuts each "
-                                        "batch"):
+    with pytest.raises(
+        SpecError,
+        match=r"under strategy='pp' the pipeline schedule cuts each "
+        "batch",
+    ):
         hparams.check({"grad_accum": 2}, pp, RANKS)
     with pytest.raises(SpecError, match="the job has no checkpoint_dir"):
         hparams.check({"checkpoint_every": 5}, SPEC.replace(checkpoint_dir=None), RANKS)
@@ -217,8 +253,9 @@ def test_merged_changes_keep_the_newest_value_of_each_key():
 def test_an_update_is_applied_by_every_rank_and_recorded_once():
     job = running(2, checkpoint_dir="/c", hparams={"warmup": 10})
     tell(job)
-    words = sent(job.handle(ev.UpdateRequested({"lr": 1e-3, "warmup": 20,
-                                                "checkpoint_every": 7}), 2.0))
+    words = sent(
+        job.handle(ev.UpdateRequested({"lr": 1e-3, "warmup": 20, "checkpoint_every": 7}), 2.0)
+    )
     assert [w[Word.UPDATE] for w in words] == [1]
     [entry] = job.live.pending(0, 1, runs=(0, 0), updates=(0, 1))
     assert entry["changes"] == {"lr": 1e-3, "warmup": 20, "checkpoint_every": 7}
@@ -226,8 +263,10 @@ def test_an_update_is_applied_by_every_rank_and_recorded_once():
     actions = job.handle(ev.Updated(1, 0, 1, 12, changes), 2.1)
     [record] = records(actions)
     assert record.kind == "updated" and record.data == {"seq": 1, "step": 12, "changes": changes}
-    assert record.message == "lr 0.01 → 0.001, warmup 10 → 20, checkpoint_every None → 7 " \
-                             "(before step 12)"
+    assert (
+        record.message == "lr 0.01 → 0.001, warmup 10 → 20, checkpoint_every None → 7 "
+        "(before step 12)"
+    )
     publish = [a.message for a in actions if isinstance(a, ev.Publish)]
     assert publish == [{"kind": "updated", "seq": 1, "step": 12, "changes": changes}]
     assert job.spec.checkpoint_every == 7  # later gangs start with it
@@ -241,10 +280,29 @@ def test_a_rank_that_refuses_an_update_makes_it_refused_with_its_reason():
     job = running(2)
     tell(job)
     job.handle(ev.UpdateRequested({"lr": 1e-3}), 2.0)
-    job.handle(ev.Updated(0, 0, 1, error={"rank": 0, "type": "Refused",
-                                          "message": "another rank refused the update"}), 2.1)
-    job.handle(ev.Updated(1, 0, 1, error={"rank": 1, "type": "SpecError", "cause": True,
-                                          "message": "no 'lr' in param group 0"}), 2.2)
+    job.handle(
+        ev.Updated(
+            0,
+            0,
+            1,
+            error={"rank": 0, "type": "Refused", "message": "another rank refused the update"},
+        ),
+        2.1,
+    )
+    job.handle(
+        ev.Updated(
+            1,
+            0,
+            1,
+            error={
+                "rank": 1,
+                "type": "SpecError",
+                "cause": True,
+                "message": "no 'lr' in param group 0",
+            },
+        ),
+        2.2,
+    )
     entry = job.live.updates[1]
     assert entry["error"]["rank"] == 1 and entry["step"] is None and job.live.done(1, 2)
     assert job.live.pending(0, 0, runs=(0, 0), updates=(0, 1)) == []
@@ -269,10 +327,15 @@ def test_a_new_gang_gets_every_change_so_far_once_and_no_old_run():
     [start] = [a for a in actions if isinstance(a, ev.StartGang)]
     assert start.words[Word.UPDATE] == 3 and start.words[Word.RUN] == 0
     # the new gang's rank asks with the words it starts with: one carried update, no run
-    [carried] = job.live.pending(1, 0, runs=(0, start.words[Word.RUN]),
-                                 updates=(0, start.words[Word.UPDATE]))
-    assert carried == {"seq": 3, "kind": "update", "carried": True,
-                       "changes": {"warmup": 20, "lr": 0.1}}
+    [carried] = job.live.pending(
+        1, 0, runs=(0, start.words[Word.RUN]), updates=(0, start.words[Word.UPDATE])
+    )
+    assert carried == {
+        "seq": 3,
+        "kind": "update",
+        "carried": True,
+        "changes": {"warmup": 20, "lr": 0.1},
+    }
     assert job.live.runs[2]["errors"][0]["type"] == "GangEnded"
     assert job.live.info == {}  # the new gang reports its batch again
     # its report records only the change never applied before
@@ -293,8 +356,9 @@ def test_a_gang_with_nothing_to_carry_starts_with_no_update_word():
         job.handle(ev.UpdateRequested({"lr": -1}), 2.0)
     job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 3.0)
     job.handle(ev.Exited(0, 0, ExitStatus.STOPPED), 3.1)
-    actions = job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"),
-                                       ev.RankSlot("w2", "h2", "cpu"))), 4.0)
+    actions = job.handle(
+        ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w2", "h2", "cpu"))), 4.0
+    )
     [start] = [a for a in actions if isinstance(a, ev.StartGang)]
     assert start.words[Word.UPDATE] == 0 and job.live.carry is None
 
@@ -305,7 +369,6 @@ def test_reports_of_an_earlier_gang_are_ignored():
     job.handle(ev.UpdateRequested({"lr": 1e-3}), 2.0)
     job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 3.0)
     job.handle(ev.Exited(0, 0, ExitStatus.STOPPED), 3.1)
-    job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"),
-                             ev.RankSlot("w2", "h2", "cpu"))), 4.0)
+    job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w2", "h2", "cpu"))), 4.0)
     assert job.handle(ev.Updated(0, 0, 1, 9, {"lr": [0.01, 1e-3]}), 4.1) == []
     assert job.live.updates[1]["step"] is None

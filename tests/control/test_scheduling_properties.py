@@ -38,10 +38,15 @@ from clustersdk.control.scheduling import (
 from clustersdk.control.scheduling.model import ACTIVE
 from clustersdk.errors import CapacityError, SpecError
 
-settings.register_profile("clustersdk-ci", max_examples=40, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("clustersdk-thorough", max_examples=1500, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "clustersdk-ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "clustersdk-thorough",
+    max_examples=1500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 PROFILE = settings.get_profile(f"clustersdk-{os.environ.get('CLUSTERSDK_HYPOTHESIS', 'ci')}")
 OWNERS = ("ann", "bob", "cy")
 
@@ -50,8 +55,11 @@ OWNERS = ("ann", "bob", "cy")
 @st.composite
 def clusters(draw, shared_gpus: bool = True) -> list[Slot]:
     hosts, per_host = draw(st.integers(1, 3)), draw(st.integers(1, 4))
-    slots = [Slot(f"tcp://h{h}:{i}", f"h{h}", "cuda", i, f"GPU-{h}-{i}")
-             for h in range(hosts) for i in range(per_host)]
+    slots = [
+        Slot(f"tcp://h{h}:{i}", f"h{h}", "cuda", i, f"GPU-{h}-{i}")
+        for h in range(hosts)
+        for i in range(per_host)
+    ]
     if shared_gpus and draw(st.booleans()):  # a second worker on one GPU (never two ranks there)
         twin = draw(st.sampled_from(slots))
         slots.append(Slot(twin.worker + "b", twin.host, "cuda", twin.index, twin.uuid))
@@ -63,9 +71,11 @@ def configs(draw, total: int, one_queue: bool = False) -> PolicyConfig:
     queues: dict = {"default": {"guaranteed": "rest"}}
     if not one_queue:
         for name in draw(st.sampled_from([(), ("a",), ("a", "b")])):
-            queues[name] = {"guaranteed": draw(st.integers(0, total)),
-                            "borrowing-limit": draw(st.none() | st.integers(0, total)),
-                            "cohort": draw(st.sampled_from(["x", "y"]))}
+            queues[name] = {
+                "guaranteed": draw(st.integers(0, total)),
+                "borrowing-limit": draw(st.none() | st.integers(0, total)),
+                "cohort": draw(st.sampled_from(["x", "y"])),
+            }
         queues["default"]["cohort"] = draw(st.sampled_from(["x", "y"]))
         if draw(st.booleans()):
             queues["default"]["guaranteed"] = draw(st.integers(0, total))
@@ -93,13 +103,19 @@ def requests(draw, config: PolicyConfig, total: int, plain: bool = False) -> dic
 
 def events(config: PolicyConfig, total: int, plain: bool = False):
     pick = st.integers(0, 99)  # which job, among those the event applies to
-    return st.lists(st.one_of(
-        st.tuples(st.just("submit"), requests(config, total, plain)),
-        st.tuples(st.just("tick"), st.floats(0.5, 60)),
-        st.tuples(st.sampled_from(["finish", "leave", "progress", "pause", "resume",
-                                   "checkpoint"]), pick),
-        *(() if plain else (st.tuples(st.just("lose"), pick),)),
-    ), min_size=1, max_size=25)
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("submit"), requests(config, total, plain)),
+            st.tuples(st.just("tick"), st.floats(0.5, 60)),
+            st.tuples(
+                st.sampled_from(["finish", "leave", "progress", "pause", "resume", "checkpoint"]),
+                pick,
+            ),
+            *(() if plain else (st.tuples(st.just("lose"), pick),)),
+        ),
+        min_size=1,
+        max_size=25,
+    )
 
 
 @st.composite
@@ -114,7 +130,7 @@ class Simulation:
     def __init__(self, slots: list[Slot], config: PolicyConfig) -> None:
         self.s = Scheduler(config, slots)
         self.config, self.now, self.seq = config, 0.0, itertools.count(1)
-        self.done: set[str] = set()        # finished, or reclaimed and not resumed
+        self.done: set[str] = set()  # finished, or reclaimed and not resumed
         self.submitted: set[str] = set()
         self.preempted: set[tuple[str, str]] = set()  # (victim, for whom) since its start
 
@@ -163,17 +179,28 @@ class Simulation:
 
     def submit(self, fields: dict) -> None:
         try:
-            admission = admit(self.config, world_size=fields["world_size"], queue=fields["queue"],
-                              priority=fields["priority"], preemptible=fields["preemptible"],
-                              time_limit=fields["time_limit"],
-                              min_world_size=fields["min_world_size"],
-                              total_slots=len(self.s.inventory))
+            admission = admit(
+                self.config,
+                world_size=fields["world_size"],
+                queue=fields["queue"],
+                priority=fields["priority"],
+                preemptible=fields["preemptible"],
+                time_limit=fields["time_limit"],
+                min_world_size=fields["min_world_size"],
+                total_slots=len(self.s.inventory),
+            )
         except (SpecError, CapacityError):
             return  # refused at launch: it never reaches the queue
         job = f"j{next(self.seq)}"
-        self.s.submit(Request(job, seq=int(job[1:]), submitted_at=self.now,
-                              priority=admission.priority,
-                              **{k: v for k, v in fields.items() if k != "priority"}))
+        self.s.submit(
+            Request(
+                job,
+                seq=int(job[1:]),
+                submitted_at=self.now,
+                priority=admission.priority,
+                **{k: v for k, v in fields.items() if k != "priority"},
+            )
+        )
         self.submitted.add(job)
 
     def no_thrash(self, decision) -> None:
@@ -207,9 +234,14 @@ def check_allocation(state, decision, sim) -> None:
         req = queued[start.job]
         # a slot a victim left is its job's while that job waits for it; only a job of a
         # higher priority, which could preempt it anyway, may start on it first
-        owed = {w for job, ws in state.claims.items() if job != start.job
-                and getattr(decision.waiting.get(job), "kind", "") == "preempting"
-                and queued[job].priority >= req.priority for w in ws}
+        owed = {
+            w
+            for job, ws in state.claims.items()
+            if job != start.job
+            and getattr(decision.waiting.get(job), "kind", "") == "preempting"
+            and queued[job].priority >= req.priority
+            for w in ws
+        }
         assert not {s.worker for s in start.slots} & owed, "slots owed to another job"
         assert req.smallest <= start.world_size <= req.world_size, "a partial gang"
         workers = [s.worker for s in start.slots]
@@ -295,7 +327,8 @@ def check_heads(state, decision, sim) -> None:
                 break
             pool += [s for s in slots if s.worker in inventory]
         assert pick_gang(pool, queued[job].world_size) is not None, (
-            f"head {job} can no longer start by {wait.estimated_start}")
+            f"head {job} can no longer start by {wait.estimated_start}"
+        )
 
 
 def check_priority(state, decision, sim) -> None:
@@ -310,10 +343,14 @@ def check_priority(state, decision, sim) -> None:
     ahead = {r.id for r in waiting if r.key < first.key}
     reserved = {s.worker for r in decision.reservations if r.job in ahead for s in r.slots}
     free = len([s for s in state.slots if s.worker not in held | reserved])
-    lower = sum(h.size for h in after.holdings.values() if h.status in ACTIVE
-                and h.request.preemptible and h.request.priority < first.priority)
+    lower = sum(
+        h.size
+        for h in after.holdings.values()
+        if h.status in ACTIVE and h.request.preemptible and h.request.priority < first.priority
+    )
     assert free + lower < first.world_size, (
-        f"{first.id} (priority {first.priority}) waits: {decision.waiting[first.id]}")
+        f"{first.id} (priority {first.priority}) waits: {decision.waiting[first.id]}"
+    )
 
 
 def check_all(state, decision, sim) -> None:
@@ -363,10 +400,16 @@ def test_a_job_admission_accepts_can_run_alone_on_the_cluster(data):
     config = data.draw(configs(len(slots)))
     fields = data.draw(requests(config, len(slots)))
     try:
-        admission = admit(config, world_size=fields["world_size"], queue=fields["queue"],
-                          priority=fields["priority"], preemptible=fields["preemptible"],
-                          time_limit=fields["time_limit"], min_world_size=fields["min_world_size"],
-                          total_slots=len(slots))
+        admission = admit(
+            config,
+            world_size=fields["world_size"],
+            queue=fields["queue"],
+            priority=fields["priority"],
+            preemptible=fields["preemptible"],
+            time_limit=fields["time_limit"],
+            min_world_size=fields["min_world_size"],
+            total_slots=len(slots),
+        )
     except CapacityError as e:
         assert "world_size=" in str(e)  # names the size it refuses
         return
@@ -374,8 +417,13 @@ def test_a_job_admission_accepts_can_run_alone_on_the_cluster(data):
         assert "preemptible=False" in str(e)
         return
     s = Scheduler(config, slots)
-    s.submit(Request("alone", priority=admission.priority,
-                     **{k: v for k, v in fields.items() if k != "priority"}))
+    s.submit(
+        Request(
+            "alone",
+            priority=admission.priority,
+            **{k: v for k, v in fields.items() if k != "priority"},
+        )
+    )
     decision = s.decide(0.0)
     assert [st.job for st in decision.start] == ["alone"], dict(decision.waiting)
     assert not math.isinf(config.limit(admission.queue, len(slots))) or True

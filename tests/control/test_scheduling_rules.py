@@ -41,8 +41,12 @@ def test_a_gang_starts_whole_or_not_at_all_and_holds_the_free_slots_without_esti
 def test_backfill_with_time_limits_never_delays_the_head():
     s = scheduler(gpus(1, 8), None, req("running", 4, time_limit=100))
     s.decide(0)
-    for r in (req("head", 8), req("short", 2, time_limit=50), req("long", 2, time_limit=500),
-              req("unknown", 2)):
+    for r in (
+        req("head", 8),
+        req("short", 2, time_limit=50),
+        req("long", 2, time_limit=500),
+        req("unknown", 2),
+    ):
         s.submit(r)
     d = s.decide(10)
     assert started(d) == {"short": 2}  # ends at 60, before the head's start at 100
@@ -95,8 +99,9 @@ def test_high_priority_preempts_by_checkpoint_and_the_victim_comes_back_by_itsel
     s.submit(req("high", 2, "high", owner="bob"))
     d = s.decide(10)
     assert [(p.job, p.how, p.for_job) for p in d.preempt] == [("low", "suspend", "high")]
-    assert d.preempt[0].reason == ("preempted by job 'high' (priority high) at step 120, "
-                                   "will resume when 4 slots are free")
+    assert d.preempt[0].reason == (
+        "preempted by job 'high' (priority high) at step 120, will resume when 4 slots are free"
+    )
     assert d.start == [] and s.waits["high"].kind == "preempting"
     assert s.released("low", 11).id == "low"  # back in the queue, in its own place
     assert started(s.decide(11)) == {"high": 2}
@@ -176,12 +181,13 @@ def test_victims_slots_are_reserved_for_the_waiting_job_meanwhile():
 
 def test_the_slots_a_victim_leaves_go_to_the_job_it_left_for_not_to_a_head_ahead():
     slots = gpus(3, 2)  # h0, h1 busy until 100 and 200; the victim on h2
-    s = scheduler(slots, None, req("r1", 2, "high", time_limit=100),
-                  req("r2", 2, "high", time_limit=200))
+    s = scheduler(
+        slots, None, req("r1", 2, "high", time_limit=100), req("r2", 2, "high", time_limit=200)
+    )
     s.decide(0)
     s.submit(req("victim", 2, "low", has_checkpoint_dir=True, time_limit=1000))
     s.decide(0)
-    s.submit(req("head", 4, "high"))   # the victim alone is not enough for it: it waits
+    s.submit(req("head", 4, "high"))  # the victim alone is not enough for it: it waits
     s.submit(req("small", 2, "high"))  # behind it; the victim's slots are not in its plan
     d = s.decide(1)
     assert [(p.job, p.for_job) for p in d.preempt] == [("victim", "small")]
@@ -191,8 +197,9 @@ def test_the_slots_a_victim_leaves_go_to_the_job_it_left_for_not_to_a_head_ahead
 
 
 def test_a_victim_that_outlives_the_grace_is_stopped():
-    s = scheduler(gpus(1, 2), config(preemption_grace=30), req("low", 2, "low",
-                                                                  has_checkpoint_dir=True))
+    s = scheduler(
+        gpus(1, 2), config(preemption_grace=30), req("low", 2, "low", has_checkpoint_dir=True)
+    )
     s.decide(0)
     s.submit(req("high", 2, "high"))
     s.decide(10)
@@ -217,17 +224,21 @@ def test_a_preempted_job_keeps_its_place_ahead_of_later_submissions():
 # quotas ---------------------------------------------------------------------------------------
 def test_a_queue_stops_at_its_guarantee_plus_borrowing_limit():
     cfg = config(queues={"q": {"guaranteed": 2, "borrowing-limit": 1}})
-    s = scheduler(gpus(1, 8), cfg, req("a", 2, queue="q"), req("b", 2, queue="q"),
-                  req("other", 2))
+    s = scheduler(gpus(1, 8), cfg, req("a", 2, queue="q"), req("b", 2, queue="q"), req("other", 2))
     assert started(s.decide(0)) == {"a": 2, "other": 2}  # a limit-held job holds nothing back
-    assert s.waits["b"].reason == ("waiting: queue 'q' is at its limit of 3 slots (2 guaranteed "
-                                   "+ 1 borrowing); it needs 2 slots")
+    assert s.waits["b"].reason == (
+        "waiting: queue 'q' is at its limit of 3 slots (2 guaranteed "
+        "+ 1 borrowing); it needs 2 slots"
+    )
 
 
 def test_a_lender_reclaims_its_guarantee_from_a_borrower_of_higher_priority():
-    s = scheduler(gpus(1, 8), config(queues=SHARED),
-                  req("b1", 4, "high", queue="b", owner="bob", preemptible=False),
-                  req("b2", 4, "high", queue="b", owner="bob", has_checkpoint_dir=True))
+    s = scheduler(
+        gpus(1, 8),
+        config(queues=SHARED),
+        req("b1", 4, "high", queue="b", owner="bob", preemptible=False),
+        req("b2", 4, "high", queue="b", owner="bob", has_checkpoint_dir=True),
+    )
     assert started(s.decide(0)) == {"b1": 4, "b2": 4}  # b2 borrows a's idle guarantee
     s.submit(req("a1", 4, "low", queue="a"))
     d = s.decide(1)
@@ -250,14 +261,20 @@ def test_idle_guarantees_are_lent_only_within_a_cohort():
     assert started(s.decide(0)) == {}
     assert s.waits["a-big"].reason == (
         "waiting: free slots are held for the guarantees of queues outside cohort 'x', which do "
-        "not lend to queue 'a'; it needs 6 slots")
+        "not lend to queue 'a'; it needs 6 slots"
+    )
     s = scheduler(gpus(1, 8), config(queues=SHARED), req("a-big", 6, queue="a"))
     assert started(s.decide(0)) == {"a-big": 6}
 
 
 def test_the_per_user_cap_holds_and_holds_nobody_else_back():
-    s = scheduler(gpus(1, 8), config(per_user_cap=4), req("mine", 4), req("mine-too", 2),
-                  req("bobs", 2, owner="bob"))
+    s = scheduler(
+        gpus(1, 8),
+        config(per_user_cap=4),
+        req("mine", 4),
+        req("mine-too", 2),
+        req("bobs", 2, owner="bob"),
+    )
     assert started(s.decide(0)) == {"mine": 4, "bobs": 2}
     assert "user 'alice' is at the per-user cap of 4 slots" in s.waits["mine-too"].reason
 
@@ -270,16 +287,23 @@ def test_an_owner_preempts_its_own_lower_priority_job_to_stay_under_the_cap():
 
 
 def test_a_non_preemptible_job_does_not_borrow():
-    s = scheduler(gpus(1, 8), config(queues=SHARED), req("firm", 6, "high", queue="a",
-                                                          preemptible=False))
+    s = scheduler(
+        gpus(1, 8), config(queues=SHARED), req("firm", 6, "high", queue="a", preemptible=False)
+    )
     s.decide(0)
-    assert ("it cannot be preempted, so it may not borrow: the jobs of queue 'a' that cannot be "
-            "preempted may hold at most its 4 guaranteed slots") in s.waits["firm"].reason
+    assert (
+        "it cannot be preempted, so it may not borrow: the jobs of queue 'a' that cannot be "
+        "preempted may hold at most its 4 guaranteed slots"
+    ) in s.waits["firm"].reason
 
 
 def test_a_non_preemptible_job_fits_the_guarantee_while_preemptible_ones_borrow():
-    s = scheduler(gpus(1, 4), config(queues={"default": {"guaranteed": 2}}),
-                  req("borrower", 3, "low"), req("firm", 1, preemptible=False))
+    s = scheduler(
+        gpus(1, 4),
+        config(queues={"default": {"guaranteed": 2}}),
+        req("borrower", 3, "low"),
+        req("firm", 1, preemptible=False),
+    )
     assert started(s.decide(0)) == {"borrower": 3, "firm": 1}  # no victim needed
     s.submit(req("firm-too", 2, preemptible=False))
     s.decide(1)
@@ -289,7 +313,7 @@ def test_a_non_preemptible_job_fits_the_guarantee_while_preemptible_ones_borrow(
 def test_a_guarantee_comes_before_a_higher_priority_borrower():
     s = scheduler(gpus(1, 8), config(queues=SHARED), req("a-busy", 4, "high", queue="a"))
     s.decide(0)
-    s.submit(req("a-borrow", 4, "high", queue="a"))            # would borrow: goes second
+    s.submit(req("a-borrow", 4, "high", queue="a"))  # would borrow: goes second
     s.submit(req("b-high", 4, "high", queue="b", owner="bob"))  # fits b's guarantee: first
     s.submit(req("b-low", 4, "low", queue="b", owner="bob"))
     assert started(s.decide(1)) == {"b-high": 4}
@@ -310,9 +334,14 @@ def test_a_borrower_does_not_preempt_its_owners_job_that_fits_a_guarantee():
 # idle reclaim ----------------------------------------------------------------------------------
 def test_idle_jobs_are_reclaimed_after_the_queue_idle_timeout_and_stay_suspended():
     cfg = config(queues={"default": {"idle-timeout": 60}})
-    s = scheduler(gpus(1, 4), cfg, req("paused", 1, has_checkpoint_dir=True),
-                  req("stuck", 1, has_checkpoint_dir=True), req("plain", 1),
-                  req("firm", 1, preemptible=False))
+    s = scheduler(
+        gpus(1, 4),
+        cfg,
+        req("paused", 1, has_checkpoint_dir=True),
+        req("stuck", 1, has_checkpoint_dir=True),
+        req("plain", 1),
+        req("firm", 1, preemptible=False),
+    )
     s.decide(0)
     for job in ("stuck", "plain", "firm"):
         s.progress(job, 10, step=1)
@@ -332,8 +361,11 @@ def test_idle_timeout_is_off_by_default():
 
 # admin changes and pure decide --------------------------------------------------------------
 def test_lowering_a_quota_stops_nothing_but_holds_new_jobs():
-    s = scheduler(gpus(1, 8), config(queues={"q": {"guaranteed": 8, "borrowing-limit": 0}}),
-                  req("running", 6, queue="q"))
+    s = scheduler(
+        gpus(1, 8),
+        config(queues={"q": {"guaranteed": 8, "borrowing-limit": 0}}),
+        req("running", 6, queue="q"),
+    )
     s.decide(0)
     s.configure({"queues": {"q": {"guaranteed": 2}}})
     s.submit(req("new", 1, queue="q"))
@@ -356,8 +388,11 @@ def test_decide_from_a_whole_state_matches_the_scheduler():
     state = s.state()
     pure = decide(state, now=3)
     kept = Scheduler.from_state(state).decide(3)
-    assert (pure.start, pure.preempt, pure.reservations) == (kept.start, kept.preempt,
-                                                            kept.reservations)
+    assert (pure.start, pure.preempt, pure.reservations) == (
+        kept.start,
+        kept.preempt,
+        kept.reservations,
+    )
     assert dict(pure.waiting) == dict(kept.waiting) and set(pure.waiting) == {"b"}
     # b preempts a and holds 2 free slots; c takes the 2 it can't use; d (5 s) backfills
     assert [p.job for p in pure.preempt] == ["a"] and started(pure) == {"c": 2, "d": 1}

@@ -19,8 +19,14 @@ SCRIPT = {"script": "/work/train.py", "args": ["--lr", "1"], "fn": "train.py"}
 
 
 def exit_code_3(rank: int = 1) -> dict:
-    return {"rank": rank, "type": "ScriptExit", "message": "exited with code 3",
-            "traceback": "last 1 line(s) of its stderr:\nboom", "exit_code": 3, "signal": None}
+    return {
+        "rank": rank,
+        "type": "ScriptExit",
+        "message": "exited with code 3",
+        "traceback": "last 1 line(s) of its stderr:\nboom",
+        "exit_code": 3,
+        "signal": None,
+    }
 
 
 def test_one_rank_s_exit_stops_the_others_at_once_and_restarts_the_gang():
@@ -55,14 +61,18 @@ def test_without_restarts_left_the_exit_code_is_the_cause():
     actions = exit_all(job, ExitStatus.STOPPED, ranks=[0, 2])
     assert statuses(actions) == ["FAILED"]
     error = next(a for a in of(actions, ev.Journal) if "error" in a.fields).fields["error"]
-    assert (error["rank"], error["type"], error["message"]) == (1, "ScriptExit",
-                                                                "exited with code 3")
+    assert (error["rank"], error["type"], error["message"]) == (
+        1,
+        "ScriptExit",
+        "exited with code 3",
+    )
 
 
 def test_a_function_job_s_raise_still_fails_it_within_its_restart_budget():
     job = running(2, max_restarts=3)
-    job.handle(ev.Failed(1, 0, {"rank": 1, "type": "ValueError", "message": "bad",
-                                "traceback": ""}), 2.0)
+    job.handle(
+        ev.Failed(1, 0, {"rank": 1, "type": "ValueError", "message": "bad", "traceback": ""}), 2.0
+    )
     actions = job.handle(ev.GraceExpired(0), 5.0)
     assert statuses(actions) == ["FAILED"]
 
@@ -77,7 +87,8 @@ def test_pause_and_checkpoint_need_every_rank_to_have_opted_in():
     actions = job.handle(ev.Controls(1, 0, ("pause",)), 2.0)
     assert job.controls == {"stop", "suspend", "pause"}
     assert [a.fields for a in of(actions, ev.Journal)] == [
-        {"controls": ["pause", "stop", "suspend"]}]
+        {"controls": ["pause", "stop", "suspend"]}
+    ]
     job.handle(ev.PauseRequested(), 3.0)  # asked now
     with pytest.raises(InvalidTransitionError, match="does not accept checkpoint requests"):
         job.handle(ev.CheckpointRequested(), 3.0)
@@ -92,15 +103,19 @@ def test_a_script_suspends_without_checkpoint_dir_and_comes_back_as_a_new_attemp
     assert job.status is S.QUEUED and job.attempt == 1
 
 
-@pytest.mark.parametrize("event, what", [
-    (ev.RunRequested(b"", None, 10), "job.run"),
-    (ev.UpdateRequested({"lr": 0.1}), "job.update"),
-    (ev.ProfileRequested(5), "job.profile"),
-])
+@pytest.mark.parametrize(
+    "event, what",
+    [
+        (ev.RunRequested(b"", None, 10), "job.run"),
+        (ev.UpdateRequested({"lr": 0.1}), "job.update"),
+        (ev.ProfileRequested(5), "job.profile"),
+    ],
+)
 def test_function_only_requests_are_refused_naming_them(event, what):
     job = running(2, **SCRIPT)
-    with pytest.raises(SpecError, match=f"runs train.py as a script: {what} needs a "
-                                        "training function's ranks"):
+    with pytest.raises(
+        SpecError, match=f"runs train.py as a script: {what} needs a training function's ranks"
+    ):
         job.handle(event, 2.0)
 
 
@@ -110,12 +125,23 @@ def test_a_function_job_accepts_every_control():
 
 # the rank's side, pure parts --------------------------------------------------------------
 def test_torchrun_s_node_layout_from_the_hosts_of_the_gang():
-    spec = WireSpec(id="j9", name="j", world_size=4, max_restarts=2, attempt=1,
-                    env={"OMP_NUM_THREADS": "4"}, **SCRIPT)
+    spec = WireSpec(
+        id="j9",
+        name="j",
+        world_size=4,
+        max_restarts=2,
+        attempt=1,
+        env={"OMP_NUM_THREADS": "4"},
+        **SCRIPT,
+    )
     hosts = ["a", "a", "b", "b"]
     envs = [torchrun_environ(r, hosts, "a", 29500, spec, False, "/e", {}) for r in range(4)]
     assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [
-        ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+        ("0", "0", "0"),
+        ("1", "1", "0"),
+        ("2", "0", "1"),
+        ("3", "1", "1"),
+    ]
     assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
     assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
     assert envs[3]["TORCHELASTIC_RESTART_COUNT"] == "1"
@@ -124,17 +150,23 @@ def test_torchrun_s_node_layout_from_the_hosts_of_the_gang():
     assert envs[3]["OMP_NUM_THREADS"] == "4"  # the job's env wins, as over torchrun's 1
     gpu = torchrun_environ(3, hosts, "a", 29500, spec, True, "/e", {})
     assert gpu["LOCAL_RANK"] == "0"  # its worker's one GPU (--virtual-local-rank)
-    alone = torchrun_environ(0, ["a"], "a", 1, WireSpec(id="x", name="x", world_size=1), False,
-                             "/e", {})
+    alone = torchrun_environ(
+        0, ["a"], "a", 1, WireSpec(id="x", name="x", world_size=1), False, "/e", {}
+    )
     assert "OMP_NUM_THREADS" not in alone  # torchrun sets it only for several per host
 
 
 def test_the_error_file_of_torch_s_record(tmp_path):
     path = tmp_path / "error.json"
-    path.write_text('{"message": {"message": "ValueError: bad batch 7", "extraInfo": '
-                    '{"py_callstack": "Traceback...\\nValueError: bad batch 7", '
-                    '"timestamp": "1"}}}')
-    assert read_error_file(str(path)) == ("ValueError", "bad batch 7",
-                                          "Traceback...\nValueError: bad batch 7")
+    path.write_text(
+        '{"message": {"message": "ValueError: bad batch 7", "extraInfo": '
+        '{"py_callstack": "Traceback...\\nValueError: bad batch 7", '
+        '"timestamp": "1"}}}'
+    )
+    assert read_error_file(str(path)) == (
+        "ValueError",
+        "bad batch 7",
+        "Traceback...\nValueError: bad batch 7",
+    )
     path.write_text("not json")
     assert read_error_file(str(path)) is None

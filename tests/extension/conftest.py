@@ -57,6 +57,7 @@ def idle_cluster(cluster: cs.Cluster, timeout: float = 30.0) -> cs.Cluster:
 @pytest.fixture
 def free_slot(sdk_cluster, spin_job):
     """The cluster's second slot, free before the test and freed again after it."""
+
     def idle():
         return not [s for s in sdk_cluster.slots() if s["job"] and s["job"] != spin_job.id]
 
@@ -70,12 +71,22 @@ def free_slot(sdk_cluster, spin_job):
 
 def extension_config(*state_dirs, addresses: tuple[str, ...] = (), **server: object) -> Config:
     """Server config that enables the extension and points it at ``state_dirs``/``addresses``."""
-    return Config({
-        "ServerApp": {"jpserver_extensions": {"jupyter_clustersdk": True,
-                                              "jupyter_server_terminals": False}, **server},
-        "ClusterSDKApp": {"state_dirs": [str(d) for d in state_dirs],
-                          "scheduler_addresses": list(addresses), "connect_timeout": 1.0},
-    })
+    return Config(
+        {
+            "ServerApp": {
+                "jpserver_extensions": {
+                    "jupyter_clustersdk": True,
+                    "jupyter_server_terminals": False,
+                },
+                **server,
+            },
+            "ClusterSDKApp": {
+                "state_dirs": [str(d) for d in state_dirs],
+                "scheduler_addresses": list(addresses),
+                "connect_timeout": 1.0,
+            },
+        }
+    )
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from traitlets import Dict, Unicode
 class TokenPeople(IdentityProvider):
     """``Authorization: token T`` (or ``?token=T``, then a login cookie) is ``tokens[T]``."""
 
-    tokens = Dict(key_trait=Unicode(), value_trait=Unicode(),
-                  help="token -> user name").tag(config=True)
+    tokens = Dict(key_trait=Unicode(), value_trait=Unicode(), help="token -> user name").tag(
+        config=True
+    )
 
     @property
     def auth_enabled(self) -> bool:

@@ -29,8 +29,9 @@ def requests():
     for pattern, handler in ROUTES:
         actions = ACTIONS if "(?P<action>" in pattern else ("",)
         for action in actions:
-            path = re.sub(r"\(\?P<(\w+)>[^)]*\)",
-                          lambda m, action=action: _SAMPLES.get(m[1], action), pattern)
+            path = re.sub(
+                r"\(\?P<(\w+)>[^)]*\)", lambda m, action=action: _SAMPLES.get(m[1], action), pattern
+            )
             path = path.replace("\\", "")
             for method in ("GET", "POST"):
                 if getattr(handler, method.lower()) is not web.RequestHandler._unimplemented_method:
@@ -63,12 +64,12 @@ async def raw(http_server_client, jp_base_url, method, path, **kwargs):
     """A request without the token that jp_fetch would add."""
     url = jp_base_url.rstrip("/") + path
     body = b"" if method == "POST" else None
-    return await http_server_client.fetch(url, method=method, body=body, raise_error=False,
-                                          follow_redirects=False, **kwargs)
+    return await http_server_client.fetch(
+        url, method=method, body=body, raise_error=False, follow_redirects=False, **kwargs
+    )
 
 
-async def test_no_credentials_no_access_on_any_route(http_server_client, jp_base_url,
-                                                     jp_serverapp):
+async def test_no_credentials_no_access_on_any_route(http_server_client, jp_base_url, jp_serverapp):
     assert jp_serverapp.allow_unauthenticated_access in (True, False)
     for method, path, _ in REQUESTS:
         response = await raw(http_server_client, jp_base_url, method, path)
@@ -89,13 +90,19 @@ async def test_a_wrong_token_is_refused(http_server_client, jp_base_url):
     for method, path, _ in REQUESTS:
         if path in PUBLIC:
             continue
-        response = await raw(http_server_client, jp_base_url, method, path,
-                             headers={"Authorization": "token not-the-token"})
+        response = await raw(
+            http_server_client,
+            jp_base_url,
+            method,
+            path,
+            headers={"Authorization": "token not-the-token"},
+        )
         assert response.code == 403, (method, path)
 
 
-async def test_cookie_login_needs_an_xsrf_token_to_post(http_server_client, jp_base_url,
-                                                       jp_serverapp):
+async def test_cookie_login_needs_an_xsrf_token_to_post(
+    http_server_client, jp_base_url, jp_serverapp
+):
     cookies = await _login(http_server_client, jp_base_url, jp_serverapp.identity_provider.token)
     login = {k: v for k, v in cookies.items() if k != "_xsrf"}
     header = {"Cookie": "; ".join(f"{k}={v}" for k, v in login.items())}
@@ -108,8 +115,10 @@ async def test_cookie_login_needs_an_xsrf_token_to_post(http_server_client, jp_b
     refused = await raw(http_server_client, jp_base_url, "POST", path, headers=header)
     assert refused.code == 403
     # with it, the request gets through to the (absent) job
-    with_xsrf = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items()),
-                 "X-XSRFToken": cookies["_xsrf"]}
+    with_xsrf = {
+        "Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items()),
+        "X-XSRFToken": cookies["_xsrf"],
+    }
     accepted = await raw(http_server_client, jp_base_url, "POST", path, headers=with_xsrf)
     assert accepted.code == 404 and json.loads(accepted.body)["error"] == "job_not_found"
 
@@ -119,9 +128,14 @@ async def _login(client, base_url, token):
     cookies = _cookies(page)
     xsrf = cookies["_xsrf"]
     body = urllib.parse.urlencode({"password": token, "_xsrf": xsrf})
-    response = await client.fetch(base_url + "login", method="POST", body=body,
-                                  headers={"Cookie": f"_xsrf={xsrf}"}, raise_error=False,
-                                  follow_redirects=False)
+    response = await client.fetch(
+        base_url + "login",
+        method="POST",
+        body=body,
+        headers={"Cookie": f"_xsrf={xsrf}"},
+        raise_error=False,
+        follow_redirects=False,
+    )
     assert response.code == 302, response.body
     return {**cookies, **_cookies(response)}
 
@@ -158,8 +172,7 @@ class TestDenyAll:
     async def test_a_deny_all_authorizer_yields_403_everywhere_but_healthz(self, jp_fetch):
         for method, path, resource in REQUESTS:
             body = b"" if method == "POST" else None
-            response = await jp_fetch(path.lstrip("/"), method=method, body=body,
-                                      raise_error=False)
+            response = await jp_fetch(path.lstrip("/"), method=method, body=body, raise_error=False)
             if path in PUBLIC:
                 assert response.code == 200, path
                 continue

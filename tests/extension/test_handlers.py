@@ -35,13 +35,13 @@ async def fails(jp_fetch, *parts, method="GET", body=None, **params):
 
 
 async def post(jp_fetch, *parts, body=b""):
-    response = await jp_fetch("clustersdk", *parts, method="POST", body=body,
-                              request_timeout=120)
+    response = await jp_fetch("clustersdk", *parts, method="POST", body=body, request_timeout=120)
     return json.loads(response.body)
 
 
-async def test_clusters_lists_the_registered_cluster_with_its_busy_slot(jp_fetch, sdk_cluster,
-                                                                        spin_job):
+async def test_clusters_lists_the_registered_cluster_with_its_busy_slot(
+    jp_fetch, sdk_cluster, spin_job
+):
     clusters = (await get(jp_fetch, "api", "clusters"))["clusters"]
     assert len(clusters) == 1
     cluster = clusters[0]
@@ -91,8 +91,9 @@ async def test_history_reads_incrementally_with_since(jp_fetch, spin_job):
     assert second["rows"] and second["rows"][0]["step"] == 5
     assert all(r["seq"] > first["last"] for r in second["rows"])
     # by name too, and nothing after the newest row
-    third = await get(jp_fetch, "api", "jobs", "ext-spin", "history", since=str(second["last"]),
-                      limit="10000")
+    third = await get(
+        jp_fetch, "api", "jobs", "ext-spin", "history", since=str(second["last"]), limit="10000"
+    )
     assert all(r["seq"] > second["last"] for r in third["rows"])
 
 
@@ -126,8 +127,9 @@ async def test_unknown_job_or_cluster_is_404_and_bad_parameters_are_400(jp_fetch
     code, body = await fails(jp_fetch, "api", "jobs", "no-such-job")
     assert (code, body["error"]) == (404, "job_not_found")
     assert "no-such-job" in body["message"]
-    code, body = await fails(jp_fetch, "api", "jobs", "no-such-job", "stop", method="POST",
-                             body=b"")
+    code, body = await fails(
+        jp_fetch, "api", "jobs", "no-such-job", "stop", method="POST", body=b""
+    )
     assert (code, body["error"]) == (404, "job_not_found")
     code, body = await fails(jp_fetch, "api", "clusters", "tcp-10.9.9.9-1")
     assert (code, body["error"]) == (404, "cluster_not_found")
@@ -136,19 +138,22 @@ async def test_unknown_job_or_cluster_is_404_and_bad_parameters_are_400(jp_fetch
         assert (code, body["error"]) == (400, "bad_request"), params
     code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, "logs", rank="x")
     assert code == 400 and "rank" in body["message"]
-    code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, "pause", method="POST",
-                             body=b'{"world_size": 2}')
+    code, body = await fails(
+        jp_fetch, "api", "jobs", spin_job.id, "pause", method="POST", body=b'{"world_size": 2}'
+    )
     assert code == 400 and "pause takes no fields" in body["message"]
-    code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, "resume", method="POST",
-                             body=b"[1]")
+    code, body = await fails(
+        jp_fetch, "api", "jobs", spin_job.id, "resume", method="POST", body=b"[1]"
+    )
     assert code == 400 and "JSON object" in body["message"]
     code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, method="DELETE")
     assert (code, body["error"]) == (405, "method_not_allowed")
 
 
 async def test_stop_over_rest_stops_the_job_and_a_second_stop_is_409(jp_fetch, free_slot):
-    job = await asyncio.to_thread(free_slot.launch, workloads.spin, world_size=1,
-                                  name="ext-stop-me")
+    job = await asyncio.to_thread(
+        free_slot.launch, workloads.spin, world_size=1, name="ext-stop-me"
+    )
     await asyncio.to_thread(_wait_running, job)
     record = await post(jp_fetch, "api", "jobs", "ext-stop-me", "stop")
     assert record["id"] == job.id and record["status"] in ("STOPPING", "STOPPED")
@@ -162,18 +167,21 @@ async def test_stop_over_rest_stops_the_job_and_a_second_stop_is_409(jp_fetch, f
 async def test_actions_the_job_cannot_take_are_400_or_409(jp_fetch, spin_job):
     # spin_job has no checkpoint_dir: checkpoint and suspend are refused before anything runs
     for action in ("checkpoint", "suspend"):
-        code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, action, method="POST",
-                                 body=b"")
+        code, body = await fails(
+            jp_fetch, "api", "jobs", spin_job.id, action, method="POST", body=b""
+        )
         assert (code, body["error"]) == (400, "bad_request"), action
         assert "checkpoint_dir" in body["message"]
-    code, body = await fails(jp_fetch, "api", "jobs", spin_job.id, "resume", method="POST",
-                             body=b"")
+    code, body = await fails(
+        jp_fetch, "api", "jobs", spin_job.id, "resume", method="POST", body=b""
+    )
     assert (code, body["error"]) == (409, "invalid_transition")  # it is RUNNING, not PAUSED
 
 
 async def test_pause_and_resume_over_rest_and_the_job_obeys(jp_fetch, free_slot):
-    job = await asyncio.to_thread(free_slot.launch, workloads.spin, world_size=1,
-                                  name="ext-pause-me")
+    job = await asyncio.to_thread(
+        free_slot.launch, workloads.spin, world_size=1, name="ext-pause-me"
+    )
     await asyncio.to_thread(_wait_running, job)
 
     paused = await post(jp_fetch, "api", "jobs", job.id, "pause")
@@ -207,42 +215,63 @@ def _wait_running(job: cs.Job, timeout: float = 30.0) -> None:
     wait_for(lambda: job.status is cs.JobStatus.RUNNING and job.history(), timeout)
 
 
-async def test_update_over_rest_changes_lr_on_every_rank_and_bad_changes_are_400(jp_fetch,
-                                                                                  free_slot):
+async def test_update_over_rest_changes_lr_on_every_rank_and_bad_changes_are_400(
+    jp_fetch, free_slot
+):
     import cloudpickle
 
     from .. import workloads_live
 
     cloudpickle.register_pickle_by_value(workloads_live)
-    job = await asyncio.to_thread(free_slot.launch, workloads_live.train_live,
-                                  kwargs={"steps": 100_000, "delay": 0.01}, world_size=1,
-                                  hparams={"scale": 1.0}, name="ext-update-me")
+    job = await asyncio.to_thread(
+        free_slot.launch,
+        workloads_live.train_live,
+        kwargs={"steps": 100_000, "delay": 0.01},
+        world_size=1,
+        hparams={"scale": 1.0},
+        name="ext-update-me",
+    )
     await asyncio.to_thread(_wait_running, job)
 
-    changed = await post(jp_fetch, "api", "jobs", job.name, "update",
-                         body=json.dumps({"lr": 0.01, "scale": 2}).encode())
+    changed = await post(
+        jp_fetch,
+        "api",
+        "jobs",
+        job.name,
+        "update",
+        body=json.dumps({"lr": 0.01, "scale": 2}).encode(),
+    )
     assert changed["applied"] and changed["job"] == job.id and changed["status"] == "RUNNING"
     assert changed["changes"] == {"lr": [0.05, 0.01], "scale": [1.0, 2.0]}
     step = changed["step"]
     assert await asyncio.to_thread(job.updates) == [
-        {"seq": changed["seq"], "step": step, "time": job.updates()[0]["time"],
-         "changes": {"lr": [0.05, 0.01], "scale": [1.0, 2.0]}}]
+        {
+            "seq": changed["seq"],
+            "step": step,
+            "time": job.updates()[0]["time"],
+            "changes": {"lr": [0.05, 0.01], "scale": [1.0, 2.0]},
+        }
+    ]
     await asyncio.to_thread(wait_for, lambda: any(r["step"] > step for r in job.history()))
     rows = {r["step"]: r for r in job.history()}
     assert rows[step - 1]["lr"] == 0.05 and rows[step]["lr"] == 0.01  # from that step on
 
-    refusals = [({"lr": -1}, "lr must be a finite number >= 0"),
-                ({"nope": 1}, "unknown key"),
-                ({"scale": "big"}, "scale"),
-                ({"lr": {"7": 0.1}}, "group 7 does not exist")]
+    refusals = [
+        ({"lr": -1}, "lr must be a finite number >= 0"),
+        ({"nope": 1}, "unknown key"),
+        ({"scale": "big"}, "scale"),
+        ({"lr": {"7": 0.1}}, "group 7 does not exist"),
+    ]
     for body, message in refusals:
-        code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
-                                  body=json.dumps(body).encode())
+        code, error = await fails(
+            jp_fetch, "api", "jobs", job.id, "update", method="POST", body=json.dumps(body).encode()
+        )
         assert (code, error["error"]) == (400, "bad_request"), body
         assert message in error["message"], (body, error["message"])
     for raw in (b"", b"{}", b"[1]", b"lr=1"):
-        code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
-                                  body=raw)
+        code, error = await fails(
+            jp_fetch, "api", "jobs", job.id, "update", method="POST", body=raw
+        )
         assert code == 400 and "JSON object" in error["message"], raw
     assert [u["seq"] for u in await asyncio.to_thread(job.updates)] == [changed["seq"]]
     assert job.status is cs.JobStatus.RUNNING  # nothing refused reached the job
@@ -251,8 +280,9 @@ async def test_update_over_rest_changes_lr_on_every_rank_and_bad_changes_are_400
     code, error = await fails(jp_fetch, "api", "jobs", job.id, "restart", method="POST", body=b"")
     assert code == 409 and "RUNNING" in error["message"]
     await asyncio.to_thread(job.stop)
-    code, error = await fails(jp_fetch, "api", "jobs", job.id, "update", method="POST",
-                              body=b'{"lr": 0.1}')
+    code, error = await fails(
+        jp_fetch, "api", "jobs", job.id, "update", method="POST", body=b'{"lr": 0.1}'
+    )
     assert code == 409 and "STOPPED" in error["message"]
 
 
@@ -273,7 +303,7 @@ async def test_metrics_expose_the_running_job(jp_fetch, spin_job):
     assert response.headers["Content-Type"].startswith("text/plain")
     text = response.body.decode()
     labels = f'cluster="{_cid(spin_job)}",job="{spin_job.id}",name="ext-spin"'
-    assert f"clustersdk_job_state{{{labels},state=\"RUNNING\"}} 1.0" in text
+    assert f'clustersdk_job_state{{{labels},state="RUNNING"}} 1.0' in text
     step = _sample(text, f"clustersdk_job_step{{{labels}}}")
     assert step >= 4
     assert _sample(text, f"clustersdk_job_steps_per_second{{{labels}}}") > 0
@@ -283,8 +313,9 @@ async def test_metrics_expose_the_running_job(jp_fetch, spin_job):
     # CPU ranks report psutil samples, not GPU ones
     assert "clustersdk_gpu_utilization_percent{" not in text
     # OpenMetrics when a scraper asks for it
-    om = await jp_fetch("clustersdk", "metrics",
-                        headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    om = await jp_fetch(
+        "clustersdk", "metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert om.headers["Content-Type"].startswith("application/openmetrics-text")
     assert om.body.decode().rstrip().endswith("# EOF")
 
@@ -303,16 +334,29 @@ async def test_the_queue_says_who_holds_what_and_why_a_job_waits(jp_fetch, free_
         await asyncio.sleep(0.1)
     assert view["unreachable"] == [] and view["clusters"][0]["cluster"] == _cid(spin_job)
     assert sorted((h["name"], h["priority_name"]) for h in queue["holding"]) == [
-        ("ext-holder", "high"), ("ext-spin", "normal")]
+        ("ext-holder", "high"),
+        ("ext-spin", "normal"),
+    ]
     (waiting,) = queue["waiting"]
     assert waiting["name"] == "ext-waiter" and waiting["reason"].startswith(
-        "waiting for 2 slots to be free")
+        "waiting for 2 slots to be free"
+    )
     text = (await jp_fetch("clustersdk", "metrics")).body.decode()
-    (labels,) = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in text.splitlines()
-                 if line.startswith("clustersdk_job_info{") and f'job="{holder.id}"' in line
-                 and line.endswith(" 1.0")]
-    assert labels == {"cluster": _cid(spin_job), "job": holder.id, "name": "ext-holder",
-                      "owner": spin_job.owner, "queue": "default", "priority": "100"}
+    (labels,) = [
+        dict(re.findall(r'(\w+)="([^"]*)"', line))
+        for line in text.splitlines()
+        if line.startswith("clustersdk_job_info{")
+        and f'job="{holder.id}"' in line
+        and line.endswith(" 1.0")
+    ]
+    assert labels == {
+        "cluster": _cid(spin_job),
+        "job": holder.id,
+        "name": "ext-holder",
+        "owner": spin_job.owner,
+        "queue": "default",
+        "priority": "100",
+    }
     waiter.stop()
     holder.stop()
 
@@ -344,14 +388,18 @@ class TestConfiguredAddresses:
         # a configured TLS address: no registry here, so the server's own credentials come
         # from the clustersdk.credentials setting (DASK_CLUSTERSDK__CREDENTIALS)
         with dask.config.set({"clustersdk.credentials": sdk_cluster.credentials}):
-            yield extension_config(tmp_path / "none",
-                                   addresses=(sdk_cluster.scheduler_address, self.DEAD))
+            yield extension_config(
+                tmp_path / "none", addresses=(sdk_cluster.scheduler_address, self.DEAD)
+            )
 
     async def test_configured_clusters_are_served_and_a_dead_one_is_reported(
-            self, jp_fetch, sdk_cluster, spin_job):
+        self, jp_fetch, sdk_cluster, spin_job
+    ):
         clusters = (await get(jp_fetch, "api", "clusters"))["clusters"]
         assert [(c["address"], c["source"], c["reachable"]) for c in clusters] == [
-            (sdk_cluster.scheduler_address, "config", True), (self.DEAD, "config", False)]
+            (sdk_cluster.scheduler_address, "config", True),
+            (self.DEAD, "config", False),
+        ]
         assert "could not connect" in clusters[1]["error"]
         listed = await get(jp_fetch, "api", "jobs")
         assert listed["unreachable"] == ["tcp-127.0.0.1-9"]
@@ -387,21 +435,37 @@ async def test_doctor_over_rest_reports_the_cluster(jp_fetch, spin_job, tmp_path
     assert report["disks"]["127.0.0.1"]["free"] > 0
     assert report["workers"][0]["versions"]["clustersdk"] == cs.__version__
     assert report["sweeps"] == []  # one host: no link to measure
-    code, body = await fails(jp_fetch, "api", "clusters", cid, "doctor", method="POST",
-                             body=b'{"max_size": "big"}')
+    code, body = await fails(
+        jp_fetch, "api", "clusters", cid, "doctor", method="POST", body=b'{"max_size": "big"}'
+    )
     assert code == 400 and "max_size must be an integer" in body["message"]
-    code, body = await fails(jp_fetch, "api", "clusters", "tcp-10.9.9.9-1", "doctor",
-                             method="POST", body=b"")
+    code, body = await fails(
+        jp_fetch, "api", "clusters", "tcp-10.9.9.9-1", "doctor", method="POST", body=b""
+    )
     assert (code, body["error"]) == (404, "cluster_not_found")
 
 
-async def test_a_script_job_is_submitted_over_rest_and_bad_fields_are_400(jp_fetch, free_slot,
-                                                                          tmp_path):
+async def test_a_script_job_is_submitted_over_rest_and_bad_fields_are_400(
+    jp_fetch, free_slot, tmp_path
+):
     script = tmp_path / "hello.py"
     script.write_text("import os, sys\nprint('hello', os.environ['RANK'], sys.argv[1:])\n")
-    response = await jp_fetch("clustersdk", "api", "jobs", method="POST", body=json.dumps({
-        "world_size": 1, "script": str(script), "args": ["x"], "name": "ext-script",
-        "grace": 5}), request_timeout=120)
+    response = await jp_fetch(
+        "clustersdk",
+        "api",
+        "jobs",
+        method="POST",
+        body=json.dumps(
+            {
+                "world_size": 1,
+                "script": str(script),
+                "args": ["x"],
+                "name": "ext-script",
+                "grace": 5,
+            }
+        ),
+        request_timeout=120,
+    )
     assert response.code == 201
     record = json.loads(response.body)
     assert record["name"] == "ext-script" and record["spec"]["script"] == str(script)
@@ -410,11 +474,14 @@ async def test_a_script_job_is_submitted_over_rest_and_bad_fields_are_400(jp_fet
     assert await asyncio.to_thread(job.wait, 120) == 0
     logs = await get(jp_fetch, "api", "jobs", "ext-script", "logs")
     assert any(line["text"] == "hello 0 ['x']" for line in logs["lines"]), logs
-    for body, word in (({"world_size": 1, "script": str(script), "strategy": "fsdp"}, "strategy"),
-                       ({"script": str(script)}, "world_size"),
-                       ({"world_size": 1, "script": str(tmp_path / "nope.py")}, "nope.py"),
-                       ({"world_size": 1}, "script")):
-        code, error = await fails(jp_fetch, "api", "jobs", method="POST",
-                                  body=json.dumps(body).encode())
+    for body, word in (
+        ({"world_size": 1, "script": str(script), "strategy": "fsdp"}, "strategy"),
+        ({"script": str(script)}, "world_size"),
+        ({"world_size": 1, "script": str(tmp_path / "nope.py")}, "nope.py"),
+        ({"world_size": 1}, "script"),
+    ):
+        code, error = await fails(
+            jp_fetch, "api", "jobs", method="POST", body=json.dumps(body).encode()
+        )
         assert (code, error["error"]) == (400, "bad_request"), body
         assert word in error["message"], error

@@ -45,8 +45,13 @@ def _missing(reason: str):
 
 
 def _jupyter(*args: str, **env: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "jupyter", *args], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert out.returncode == 0, out.stderr
     return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
 
@@ -80,19 +85,33 @@ def built(tmp_path_factory) -> Iterator[Build]:
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     root = tmp_path_factory.mktemp("wheel")  # the working directory: not the checkout's build/
-    if subprocess.run([sys.executable, "-m", "build", "--version"], cwd=root,
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            [sys.executable, "-m", "build", "--version"], cwd=root, capture_output=True
+        ).returncode
+        != 0
+    ):
         _missing("the `build` package is missing (the test extra has it: ./dev setup)")
     source = root / "clustersdk"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     files = [n for n in listed.split("\0") if n and (ROOT / n).is_file()]  # not deleted ones
     for name in files:
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    run = subprocess.run([sys.executable, "-m", "build", "--outdir", str(root / "dist"),
-                          str(source)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, timeout=540, env=_clean_env(), cwd=root)
+    run = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(root / "dist"), str(source)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=540,
+        env=_clean_env(),
+        cwd=root,
+    )
     if run.returncode != 0:
         pytest.fail(f"python -m build failed:\n{run.stdout[-8000:]}")
     (sdist,) = (root / "dist").glob("clustersdk-*.tar.gz")
@@ -104,8 +123,9 @@ def built(tmp_path_factory) -> Iterator[Build]:
 def test_typescript_models_pass_their_unit_tests():
     if not (SOURCE / "node_modules" / "typescript").is_dir() or not shutil.which("npm"):
         _missing("the lab extension's npm packages are not installed")
-    run = subprocess.run(["npm", "test", "--silent"], cwd=SOURCE, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        ["npm", "test", "--silent"], cwd=SOURCE, capture_output=True, text=True, timeout=300
+    )
     print(run.stdout[-4000:])
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-4000:]
     passed = int(re.search(r"^# pass (\d+)$", run.stdout, re.M).group(1))
@@ -122,8 +142,11 @@ def test_python_m_build_of_a_clean_checkout_builds_the_lab_extension_without_a_w
     assert "Installing build dependencies with npm" in built.output
     assert "Rspack" in built.output and "compiled successfully" in built.output
     # ...quietly: no deprecation, no "would be ignored", no warning of any kind
-    noisy = [line for line in built.output.splitlines()
-             if re.search(r"(?i)warn|deprecat|would be ignored", line)]
+    noisy = [
+        line
+        for line in built.output.splitlines()
+        if re.search(r"(?i)warn|deprecat|would be ignored", line)
+    ]
     assert not noisy, "\n".join(noisy)
     # npm installed what package-lock.json says, and left it as it was
     lock = "extension/labextension/package-lock.json"
@@ -150,19 +173,28 @@ def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(buil
 
     # every file of both packages (modules, clustersdk.yaml, the widgets' templates,
     # openapi.yaml...), and nothing else: not a second copy of the lab extension's build
-    expected = {to + name[len(frm):] for name in built.files
-                for frm, to in PACKAGES.items() if name.startswith(frm)}
+    expected = {
+        to + name[len(frm) :]
+        for name in built.files
+        for frm, to in PACKAGES.items()
+        if name.startswith(frm)
+    }
     shipped = {n for n in names if n.startswith(tuple(PACKAGES.values()))}
     assert shipped == expected
-    for name in ("clustersdk/clustersdk.yaml", "clustersdk/widgets/templates/job.html.j2",
-                 "jupyter_clustersdk/openapi.yaml", "jupyter_clustersdk/app.py"):
+    for name in (
+        "clustersdk/clustersdk.yaml",
+        "clustersdk/widgets/templates/job.html.j2",
+        "jupyter_clustersdk/openapi.yaml",
+        "jupyter_clustersdk/app.py",
+    ):
         assert name in shipped
 
     # the data files: every file of the lab extension's build, and the server's config
     out = built.source / BUILT.relative_to(ROOT)
-    shared = sorted(n[len(data):] for n in names if n.startswith(data))
-    assert shared == sorted([SERVER_CONFIG] + [f"{DATA}/{p.relative_to(out)}"
-                                                for p in out.rglob("*") if p.is_file()])
+    shared = sorted(n[len(data) :] for n in names if n.startswith(data))
+    assert shared == sorted(
+        [SERVER_CONFIG] + [f"{DATA}/{p.relative_to(out)}" for p in out.rglob("*") if p.is_file()]
+    )
     assert f"{DATA}/{package['jupyterlab']['_build']['load']}" in shared  # its entry point
     assert f"{DATA}/schemas/{NAME}/plugin.json" in shared  # the settings entry
     assert f"{DATA}/install.json" in shared  # "(python, clustersdk)" in the listing
@@ -180,36 +212,60 @@ def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(buil
 @pytest.mark.timeout(600)
 def test_installed_in_a_fresh_venv_both_extensions_are_listed_enabled(built, tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
     python = str(venv / "bin" / "python")
-    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-                    "--no-index", str(built.wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(built.wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     # Its dependencies (torch, jupyter_server, jupyterlab...) come from this environment, not
     # a download: a path line, so this environment's .pth files (its editable install of
     # the checkout) do not run there.
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (Path(site) / "_test_dependencies.pth").write_text("\n".join(ours) + "\n")
     env = _clean_env(HOME=str(tmp_path))  # no user-level Jupyter config or extensions
 
     def run(*args: str) -> str:
-        out = subprocess.run([python, *args], capture_output=True, text=True, timeout=120, env=env,
-                             cwd=tmp_path)  # (not the checkout: `python -c` imports from cwd)
+        out = subprocess.run(
+            [python, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+        )  # (not the checkout: `python -c` imports from cwd)
         assert out.returncode == 0, out.stdout + out.stderr
         return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
 
     # both packages come from the wheel
-    where = run("-c", "import clustersdk, jupyter_clustersdk as j; print(clustersdk.__file__)\n"
-                "print(j.__file__)")
+    where = run(
+        "-c",
+        "import clustersdk, jupyter_clustersdk as j; print(clustersdk.__file__)\nprint(j.__file__)",
+    )
     assert all(path.startswith(site) for path in where.split()), where
 
     # `jupyter labextension list` (the module it runs, in the fresh venv's Python)
     listing = run("-m", "jupyterlab.labextensions", "list")
     section = listing.split(f"{venv / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
-    assert re.search(rf"^\s+{NAME} v{re.escape(__version__)} enabled\s+OK \(python, clustersdk\)$",
-                     section, re.M), listing
+    assert re.search(
+        rf"^\s+{NAME} v{re.escape(__version__)} enabled\s+OK \(python, clustersdk\)$", section, re.M
+    ), listing
 
     # `jupyter server extension list`: enabled by the wheel's config file, and importable
     listing = run("-m", "jupyter_server.extension.serverextension", "list")

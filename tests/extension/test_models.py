@@ -21,20 +21,49 @@ from clustersdk import registry
 
 TARGET = Target("tcp-127.0.0.1-8786", "tcp://127.0.0.1:8786", "local", "registry")
 SLOTS = [
-    {"worker": "tcp://h1:1", "host": "h1", "kind": "cuda", "index": 0, "uuid": "GPU-a",
-     "job": "j1"},
-    {"worker": "tcp://h1:2", "host": "h1", "kind": "cuda", "index": 1, "uuid": "GPU-b",
-     "job": None},
+    {
+        "worker": "tcp://h1:1",
+        "host": "h1",
+        "kind": "cuda",
+        "index": 0,
+        "uuid": "GPU-a",
+        "job": "j1",
+    },
+    {
+        "worker": "tcp://h1:2",
+        "host": "h1",
+        "kind": "cuda",
+        "index": 1,
+        "uuid": "GPU-b",
+        "job": None,
+    },
 ]
 RECORD = {
-    "id": "j1", "name": "train", "scheduler": "Scheduler-1", "status": "RUNNING",
+    "id": "j1",
+    "name": "train",
+    "scheduler": "Scheduler-1",
+    "status": "RUNNING",
     "spec": {"id": "j1", "name": "train", "world_size": 1, "strategy": "ddp"},
-    "submitted": 10.0, "started": 11.0, "ended": None, "reason": "",
+    "submitted": 10.0,
+    "started": 11.0,
+    "ended": None,
+    "reason": "",
     "ranks": [{"rank": 0, "worker": "tcp://h1:1", "host": "h1", "device": "cuda:0"}],
-    "error": None, "paused_at": None, "checkpoint": "/ck/step-10", "result": b"\x00",
+    "error": None,
+    "paused_at": None,
+    "checkpoint": "/ck/step-10",
+    "result": b"\x00",
 }
-NVML = {"seq": 3, "rank": 0, "time": 20.0, "source": "nvml", "gpu_util": 87.0,
-        "gpu_mem_used": 2e9, "gpu_mem_total": 8e9, "gpu_power": 120.5}  # no temperature
+NVML = {
+    "seq": 3,
+    "rank": 0,
+    "time": 20.0,
+    "source": "nvml",
+    "gpu_util": 87.0,
+    "gpu_mem_used": 2e9,
+    "gpu_mem_total": 8e9,
+    "gpu_power": 120.5,
+}  # no temperature
 
 
 # models ---------------------------------------------------------------------------------
@@ -46,8 +75,12 @@ def test_cluster_id_is_url_safe_and_stable():
 
 def test_job_model_keeps_record_fields_drops_the_result_and_adds_derived_ones():
     job = models.job_model(RECORD, "c1")
-    assert (job["cluster"], job["terminal"], job["world_size"], job["strategy"]) == \
-        ("c1", False, 1, "ddp")
+    assert (job["cluster"], job["terminal"], job["world_size"], job["strategy"]) == (
+        "c1",
+        False,
+        1,
+        "ddp",
+    )
     assert job["checkpoint"] == "/ck/step-10" and job["paused_at"] is None
     assert "result" not in job and "progress" not in job
     json.dumps(job)
@@ -56,8 +89,10 @@ def test_job_model_keeps_record_fields_drops_the_result_and_adds_derived_ones():
 
 
 def test_history_model_is_json_without_nan_and_says_where_to_read_on():
-    rows = [{"seq": 5, "rank": 0, "step": 1, "time": 1.0, "loss": float("nan")},
-            {"seq": 6, "rank": 1, "step": 1, "time": 1.1, "loss": 0.5}]
+    rows = [
+        {"seq": 5, "rank": 0, "step": 1, "time": 1.0, "loss": float("nan")},
+        {"seq": 6, "rank": 1, "step": 1, "time": 1.1, "loss": 0.5},
+    ]
     model = models.history_model("j1", rows, since=4, limit=2)
     assert model["rows"][0]["loss"] is None and model["last"] == 6 and model["more"] is True
     json.dumps(model, allow_nan=False)
@@ -66,28 +101,35 @@ def test_history_model_is_json_without_nan_and_says_where_to_read_on():
 
 
 def test_logs_model_joins_lines():
-    lines = [{"seq": 1, "rank": 0, "time": 1.0, "stream": "stdout", "text": "a"},
-             {"seq": 2, "rank": 0, "time": 1.0, "stream": "stderr", "text": "b"}]
+    lines = [
+        {"seq": 1, "rank": 0, "time": 1.0, "stream": "stdout", "text": "a"},
+        {"seq": 2, "rank": 0, "time": 1.0, "stream": "stderr", "text": "b"},
+    ]
     model = models.logs_model("j1", lines, since=0, rank=0)
     assert (model["text"], model["last"]) == ("a\nb\n", 2)
 
 
 def test_progress_is_the_furthest_step_and_the_mean_of_each_ranks_newest_scalars():
-    latest = {0: {"seq": 9, "rank": 0, "step": 7, "time": 2.0, "loss": 1.0, "acc": float("nan")},
-              1: {"seq": 8, "rank": 1, "step": 6, "time": 1.9, "loss": 3.0}}
+    latest = {
+        0: {"seq": 9, "rank": 0, "step": 7, "time": 2.0, "loss": 1.0, "acc": float("nan")},
+        1: {"seq": 8, "rank": 1, "step": 6, "time": 1.9, "loss": 3.0},
+    }
     p = models.progress_model(latest, 12.5, 3.0)
     assert (p["step"], p["scalars"], p["steps_per_second"]) == (7, {"loss": 2.0}, 12.5)
     assert p["ranks"] == {"0": {"step": 7, "time": 2.0}, "1": {"step": 6, "time": 1.9}}
     assert models.progress_model({}, 0.0, None)["step"] is None
 
 
-@pytest.mark.parametrize(("points", "now", "expected"), [
-    ([(0.0, 0), (2.0, 20)], 2.0, 10.0),
-    ([(0.0, 0)], 1.0, 0.0),                      # one point: no pace
-    ([(0.0, 0), (1.0, 10), (50.0, 20)], 50.0, 0.0),  # only one point in the window
-    ([(0.0, 0), (2.0, 20)], 30.0, 0.0),          # stale: nothing new for 28 s
-    ([(0.0, 5), (1.0, 2)], 1.0, 0.0),            # a restart went back in steps
-])
+@pytest.mark.parametrize(
+    ("points", "now", "expected"),
+    [
+        ([(0.0, 0), (2.0, 20)], 2.0, 10.0),
+        ([(0.0, 0)], 1.0, 0.0),  # one point: no pace
+        ([(0.0, 0), (1.0, 10), (50.0, 20)], 50.0, 0.0),  # only one point in the window
+        ([(0.0, 0), (2.0, 20)], 30.0, 0.0),  # stale: nothing new for 28 s
+        ([(0.0, 5), (1.0, 2)], 1.0, 0.0),  # a restart went back in steps
+    ],
+)
 def test_steps_per_second(points, now, expected):
     assert models.steps_per_second(points, now, window=30.0, stale=10.0) == expected
 
@@ -95,11 +137,16 @@ def test_steps_per_second(points, now, expected):
 def test_cluster_model_counts_slots_busy_gpus_and_mean_gpu_utilisation():
     samples = models.newest_by_worker(RECORD, {0: NVML})
     jobs = [RECORD, {**RECORD, "id": "j2", "status": "QUEUED"}]
-    summary = models.cluster_model(TARGET, inventory=SLOTS, jobs=jobs, samples=samples,
-                                   scheduler_id="Scheduler-1")
+    summary = models.cluster_model(
+        TARGET, inventory=SLOTS, jobs=jobs, samples=samples, scheduler_id="Scheduler-1"
+    )
     assert (summary["workers"], summary["hosts"], summary["gpus"]) == (2, 1, 2)
-    assert summary["utilisation"] == {"slots": 2, "busy": 1, "busy_fraction": 0.5,
-                                      "gpu_util_mean": 87.0}
+    assert summary["utilisation"] == {
+        "slots": 2,
+        "busy": 1,
+        "busy_fraction": 0.5,
+        "gpu_util_mean": 87.0,
+    }
     assert summary["queue_length"] == 1 and summary["jobs"]["RUNNING"] == 1
     assert "slots" not in summary
     detail = models.cluster_model(TARGET, inventory=SLOTS, jobs=jobs, samples=samples, detail=True)
@@ -110,8 +157,11 @@ def test_cluster_model_counts_slots_busy_gpus_and_mean_gpu_utilisation():
 
 def test_an_unreachable_cluster_says_why_and_nothing_else():
     model = models.cluster_model(TARGET, error="could not connect")
-    assert model == {**{k: getattr(TARGET, k) for k in ("id", "address", "kind", "source")},
-                     "reachable": False, "error": "could not connect"}
+    assert model == {
+        **{k: getattr(TARGET, k) for k in ("id", "address", "kind", "source")},
+        "reachable": False,
+        "error": "could not connect",
+    }
 
 
 def test_health_names_no_address_and_no_job():
@@ -121,19 +171,22 @@ def test_health_names_no_address_and_no_job():
     assert body["reason"] == "cluster c2: no answer"
 
 
-@pytest.mark.parametrize(("error", "status", "code"), [
-    (cs.SpecError("x"), 400, "bad_request"),
-    (cs.CapacityError("x"), 400, "capacity"),
-    (errors.BadRequestError("x"), 400, "bad_request"),
-    (cs.JobNotFoundError("x"), 404, "job_not_found"),
-    (errors.ClusterNotFoundError("x"), 404, "cluster_not_found"),
-    (cs.InvalidTransitionError("x"), 409, "invalid_transition"),
-    (errors.UnsupportedOperationError("x"), 502, "unsupported_operation"),
-    (errors.SchedulerUnavailableError("x"), 502, "scheduler_unavailable"),
-    (errors.UpstreamError("x"), 502, "scheduler_error"),
-    (cs.JobTimeoutError("x"), 504, "timeout"),
-    (RuntimeError("x"), 500, "internal"),
-])
+@pytest.mark.parametrize(
+    ("error", "status", "code"),
+    [
+        (cs.SpecError("x"), 400, "bad_request"),
+        (cs.CapacityError("x"), 400, "capacity"),
+        (errors.BadRequestError("x"), 400, "bad_request"),
+        (cs.JobNotFoundError("x"), 404, "job_not_found"),
+        (errors.ClusterNotFoundError("x"), 404, "cluster_not_found"),
+        (cs.InvalidTransitionError("x"), 409, "invalid_transition"),
+        (errors.UnsupportedOperationError("x"), 502, "unsupported_operation"),
+        (errors.SchedulerUnavailableError("x"), 502, "scheduler_unavailable"),
+        (errors.UpstreamError("x"), 502, "scheduler_error"),
+        (cs.JobTimeoutError("x"), 504, "timeout"),
+        (RuntimeError("x"), 500, "internal"),
+    ],
+)
 def test_http_status_of_each_error(error, status, code):
     assert errors.http_status(error) == (status, code)
     assert isinstance(error, errors.KNOWN_ERRORS) is (status != 500)
@@ -141,17 +194,29 @@ def test_http_status_of_each_error(error, status, code):
 
 # metrics --------------------------------------------------------------------------------
 def snapshot(system=None, up=True):
-    job = {"record": RECORD, "system": {0: NVML} if system is None else system,
-           "progress": models.progress_model({0: {"rank": 0, "step": 41, "time": 20.0,
-                                                  "loss": 0.25, "lr": 1e-3}}, 9.5, 20.0)}
-    cluster = {"id": "c1", "up": True, "slots": SLOTS, "jobs": [job],
-               "counts": {"RUNNING": 1, "QUEUED": 2, "FINISHED": 3}}
+    job = {
+        "record": RECORD,
+        "system": {0: NVML} if system is None else system,
+        "progress": models.progress_model(
+            {0: {"rank": 0, "step": 41, "time": 20.0, "loss": 0.25, "lr": 1e-3}}, 9.5, 20.0
+        ),
+    }
+    cluster = {
+        "id": "c1",
+        "up": True,
+        "slots": SLOTS,
+        "jobs": [job],
+        "counts": {"RUNNING": 1, "QUEUED": 2, "FINISHED": 3},
+    }
     return {"time": 21.0, "clusters": [cluster if up else {"id": "c1", "up": False, "error": "x"}]}
 
 
 def samples(text: bytes, parser=parse_text):
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in parser(text.decode()) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parser(text.decode())
+        for s in family.samples
+    }
 
 
 def value(found, _metric, **labels):
@@ -182,8 +247,15 @@ def test_metrics_per_job_cluster_and_gpu():
     assert value(found, "clustersdk_jobs", cluster="c1", state="FINISHED") == 3
     assert value(found, "clustersdk_slots_busy", cluster="c1", kind="cuda") == 1
     assert value(found, "clustersdk_scheduler_up", cluster="c1") == 1
-    gpu = {"cluster": "c1", "host": "h1", "worker": "tcp://h1:1", "gpu": "0", "uuid": "GPU-a",
-           "job": "j1", "rank": "0"}
+    gpu = {
+        "cluster": "c1",
+        "host": "h1",
+        "worker": "tcp://h1:1",
+        "gpu": "0",
+        "uuid": "GPU-a",
+        "job": "j1",
+        "rank": "0",
+    }
     assert value(found, "clustersdk_gpu_utilization_percent", **gpu) == 87.0
     assert value(found, "clustersdk_gpu_memory_total_bytes", **gpu) == 8e9
     assert value(found, "clustersdk_gpu_power_watts", **gpu) == 120.5
@@ -197,8 +269,18 @@ def test_metrics_without_telemetry_or_with_cpu_samples():
     assert value(found, "clustersdk_job_step", cluster="c1", job="j1", name="train") == 41
     cpu = {0: {"rank": 0, "time": 1.0, "source": "psutil", "cpu_percent": 50.0, "rss": 1e8}}
     found = samples(metrics.render(snapshot(system=cpu)))
-    assert value(found, "clustersdk_rank_cpu_percent", cluster="c1", host="h1",
-                 worker="tcp://h1:1", job="j1", rank="0") == 50.0
+    assert (
+        value(
+            found,
+            "clustersdk_rank_cpu_percent",
+            cluster="c1",
+            host="h1",
+            worker="tcp://h1:1",
+            job="j1",
+            rank="0",
+        )
+        == 50.0
+    )
     assert not [k for k in found if k[0].startswith("clustersdk_gpu_")]
 
 
@@ -218,8 +300,9 @@ def test_openmetrics_rendering_parses():
 def test_the_grafana_dashboard_queries_only_metrics_we_export():
     import re
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "dashboards",
-                        "grafana-clustersdk.json")
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "..", "dashboards", "grafana-clustersdk.json"
+    )
     with open(path) as f:
         dashboard = json.load(f)
     cpu = {0: {"rank": 0, "time": 1.0, "source": "psutil", "cpu_percent": 1.0, "rss": 1.0}}
@@ -242,8 +325,10 @@ class FakeSchedulers(ClusterManager):
         super().__init__(addresses=[TARGET.address], **kwargs)
         self.has_system = has_system
         self.calls: list[tuple[str, dict]] = []
-        self.rows = [{"seq": i + 1, "rank": 0, "step": i, "time": 100.0 + i, "loss": 1.0 / (i + 1)}
-                     for i in range(12)]
+        self.rows = [
+            {"seq": i + 1, "rank": 0, "step": i, "time": 100.0 + i, "loss": 1.0 / (i + 1)}
+            for i in range(12)
+        ]
 
     async def call(self, target, op, *, call_timeout=None, **kwargs):
         self.calls.append((op, kwargs))
@@ -253,7 +338,7 @@ class FakeSchedulers(ClusterManager):
             return [RECORD]
         if op == "history":
             rows = [r for r in self.rows if r["seq"] > kwargs["since"]]
-            return rows[:kwargs["limit"]] if kwargs.get("limit") else rows
+            return rows[: kwargs["limit"]] if kwargs.get("limit") else rows
         if op == "system":
             if not self.has_system:
                 raise errors.UnsupportedOperationError("no system op")
@@ -345,8 +430,16 @@ def test_a_jobs_diagnosis_is_served_as_the_openapi_description_says():
 
     from clustersdk.diagnosis import Diagnosis
 
-    found = Diagnosis("host_oom", "host out of memory: ...", "lower the batch size", rank=1,
-                      worker="tcp://h1:1", host="h1", data={"rss": 1.5e9}, time=12.0)
+    found = Diagnosis(
+        "host_oom",
+        "host out of memory: ...",
+        "lower the batch size",
+        rank=1,
+        worker="tcp://h1:1",
+        host="h1",
+        data={"rss": 1.5e9},
+        time=12.0,
+    )
     job = models.job_model({**RECORD, "diagnosis": found.as_dict()}, "c1")
     assert Diagnosis.from_dict(json.loads(json.dumps(job))["diagnosis"]) == found
     with open(os.path.join(os.path.dirname(app.__file__), "openapi.yaml")) as f:
@@ -355,4 +448,5 @@ def test_a_jobs_diagnosis_is_served_as_the_openapi_description_says():
     assert list(described["properties"]) == list(found.as_dict())
     assert set(described["required"]) <= set(found.as_dict())
     assert schemas["Job"]["properties"]["diagnosis"]["allOf"] == [
-        {"$ref": "#/components/schemas/Diagnosis"}]
+        {"$ref": "#/components/schemas/Diagnosis"}
+    ]

@@ -20,13 +20,22 @@ def read(logdir) -> dict[str, list[tuple[int, float, float]]]:
     """tag -> [(step, value, wall_time)] as TensorBoard reads the run in ``logdir``."""
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
-            for tag in acc.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)]
+        for tag in acc.Tags()["scalars"]
+    }
 
 
 def rows(rank, steps, base=0.0):
-    return [{"rank": rank, "step": s, "time": 1000.0 + s + rank / 10,
-             "scalars": {"loss": base + s, "lr": 0.1}} for s in steps]
+    return [
+        {
+            "rank": rank,
+            "step": s,
+            "time": 1000.0 + s + rank / 10,
+            "scalars": {"loss": base + s, "lr": 0.1},
+        }
+        for s in steps
+    ]
 
 
 def test_a_rank_writer_writes_every_scalar_at_its_step_and_time(tmp_path):
@@ -83,8 +92,13 @@ def test_the_streaming_aggregator_holds_a_step_until_every_rank_reported():
 def test_launch_with_tensorboard_dir_writes_per_rank_and_aggregated_runs(sdk_cluster, tmp_path):
     """End to end: `cluster.launch(..., tensorboard_dir=...)` on two ranks."""
     cluster = idle_cluster(sdk_cluster)
-    job = cluster.launch(workloads.train_mlp, kwargs={"steps": 12}, world_size=2,
-                         name="ext-tensorboard", tensorboard_dir=str(tmp_path))
+    job = cluster.launch(
+        workloads.train_mlp,
+        kwargs={"steps": 12},
+        world_size=2,
+        name="ext-tensorboard",
+        tensorboard_dir=str(tmp_path),
+    )
     out = job.wait(timeout=120)
     history = job.history()
     for rank in (0, 1):
@@ -93,12 +107,25 @@ def test_launch_with_tensorboard_dir_writes_per_rank_and_aggregated_runs(sdk_clu
         logged = [r for r in history if r["rank"] == rank]
         assert [v for _, v, _ in loss] == pytest.approx([r["loss"] for r in logged], rel=1e-6)
         assert [t for _, _, t in loss] == pytest.approx([r["time"] for r in logged])
-    assert [v for _, v, _ in read(tmp_path / "rank-0")["loss"]] == \
-        pytest.approx(out["losses"], rel=1e-6)
+    assert [v for _, v, _ in read(tmp_path / "rank-0")["loss"]] == pytest.approx(
+        out["losses"], rel=1e-6
+    )
     mean = read(tmp_path)["loss"]  # the aggregated run: the mean over both ranks, per step
-    expected = aggregate([{"rank": r["rank"], "step": r["step"], "time": r["time"],
-                           "scalars": {"loss": r["loss"]}} for r in history])
+    expected = aggregate(
+        [
+            {
+                "rank": r["rank"],
+                "step": r["step"],
+                "time": r["time"],
+                "scalars": {"loss": r["loss"]},
+            }
+            for r in history
+        ]
+    )
     assert [s for s, _, _ in mean] == [r["step"] for r in expected] == list(range(12))
-    assert [v for _, v, _ in mean] == pytest.approx([r["scalars"]["loss"] for r in expected], rel=1e-6)
-    assert not [n for n in os.listdir(tmp_path) if n.startswith("rank-")
-                and n not in ("rank-0", "rank-1")]
+    assert [v for _, v, _ in mean] == pytest.approx(
+        [r["scalars"]["loss"] for r in expected], rel=1e-6
+    )
+    assert not [
+        n for n in os.listdir(tmp_path) if n.startswith("rank-") and n not in ("rank-0", "rank-1")
+    ]

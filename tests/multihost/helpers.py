@@ -21,8 +21,13 @@ def need_bed() -> None:
 
 def ssh_options(b: netbed.Bed, **more) -> dict:
     """What Cluster.ssh needs to log into the bed's hosts."""
-    return {"key_file": b.key_file, "known_hosts": b.known_hosts, "python": python(b),
-            "connect_timeout": 5, **more}
+    return {
+        "key_file": b.key_file,
+        "known_hosts": b.known_hosts,
+        "python": python(b),
+        "connect_timeout": 5,
+        **more,
+    }
 
 
 def python(b: netbed.Bed) -> str:
@@ -35,8 +40,10 @@ def python(b: netbed.Bed) -> str:
     wrapper = os.path.join(b.dir, "python")
     if not os.path.exists(wrapper):
         with open(wrapper, "w") as f:
-            f.write(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{path}"\n'
-                    f'exec {sys.executable} "$@"\n')
+            f.write(
+                f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{path}"\n'
+                f'exec {sys.executable} "$@"\n'
+            )
         os.chmod(wrapper, 0o755)
     return wrapper
 

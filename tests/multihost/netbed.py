@@ -55,10 +55,10 @@ def missing() -> str | None:
 class Host:
     index: int
     netns: str
-    address: str          # eth0: reachable from every host and from this machine
-    side_address: str     # eth1: reachable from nowhere
+    address: str  # eth0: reachable from every host and from this machine
+    side_address: str  # eth1: reachable from nowhere
     dir: str
-    host_key: str = ""    # "ssh-ed25519 AAAA..."
+    host_key: str = ""  # "ssh-ed25519 AAAA..."
     sshd: subprocess.Popen | None = None
 
     @property
@@ -74,8 +74,13 @@ class Bed:
     """``n`` hosts; ``sshd_config[i]`` adds lines to host ``i``'s sshd_config (1-based);
     ``extra_addresses[i]`` gives host ``i`` that many more addresses, each with sshd."""
 
-    def __init__(self, n: int = 3, *, sshd_config: dict[int, list[str]] | None = None,
-                 extra_addresses: dict[int, int] | None = None):
+    def __init__(
+        self,
+        n: int = 3,
+        *,
+        sshd_config: dict[int, list[str]] | None = None,
+        extra_addresses: dict[int, int] | None = None,
+    ):
         self.tag = f"{random.randrange(0x10000):04x}"
         self.net = _free_subnet()
         self.bridge = f"csb{self.tag}"
@@ -85,9 +90,16 @@ class Bed:
         self.known_hosts = os.path.join(self.dir, "known_hosts")
         self.sshd_config = sshd_config or {}
         self.extra_addresses = extra_addresses or {}
-        self.hosts = [Host(i, f"cs-{self.tag}-h{i}", f"{self.net}.{10 + i}",
-                           f"{SIDE_NET}.{10 + i}", os.path.join(self.dir, f"h{i}"))
-                      for i in range(1, n + 1)]
+        self.hosts = [
+            Host(
+                i,
+                f"cs-{self.tag}-h{i}",
+                f"{self.net}.{10 + i}",
+                f"{SIDE_NET}.{10 + i}",
+                os.path.join(self.dir, f"h{i}"),
+            )
+            for i in range(1, n + 1)
+        ]
 
     # set-up --------------------------------------------------------------------------
     def up(self) -> Bed:
@@ -134,20 +146,42 @@ class Bed:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", key)
         with open(key + ".pub") as f:
             host.host_key = " ".join(f.read().split()[:2])
-        lines = [f"ListenAddress {a}:22" for a in self.addresses(host)] + [
-            f"HostKey {key}", "PidFile none", f"AuthorizedKeysFile {self.key_file}.pub",
-            "PermitRootLogin prohibit-password", "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "LogLevel VERBOSE",
-            "Subsystem sftp internal-sftp",  # as Debian's own sshd_config has (Cluster.ssh's keys)
-        ] + self.sshd_config.get(host.index, [])
+        lines = (
+            [f"ListenAddress {a}:22" for a in self.addresses(host)]
+            + [
+                f"HostKey {key}",
+                "PidFile none",
+                f"AuthorizedKeysFile {self.key_file}.pub",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "LogLevel VERBOSE",
+                "Subsystem sftp internal-sftp",  # as Debian's own sshd_config has (Cluster.ssh's keys)
+            ]
+            + self.sshd_config.get(host.index, [])
+        )
         with open(os.path.join(host.dir, "sshd_config"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
     def start_sshd(self, host: Host) -> None:
         log = open(os.path.join(host.dir, "sshd.log"), "ab")
         host.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, SSHD, "-D", "-e", "-f",
-             os.path.join(host.dir, "sshd_config")], stdout=log, stderr=log)
+            [
+                "ip",
+                "netns",
+                "exec",
+                host.netns,
+                SSHD,
+                "-D",
+                "-e",
+                "-f",
+                os.path.join(host.dir, "sshd_config"),
+            ],
+            stdout=log,
+            stderr=log,
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if host.sshd.poll() is not None:
@@ -187,15 +221,38 @@ class Bed:
         """Drop TCP to ``port`` at ``host``'s input (nftables, in its namespace only)."""
         table = ["nft", "add", "table", "inet", "csbed"]
         self.run(host, *table)
-        self.run(host, "nft", "add", "chain", "inet", "csbed", "input",
-                 "{ type filter hook input priority 0; policy accept; }")
-        self.run(host, "nft", "add", "rule", "inet", "csbed", "input", "tcp", "dport", str(port),
-                 "drop")
+        self.run(
+            host,
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "csbed",
+            "input",
+            "{ type filter hook input priority 0; policy accept; }",
+        )
+        self.run(
+            host, "nft", "add", "rule", "inet", "csbed", "input", "tcp", "dport", str(port), "drop"
+        )
 
     def throttle(self, host: Host, rate: str = "200mbit") -> None:
         """Limit what ``host`` sends on eth0 (tc tbf): a slow NIC or link."""
-        self.run(host, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate,
-                 "burst", "256kb", "latency", "100ms")
+        self.run(
+            host,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "256kb",
+            "latency",
+            "100ms",
+        )
 
     # teardown ------------------------------------------------------------------------
     def down(self) -> None:
@@ -236,13 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     with Bed(args.hosts) as bed:
         print(f"{args.hosts} hosts up (this machine is {bed.bridge_address} on {bed.bridge}):")
         for host in bed.hosts:
-            print(f"  {host.name}: {host.address} (eth0), {host.side_address} (eth1, isolated), "
-                  f"namespace {host.netns}")
-        print(f"\nimport clustersdk as cs\ncluster = cs.Cluster.ssh({[h.address for h in bed.hosts]},"
-              f"\n    key_file={bed.key_file!r},\n    known_hosts={bed.known_hosts!r},"
-              "\n    slots_per_host=2)\n")
-        print(f"ssh -i {bed.key_file} -o UserKnownHostsFile={bed.known_hosts} "
-              f"root@{bed.hosts[0].address}\n\nCtrl-C tears it all down.")
+            print(
+                f"  {host.name}: {host.address} (eth0), {host.side_address} (eth1, isolated), "
+                f"namespace {host.netns}"
+            )
+        print(
+            f"\nimport clustersdk as cs\ncluster = cs.Cluster.ssh({[h.address for h in bed.hosts]},"
+            f"\n    key_file={bed.key_file!r},\n    known_hosts={bed.known_hosts!r},"
+            "\n    slots_per_host=2)\n"
+        )
+        print(
+            f"ssh -i {bed.key_file} -o UserKnownHostsFile={bed.known_hosts} "
+            f"root@{bed.hosts[0].address}\n\nCtrl-C tears it all down."
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:

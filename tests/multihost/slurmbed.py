@@ -33,8 +33,9 @@ def missing() -> str | None:
         return "the Slurm bed needs root (slurmd runs jobs as their user); CI runs as root"
     for daemon in DAEMONS:
         if not os.path.exists(daemon):
-            return (f"{daemon} is not installed (apt-get install slurmctld slurmd slurm-client "
-                    "munge)")
+            return (
+                f"{daemon} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+            )
     if shutil.which("sbatch") is None:
         return "sbatch is not installed (apt-get install slurm-client)"
     return None
@@ -63,17 +64,24 @@ class SlurmBed:
     def up(self) -> SlurmBed:
         try:
             self._write_config()
-            self._start("munged", DAEMONS[0], "-F", f"--key-file={self.path('munge.key')}",
-                        f"--socket={self.path('munge.socket')}",
-                        f"--pid-file={self.path('munged.pid')}",
-                        f"--seed-file={self.path('munge.seed')}",
-                        f"--log-file={self.path('munged.log')}")
+            self._start(
+                "munged",
+                DAEMONS[0],
+                "-F",
+                f"--key-file={self.path('munge.key')}",
+                f"--socket={self.path('munge.socket')}",
+                f"--pid-file={self.path('munged.pid')}",
+                f"--seed-file={self.path('munge.seed')}",
+                f"--log-file={self.path('munged.log')}",
+            )
             self._wait(lambda: os.path.exists(self.path("munge.socket")), "munged")
             self._start("slurmctld", DAEMONS[1], "-D", "-f", self.conf)
             self._wait(lambda: self.sh("sinfo", "-h").returncode == 0, "slurmctld")
             self._start("slurmd", DAEMONS[2], "-D", "-f", self.conf, "-N", self.node)
-            self._wait(lambda: self.sh("sinfo", "-h", "-o", "%T").stdout.strip() == "idle",
-                       "slurmd (the node idle)")
+            self._wait(
+                lambda: self.sh("sinfo", "-h", "-o", "%T").stdout.strip() == "idle",
+                "slurmd (the node idle)",
+            )
         except BaseException:
             self.down()
             raise
@@ -89,21 +97,33 @@ class SlurmBed:
         for device in devices:
             os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, as null
         lines = [
-            "ClusterName=clustersdk", f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-            "AuthType=auth/munge", "CredType=cred/munge",
+            "ClusterName=clustersdk",
+            f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            f"SlurmdPort={_free_port()}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
             f"AuthInfo=socket={self.path('munge.socket')}",
-            "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={self.path('state')}", f"SlurmdSpoolDir={self.path('spool')}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={self.path('state')}",
+            f"SlurmdSpoolDir={self.path('spool')}",
             f"SlurmctldPidFile={self.path('slurmctld.pid')}",
             f"SlurmdPidFile={self.path('slurmd.pid')}",
             f"SlurmctldLogFile={self.path('log', 'slurmctld.log')}",
             f"SlurmdLogFile={self.path('log', 'slurmd.log')}",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "SchedulerType=sched/backfill", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU_Memory", "GresTypes=gpu", "ReturnToService=2",
-            "SlurmdParameters=config_overrides", "MpiDefault=none", "SchedulerParameters=sched_interval=1",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU_Memory",
+            "GresTypes=gpu",
+            "ReturnToService=2",
+            "SlurmdParameters=config_overrides",
+            "MpiDefault=none",
+            "SchedulerParameters=sched_interval=1",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=16000 "
             f"Gres=gpu:{GPUS} State=UNKNOWN",
             f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
@@ -192,8 +212,9 @@ def main() -> int:
         return 1
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with SlurmBed() as bed:
-        print(f"Slurm is up: export SLURM_CONF={bed.conf}\n{bed.sh('sinfo').stdout}"
-              "Ctrl-C stops it.")
+        print(
+            f"Slurm is up: export SLURM_CONF={bed.conf}\n{bed.sh('sinfo').stdout}Ctrl-C stops it."
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:

@@ -26,8 +26,13 @@ TRAIN = {"steps": 60, "delay": 0.03}
 @pytest.fixture(scope="module")
 def cluster(bed, tmp_path_factory):
     """3 hosts x 2 CPU slots; the scheduler runs on the first host."""
-    c = cs.Cluster.ssh(addresses(bed), slots_per_host=2, rendezvous_ports="29400-29499",
-                       state_dir=str(tmp_path_factory.mktemp("ssh-state")), **ssh_options(bed))
+    c = cs.Cluster.ssh(
+        addresses(bed),
+        slots_per_host=2,
+        rendezvous_ports="29400-29499",
+        state_dir=str(tmp_path_factory.mktemp("ssh-state")),
+        **ssh_options(bed),
+    )
     try:
         yield c
     finally:
@@ -94,8 +99,11 @@ def test_ddp_at_world_size_6_across_three_hosts_equals_one_process(idle, bed):
 def test_ranks_bind_to_the_interface_towards_rank_0_and_get_the_launch_env(idle, bed):
     idle.env = {"NCCL_DEBUG": "WARN", "X_CLUSTER": "1"}
     try:
-        job = idle.launch(jobs.report_env, world_size=6,
-                          env={"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1", "NCCL_BUFFSIZE": 4194304})
+        job = idle.launch(
+            jobs.report_env,
+            world_size=6,
+            env={"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1", "NCCL_BUFFSIZE": 4194304},
+        )
         out = job.wait(timeout=120)
     finally:
         idle.env = {}
@@ -106,8 +114,12 @@ def test_ranks_bind_to_the_interface_towards_rank_0_and_get_the_launch_env(idle,
         assert env["MASTER_ADDR"] == master  # rank 0's worker address, on eth0
         assert PORTS[0] <= int(env["MASTER_PORT"]) <= PORTS[1]  # the rendezvous range
         assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
-        assert (env["NCCL_DEBUG"], env["NCCL_IB_DISABLE"], env["NCCL_BUFFSIZE"], env["X_CLUSTER"]) \
-            == ("INFO", "1", "4194304", "1")  # the launch's value wins over the cluster's
+        assert (
+            env["NCCL_DEBUG"],
+            env["NCCL_IB_DISABLE"],
+            env["NCCL_BUFFSIZE"],
+            env["X_CLUSTER"],
+        ) == ("INFO", "1", "4194304", "1")  # the launch's value wins over the cluster's
         # the host name points at eth1, which reaches no other host: gloo's own default
         assert rank["hostname_resolves_to"].startswith(netbed.SIDE_NET + ".")
     after = idle.launch(jobs.report_env, world_size=6).wait(timeout=120)  # nothing leaks into it
@@ -124,8 +136,9 @@ def test_a_job_bound_to_the_isolated_interface_fails_within_its_timeout(idle):
 
 def test_pause_suspend_and_resume_at_world_size_4_move_across_hosts(idle, uninterrupted4, tmp_path):
     reference, reference_losses = uninterrupted4
-    job = idle.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=4,
-                      checkpoint_dir=str(tmp_path / "ckpt"))
+    job = idle.launch(
+        workloads.train_ckpt, kwargs=TRAIN, world_size=4, checkpoint_dir=str(tmp_path / "ckpt")
+    )
     wait_for(lambda: step_reached(job, 10), timeout=120)
     job.pause()
     job.resume()
@@ -150,13 +163,21 @@ def host_named(bed, address: str):
     return next(h for h in bed.hosts if h.address == address)
 
 
-def test_a_host_that_dies_mid_run_restarts_the_job_from_its_checkpoint(idle, bed, uninterrupted4,
-                                                                       tmp_path):
+def test_a_host_that_dies_mid_run_restarts_the_job_from_its_checkpoint(
+    idle, bed, uninterrupted4, tmp_path
+):
     """Every process of one host is killed (sshd, nanny, workers): as with Cluster.local,
     the job restarts within its budget on the slots that are left, from its checkpoint."""
     reference, reference_losses = uninterrupted4
-    job = idle.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=4, timeout=10,
-                      checkpoint_dir=str(tmp_path), checkpoint_every=10, max_restarts=1)
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs=TRAIN,
+        world_size=4,
+        timeout=10,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=10,
+        max_restarts=1,
+    )
     statuses = Statuses(job)
     wait_for(lambda: (job.info().get("checkpoint_step") or 0) >= 20, timeout=120)
     scheduler_host = bed.hosts[0].address
@@ -164,8 +185,13 @@ def test_a_host_that_dies_mid_run_restarts_the_job_from_its_checkpoint(idle, bed
     bed.kill_host(host_named(bed, victim))
     out = job.wait(timeout=180)
     wait_for(lambda: "FINISHED" in statuses.seen)
-    assert statuses.after("RESTARTING") == ["RESTARTING", "QUEUED", "STARTING", "RUNNING",
-                                            "FINISHED"]
+    assert statuses.after("RESTARTING") == [
+        "RESTARTING",
+        "QUEUED",
+        "STARTING",
+        "RUNNING",
+        "FINISHED",
+    ]
     assert job.restarts == 1 and victim not in hosts_of(job)
     assert_close_run(out, reference)
     assert losses(job).keys() == reference_losses.keys()  # each step once

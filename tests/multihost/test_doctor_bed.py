@@ -37,8 +37,9 @@ def stray_cloudpickle(root) -> str:
     init = target / "__init__.py"
     text = init.read_text()
     assert f'__version__ = "{cloudpickle.__version__}"' in text
-    init.write_text(text.replace(f'__version__ = "{cloudpickle.__version__}"',
-                                 f'__version__ = "{OLD}"'))
+    init.write_text(
+        text.replace(f'__version__ = "{cloudpickle.__version__}"', f'__version__ = "{OLD}"')
+    )
     return str(root)
 
 
@@ -51,12 +52,16 @@ def sick(tmp_path_factory):
         bed.block_port(h2, BLOCKED)
         bed.throttle(h3, "200mbit")
         # the scheduler in this process (the notebook's machine: the bridge's address)
-        cluster = cs.Cluster.ssh([h.address for h in bed.hosts], slots_per_host=1,
-                                 scheduler_host="local", interface="eth0",
-                                 rendezvous_ports="29500-29509",
-                                 start_timeout=180,
-                                 state_dir=str(tmp_path_factory.mktemp("doctor-state")),
-                                 **ssh_options(bed))
+        cluster = cs.Cluster.ssh(
+            [h.address for h in bed.hosts],
+            slots_per_host=1,
+            scheduler_host="local",
+            interface="eth0",
+            rendezvous_ports="29500-29509",
+            start_timeout=180,
+            state_dir=str(tmp_path_factory.mktemp("doctor-state")),
+            **ssh_options(bed),
+        )
         try:
             yield bed, cluster
         finally:
@@ -72,11 +77,14 @@ def test_the_doctor_names_the_blocked_port_the_stray_version_and_the_slow_host(s
     found = {(p.host, p.check) for p in report.problems}
     assert found == {(h2, "ports"), (h3, "versions"), (h3, "bandwidth")}, report
     by_check = {p.check: p.message for p in report.problems}
-    assert by_check["ports"].startswith(f"host {h2}: port {BLOCKED} of the rendezvous range "
-                                        f"(29500-29509) unreachable from {h1}, {h3} (timed out)")
+    assert by_check["ports"].startswith(
+        f"host {h2}: port {BLOCKED} of the rendezvous range "
+        f"(29500-29509) unreachable from {h1}, {h3} (timed out)"
+    )
     assert by_check["versions"].startswith(
         f"host {h3}: cloudpickle {OLD}, but {cloudpickle.__version__} on the other hosts: "
-        f"install cloudpickle=={cloudpickle.__version__} there")
+        f"install cloudpickle=={cloudpickle.__version__} there"
+    )
     assert by_check["bandwidth"].startswith(f"host {h3}: its links reach ")
     # the measurements behind it: three pairs, each swept from 1 KiB to 1 MiB
     assert sorted(s.hosts for s in report.sweeps) == [(h1, h2), (h1, h3), (h2, h3)]
@@ -93,9 +101,12 @@ def test_clustersdk_doctor_address_prints_the_problems_and_fails(sick):
     bed, cluster = sick
     h2 = bed.hosts[1].address
     proc = subprocess.run(
-        [sys.executable, "-m", "clustersdk", "doctor", cluster.scheduler_address,
-         "--no-bandwidth"], capture_output=True, text=True, timeout=180,
-        env={**os.environ, "DASK_CLUSTERSDK__CREDENTIALS": cluster.credentials})
+        [sys.executable, "-m", "clustersdk", "doctor", cluster.scheduler_address, "--no-bandwidth"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "DASK_CLUSTERSDK__CREDENTIALS": cluster.credentials},
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert f"host {h2}: port {BLOCKED} of the rendezvous range" in proc.stdout
     assert "bus bandwidth" not in proc.stdout

@@ -29,8 +29,12 @@ PROBE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "security_probe
 def cluster(bed, tmp_path_factory):
     """alice's cluster on the first two hosts (one CPU slot each); the third is a stranger."""
     with dask.config.set({"clustersdk.security.user": "alice"}):
-        c = cs.Cluster.ssh(addresses(bed)[:2], slots_per_host=1,
-                           state_dir=str(tmp_path_factory.mktemp("tls-state")), **ssh_options(bed))
+        c = cs.Cluster.ssh(
+            addresses(bed)[:2],
+            slots_per_host=1,
+            state_dir=str(tmp_path_factory.mktemp("tls-state")),
+            **ssh_options(bed),
+        )
     try:
         yield c
     finally:
@@ -59,13 +63,24 @@ def test_every_host_gets_only_its_own_key_privately(cluster):
 
 def test_a_stranger_on_the_network_gets_nothing(bed, cluster, tmp_path):
     info = cluster.client.scheduler_info(n_workers=-1)["workers"]
-    targets = ([f"scheduler={cluster.scheduler_address}"] + [f"worker={w}" for w in info]
-               + [f"nanny={w['nanny']}" for w in info.values()])
+    targets = (
+        [f"scheduler={cluster.scheduler_address}"]
+        + [f"worker={w}" for w in info]
+        + [f"nanny={w['nanny']}" for w in info.values()]
+    )
     other = Authority.create(str(tmp_path / "other-ca"), admin="mallory")
     marker = tmp_path / "stranger-was-here"
     stranger = bed.hosts[2]  # in no cluster, with no credentials of this one
-    out = bed.run(stranger, sys.executable, PROBE, "--marker", str(marker),
-                  "--other-credentials", other.credentials_file("mallory"), *targets)
+    out = bed.run(
+        stranger,
+        sys.executable,
+        PROBE,
+        "--marker",
+        str(marker),
+        "--other-credentials",
+        other.credentials_file("mallory"),
+        *targets,
+    )
     answers = json.loads(out.stdout)
     assert len(answers) == 3 * 5
     assert all(a.startswith("refused") for a in answers.values()), answers
@@ -75,12 +90,14 @@ def test_a_stranger_on_the_network_gets_nothing(bed, cluster, tmp_path):
 def test_bob_sees_alices_job_across_the_network_and_may_not_stop_it(cluster, tmp_path):
     path = cluster.add_user("bob", path=str(tmp_path / "bob.pem"))
     job = cluster.launch(workloads.spin, world_size=1, name="alice-far")
-    bob = cs.Cluster.connect(cluster.scheduler_address, credentials=path,
-                             state_dir=str(tmp_path / "bob"))
+    bob = cs.Cluster.connect(
+        cluster.scheduler_address, credentials=path, state_dir=str(tmp_path / "bob")
+    )
     try:
         wait_for(lambda: job.status is cs.JobStatus.RUNNING, timeout=60)
-        with pytest.raises(cs.AccessDeniedError, match="'bob' may not stop job 'alice-far'.*"
-                                                       "belongs to 'alice'"):
+        with pytest.raises(
+            cs.AccessDeniedError, match="'bob' may not stop job 'alice-far'.*belongs to 'alice'"
+        ):
             bob.job("alice-far").stop()
         assert job.status is cs.JobStatus.RUNNING
     finally:

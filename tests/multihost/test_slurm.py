@@ -38,9 +38,15 @@ def slurm():
 
 @pytest.fixture(scope="module")
 def cluster(slurm, tmp_path_factory):
-    c = cs.Cluster.slurm(gpus_per_worker=1, maximum=3, memory="2GiB", idle_timeout=2, poll=0.3,
-                         log_directory=str(tmp_path_factory.mktemp("slurm-logs")),
-                         state_dir=str(tmp_path_factory.mktemp("slurm-state")))
+    c = cs.Cluster.slurm(
+        gpus_per_worker=1,
+        maximum=3,
+        memory="2GiB",
+        idle_timeout=2,
+        poll=0.3,
+        log_directory=str(tmp_path_factory.mktemp("slurm-logs")),
+        state_dir=str(tmp_path_factory.mktemp("slurm-state")),
+    )
     try:
         yield c
     finally:
@@ -122,4 +128,3 @@ def test_magic_cluster_slurm(slurm):
     finally:
         ip.run_line_magic("cluster", "close")
     assert "closed" in repr(cluster)
-

@@ -57,10 +57,13 @@ def test_a_changed_host_key_is_refused_even_with_accept_new_hosts(bed, tmp_path)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     known = tmp_path / "known_hosts"
     host = bed.hosts[1]
-    known.write_text(f"{host.address} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n")
+    known.write_text(
+        f"{host.address} {' '.join(other.with_suffix('.pub').read_text().split()[:2])}\n"
+    )
     with pytest.raises(cs.HostKeyError, match="CHANGED") as info:
-        cs.Cluster.ssh([host.address], **ssh_options(bed, known_hosts=str(known)),
-                       accept_new_hosts=True)
+        cs.Cluster.ssh(
+            [host.address], **ssh_options(bed, known_hosts=str(known)), accept_new_hosts=True
+        )
     assert f"ssh-keygen -R '{host.address}' -f {known}" in str(info.value)
     assert info.value.host == host.address
 
@@ -68,8 +71,9 @@ def test_a_changed_host_key_is_refused_even_with_accept_new_hosts(bed, tmp_path)
 def test_accept_new_hosts_adds_an_unknown_key_then_it_is_known(bed, tmp_path, caplog):
     known = tmp_path / "known_hosts"
     host = bed.hosts[2]
-    connections, _ = sshconn.connect_all(targets(bed, [host]),
-                                         options(bed, known_hosts=str(known), accept_new_hosts=True))
+    connections, _ = sshconn.connect_all(
+        targets(bed, [host]), options(bed, known_hosts=str(known), accept_new_hosts=True)
+    )
     connections.popitem()[1].close()
     assert "accepted the new host key" in caplog.text
     assert known.read_text().split() == [host.address, *host.host_key.split()]
@@ -81,8 +85,11 @@ def test_accept_new_hosts_adds_an_unknown_key_then_it_is_known(bed, tmp_path, ca
 # logging in -------------------------------------------------------------------------------
 def test_a_wrong_user_is_refused_naming_host_and_user(bed):
     host = bed.hosts[0]
-    with pytest.raises(cs.StartError, match=rf"host {host.address}: authentication failed for "
-                                            r"user 'nobody-here'"):
+    with pytest.raises(
+        cs.StartError,
+        match=rf"host {host.address}: authentication failed for "
+        r"user 'nobody-here'",
+    ):
         cs.Cluster.ssh([host.address], user="nobody-here", **ssh_options(bed))
 
 
@@ -96,8 +103,11 @@ def test_a_wrong_key_is_refused(bed, tmp_path):
 def test_an_unreachable_host_fails_within_the_timeout(bed):
     nobody = f"{bed.net}.99"
     t0 = time.monotonic()
-    with pytest.raises(cs.StartError, match=rf"host {nobody}: (no answer on port 22 within 2 s|"
-                                            r"cannot connect to port 22)") as info:
+    with pytest.raises(
+        cs.StartError,
+        match=rf"host {nobody}: (no answer on port 22 within 2 s|"
+        r"cannot connect to port 22)",
+    ) as info:
         cs.Cluster.ssh([addresses(bed)[0], nobody], **ssh_options(bed, connect_timeout=2))
     assert time.monotonic() - t0 < 30  # 2 s + ARP's give-up: not a hang
     assert info.value.host == nobody
@@ -112,9 +122,12 @@ def test_an_sshd_that_never_sends_its_banner(bed):
     threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
     port = silent.getsockname()[1]
     try:
-        with pytest.raises(cs.StartError, match=rf"host {bed.bridge_address}:{port}: port {port} "
-                                                r"accepted the connection but sent no SSH banner "
-                                                r"within 2 s"):
+        with pytest.raises(
+            cs.StartError,
+            match=rf"host {bed.bridge_address}:{port}: port {port} "
+            r"accepted the connection but sent no SSH banner "
+            r"within 2 s",
+        ):
             cs.Cluster.ssh([f"{bed.bridge_address}:{port}"], banner_timeout=2, **ssh_options(bed))
         assert accepted  # it really got as far as TCP
     finally:
@@ -136,8 +149,11 @@ def test_a_missing_remote_python_names_every_host(bed):
 
 def test_a_remote_python_without_clustersdk(bed):
     host = bed.hosts[0]
-    with pytest.raises(cs.StartError, match=rf"host {host.address}: /usr/bin/python3 has no "
-                                            r"clustersdk"):
+    with pytest.raises(
+        cs.StartError,
+        match=rf"host {host.address}: /usr/bin/python3 has no "
+        r"clustersdk",
+    ):
         cs.Cluster.ssh([host.address], **ssh_options(bed, python="/usr/bin/python3"))
     nothing_left(bed)
 
@@ -148,15 +164,20 @@ def test_a_host_that_dies_while_starting_stops_everything_already_started(bed):
 
     def start() -> None:
         try:
-            outcome["cluster"] = cs.Cluster.ssh(addresses(bed), start_timeout=60, **ssh_options(bed))
+            outcome["cluster"] = cs.Cluster.ssh(
+                addresses(bed), start_timeout=60, **ssh_options(bed)
+            )
         except BaseException as e:  # noqa: BLE001 - the test inspects it
             outcome["error"] = e
 
     thread = threading.Thread(target=start)
     thread.start()
     # once the victim's Nanny has spawned its worker process, every host is starting workers
-    spawned = wait_for(lambda: [p for p in started_on(bed, victim) if "spawn" in cmdline(p)],
-                       timeout=90, interval=0.02)
+    spawned = wait_for(
+        lambda: [p for p in started_on(bed, victim) if "spawn" in cmdline(p)],
+        timeout=90,
+        interval=0.02,
+    )
     others = {h.name: started_on(bed, h) for h in bed.hosts if h is not victim}
     bed.kill_host(victim)
     thread.join(timeout=120)
@@ -196,8 +217,9 @@ def test_sixteen_hosts_behind_one_sshd_never_trip_max_startups():
 
 def test_a_jump_host_carries_the_connections(bed):
     jump = bed.hosts[0]
-    connections, via = sshconn.connect_all(targets(bed, bed.hosts[1:]), options(bed),
-                                           jump=sshconn.Target(jump.address))
+    connections, via = sshconn.connect_all(
+        targets(bed, bed.hosts[1:]), options(bed), jump=sshconn.Target(jump.address)
+    )
     try:
         for connection in connections.values():
             status, out, _ = connection.run("echo $SSH_CONNECTION", timeout=10)
@@ -215,12 +237,15 @@ def test_magic_ssh_passes_its_options_and_a_failure_is_one_line(bed, capsys):
     ip.run_line_magic("load_ext", "clustersdk")
     capsys.readouterr()
     o = ssh_options(bed)
-    result = ip.run_cell(f"%cluster ssh {bed.hosts[0].address} --user nobody-here --key-file "
-                         f"{o['key_file']} --known-hosts {o['known_hosts']} --python {o['python']}",
-                         store_history=False)
+    result = ip.run_cell(
+        f"%cluster ssh {bed.hosts[0].address} --user nobody-here --key-file "
+        f"{o['key_file']} --known-hosts {o['known_hosts']} --python {o['python']}",
+        store_history=False,
+    )
     assert not result.success
     out = capsys.readouterr()
     text = (out.out + out.err).strip()
     assert "Traceback" not in text and len(text.splitlines()) == 1
-    assert text.startswith(f"UsageError: host {bed.hosts[0].address}: authentication failed "
-                           "for user 'nobody-here'")
+    assert text.startswith(
+        f"UsageError: host {bed.hosts[0].address}: authentication failed for user 'nobody-here'"
+    )

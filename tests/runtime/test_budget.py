@@ -18,8 +18,12 @@ BUDGET = 64
 
 def loaders(world_size: int, data=None, **options) -> list[TokenBudgetLoader]:
     data = data if data is not None else SkewedText(n=200)
-    return [make_loader(data, None, r, world_size, CPU, tokens_per_batch=BUDGET,
-                        pad=(0, -100, -1), **options) for r in range(world_size)]
+    return [
+        make_loader(
+            data, None, r, world_size, CPU, tokens_per_batch=BUDGET, pad=(0, -100, -1), **options
+        )
+        for r in range(world_size)
+    ]
 
 
 def take(ranks: list[TokenBudgetLoader], steps: int | None = None) -> list[list[torch.Tensor]]:
@@ -72,9 +76,18 @@ def test_a_resume_mid_epoch_at_another_world_size_repeats_and_skips_nothing():
     two = loaders(2)
     first = take(two, steps=7)
     saved = two[0].state_dict()
-    assert saved == two[1].state_dict() == {"epoch": 0, "consumed": 14, "seed": 0,
-                                            "tokens_per_batch": BUDGET, "multiple_of": 1,
-                                            "samples": 200}
+    assert (
+        saved
+        == two[1].state_dict()
+        == {
+            "epoch": 0,
+            "consumed": 14,
+            "seed": 0,
+            "tokens_per_batch": BUDGET,
+            "multiple_of": 1,
+            "samples": 200,
+        }
+    )
     three = loaders(3, data=SkewedText(n=200))
     for loader in three:
         loader.load_state_dict(saved)
@@ -99,10 +112,13 @@ def test_the_last_step_splits_what_is_left_over_the_ranks():
     assert split([[1, 2, 3, 4], [5, 6]], 3, multiple=2) == [[1, 2], [3, 4], [5, 6]]
     assert split([[1, 2]], 2, multiple=2) is None
     # 5 samples, 3 per batch at most: batches [0,1,2] [3,4] for 1 rank; 4 ranks get 4 parts
-    data = [(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.tensor(i))
-            for i in range(5)]
-    ranks = [make_loader(data, None, r, 4, CPU, tokens_per_batch=12, shuffle=False)
-             for r in range(4)]
+    data = [
+        (torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), torch.tensor(i))
+        for i in range(5)
+    ]
+    ranks = [
+        make_loader(data, None, r, 4, CPU, tokens_per_batch=12, shuffle=False) for r in range(4)
+    ]
     assert ranks[0].plan() == [[0, 1, 2], [3, 4]]
     steps = take(ranks)
     assert [[b[2].tolist() for b in step] for step in steps] == [[[0], [1], [2], [3, 4]]]
@@ -119,9 +135,14 @@ def test_batches_hold_whole_micro_batches_when_asked(world_size):
     steps = take(ranks)
     assert all(len(x) % 4 == 0 for step in steps for x, _y, _i in step)
     seen = ids(steps)
-    assert len(seen) == len(set(seen)) >= 203 - 3 - (4 * world_size - 1)  # 203 % 4 left out, and a tail
-    with pytest.raises(ValueError, match=r"tokens_per_batch=32 can't hold 4 samples .* of the "
-                                         r"longest sample's 16 tokens: give 64 or more"):
+    assert (
+        len(seen) == len(set(seen)) >= 203 - 3 - (4 * world_size - 1)
+    )  # 203 % 4 left out, and a tail
+    with pytest.raises(
+        ValueError,
+        match=r"tokens_per_batch=32 can't hold 4 samples .* of the "
+        r"longest sample's 16 tokens: give 64 or more",
+    ):
         make_loader(data, None, 0, 1, CPU, tokens_per_batch=32, multiple_of=4)
 
 
@@ -132,14 +153,22 @@ def test_budget_batches_pad_far_less_than_fixed_batches_on_skewed_lengths():
     fixed = make_loader(data, 8, 0, 1, CPU, collate_fn=pad_collate((0, -100, -1)))
     real = sum(data.lengths)
     padded = sum(x.numel() for x, _y, _i in fixed)
-    assert 1 - real / padded > 0.4                # random batches of 8: mostly padding
-    assert sum(padding) / len(padding) < 0.1      # sorted, budgeted: little
+    assert 1 - real / padded > 0.4  # random batches of 8: mostly padding
+    assert sum(padding) / len(padding) < 0.1  # sorted, budgeted: little
 
 
 def test_each_step_logs_its_padding_and_tokens():
     logged = []
-    loader = make_loader(SkewedText(n=40), None, 0, 1, CPU, tokens_per_batch=BUDGET,
-                         pad=(0, -100, -1), log=lambda **row: logged.append(row))
+    loader = make_loader(
+        SkewedText(n=40),
+        None,
+        0,
+        1,
+        CPU,
+        tokens_per_batch=BUDGET,
+        pad=(0, -100, -1),
+        log=lambda **row: logged.append(row),
+    )
     batches = list(loader)
     assert len(logged) == len(batches)
     for row, (x, _y, _idx) in zip(logged, batches, strict=True):
@@ -147,22 +176,39 @@ def test_each_step_logs_its_padding_and_tokens():
         assert row["padding"] == pytest.approx(1 - row["tokens"] / x.numel())
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: make_loader(SkewedText(n=20), 4, 0, 1, CPU, tokens_per_batch=64),
-     "give batch_size= .* or tokens_per_batch= .* not both"),
-    (lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=8),
-     r"sample \d+ has \d+ tokens, which does not fit tokens_per_batch=8"),
-    (lambda: make_loader(iter([1, 2]), None, 0, 1, CPU, tokens_per_batch=8),
-     "tokens_per_batch= .* needs a map-style dataset"),
-    (lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=0),
-     "tokens_per_batch must be a positive int, got 0"),
-    (lambda: make_loader(SkewedText(n=20), 4, 0, 1, CPU, length=[1] * 20),
-     "length= goes with tokens_per_batch="),
-    (lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=64, length=[3]),
-     "length= has 1 values for a dataset of 20 samples"),
-    (lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU),
-     "needs batch_size= .* or tokens_per_batch="),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: make_loader(SkewedText(n=20), 4, 0, 1, CPU, tokens_per_batch=64),
+            "give batch_size= .* or tokens_per_batch= .* not both",
+        ),
+        (
+            lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=8),
+            r"sample \d+ has \d+ tokens, which does not fit tokens_per_batch=8",
+        ),
+        (
+            lambda: make_loader(iter([1, 2]), None, 0, 1, CPU, tokens_per_batch=8),
+            "tokens_per_batch= .* needs a map-style dataset",
+        ),
+        (
+            lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=0),
+            "tokens_per_batch must be a positive int, got 0",
+        ),
+        (
+            lambda: make_loader(SkewedText(n=20), 4, 0, 1, CPU, length=[1] * 20),
+            "length= goes with tokens_per_batch=",
+        ),
+        (
+            lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU, tokens_per_batch=64, length=[3]),
+            "length= has 1 values for a dataset of 20 samples",
+        ),
+        (
+            lambda: make_loader(SkewedText(n=20), None, 0, 1, CPU),
+            "needs batch_size= .* or tokens_per_batch=",
+        ),
+    ],
+)
 def test_misuse_names_the_values(make, message):
     with pytest.raises(ValueError, match=message):
         make()

@@ -20,17 +20,27 @@ from ..helpers import assert_same_run, losses, step_reached, wait_for
 
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, tmp_path_factory):
-    job = cluster.launch(workloads.train_ckpt, kwargs={"steps": 60}, world_size=2,
-                         checkpoint_dir=str(tmp_path_factory.mktemp("plain")))
+    job = cluster.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 60},
+        world_size=2,
+        checkpoint_dir=str(tmp_path_factory.mktemp("plain")),
+    )
     return job.wait(timeout=120), losses(job)
 
 
-def test_pause_and_suspend_resume_equal_the_uninterrupted_run_bitwise(idle, uninterrupted, tmp_path):
+def test_pause_and_suspend_resume_equal_the_uninterrupted_run_bitwise(
+    idle, uninterrupted, tmp_path
+):
     reference, reference_losses = uninterrupted
     rng = random.Random()
     pause_at, suspend_at = rng.randint(5, 20), rng.randint(30, 45)
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 60, "delay": 0.02}, world_size=2,
-                      checkpoint_dir=str(tmp_path))
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 60, "delay": 0.02},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+    )
     wait_for(lambda: step_reached(job, pause_at))
     paused_at = job.pause()
     assert job.status is cs.JobStatus.PAUSED
@@ -62,22 +72,37 @@ def test_async_checkpoints_hold_their_step_while_the_next_steps_run(idle, tmp_pa
     root = str(tmp_path / "a")
     idle.client.run(workloads.slow_staging, 0.05)
     try:
-        idle.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2, checkpoint_dir=root,
-                    checkpoint_every=3, keep=20).wait(timeout=120)
+        idle.launch(
+            workloads.train_ckpt,
+            kwargs=kwargs,
+            world_size=2,
+            checkpoint_dir=root,
+            checkpoint_every=3,
+            keep=20,
+        ).wait(timeout=120)
     finally:
         idle.client.run(workloads.slow_staging, None)
     saved = dict(ckpt.committed(root))
     assert sorted(saved) == list(range(3, 40, 3))
     for step in (9, 27):
-        job = idle.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2,
-                          checkpoint_dir=str(tmp_path / f"from-{step}"), resume=saved[step])
+        job = idle.launch(
+            workloads.train_ckpt,
+            kwargs=kwargs,
+            world_size=2,
+            checkpoint_dir=str(tmp_path / f"from-{step}"),
+            resume=saved[step],
+        )
         assert_same_run(job.wait(timeout=120), reference, exact=True)
 
 
 def test_resume_at_another_world_size_keeps_the_run(idle, tmp_path):
     kwargs = {"steps": 48, "delay": 0.02, "dropout": 0.0}
-    plain = idle.launch(workloads.train_ckpt, kwargs={**kwargs, "delay": 0}, world_size=2).wait(timeout=120)
-    job = idle.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2, checkpoint_dir=str(tmp_path))
+    plain = idle.launch(workloads.train_ckpt, kwargs={**kwargs, "delay": 0}, world_size=2).wait(
+        timeout=120
+    )
+    job = idle.launch(
+        workloads.train_ckpt, kwargs=kwargs, world_size=2, checkpoint_dir=str(tmp_path)
+    )
     wait_for(lambda: step_reached(job, 10))
     job.suspend()
     job.resume(world_size=1)
@@ -90,8 +115,14 @@ def test_resume_at_another_world_size_keeps_the_run(idle, tmp_path):
 
 
 def test_checkpoint_on_request_and_every_n_steps_keeps_the_last_k(idle, tmp_path):
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 40, "delay": 0.01}, world_size=2,
-                      checkpoint_dir=str(tmp_path), checkpoint_every=5, keep=2)
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 40, "delay": 0.01},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=5,
+        keep=2,
+    )
     wait_for(lambda: step_reached(job, 12))
     path = job.checkpoint()
     assert ckpt.is_intact(path)
@@ -104,12 +135,22 @@ def test_checkpoint_on_request_and_every_n_steps_keeps_the_last_k(idle, tmp_path
 
 def test_resume_auto_continues_from_the_newest_checkpoint(idle, uninterrupted, tmp_path):
     reference, _ = uninterrupted
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 60, "delay": 0.02}, world_size=2,
-                      checkpoint_dir=str(tmp_path), checkpoint_every=10)
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 60, "delay": 0.02},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=10,
+    )
     wait_for(lambda: ckpt.latest(str(tmp_path)) is not None)
     job.stop()
-    again = idle.launch(workloads.train_ckpt, kwargs={"steps": 60}, world_size=2,
-                        checkpoint_dir=str(tmp_path), resume="auto")
+    again = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 60},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        resume="auto",
+    )
     assert_same_run(again.wait(timeout=120), reference, exact=True)
     assert "resumed from" in again.logs(0)
 
@@ -119,23 +160,36 @@ def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle
     idle.client.run(workloads.inject_fault, point, 2)  # the second save dies at `point`
     before = {s["worker"] for s in idle.slots()}
     try:
-        job = idle.launch(workloads.train_ckpt, kwargs={"steps": 30, "delay": 0.01}, world_size=2,
-                          checkpoint_dir=str(tmp_path), checkpoint_every=5, async_checkpoint=False,
-                          timeout=10)
+        job = idle.launch(
+            workloads.train_ckpt,
+            kwargs={"steps": 30, "delay": 0.01},
+            world_size=2,
+            checkpoint_dir=str(tmp_path),
+            checkpoint_every=5,
+            async_checkpoint=False,
+            timeout=10,
+        )
         with pytest.raises(cs.JobFailedError):
             job.wait(timeout=120)
     finally:
         # the nanny restarted the killed worker(s): new addresses, all slots back
-        wait_for(lambda: len(idle.slots()) == 2 and {s["worker"] for s in idle.slots()} != before,
-                 timeout=60)
+        wait_for(
+            lambda: len(idle.slots()) == 2 and {s["worker"] for s in idle.slots()} != before,
+            timeout=60,
+        )
         idle.client.run(workloads.inject_fault, None)
     newest = ckpt.latest(str(tmp_path))
     expected_step = 10 if point == "committed" else 5
     assert newest == ckpt.step_dir(str(tmp_path), expected_step)
     # what the surviving checkpoint holds is exactly what a clean run saved at that step
     clean = tmp_path / "clean"
-    idle.launch(workloads.train_ckpt, kwargs={"steps": expected_step}, world_size=2,
-                checkpoint_dir=str(clean), checkpoint_every=expected_step).wait(timeout=120)
+    idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": expected_step},
+        world_size=2,
+        checkpoint_dir=str(clean),
+        checkpoint_every=expected_step,
+    ).wait(timeout=120)
     assert load_params(newest) == load_params(ckpt.latest(str(clean)))
 
 
@@ -153,8 +207,14 @@ def test_full_disk_mid_run_keeps_training_and_the_previous_checkpoint(idle, tmp_
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mount)], check=True)
     try:
-        job = idle.launch(workloads.train_ckpt, kwargs={"steps": 10_000, "delay": 0.005, "hidden": 1024},
-                          world_size=2, checkpoint_dir=str(mount), checkpoint_every=5, keep=3)
+        job = idle.launch(
+            workloads.train_ckpt,
+            kwargs={"steps": 10_000, "delay": 0.005, "hidden": 1024},
+            world_size=2,
+            checkpoint_dir=str(mount),
+            checkpoint_every=5,
+            keep=3,
+        )
         wait_for(lambda: job.info()["checkpoint_error"], timeout=60)
         assert "no space left" in job.info()["checkpoint_error"]
         assert job.status is cs.JobStatus.RUNNING
@@ -192,8 +252,9 @@ def test_a_full_disk_prints_no_traceback_per_dcp_writer_thread():
             thread.join()
         print("done")
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout == "done\n"
     assert "(_write_files_from_queue)" not in out.stderr and "unexpected pos" not in out.stderr
     assert "Exception in thread" in out.stderr and "(_other_thread)" in out.stderr  # as before
@@ -209,10 +270,20 @@ def test_unwritable_checkpoint_dir_fails_at_launch(idle, tmp_path):
 
 
 def test_a_checkpoint_of_another_model_names_the_keys(idle, tmp_path):
-    idle.launch(workloads.train_ckpt, kwargs={"steps": 5}, world_size=2, checkpoint_dir=str(tmp_path),
-                checkpoint_every=5).wait(timeout=120)
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 10, "hidden": 32}, world_size=2,
-                      checkpoint_dir=str(tmp_path), resume="auto")
+    idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 5},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=5,
+    ).wait(timeout=120)
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 10, "hidden": 32},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        resume="auto",
+    )
     with pytest.raises(cs.JobFailedError, match="raised CheckpointError") as info:
         job.wait(timeout=120)
     assert "does not match this job's model — shape mismatch" in info.value.message
@@ -220,7 +291,9 @@ def test_a_checkpoint_of_another_model_names_the_keys(idle, tmp_path):
 
 
 def test_actions_that_make_no_sense_name_the_state(idle, tmp_path):
-    done = idle.launch(workloads.train_ckpt, kwargs={"steps": 2}, world_size=1, checkpoint_dir=str(tmp_path))
+    done = idle.launch(
+        workloads.train_ckpt, kwargs={"steps": 2}, world_size=1, checkpoint_dir=str(tmp_path)
+    )
     done.wait(timeout=60)
     for action in (done.pause, done.resume, done.suspend, done.checkpoint):
         with pytest.raises(cs.InvalidTransitionError, match="is FINISHED"):
@@ -237,20 +310,33 @@ def test_actions_that_make_no_sense_name_the_state(idle, tmp_path):
 def test_closing_the_cluster_keeps_a_suspended_job_resumable(tmp_path):
     ckpts = tmp_path / "ckpt"
     with cs.Cluster.local(workers=1, state_dir=str(tmp_path / "state")) as cluster:
-        job = cluster.launch(workloads.train_ckpt, kwargs={"steps": 200, "delay": 0.01}, world_size=1,
-                             checkpoint_dir=str(ckpts))
+        job = cluster.launch(
+            workloads.train_ckpt,
+            kwargs={"steps": 200, "delay": 0.01},
+            world_size=1,
+            checkpoint_dir=str(ckpts),
+        )
         wait_for(lambda: step_reached(job, 3))
         path = job.suspend()
     with cs.Cluster.local(workers=1, state_dir=str(tmp_path / "state")) as cluster:
-        again = cluster.launch(workloads.train_ckpt, kwargs={"steps": 200}, world_size=1,
-                               checkpoint_dir=str(ckpts), resume="auto")
+        again = cluster.launch(
+            workloads.train_ckpt,
+            kwargs={"steps": 200},
+            world_size=1,
+            checkpoint_dir=str(ckpts),
+            resume="auto",
+        )
         assert again.wait(timeout=120)["step"] == 200
         assert f"resumed from {path}" in again.logs(0)
 
 
 def test_the_record_knows_the_loop_length_and_the_new_world_size(idle, tmp_path):
-    job = idle.launch(workloads.train_ckpt, kwargs={"steps": 300, "delay": 0.01}, world_size=2,
-                      checkpoint_dir=str(tmp_path))
+    job = idle.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 300, "delay": 0.01},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+    )
     wait_for(lambda: job.info()["total_steps"] == 300)
     job.suspend()
     job.resume(world_size=1)

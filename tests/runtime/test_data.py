@@ -25,7 +25,9 @@ def epoch(loader: ShardedLoader) -> list[list[int]]:
 def global_batches(world_size: int, batch_size: int, **kw) -> list[list[int]]:
     """Each step's batches of ranks 0..W-1, concatenated in rank order."""
     ds = dataset()
-    ranks = [epoch(ShardedLoader(ds, batch_size, r, world_size, CPU, **kw)) for r in range(world_size)]
+    ranks = [
+        epoch(ShardedLoader(ds, batch_size, r, world_size, CPU, **kw)) for r in range(world_size)
+    ]
     assert len({len(steps) for steps in ranks}) == 1  # every rank takes the same number of steps
     return [list(itertools.chain(*step)) for step in zip(*ranks)]
 

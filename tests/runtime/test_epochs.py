@@ -42,8 +42,9 @@ def by_step(job) -> dict[int, dict]:
     rows = [r for r in job.history() if r["rank"] == 0]
     steps = [r["step"] for r in rows]
     assert len(steps) == len(set(steps)), "a step has two rows"
-    return {r["step"]: {k: v for k, v in r.items() if k not in ("seq", "time", "rank")}
-            for r in rows}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k not in ("seq", "time", "rank")} for r in rows
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,9 @@ def references(cluster4, parquet_path):
 
     def reference(kind: str) -> tuple:
         if kind not in made:
-            job = cluster4.launch(W.train_epochs, kwargs={"kind": kind, "path": parquet_path},
-                                  world_size=2)
+            job = cluster4.launch(
+                W.train_epochs, kwargs={"kind": kind, "path": parquet_path}, world_size=2
+            )
             made[kind] = (job.wait(timeout=120), by_step(job), job)
         return made[kind]
 
@@ -71,21 +73,27 @@ def test_epochs_fix_the_total_the_epoch_of_each_step_and_where_evaluations_go(id
     assert evaluated == [PER_EPOCH - 1, 2 * PER_EPOCH - 1, total - 1]
     ranks = {r["rank"]: r for r in job.history() if r["step"] == PER_EPOCH - 1}
     assert ranks[0]["val_loss"] == ranks[1]["val_loss"]  # one value: reduced over the ranks
-    assert ranks[0]["loss"] != ranks[1]["loss"]          # in the row of each rank's own loss
+    assert ranks[0]["loss"] != ranks[1]["loss"]  # in the row of each rank's own loss
     for step, row in rows.items():  # the global batch of the epoch's permutation (seed 0)
         epoch, b = divmod(step, PER_EPOCH)
         perm = torch.randperm(W.N, generator=torch.Generator().manual_seed(epoch))
-        assert row["ids"] == perm[b * GLOBAL_BATCH:(b + 1) * GLOBAL_BATCH].sum().item(), step
+        assert row["ids"] == perm[b * GLOBAL_BATCH : (b + 1) * GLOBAL_BATCH].sum().item(), step
 
 
-@pytest.mark.parametrize("kind, target", [("map", 1), ("parquet", 1), ("parquet", 2),
-                                          ("stream", 1), ("stream", 2), ("hf", 1)])
-def test_suspend_at_two_and_resume_keeps_lengths_epochs_and_the_data(idle4, references,
-                                                                      parquet_path, tmp_path,
-                                                                      kind, target):
+@pytest.mark.parametrize(
+    "kind, target",
+    [("map", 1), ("parquet", 1), ("parquet", 2), ("stream", 1), ("stream", 2), ("hf", 1)],
+)
+def test_suspend_at_two_and_resume_keeps_lengths_epochs_and_the_data(
+    idle4, references, parquet_path, tmp_path, kind, target
+):
     reference, reference_rows, _ = references(kind)
-    job = idle4.launch(W.train_epochs, world_size=2, checkpoint_dir=str(tmp_path),
-                       kwargs={"kind": kind, "path": parquet_path, "delay": 0.03})
+    job = idle4.launch(
+        W.train_epochs,
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        kwargs={"kind": kind, "path": parquet_path, "delay": 0.03},
+    )
     wait_for(lambda: any(r["step"] >= 8 for r in job.history()), timeout=60)
     job.suspend()
     job.resume(world_size=target)
@@ -98,8 +106,11 @@ def test_suspend_at_two_and_resume_keeps_lengths_epochs_and_the_data(idle4, refe
     assert sorted(rows) == sorted(reference_rows)
     for step, row in rows.items():  # every step saw the same global batch, epoch, evaluation
         want = reference_rows[step]
-        assert (row["epoch"], row["ids"], "val_loss" in row) == \
-            (want["epoch"], want["ids"], "val_loss" in want), step
+        assert (row["epoch"], row["ids"], "val_loss" in row) == (
+            want["epoch"],
+            want["ids"],
+            "val_loss" in want,
+        ), step
     for key, value in reference["params"].items():
         if target == 2:
             assert torch.equal(out["params"][key], value), key
@@ -111,7 +122,9 @@ def test_suspend_at_two_and_resume_keeps_lengths_epochs_and_the_data(idle4, refe
 
 def test_a_dashboard_drops_the_ranks_a_smaller_resume_left_out():
     view = JobView(name="a", world_size=2, strategy="ddp")
-    view.add_rows([{"rank": r, "step": 5, "time": 1.0 + r, "scalars": {"loss": 1.0}} for r in (0, 1)])
+    view.add_rows(
+        [{"rank": r, "step": 5, "time": 1.0 + r, "scalars": {"loss": 1.0}} for r in (0, 1)]
+    )
     assert view.ranks == {0, 1}
     view.set_status("QUEUED", {"spec": {"world_size": 1}})
     assert view.ranks == {0} and set(view.last_row) == {0}
@@ -124,13 +137,15 @@ def test_three_ranks_reduce_evaluations_into_the_row_of_their_step(idle4):
     job = idle4.launch(W.three_ranks_report, world_size=3)
     assert job.wait(timeout=120) == {"step": 2}
     rows = job.history()
-    assert sorted((r["rank"], r["step"]) for r in rows) == [(r, s) for r in range(3) for s in range(2)]
+    assert sorted((r["rank"], r["step"]) for r in rows) == [
+        (r, s) for r in range(3) for s in range(2)
+    ]
     for row in rows:
-        assert row["mine"] == row["rank"] and row["also"] == 1.0          # two calls, one row
-        assert row["top"] == 20 + row["step"]                             # max over the ranks
-        assert row["score"] == pytest.approx(3.0, abs=1e-12)              # mean of i + rank
-        assert row["total"] == 3 * sum(range(5))                          # sum over ranks, pass
-        assert row["only0"] == 7.0 and "nothing" not in row               # gathered names
+        assert row["mine"] == row["rank"] and row["also"] == 1.0  # two calls, one row
+        assert row["top"] == 20 + row["step"]  # max over the ranks
+        assert row["score"] == pytest.approx(3.0, abs=1e-12)  # mean of i + rank
+        assert row["total"] == 3 * sum(range(5))  # sum over ranks, pass
+        assert row["only0"] == 7.0 and "nothing" not in row  # gathered names
 
 
 def test_a_pause_holds_an_evaluation_and_a_stop_ends_it_and_the_loop(idle4):

@@ -28,9 +28,19 @@ def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word(
         reports.append((event, data))
 
     hold = holds.Hold(control=control, report=report, rank=0, timeout=spec.hold_timeout)
-    ctx = TrainContext(job="j", name="j", rank=0, world_size=1, local_rank=0,
-                       device=torch.device("cpu"), strategy="none", spec=spec,
-                       control=control, report=report, hold=hold)
+    ctx = TrainContext(
+        job="j",
+        name="j",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        strategy="none",
+        spec=spec,
+        control=control,
+        report=report,
+        hold=hold,
+    )
     try:
         weights = torch.ones(3)  # noqa: F841 - a local of the failing frame
         raise KeyError("missing")
@@ -40,8 +50,9 @@ def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word(
         def serve_runs(words):
             served.append((list(words), ctx.error))
 
-        holder = threading.Thread(target=hold.wait, args=(e, error),
-                                  kwargs={"step": ctx.step, "serve_runs": serve_runs})
+        holder = threading.Thread(
+            target=hold.wait, args=(e, error), kwargs={"step": ctx.step, "serve_runs": serve_runs}
+        )
         holder.start()
         wait_for(lambda: reports, timeout=30)
         pause = no_words()
@@ -54,11 +65,17 @@ def test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word(
         holder.join(timeout=30)
         assert not holder.is_alive()
         assert served == [(pause, e)]  # the hook saw the word, and ctx.error the exception
-    (event, data), = reports
+    ((event, data),) = reports
     assert event is RankEvent.HELD and data["error"] is error and ctx.phase == "held"
     frame = data["frames"][-1]
-    assert frame["function"] == "test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word"
-    assert frame["locals"]["weights"] == "Tensor(shape=[3], dtype=float32, device=cpu, values=[1.0, 1.0, 1.0])"
+    assert (
+        frame["function"]
+        == "test_a_held_rank_keeps_its_exception_for_ctx_error_and_serves_each_new_word"
+    )
+    assert (
+        frame["locals"]["weights"]
+        == "Tensor(shape=[3], dtype=float32, device=cpu, values=[1.0, 1.0, 1.0])"
+    )
 
 
 # --- rendering locals safely ----------------------------------------------------------------
@@ -82,14 +99,19 @@ class Blocks:
 
 
 def test_reprs_that_raise_or_spin_are_named_and_long_ones_cut():
-    assert holds.safe_repr(Raises()) == \
-        "<Raises object; its repr raised RuntimeError: no repr for you>"
-    assert holds.safe_repr(Spins(), seconds=0.2) == \
-        "<Spins object; its repr took longer than 0.2 s>"
+    assert (
+        holds.safe_repr(Raises())
+        == "<Raises object; its repr raised RuntimeError: no repr for you>"
+    )
+    assert (
+        holds.safe_repr(Spins(), seconds=0.2) == "<Spins object; its repr took longer than 0.2 s>"
+    )
     text = holds.safe_repr({"k": ["a" * 1000] * 50})
     assert len(text) <= holds.VALUE_LIMIT and text.startswith("{'k': ['aaa")
-    assert holds.safe_repr([torch.zeros(2, 1000)]) == \
-        "[Tensor(shape=[2, 1000], dtype=float32, device=cpu, nan=False, min=0, max=0, mean=0)]"
+    assert (
+        holds.safe_repr([torch.zeros(2, 1000)])
+        == "[Tensor(shape=[2, 1000], dtype=float32, device=cpu, nan=False, min=0, max=0, mean=0)]"
+    )
     assert "inf=True" in holds.safe_repr(torch.tensor([1.0, float("inf")] * 4))
     meta = holds.safe_repr(torch.empty(8, 8, device="meta"))
     assert meta == "Tensor(shape=[8, 8], dtype=float32, device=meta)"
@@ -110,7 +132,8 @@ def test_a_repr_blocked_outside_python_is_abandoned(monkeypatch):
         Blocks.gate.set()  # the abandoned rendering thread ends
     assert frames[-1]["locals"] == {
         "blocked": "<not rendered: the locals took longer than 1 s>",
-        "after": "<not rendered: the locals took longer than 1 s>"}
+        "after": "<not rendered: the locals took longer than 1 s>",
+    }
 
 
 def test_the_locals_of_every_frame_share_one_budget_the_failing_frame_first(monkeypatch):
@@ -139,5 +162,7 @@ def test_cuda_tensors_are_summarized_on_their_device():
     x[0, 0] = float("nan")
     text = holds.safe_repr(x)
     assert text.startswith("Tensor(shape=[4, 4], dtype=float32, device=cuda:0, nan=True")
-    assert holds.safe_repr(torch.ones(2, device="cuda")) == \
-        "Tensor(shape=[2], dtype=float32, device=cuda:0, values=[1.0, 1.0])"
+    assert (
+        holds.safe_repr(torch.ones(2, device="cuda"))
+        == "Tensor(shape=[2], dtype=float32, device=cuda:0, values=[1.0, 1.0])"
+    )

@@ -19,8 +19,16 @@ def _context(**hparams) -> TrainContext:
     from clustersdk.protocol import WireSpec
 
     spec = WireSpec(id="t", name="t", world_size=1, hparams=hparams or None)
-    return TrainContext(job="t", name="t", rank=0, world_size=1, local_rank=0,
-                        device=torch.device("cpu"), strategy="none", spec=spec)
+    return TrainContext(
+        job="t",
+        name="t",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        strategy="none",
+        spec=spec,
+    )
 
 
 def tunables(ctx: TrainContext) -> tuning.Tunables:
@@ -60,12 +68,18 @@ def test_hparams_live_in_the_checkpoint_and_are_restored_in_place():
 
 def test_a_function_is_called_and_its_failures_come_back_as_errors():
     ctx = _context()
-    assert cloudpickle.loads(rank_live.call(cloudpickle.dumps(lambda c: c.rank + 1), ctx,
-                                            1000)["result"]) == 1
+    assert (
+        cloudpickle.loads(
+            rank_live.call(cloudpickle.dumps(lambda c: c.rank + 1), ctx, 1000)["result"]
+        )
+        == 1
+    )
     err = rank_live.call(cloudpickle.dumps(lambda c: [][1]), ctx, 1000)["error"]
     assert err["type"] == "IndexError" and "rank_live" not in err["traceback"]
-    assert rank_live.call(cloudpickle.dumps(lambda c: "x" * 5000), ctx, 1000)["error"][
-        "type"] == "ResultTooLarge"
+    assert (
+        rank_live.call(cloudpickle.dumps(lambda c: "x" * 5000), ctx, 1000)["error"]["type"]
+        == "ResultTooLarge"
+    )
     exit_ = rank_live.call(cloudpickle.dumps(lambda c: exit(3)), ctx, 1000)["error"]
     assert exit_["type"] == "SystemExit"  # a function's exit() does not end the rank
 
@@ -82,5 +96,3 @@ def test_ctx_exposes_the_model_what_was_registered_and_what_the_function_exposed
     assert dict(ctx.exposed) == {"batch": 3, "loss": 2.0}
     with pytest.raises(TypeError):
         ctx.registered["x"] = 1  # read-only
-
-

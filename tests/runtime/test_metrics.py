@@ -24,7 +24,7 @@ def test_calls_of_one_step_make_one_row_shipped_when_the_step_ends():
     m = Metrics(rank=0, world_size=1, group=None)
     m.log(3, {"loss": torch.tensor(0.5)})
     m.log(3, {"acc": 0.9, "loss": 0.25})  # a later value of a name wins
-    assert drained_elsewhere(m) == []     # the step still runs
+    assert drained_elsewhere(m) == []  # the step still runs
     m.end_step()
     rows = drained_elsewhere(m)
     assert [(r["step"], r["scalars"]) for r in rows] == [(3, {"loss": 0.25, "acc": 0.9})]
@@ -59,12 +59,18 @@ def test_an_evaluation_accumulates_and_logs_once_at_its_step():
     assert [r["scalars"] for r in m.drain()] == [row]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda m: m.log(0, {"x": 1.0}, reduce="median"), "reduce='median'.*mean"),
-    (lambda m: m.log(0, {"step": 1.0}), "recorded with every row already"),
-    (lambda m: m.log(0, {"x": torch.ones(2)}), "one-element tensor, got a tensor of shape \\(2,\\)"),
-    (lambda m: m.log(0, {"x": "high"}), "needs a number, got str"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m: m.log(0, {"x": 1.0}, reduce="median"), "reduce='median'.*mean"),
+        (lambda m: m.log(0, {"step": 1.0}), "recorded with every row already"),
+        (
+            lambda m: m.log(0, {"x": torch.ones(2)}),
+            "one-element tensor, got a tensor of shape \\(2,\\)",
+        ),
+        (lambda m: m.log(0, {"x": "high"}), "needs a number, got str"),
+    ],
+)
 def test_misuse_names_the_value(call, message):
     with pytest.raises(SpecError, match=message):
         call(Metrics(rank=0, world_size=1, group=None))

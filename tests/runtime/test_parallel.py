@@ -29,8 +29,9 @@ def mean_losses(job) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(steps.items())]
 
 
-def assert_matches_reference(job, out: dict, reference: dict, loss_rtol: float = LOSS_RTOL,
-                             params: dict = PARAM_TOL) -> None:
+def assert_matches_reference(
+    job, out: dict, reference: dict, loss_rtol: float = LOSS_RTOL, params: dict = PARAM_TOL
+) -> None:
     losses = mean_losses(job)
     assert len(losses) == len(reference["losses"])
     for step, (got, want) in enumerate(zip(losses, reference["losses"])):
@@ -71,8 +72,15 @@ def test_fsdp_on_four_ranks_equals_one_process(idle4):
 
 
 def test_fsdp_over_tp_on_a_2x2_mesh_equals_one_process(idle4):
-    job = idle4.launch(W.train_lm, kwargs={"launch_model": True}, world_size=4, strategy="fsdp",
-                       mesh={"dp": 2, "tp": -1}, model=W.make_model, **FEATURES)
+    job = idle4.launch(
+        W.train_lm,
+        kwargs={"launch_model": True},
+        world_size=4,
+        strategy="fsdp",
+        mesh={"dp": 2, "tp": -1},
+        model=W.make_model,
+        **FEATURES,
+    )
     out = job.wait(timeout=120)
     assert_matches_reference(job, out, W.reference_lm(16, clip=0.5))
     assert job.spec.mesh == {"dp": 2, "tp": -1}
@@ -93,8 +101,9 @@ def test_bf16_autocast_follows_a_bf16_reference(idle4, name):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_inner_micro_batches_do_not_reduce_gradients(idle4, strategy):
-    seen = idle4.launch(W.probe_accumulation, world_size=2, strategy=strategy,
-                        grad_accum=2).wait(timeout=120)
+    seen = idle4.launch(W.probe_accumulation, world_size=2, strategy=strategy, grad_accum=2).wait(
+        timeout=120
+    )
     (inner0, last0), (inner1, last1) = seen
     if strategy == "ddp":  # local gradients differ until the last micro-batch all-reduces
         assert inner0[1] != inner1[1]
@@ -107,19 +116,39 @@ def test_inner_micro_batches_do_not_reduce_gradients(idle4, strategy):
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"world_size": 2, "strategy": "fsdp", "mesh": {"dp": 2, "tp": 2}},
-         r"mesh \{'dp': 2, 'tp': 2\} has 4 ranks \(2 x 2\) but world_size=2"),
-        ({"world_size": 4, "strategy": "pp", "model": W.make_model},
-         "a pipeline of pp=4 stages needs at least 4 layers, but Transformer has 2"),
-        ({"world_size": 2, "strategy": "tp", "model": torch.nn.Sequential(torch.nn.Linear(4, 4))},
-         "tensor parallelism needs a plan, but Sequential has no tp_plan"),
-        ({"world_size": 2, "strategy": "tp", "model": W.make_model,
-          "plan": {"layers.*.mlp.fcx": "colwise"}},
-         r"plan entry 'layers.\*.mlp.fcx' matches no module of Transformer"),
-        ({"world_size": 2, "strategy": "ddp", "precision": "fp16"},
-         "precision='fp16' needs a CUDA GPU on every rank .* slots are cpu"),
-        ({"world_size": 2, "strategy": "ddp", "microbatches": 4},
-         "microbatches= is an option of strategy='pp', not 'ddp'"),
+        (
+            {"world_size": 2, "strategy": "fsdp", "mesh": {"dp": 2, "tp": 2}},
+            r"mesh \{'dp': 2, 'tp': 2\} has 4 ranks \(2 x 2\) but world_size=2",
+        ),
+        (
+            {"world_size": 4, "strategy": "pp", "model": W.make_model},
+            "a pipeline of pp=4 stages needs at least 4 layers, but Transformer has 2",
+        ),
+        (
+            {
+                "world_size": 2,
+                "strategy": "tp",
+                "model": torch.nn.Sequential(torch.nn.Linear(4, 4)),
+            },
+            "tensor parallelism needs a plan, but Sequential has no tp_plan",
+        ),
+        (
+            {
+                "world_size": 2,
+                "strategy": "tp",
+                "model": W.make_model,
+                "plan": {"layers.*.mlp.fcx": "colwise"},
+            },
+            r"plan entry 'layers.\*.mlp.fcx' matches no module of Transformer",
+        ),
+        (
+            {"world_size": 2, "strategy": "ddp", "precision": "fp16"},
+            "precision='fp16' needs a CUDA GPU on every rank .* slots are cpu",
+        ),
+        (
+            {"world_size": 2, "strategy": "ddp", "microbatches": 4},
+            "microbatches= is an option of strategy='pp', not 'ddp'",
+        ),
     ],
     ids=["mesh", "stages", "no-plan", "bad-plan", "fp16-cpu", "option"],
 )
@@ -131,8 +160,9 @@ def test_bad_layouts_fail_at_launch_naming_the_values(idle4, options, match):
 
 
 def test_options_that_the_training_function_ignores_fail_loudly(idle4):
-    job = idle4.launch(W.train_own_loop, world_size=2, strategy="ddp", precision="bf16",
-                       clip_grad_norm=1.0)
+    job = idle4.launch(
+        W.train_own_loop, world_size=2, strategy="ddp", precision="bf16", clip_grad_norm=1.0
+    )
     with pytest.raises(cs.JobFailedError, match="SpecError") as info:
         job.wait(timeout=60)
     assert "precision='bf16' takes effect through ctx.autocast" in info.value.message
@@ -142,8 +172,14 @@ def test_options_that_the_training_function_ignores_fail_loudly(idle4):
 def test_fp16_with_grad_scaler_on_gpus(tmp_path):
     n = min(torch.cuda.device_count(), 2)
     with cs.Cluster.local(state_dir=str(tmp_path)) as cluster:
-        job = cluster.launch(W.train_lm, world_size=n, strategy="fsdp", precision="fp16",
-                             checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=10)
+        job = cluster.launch(
+            W.train_lm,
+            world_size=n,
+            strategy="fsdp",
+            precision="fp16",
+            checkpoint_dir=str(tmp_path / "ckpt"),
+            checkpoint_every=10,
+        )
         out = job.wait(timeout=300)
         losses = mean_losses(job)  # while the cluster is up: the history is on its scheduler
     reference = W.reference_lm(8 * n)

@@ -36,11 +36,17 @@ def s3():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                               "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -87,8 +93,10 @@ def cluster3(s3, tmp_path_factory):
 @pytest.fixture
 def healed(cluster3):
     """All three slots present (the nanny restarts killed workers) and free."""
-    wait_for(lambda: len(cluster3.slots()) == 3 and not any(s["job"] for s in cluster3.slots()),
-             timeout=60)
+    wait_for(
+        lambda: len(cluster3.slots()) == 3 and not any(s["job"] for s in cluster3.slots()),
+        timeout=60,
+    )
     yield cluster3
     for job in cluster3.jobs():
         if not job.status.terminal:
@@ -97,8 +105,9 @@ def healed(cluster3):
 
 @pytest.fixture(scope="module")
 def uninterrupted(cluster3):
-    return cluster3.launch(workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]},
-                           world_size=3).wait(timeout=120)
+    return cluster3.launch(
+        workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]}, world_size=3
+    ).wait(timeout=120)
 
 
 @pytest.fixture
@@ -120,7 +129,8 @@ def objects(s3, url: str) -> list[str]:
 
 @pytest.mark.parametrize("point", ["data", "manifest", "committed"])
 def test_a_rank_killed_mid_save_resumes_auto_from_the_newest_complete_checkpoint(
-        healed, uninterrupted, s3, root, point):
+    healed, uninterrupted, s3, root, point
+):
     # "data": one worker dies once its rank's shards are uploaded; "manifest" (rank 0
     # only): every shard and DCP's metadata are there, the manifest is not;
     # "committed": rank 0 dies right after the manifest
@@ -129,13 +139,22 @@ def test_a_rank_killed_mid_save_resumes_auto_from_the_newest_complete_checkpoint
     healed.client.run(workloads.inject_fault, point, 2, workers=armed)  # the 2nd save dies
     before = {s["worker"] for s in slots}
     try:
-        job = healed.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=3, timeout=10,
-                            checkpoint_dir=root, checkpoint_every=5, async_checkpoint=False)
+        job = healed.launch(
+            workloads.train_ckpt,
+            kwargs=TRAIN,
+            world_size=3,
+            timeout=10,
+            checkpoint_dir=root,
+            checkpoint_every=5,
+            async_checkpoint=False,
+        )
         with pytest.raises(cs.JobFailedError):
             job.wait(timeout=120)
     finally:
-        wait_for(lambda: len(healed.slots()) == 3 and {s["worker"] for s in healed.slots()}
-                 != before, timeout=60)
+        wait_for(
+            lambda: len(healed.slots()) == 3 and {s["worker"] for s in healed.slots()} != before,
+            timeout=60,
+        )
         healed.client.run(workloads.inject_fault, None)
     newest = 10 if point == "committed" else 5
     assert ckpt.latest(root) == ckpt.step_dir(root, newest)
@@ -143,25 +162,47 @@ def test_a_rank_killed_mid_save_resumes_auto_from_the_newest_complete_checkpoint
         left = [p for p in objects(s3, root) if p.startswith("step-00000010/")]
         assert left and "step-00000010/manifest.json" not in left
         assert not ckpt.is_intact(ckpt.step_dir(root, 10))
-    again = healed.launch(workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]}, world_size=3,
-                          checkpoint_dir=root, checkpoint_every=5, resume="auto", keep=10)
+    again = healed.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": TRAIN["steps"]},
+        world_size=3,
+        checkpoint_dir=root,
+        checkpoint_every=5,
+        resume="auto",
+        keep=10,
+    )
     assert_same_run(again.wait(timeout=120), uninterrupted, exact=True)
     assert f"resumed from {ckpt.step_dir(root, newest)} at step {newest}" in again.logs(0)
     # nothing is left of the killed save: every object belongs to the save a manifest names
     names = objects(s3, root)
-    named = {p.split("/")[0]: ckpt.read_manifest(f"{root}/{p.split('/')[0]}")["data"]
-             for p in names if p.endswith("/manifest.json")}
-    assert [p for p in names if not p.endswith("/manifest.json")
-            and p.split("/")[1] != named.get(p.split("/")[0])] == []
+    named = {
+        p.split("/")[0]: ckpt.read_manifest(f"{root}/{p.split('/')[0]}")["data"]
+        for p in names
+        if p.endswith("/manifest.json")
+    }
+    assert [
+        p
+        for p in names
+        if not p.endswith("/manifest.json") and p.split("/")[1] != named.get(p.split("/")[0])
+    ] == []
     assert [step for step, _ in ckpt.committed(root)] == list(range(5, 31, 5)), (
         again.info().get("checkpoint_error"),
-        [p for p in objects(s3, root) if p.startswith("step-00000010")], again.logs(0)[-3000:])
+        [p for p in objects(s3, root) if p.startswith("step-00000010")],
+        again.logs(0)[-3000:],
+    )
 
 
 def test_async_saves_keep_exactly_keep_and_a_resume_from_one_is_bitwise(
-        healed, uninterrupted, s3, root):
-    job = healed.launch(workloads.train_ckpt, kwargs=TRAIN, world_size=3, checkpoint_dir=root,
-                        checkpoint_every=4, keep=2)
+    healed, uninterrupted, s3, root
+):
+    job = healed.launch(
+        workloads.train_ckpt,
+        kwargs=TRAIN,
+        world_size=3,
+        checkpoint_dir=root,
+        checkpoint_every=4,
+        keep=2,
+    )
     job.wait(timeout=120)
     assert [step for step, _ in ckpt.committed(root)] == [24, 28]  # and 30, saved at the end?
     assert job.info()["checkpoint"] == ckpt.step_dir(root, 28)
@@ -169,29 +210,45 @@ def test_async_saves_keep_exactly_keep_and_a_resume_from_one_is_bitwise(
     assert {p.split("/")[0] for p in names} == {"step-00000024", "step-00000028"}
     manifest = ckpt.read_manifest(ckpt.step_dir(root, 28))
     assert manifest["world_size"] == 3 and f"{manifest['data']}/.metadata" in manifest["files"]
-    assert sorted(manifest["files"]) == [p.removeprefix("step-00000028/") for p in names
-                                         if p.startswith("step-00000028/")
-                                         and not p.endswith("manifest.json")]
+    assert sorted(manifest["files"]) == [
+        p.removeprefix("step-00000028/")
+        for p in names
+        if p.startswith("step-00000028/") and not p.endswith("manifest.json")
+    ]
     # from an explicit URL, saving under another prefix
-    resumed = healed.launch(workloads.train_ckpt, kwargs={"steps": TRAIN["steps"]}, world_size=3,
-                            resume=ckpt.step_dir(root, 24), checkpoint_dir=f"{root}/again")
+    resumed = healed.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": TRAIN["steps"]},
+        world_size=3,
+        resume=ckpt.step_dir(root, 24),
+        checkpoint_dir=f"{root}/again",
+    )
     assert_same_run(resumed.wait(timeout=120), uninterrupted, exact=True)
 
 
 def test_the_servers_checkpoint_list_reads_the_bucket(healed, root):
     from jupyter_clustersdk.checkpoints import scan
 
-    healed.launch(workloads.train_ckpt, kwargs={"steps": 10}, world_size=3, checkpoint_dir=root,
-                  checkpoint_every=5, async_checkpoint=False).wait(timeout=120)
+    healed.launch(
+        workloads.train_ckpt,
+        kwargs={"steps": 10},
+        world_size=3,
+        checkpoint_dir=root,
+        checkpoint_every=5,
+        async_checkpoint=False,
+    ).wait(timeout=120)
     rows = scan(root)
     assert [(r["step"], r["path"], r["world_size"]) for r in rows] == [
-        (5, f"{root}/step-00000005", 3), (10, f"{root}/step-00000010", 3)]
+        (5, f"{root}/step-00000005", 3),
+        (10, f"{root}/step-00000010", 3),
+    ]
     assert all(r["bytes"] > 1000 and r["time"] for r in rows)
 
 
 def test_a_bucket_that_does_not_exist_fails_at_launch(healed):
-    with pytest.raises(cs.CheckpointError, match="is not writable.*bucket does not exist"
-                                                 ".*AWS_ENDPOINT_URL"):
+    with pytest.raises(
+        cs.CheckpointError, match="is not writable.*bucket does not exist.*AWS_ENDPOINT_URL"
+    ):
         healed.launch(workloads.train_ckpt, world_size=3, checkpoint_dir="s3://no-such-bucket/a")
 
 
@@ -213,5 +270,7 @@ def test_the_doctor_checks_writes_to_the_bucket_from_every_host(healed, root):
     assert not [p for p in report.problems if p.check == "disk"]
     assert f"writes to {root}" in str(report)
     broken = healed.doctor(checkpoint_dir="s3://no-such-bucket/a", bandwidth=False)
-    assert any(p.check == "disk" and "cannot write to s3://no-such-bucket/a" in p.message
-               for p in broken.problems)
+    assert any(
+        p.check == "disk" and "cannot write to s3://no-such-bucket/a" in p.message
+        for p in broken.problems
+    )

@@ -34,8 +34,13 @@ def saved(cluster4, tmp_path_factory):
     out = {}
     for name, options in SOURCES.items():
         root = tmp_path_factory.mktemp(name)
-        job = cluster4.launch(W.train_lm, kwargs={"steps": STEPS, **MOE.get(name, {})},
-                              checkpoint_dir=str(root), checkpoint_every=STEPS, **options)
+        job = cluster4.launch(
+            W.train_lm,
+            kwargs={"steps": STEPS, **MOE.get(name, {})},
+            checkpoint_dir=str(root),
+            checkpoint_every=STEPS,
+            **options,
+        )
         state = job.wait(timeout=120)
         out[name] = (ckpt.latest(str(root)), state)
     return out
@@ -65,12 +70,25 @@ def assert_bitwise_equal(got: dict, want: dict) -> None:
         ("pp2", {"world_size": 2, "strategy": "tp"}),
         ("ep2", {"world_size": 1, "strategy": "ddp"}),
     ],
-    ids=["fsdp2-fsdp1", "fsdp2-fsdp4", "tp2-2d4", "ddp2-fsdp2", "fsdp2-ddp2", "pp2-tp2", "ep2-ddp1"],
+    ids=[
+        "fsdp2-fsdp1",
+        "fsdp2-fsdp4",
+        "tp2-2d4",
+        "ddp2-fsdp2",
+        "fsdp2-ddp2",
+        "pp2-tp2",
+        "ep2-ddp1",
+    ],
 )
 def test_a_checkpoint_loads_bitwise_into_another_layout(idle4, saved, tmp_path, source, target):
     path, want = saved[source]
-    job = idle4.launch(W.train_lm, kwargs={"steps": STEPS, **MOE.get(source, {})},
-                       checkpoint_dir=str(tmp_path), resume=path, **target)
+    job = idle4.launch(
+        W.train_lm,
+        kwargs={"steps": STEPS, **MOE.get(source, {})},
+        checkpoint_dir=str(tmp_path),
+        resume=path,
+        **target,
+    )
     got = job.wait(timeout=120)
     assert f"resumed from {path} at step {STEPS}" in job.logs(0)
     assert_bitwise_equal(got, want)
@@ -78,8 +96,16 @@ def test_a_checkpoint_loads_bitwise_into_another_layout(idle4, saved, tmp_path, 
 
 def test_a_pipeline_resumes_from_a_pipeline_checkpoint_and_trains_on(idle4, saved, tmp_path):
     path, _ = saved["pp2"]
-    job = idle4.launch(W.train_lm, kwargs={"steps": STEPS + 4}, world_size=2, strategy="pp",
-                       schedule="1f1b", microbatches=2, checkpoint_dir=str(tmp_path), resume=path)
+    job = idle4.launch(
+        W.train_lm,
+        kwargs={"steps": STEPS + 4},
+        world_size=2,
+        strategy="pp",
+        schedule="1f1b",
+        microbatches=2,
+        checkpoint_dir=str(tmp_path),
+        resume=path,
+    )
     job.wait(timeout=120)
     assert [r["step"] for r in job.history()] == list(range(STEPS, STEPS + 4))
 
@@ -92,9 +118,18 @@ def test_checkpoints_hold_the_training_options_scaler_and_schedule(saved):
 
     path, _ = saved["fsdp2"]
     keys = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
-    assert {"extra.training.options", "extra.training.scaler", "extra.scheduler.last_epoch",
-            "extra.scheduler.lr_lambdas.0.warmup", "extra.data.consumed"} <= keys
+    assert {
+        "extra.training.options",
+        "extra.training.scaler",
+        "extra.scheduler.last_epoch",
+        "extra.scheduler.lr_lambdas.0.warmup",
+        "extra.data.consumed",
+    } <= keys
     state = {"extra": {"training": {"options": "", "scaler": b""}}}
     dcp.load(state, checkpoint_id=path, no_dist=True)
     options = json.loads(state["extra"]["training"]["options"])
-    assert (options["precision"], options["grad_accum"], options["clip_grad_norm"]) == ("fp32", 1, None)
+    assert (options["precision"], options["grad_accum"], options["clip_grad_norm"]) == (
+        "fp32",
+        1,
+        None,
+    )

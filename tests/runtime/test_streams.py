@@ -28,8 +28,9 @@ def write_parquet(root, sizes=(70, 45, 90), row_group=16) -> str:
     start = 0
     for i, n in enumerate(sizes):
         ids = np.arange(start, start + n, dtype=np.int64)
-        table = pa.table({"id": ids, "pair": [[int(v), -int(v)] for v in ids],
-                          "name": [f"row{v}" for v in ids]})
+        table = pa.table(
+            {"id": ids, "pair": [[int(v), -int(v)] for v in ids], "name": [f"row{v}" for v in ids]}
+        )
         pq.write_table(table, os.path.join(root, f"part-{i}.parquet"), row_group_size=row_group)
         start += n
     return str(root)
@@ -60,8 +61,9 @@ def run(make, world_size: int, state=None, steps=None, **options):
     """Every rank's loader; each step's batches concatenated in rank order, until the
     epoch ends (or ``steps``); and rank 0's position afterwards."""
     batch_size = options.pop("global_batch", 12) // world_size
-    loaders = [make_loader(make(), batch_size, r, world_size, CPU, **options)
-               for r in range(world_size)]
+    loaders = [
+        make_loader(make(), batch_size, r, world_size, CPU, **options) for r in range(world_size)
+    ]
     if state is not None:
         for loader in loaders:
             loader.load_state_dict(state)
@@ -79,7 +81,7 @@ def run(make, world_size: int, state=None, steps=None, **options):
 
 
 SOURCES = {
-    "parquet": lambda root: (lambda: write_parquet(root)),
+    "parquet": lambda root: lambda: write_parquet(root),
     "stream": lambda root: Counting,
     "hf-stream": lambda root: hf_stream,
 }
@@ -120,7 +122,9 @@ def test_epochs_differ_and_resume_mid_second_epoch(tmp_path, kind):
     assert taken + [ids(b) for b in resumed] == second
 
 
-def test_a_fresh_parquet_run_at_another_world_size_sees_the_same_batches_with_the_same_lanes(tmp_path):
+def test_a_fresh_parquet_run_at_another_world_size_sees_the_same_batches_with_the_same_lanes(
+    tmp_path,
+):
     make = SOURCES["parquet"](tmp_path)
     two, _, _ = run(make, 2, lanes=4)
     four, _, _ = run(make, 4)  # lanes default to the world size: 4
@@ -191,8 +195,15 @@ def test_a_replayed_stream_skips_what_was_taken_and_a_resumable_one_reads_on(tmp
 def test_prefetch_reads_ahead_in_a_thread_and_stops_with_the_iterator(tmp_path):
     root = write_parquet(tmp_path)
     seen = []
-    loader = ParquetLoader(root, 4, 0, 1, CPU, prefetch=3,
-                           collate_fn=lambda t: seen.append(threading.current_thread().name) or t)
+    loader = ParquetLoader(
+        root,
+        4,
+        0,
+        1,
+        CPU,
+        prefetch=3,
+        collate_fn=lambda t: seen.append(threading.current_thread().name) or t,
+    )
     it = iter(loader)
     next(it)
     assert seen and all(name.startswith("clustersdk-parquet") for name in seen)

@@ -36,8 +36,9 @@ def fake_nvml(has_v2: bool) -> types.ModuleType:
     return nv
 
 
-@pytest.mark.parametrize("has_v2, used", [(True, ALLOCATED), (False, ALLOCATED + RESERVED)],
-                         ids=["v2", "v1-only driver"])
+@pytest.mark.parametrize(
+    "has_v2, used", [(True, ALLOCATED), (False, ALLOCATED + RESERVED)], ids=["v2", "v1-only driver"]
+)
 def test_gpu_memory_is_what_nvidia_smi_shows_where_nvml_can_tell(monkeypatch, has_v2, used):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(has_v2))
     sampler = telemetry.Sampler("cuda", 0)

@@ -47,8 +47,9 @@ def idle8(cluster8):
 
 def launch_exact(cluster, *, world_size: int = 8, kwargs: dict | None = None, **options):
     job_kwargs = {"kind": "lm", "steps": STEPS, "global_batch": GLOBAL_BATCH, **(kwargs or {})}
-    return cluster.launch(workloads.train_exact, kwargs=job_kwargs, world_size=world_size,
-                          **options)
+    return cluster.launch(
+        workloads.train_exact, kwargs=job_kwargs, world_size=world_size, **options
+    )
 
 
 def rows(job) -> dict[tuple[int, int], float]:
@@ -118,8 +119,9 @@ def test_three_d_on_eight_ranks_equals_one_process(threed):
 
 @pytest.mark.slow
 def test_three_d_with_accumulation_clipping_and_1f1b_equals_one_process(idle8):
-    job = idle8.launch(W.train_lm, world_size=8, schedule="1f1b", grad_accum=2,
-                       clip_grad_norm=0.5, **THREED)
+    job = idle8.launch(
+        W.train_lm, world_size=8, schedule="1f1b", grad_accum=2, clip_grad_norm=0.5, **THREED
+    )
     out = job.wait(timeout=300)
     assert_like_one_process(job, out["model"], W.reference_lm(GLOBAL_BATCH, clip=0.5))
 
@@ -127,7 +129,8 @@ def test_three_d_with_accumulation_clipping_and_1f1b_equals_one_process(idle8):
 # --- suspend and resume at the same layout ------------------------------------------------
 @pytest.mark.slow
 def test_three_d_paused_suspended_and_resumed_is_bitwise_the_uninterrupted_run(
-        idle8, threed, tmp_path):
+    idle8, threed, tmp_path
+):
     want_job, want, _ = threed
     job = launch_exact(idle8, kwargs={"delay": 0.2}, checkpoint_dir=str(tmp_path), **THREED)
     wait_for(lambda: step_reached(job, 2), timeout=120)
@@ -167,8 +170,9 @@ def test_a_three_d_checkpoint_loads_bitwise_into_another_layout(idle8, threed, t
 @pytest.mark.slow
 def test_a_ddp_checkpoint_loads_bitwise_into_three_d(idle8, tmp_path):
     root = str(tmp_path)
-    want = launch_exact(idle8, world_size=2, strategy="ddp", checkpoint_dir=root,
-                        checkpoint_every=STEPS).wait(timeout=300)
+    want = launch_exact(
+        idle8, world_size=2, strategy="ddp", checkpoint_dir=root, checkpoint_every=STEPS
+    ).wait(timeout=300)
     job = launch_exact(idle8, checkpoint_dir=root, resume="auto", **THREED)
     got = job.wait(timeout=300)
     assert f"at step {STEPS}" in job.logs(0)
@@ -179,26 +183,49 @@ def test_a_ddp_checkpoint_loads_bitwise_into_three_d(idle8, tmp_path):
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"world_size": 4, "mesh": {"dp": 2, "tp": 2, "pp": 2}},
-         r"mesh \{'dp': 2, 'tp': 2, 'pp': 2\} has 8 ranks \(2 x 2 x 2\) but world_size=4"),
-        ({"world_size": 8, "mesh": {"dp": 1, "tp": 2, "pp": 4}},
-         "a pipeline of pp=4 stages needs at least 4 layers, but Transformer has 2"),
-        ({"world_size": 6, "mesh": {"dp": 1, "tp": 3, "pp": 2}},
-         "n_heads=4 attention heads can't be split over tp=3 ranks"),
-        ({"world_size": 6, "mesh": {"dp": 1, "tp": 3, "pp": 2},
-          "plan": {"layers.*.mlp.fc1": "colwise"}},
-         r"layers.0.mlp.fc1 \(colwise\) splits a dimension of 128, which does not divide "
-         "over tp=3 ranks"),
-        ({"world_size": 8, "mesh": {"dp": 2, "tp": 2, "pp": 2}, "split": ["layers.1", "norm"]},
-         r"split=\['layers.1', 'norm'\] makes 3 stages, but the pipeline has pp=2 ranks"),
-        ({"world_size": 8, "mesh": {"dp": 2, "tp": 2, "pp": 2}, "schedule": "1f1b",
-          "microbatches": 1},
-         "schedule='1f1b' needs at least as many microbatches as stages: microbatches=1, pp=2"),
-        ({"world_size": 4, "mesh": {"dp": 2, "tp": 2}, "microbatches": 2},
-         "microbatches= is an option of strategy='pp', not 'fsdp' .or of strategy='fsdp' "
-         "with a mesh that has a 'pp' dimension"),
-        ({"world_size": 8, "strategy": "pp", "mesh": {"dp": 2, "tp": 2, "pp": 2}},
-         "for pipeline stages over FSDP .3-D. use strategy='fsdp'"),
+        (
+            {"world_size": 4, "mesh": {"dp": 2, "tp": 2, "pp": 2}},
+            r"mesh \{'dp': 2, 'tp': 2, 'pp': 2\} has 8 ranks \(2 x 2 x 2\) but world_size=4",
+        ),
+        (
+            {"world_size": 8, "mesh": {"dp": 1, "tp": 2, "pp": 4}},
+            "a pipeline of pp=4 stages needs at least 4 layers, but Transformer has 2",
+        ),
+        (
+            {"world_size": 6, "mesh": {"dp": 1, "tp": 3, "pp": 2}},
+            "n_heads=4 attention heads can't be split over tp=3 ranks",
+        ),
+        (
+            {
+                "world_size": 6,
+                "mesh": {"dp": 1, "tp": 3, "pp": 2},
+                "plan": {"layers.*.mlp.fc1": "colwise"},
+            },
+            r"layers.0.mlp.fc1 \(colwise\) splits a dimension of 128, which does not divide "
+            "over tp=3 ranks",
+        ),
+        (
+            {"world_size": 8, "mesh": {"dp": 2, "tp": 2, "pp": 2}, "split": ["layers.1", "norm"]},
+            r"split=\['layers.1', 'norm'\] makes 3 stages, but the pipeline has pp=2 ranks",
+        ),
+        (
+            {
+                "world_size": 8,
+                "mesh": {"dp": 2, "tp": 2, "pp": 2},
+                "schedule": "1f1b",
+                "microbatches": 1,
+            },
+            "schedule='1f1b' needs at least as many microbatches as stages: microbatches=1, pp=2",
+        ),
+        (
+            {"world_size": 4, "mesh": {"dp": 2, "tp": 2}, "microbatches": 2},
+            "microbatches= is an option of strategy='pp', not 'fsdp' .or of strategy='fsdp' "
+            "with a mesh that has a 'pp' dimension",
+        ),
+        (
+            {"world_size": 8, "strategy": "pp", "mesh": {"dp": 2, "tp": 2, "pp": 2}},
+            "for pipeline stages over FSDP .3-D. use strategy='fsdp'",
+        ),
     ],
     ids=["mesh", "stages", "heads", "plan-dim", "split", "1f1b", "option", "strategy"],
 )
@@ -212,11 +239,11 @@ def test_bad_three_d_layouts_fail_at_launch_naming_the_values(options, match):
 
 # --- token-budget batches -----------------------------------------------------------------
 @pytest.mark.slow
-def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_gaps(
-        idle8, tmp_path):
+def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_gaps(idle8, tmp_path):
     root = str(tmp_path)
-    one = idle8.launch(W.read_budget, kwargs={"steps": 4}, world_size=2, checkpoint_dir=root,
-                       checkpoint_every=4)
+    one = idle8.launch(
+        W.read_budget, kwargs={"steps": 4}, world_size=2, checkpoint_dir=root, checkpoint_every=4
+    )
     first = one.wait(timeout=120)
     two = idle8.launch(W.read_budget, world_size=3, checkpoint_dir=root, resume="auto")
     rest = two.wait(timeout=120)
@@ -227,7 +254,8 @@ def test_token_budget_batches_resume_at_another_world_size_without_repeats_or_ga
     budget = 48
     history = one.history() + two.history()
     assert {(r["rank"], r["step"]) for r in two.history()} == {
-        (rank, step) for rank in range(3) for step in range(4, 4 + len(rest[0]))}
+        (rank, step) for rank in range(3) for step in range(4, 4 + len(rest[0]))
+    }
     for row in history:  # each rank's padding and real tokens, per step
         assert 0 <= row["padding"] < 1 and 0 < row["tokens"] <= budget
 
@@ -238,8 +266,9 @@ def test_token_budget_batches_through_a_pipeline_train_as_fsdp_on_the_same_batch
     again (the FSDP peers agreeing when) and trains as FSDP alone does on the same
     batches, each a multiple of the 4 pieces a step cuts it into (grad_accum x
     microbatches: 2 x 2 and 4 x 1)."""
-    pipe = idle8.launch(W.train_budget, world_size=4, strategy="fsdp", mesh={"dp": 2, "pp": 2},
-                        grad_accum=2)
+    pipe = idle8.launch(
+        W.train_budget, world_size=4, strategy="fsdp", mesh={"dp": 2, "pp": 2}, grad_accum=2
+    )
     flat = idle8.launch(W.train_budget, world_size=2, strategy="fsdp", grad_accum=4)
     pipe_shapes, flat_shapes = pipe.wait(timeout=300), flat.wait(timeout=300)
     # ranks 0-1 are the first stage (dp 0, 1), 2-3 the last: each reads its dp rank's batches

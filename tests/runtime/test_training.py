@@ -30,11 +30,14 @@ def test_warmup_cosine_rises_then_decays_to_the_floor_and_resumes():
     assert again.get_last_lr() == sched.get_last_lr()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"warmup": -1, "total": 5}, "warmup must be a non-negative int"),
-    ({"warmup": 5, "total": 5}, "total must be an int greater than warmup=5"),
-    ({"warmup": 1, "total": 5, "min_ratio": 2}, r"min_ratio must be within \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"warmup": -1, "total": 5}, "warmup must be a non-negative int"),
+        ({"warmup": 5, "total": 5}, "total must be an int greater than warmup=5"),
+        ({"warmup": 1, "total": 5, "min_ratio": 2}, r"min_ratio must be within \[0, 1\]"),
+    ],
+)
 def test_warmup_cosine_names_bad_arguments(kwargs, match):
     with pytest.raises(SpecError, match=match):
         cs.warmup_cosine(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), **kwargs)
@@ -76,11 +79,14 @@ def test_fsdp_blocks_are_the_layers_innermost_first_or_what_the_policy_says():
     assert fsdp.blocks(net, policy=lambda m: m is net.head) == [net.head]
 
 
-@pytest.mark.parametrize("layers, stages, expected", [
-    (4, 2, [["embed", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "head"]]),
-    (3, 2, [["embed", "layers.0", "layers.1"], ["layers.2", "norm", "head"]]),
-    (2, 2, [["embed", "layers.0"], ["layers.1", "norm", "head"]]),
-])
+@pytest.mark.parametrize(
+    "layers, stages, expected",
+    [
+        (4, 2, [["embed", "layers.0", "layers.1"], ["layers.2", "layers.3", "norm", "head"]]),
+        (3, 2, [["embed", "layers.0", "layers.1"], ["layers.2", "norm", "head"]]),
+        (2, 2, [["embed", "layers.0"], ["layers.1", "norm", "head"]]),
+    ],
+)
 def test_pipeline_spreads_the_layers_evenly(layers, stages, expected):
     assert pipeline.stage_names(models.Transformer(n_layers=layers), stages) == expected
 
@@ -105,8 +111,11 @@ def test_pipeline_refuses_what_it_cannot_split():
 def test_tensor_plan_checks_names_and_divisibility():
     net = models.Transformer()
     tensor.check(net, net.tp_plan(2), 2)
-    with pytest.raises(SpecError, match=r"layers.0.mlp.fc1 \(colwise\) splits a dimension of 128, "
-                                        "which does not divide over tp=3"):
+    with pytest.raises(
+        SpecError,
+        match=r"layers.0.mlp.fc1 \(colwise\) splits a dimension of 128, "
+        "which does not divide over tp=3",
+    ):
         tensor.check(net, {"layers.*.mlp.fc1": "colwise"}, 3)
     with pytest.raises(SpecError, match="use 'colwise', 'rowwise' or a ParallelStyle"):
         tensor.plan_for(net, {"head": "diagonal"}, 2)

@@ -29,8 +29,9 @@ def main() -> None:
     data = TensorDataset(torch.randn(512, 16), torch.randn(512, 1))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=1)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                    torch.nn.Linear(32, 1)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     step, epoch = 0, 0
     while step < args.steps:
@@ -46,10 +47,12 @@ def main() -> None:
                 break
         epoch += 1
     if rank == 0 and args.out:
-        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()},
-                   args.out)
-    print(f"rank {rank} done env LOCAL_RANK={os.environ.get('LOCAL_RANK')} "
-          f"RESTART={os.environ.get('TORCHELASTIC_RESTART_COUNT')}", flush=True)
+        torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)
+    print(
+        f"rank {rank} done env LOCAL_RANK={os.environ.get('LOCAL_RANK')} "
+        f"RESTART={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
+        flush=True,
+    )
     dist.barrier()
     del model, opt
     dist.destroy_process_group()

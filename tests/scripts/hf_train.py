@@ -49,12 +49,22 @@ def main() -> None:
     parser.add_argument("--callback", action="store_true")
     a = parser.parse_args()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2,
-                                       n_head=2))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    )
     args = TrainingArguments(
-        output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True,
-        dataloader_num_workers=0, seed=0)
+        output_dir=a.out,
+        max_steps=a.steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     callbacks: list = [Slow(a.sleep)] if a.sleep else []
     if a.callback:
         from clustersdk.integrations.huggingface import ClusterSDKCallback

@@ -43,8 +43,9 @@ def main() -> int:
     rank = dist.get_rank()
     print(f"rank {rank} pid {os.getpid()} restart {script.restarts()}", flush=True)
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
-                                    torch.nn.Linear(32, 1)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     path = os.path.join(args.dir, "state.pt") if args.dir else None
     start = 0
@@ -60,8 +61,9 @@ def main() -> int:
             return None
         if rank == 0:
             tmp = path + ".tmp"
-            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
-                        "step": step}, tmp)
+            torch.save(
+                {"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step}, tmp
+            )
             os.replace(tmp, path)
         dist.barrier()
         return path

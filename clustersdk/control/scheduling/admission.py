@@ -35,15 +35,23 @@ def resolve_queue(config: PolicyConfig, queue: str | None) -> str:
         return config.default_queue
     if not isinstance(queue, str) or queue not in config.queues:
         known = ", ".join(repr(q) for q in config.queues)
-        raise SpecError(f"unknown queue {queue!r}; the queues are {known} "
-                        "(clustersdk.scheduling.queues)")
+        raise SpecError(
+            f"unknown queue {queue!r}; the queues are {known} (clustersdk.scheduling.queues)"
+        )
     return queue
 
 
-def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
-          priority: int | str | None = None, preemptible: bool = True,
-          time_limit: float | None = None, min_world_size: int | None = None,
-          total_slots: int | None = None) -> Admission:
+def admit(
+    config: PolicyConfig,
+    *,
+    world_size: int,
+    queue: str | None = None,
+    priority: int | str | None = None,
+    preemptible: bool = True,
+    time_limit: float | None = None,
+    min_world_size: int | None = None,
+    total_slots: int | None = None,
+) -> Admission:
     """Resolve the queue and priority of a launch and refuse one that can never run.
 
     SpecError: an unknown queue or priority class, a bad ``preemptible``,
@@ -65,10 +73,13 @@ def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
             f"preemptible=False needs priority {config.priority_name(floor)} ({floor}) or higher, "
             f"got {config.priority_name(prio)} ({prio}): a lower-priority job that can't be "
             "preempted would hold its slots against every job above it; drop preemptible=False "
-            "or raise the priority")
+            "or raise the priority"
+        )
     if total_slots is not None and smallest > total_slots:
-        raise CapacityError(f"world_size={smallest} is more than this cluster's {total_slots} "
-                            "slots; add workers or ask for fewer ranks")
+        raise CapacityError(
+            f"world_size={smallest} is more than this cluster's {total_slots} "
+            "slots; add workers or ask for fewer ranks"
+        )
     queue_config = config.queues[q]
     if queue_config.guaranteed != REST or total_slots is not None:
         guaranteed = config.guaranteed(q, total_slots or 0)
@@ -77,22 +88,27 @@ def admit(config: PolicyConfig, *, world_size: int, queue: str | None = None,
             raise CapacityError(
                 f"world_size={smallest} can never fit queue {q!r}: it may hold at most "
                 f"{int(limit)} slots ({guaranteed} guaranteed + {queue_config.borrowing_limit} "
-                f"borrowing limit); ask for at most {int(limit)} ranks or use another queue")
+                f"borrowing limit); ask for at most {int(limit)} ranks or use another queue"
+            )
         reach = _reach(config, q, total_slots) if total_slots is not None else math.inf
         if smallest > reach:
             raise CapacityError(
                 f"world_size={smallest} can never fit queue {q!r}: it can hold at most {reach} "
                 f"slots, those the queues of other cohorts than {queue_config.cohort!r} do not "
-                "guarantee (a queue never borrows the idle guarantee of another cohort)")
+                "guarantee (a queue never borrows the idle guarantee of another cohort)"
+            )
         if not preemptible and smallest > guaranteed:
             raise CapacityError(
                 f"world_size={smallest} can never fit queue {q!r} without borrowing, and a job "
                 f"with preemptible=False never borrows (a lender takes borrowed slots back by "
-                f"preemption): the queue guarantees {guaranteed} slots")
+                f"preemption): the queue guarantees {guaranteed} slots"
+            )
     cap = config.per_user_cap
     if cap is not None and smallest > cap:
-        raise CapacityError(f"world_size={smallest} is more than the per-user cap of {cap} slots "
-                            "(clustersdk.scheduling.per-user-cap)")
+        raise CapacityError(
+            f"world_size={smallest} is more than the per-user cap of {cap} slots "
+            "(clustersdk.scheduling.per-user-cap)"
+        )
     return Admission(q, prio, config.priority_name(prio))
 
 
@@ -100,22 +116,28 @@ def _reach(config: PolicyConfig, queue: str, total: int) -> int:
     """The most slots ``queue`` can ever hold on ``total``: all but what queues of other
     cohorts guarantee (those it never borrows; when they use them, they are not free)."""
     cohort = config.queues[queue].cohort
-    others = sum(config.guaranteed(q, total) for q, c in config.queues.items()
-                 if c.cohort != cohort)
+    others = sum(
+        config.guaranteed(q, total) for q, c in config.queues.items() if c.cohort != cohort
+    )
     return max(0, total - others)
 
 
 def _check_time_limit(config: PolicyConfig, time_limit: float | None) -> None:
     if time_limit is None:
         return
-    if (isinstance(time_limit, bool) or not isinstance(time_limit, numbers.Real)
-            or math.isnan(time_limit) or time_limit <= 0):
+    if (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, numbers.Real)
+        or math.isnan(time_limit)
+        or time_limit <= 0
+    ):
         raise SpecError(f"time_limit must be a positive number of seconds, got {time_limit!r}")
     if time_limit > config.max_time_limit:
         raise SpecError(
             f"time_limit={time_limit!r} s ({duration(time_limit)}) is more than the "
             f"{duration(config.max_time_limit)} this cluster accepts "
-            "(clustersdk.scheduling.max-time-limit); leave it out if you have no estimate")
+            "(clustersdk.scheduling.max-time-limit); leave it out if you have no estimate"
+        )
 
 
 def _smallest(world_size: int, min_world_size: int | None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from .model import Key, Request
 
@@ -18,11 +18,11 @@ class Backlog:
     """Queued requests by queue, each queue in ``Request.key`` order."""
 
     def __init__(self, requests: Iterable[Request] = ()) -> None:
-        self.streams: dict[str, list[Request]] = {}     # queue -> its requests, in order
+        self.streams: dict[str, list[Request]] = {}  # queue -> its requests, in order
         self._keys: dict[str, list[Key]] = {}
-        self._limits: dict[str, list[float]] = {}       # queue -> sorted time_limits
-        self._sizes: dict[str, Counter[int]] = {}       # queue -> smallest sizes
-        self.owners: dict[str, Counter[str]] = {}       # queue -> owner -> queued jobs
+        self._limits: dict[str, list[float]] = {}  # queue -> sorted time_limits
+        self._sizes: dict[str, Counter[int]] = {}  # queue -> smallest sizes
+        self.owners: dict[str, Counter[str]] = {}  # queue -> owner -> queued jobs
         self.by_id: dict[str, Request] = {}
         for req in requests:
             self.add(req)

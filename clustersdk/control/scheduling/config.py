@@ -17,22 +17,38 @@ import copy
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ...errors import SpecError
 
 REST = "rest"  # guaranteed: rest -- the slots no other queue guarantees
-_TOP_KEYS = ("priority-classes", "default-priority", "default-queue", "queues", "per-user-cap",
-             "preemption-grace", "idle-timeout", "non-preemptible-min-priority",
-             "max-time-limit", "checkpoint-bandwidth")
+_TOP_KEYS = (
+    "priority-classes",
+    "default-priority",
+    "default-queue",
+    "queues",
+    "per-user-cap",
+    "preemption-grace",
+    "idle-timeout",
+    "non-preemptible-min-priority",
+    "max-time-limit",
+    "checkpoint-bandwidth",
+)
 _QUEUE_KEYS = ("guaranteed", "borrowing-limit", "cohort", "idle-timeout")
 DEFAULTS: dict[str, Any] = {
     "priority-classes": {"low": 0, "normal": 50, "high": 100},
     "default-priority": "normal",
     "default-queue": "default",
-    "queues": {"default": {"guaranteed": REST, "borrowing-limit": None, "cohort": "default",
-                           "idle-timeout": None}},
+    "queues": {
+        "default": {
+            "guaranteed": REST,
+            "borrowing-limit": None,
+            "cohort": "default",
+            "idle-timeout": None,
+        }
+    },
     "per-user-cap": None,
     "preemption-grace": 120.0,
     "idle-timeout": None,
@@ -70,7 +86,7 @@ class PolicyConfig:
     preemption_grace: float
     non_preemptible_min_priority: int
     max_time_limit: float
-    checkpoint_bandwidth: float       # bytes/s: ranks victims by the time their save takes
+    checkpoint_bandwidth: float  # bytes/s: ranks victims by the time their save takes
     raw: Mapping[str, Any] = dataclasses.field(repr=False, compare=False, default_factory=dict)
 
     # building -------------------------------------------------------------------
@@ -87,12 +103,16 @@ class PolicyConfig:
         queues = {name: _queue(name, spec, idle_default) for name, spec in _queues(raw["queues"])}
         rest = [q.name for q in queues.values() if q.guaranteed == REST]
         if len(rest) > 1:
-            raise SpecError(f"at most one queue may have guaranteed: rest (the slots no other queue "
-                            f"guarantees); {', '.join(repr(n) for n in rest)} do")
+            raise SpecError(
+                f"at most one queue may have guaranteed: rest (the slots no other queue "
+                f"guarantees); {', '.join(repr(n) for n in rest)} do"
+            )
         default_queue = raw["default-queue"]
         if default_queue not in queues:
-            raise SpecError(f"default-queue {default_queue!r} is not one of the queues "
-                            f"({', '.join(repr(n) for n in queues)})")
+            raise SpecError(
+                f"default-queue {default_queue!r} is not one of the queues "
+                f"({', '.join(repr(n) for n in queues)})"
+            )
         return cls(
             priority_classes=MappingProxyType(classes),
             default_priority=resolve("default-priority"),
@@ -109,7 +129,9 @@ class PolicyConfig:
     def updated(self, changes: Mapping[str, Any]) -> PolicyConfig:
         """This config with an admin's ``changes`` merged in (nested dicts merge key by key;
         a queue set to None is removed), validated as a whole before it replaces this one."""
-        merged = _merge(copy.deepcopy(dict(self.raw)), _normalized(changes, "clustersdk.scheduling"))
+        merged = _merge(
+            copy.deepcopy(dict(self.raw)), _normalized(changes, "clustersdk.scheduling")
+        )
         return PolicyConfig.from_dict(merged)
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,8 +174,9 @@ def _normalized(settings: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in settings.items():
         name = str(key).replace("_", "-")
         if name not in _TOP_KEYS:
-            raise SpecError(f"unknown scheduling setting {key!r}; expected one of "
-                            f"{', '.join(_TOP_KEYS)}")
+            raise SpecError(
+                f"unknown scheduling setting {key!r}; expected one of {', '.join(_TOP_KEYS)}"
+            )
         out[name] = value
     return out
 
@@ -204,8 +227,10 @@ def _queue(name: str, spec: Mapping[str, Any], idle_default: float | None) -> Qu
     spec = {str(k).replace("_", "-"): v for k, v in spec.items()}
     for key in spec:
         if key not in _QUEUE_KEYS:
-            raise SpecError(f"unknown setting {key!r} of queue {name!r}; expected one of "
-                            f"{', '.join(_QUEUE_KEYS)}")
+            raise SpecError(
+                f"unknown setting {key!r} of queue {name!r}; expected one of "
+                f"{', '.join(_QUEUE_KEYS)}"
+            )
     guaranteed = spec.get("guaranteed", 0)
     if guaranteed != REST:
         guaranteed = _count(guaranteed, f"queues.{name}.guaranteed", minimum=0, also="or 'rest'")
@@ -214,10 +239,15 @@ def _queue(name: str, spec: Mapping[str, Any], idle_default: float | None) -> Qu
         raise SpecError(f"queues.{name}.cohort must be a name, got {cohort!r}")
     idle = spec.get("idle-timeout")  # None: the cluster-wide default; False: never
     idle = idle_default if idle is None else _timeout(idle, f"queues.{name}.idle-timeout")
-    return QueueConfig(name=name, guaranteed=guaranteed, cohort=cohort, idle_timeout=idle,
-                       borrowing_limit=_count(spec.get("borrowing-limit"),
-                                              f"queues.{name}.borrowing-limit", minimum=0,
-                                              optional=True))
+    return QueueConfig(
+        name=name,
+        guaranteed=guaranteed,
+        cohort=cohort,
+        idle_timeout=idle,
+        borrowing_limit=_count(
+            spec.get("borrowing-limit"), f"queues.{name}.borrowing-limit", minimum=0, optional=True
+        ),
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -229,8 +259,9 @@ def _count(value: Any, key: str, *, minimum: int, optional: bool = False, also: 
         return None
     if not _is_int(value) or value < minimum:
         none = " or null" if optional else ""
-        raise SpecError(f"{key} must be an int of at least {minimum}{none}{also and ' ' + also}, "
-                        f"got {value!r}")
+        raise SpecError(
+            f"{key} must be an int of at least {minimum}{none}{also and ' ' + also}, got {value!r}"
+        )
     return int(value)
 
 

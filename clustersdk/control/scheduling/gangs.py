@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 from collections import Counter
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from .model import Slot
 
@@ -51,10 +51,10 @@ class _Host:
     __slots__ = ("slots", "keys", "uuids", "usable")
 
     def __init__(self) -> None:
-        self.slots: list[Slot] = []                 # in rank order
-        self.keys: list[tuple[int, str]] = []       # (index, worker), for bisect
+        self.slots: list[Slot] = []  # in rank order
+        self.keys: list[tuple[int, str]] = []  # (index, worker), for bisect
         self.uuids: Counter[str] = Counter()
-        self.usable = 0                             # distinct devices
+        self.usable = 0  # distinct devices
 
     def distinct(self, n: int) -> list[Slot]:
         seen: set[str] = set()
@@ -84,9 +84,9 @@ class FreeSlots:
 
     def __init__(self, slots: Iterable[Slot] = ()) -> None:
         self._hosts: dict[str, _Host] = {}
-        self._buckets: dict[int, set[str]] = {}   # distinct free devices -> hosts
+        self._buckets: dict[int, set[str]] = {}  # distinct free devices -> hosts
         self._workers: dict[str, Slot] = {}
-        self.usable = 0                           # distinct devices over all hosts
+        self.usable = 0  # distinct devices over all hosts
         for slot in slots:
             self.add(slot)
 

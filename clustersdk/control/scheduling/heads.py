@@ -9,11 +9,12 @@ an estimate, the head holds every slot as it frees up.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from . import reasons
-from .slot_holds import GiveUp
 from .model import Holding, Request, Slot
+from .slot_holds import GiveUp
 
 if TYPE_CHECKING:
     from .planner import Pass
@@ -34,9 +35,15 @@ def blocked(p: Pass, req: Request, n: int) -> None:
         text = reasons.head(n, None, [])
     else:
         start_by, gang, ending = found
-        hold = p.hold(req, n, [s for s in gang if s in p.free],
-                      frozenset(s.worker for s in gang if s not in p.free), False, start_by,
-                      "head")
+        hold = p.hold(
+            req,
+            n,
+            [s for s in gang if s in p.free],
+            frozenset(s.worker for s in gang if s not in p.free),
+            False,
+            start_by,
+            "head",
+        )
         text = reasons.head(n, start_by, ending)
     p.heads[req.queue] = hold
     p.wait(req, "head", text, hold.start_by)

@@ -8,7 +8,7 @@ and go, and copied (or only read) by each pass.
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+from collections.abc import Iterable
 
 from .config import PolicyConfig
 from .model import ACTIVE, Holding

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from ...errors import SpecError
 from .config import PolicyConfig
 
 HoldStatus = Literal["running", "paused", "suspending", "stopping"]
 HOLD_STATUSES = ("running", "paused", "suspending", "stopping")
-ACTIVE = ("running", "paused")      # may become a victim; the others are already leaving
+ACTIVE = ("running", "paused")  # may become a victim; the others are already leaving
 How = Literal["suspend", "stop"]
-Key = tuple[int, int, str]          # Request.key: (-priority, seq, id), queue order
+Key = tuple[int, int, str]  # Request.key: (-priority, seq, id), queue order
 
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
     """One GPU (or one CPU slot) owned by one Dask worker."""
 
-    worker: str          # the worker's address
+    worker: str  # the worker's address
     host: str
-    kind: str            # "cuda" or "cpu"
-    index: int           # device index on the host (-1 for a CPU slot)
-    uuid: str = ""       # the physical GPU's UUID; two slots with one UUID share a GPU
+    kind: str  # "cuda" or "cpu"
+    index: int  # device index on the host (-1 for a CPU slot)
+    uuid: str = ""  # the physical GPU's UUID; two slots with one UUID share a GPU
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,31 +10,49 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from . import reasons
 from .backlog import Backlog
 from .config import PolicyConfig
 from .gangs import FreeSlots, rank_order
-from .model import (ACTIVE, Decision, Holding, How, Key, Preempt, Request, Reservation, Slot,
-                    Start, Wait)
 from .heads import blocked
-from .slot_holds import GiveUp, Hold
 from .ledger import Ledger
+from .model import (
+    ACTIVE,
+    Decision,
+    Holding,
+    How,
+    Key,
+    Preempt,
+    Request,
+    Reservation,
+    Slot,
+    Start,
+    Wait,
+)
 from .preemption import preempt_for
 from .quota import Block
+from .slot_holds import GiveUp, Hold
 from .waits import Waits
 
 
 class Pass:
     """Decide, once, for every queued job of ``backlog``, in order."""
 
-    def __init__(self, config: PolicyConfig, inventory: Mapping[str, Slot], backlog: Backlog,
-                 holdings: Mapping[str, Holding], now: float,
-                 intern: dict[Wait, Wait] | None = None,
-                 free: Iterable[Slot] | None = None, ledger: Ledger | None = None,
-                 claims: Mapping[str, Iterable[str]] | None = None,
-                 idle_at: float = -math.inf) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        inventory: Mapping[str, Slot],
+        backlog: Backlog,
+        holdings: Mapping[str, Holding],
+        now: float,
+        intern: dict[Wait, Wait] | None = None,
+        free: Iterable[Slot] | None = None,
+        ledger: Ledger | None = None,
+        claims: Mapping[str, Iterable[str]] | None = None,
+        idle_at: float = -math.inf,
+    ) -> None:
         """``free`` and ``ledger``, when the caller keeps them, save counting the holdings;
         ``claims`` (job -> workers) are the freed slots of victims a waiting job is owed;
         ``idle_at``: no job can pass an idle timeout before then (a bound kept by the
@@ -55,35 +73,35 @@ class Pass:
         self.free = FreeSlots(free)
         self.decision = Decision()
         self.waiting: dict[str, Wait] = {}
-        self.skipped: list[list[Request]] = []     # tails of queues nothing could change
+        self.skipped: list[list[Request]] = []  # tails of queues nothing could change
         self.holds: list[Hold] = []
-        self.open_holds: list[Hold] = []           # holds that still have free slots
-        self.held_by: dict[str, Hold] = {}         # worker of a held free slot -> its hold
-        self.heads: dict[str, Hold] = {}           # queue -> the hold of its first blocked job
-        self.incoming = self._incoming()           # waiting job -> victims leaving for it
+        self.open_holds: list[Hold] = []  # holds that still have free slots
+        self.held_by: dict[str, Hold] = {}  # worker of a held free slot -> its hold
+        self.heads: dict[str, Hold] = {}  # queue -> the hold of its first blocked job
+        self.incoming = self._incoming()  # waiting job -> victims leaving for it
         self.promised = {h.id for hs in self.incoming.values() for h in hs}  # slots go to a job
-        self.claims: dict[str, Hold] = {}          # waiting job -> the freed slots it is owed
+        self.claims: dict[str, Hold] = {}  # waiting job -> the freed slots it is owed
         for job, workers in (claims or {}).items():
             self._claim(job, workers)
-        self._awaited: dict[str, int] = {}         # queue -> its jobs that victims left for
+        self._awaited: dict[str, int] = {}  # queue -> its jobs that victims left for
         for job in set(self.incoming) | set(self.claims):
             queue = backlog.by_id[job].queue
             self._awaited[queue] = self._awaited.get(queue, 0) + 1
-        self.reclaimed: list[Holding] = []         # asked to leave for idleness, this pass
-        self.idle_until = idle_at                  # the next idle timeout, at the earliest
+        self.reclaimed: list[Holding] = []  # asked to leave for idleness, this pass
+        self.idle_until = idle_at  # the next idle timeout, at the earliest
         self.failed: set[tuple[object, ...]] = set()  # preemption searches that found nothing
         # Jobs that wait alike, in a state nothing changed since, wait alike again: the
         # wait of a job that only waits is kept per kind of job, with the versions of the
         # parts of the state it read (slots and holds, victims, its queue's and owner's use).
         self.slots_version = 0
-        self.changes = 0                    # bumps with every change a later job may see
+        self.changes = 0  # bumps with every change a later job may see
         self._memo: dict[tuple[object, ...], tuple[tuple[int, int, int, int], Wait]] = {}
         self._behind: dict[int, Wait] = {}
         self._cohorts = len({q.cohort for q in config.queues.values()})
         # (round, key) of the last job that changed it
         self.last_change: tuple[int, Key] | tuple[()] = ()
         self.stopped_at: dict[str, Key] = {}  # queue -> key of the borrower ending round one
-        self.fast = False                   # placing one arrival: give up rather than search
+        self.fast = False  # placing one arrival: give up rather than search
 
     def _incoming(self) -> dict[str, list[Holding]]:
         """Victims leaving for a waiting job: they count against limits until they are
@@ -111,7 +129,9 @@ class Pass:
     def finish(self) -> Decision:
         """The decision, with the reservations and waits as they stand now."""
         self.decision.reservations = [
-            Reservation(h.req.id, tuple(rank_order(h.free.values())), h.start_by) for h in self.holds]
+            Reservation(h.req.id, tuple(rank_order(h.free.values())), h.start_by)
+            for h in self.holds
+        ]
         self.decision.waiting = Waits(self.waiting, self.skipped, self._resolve)
         return self.decision
 
@@ -157,23 +177,29 @@ class Pass:
         at_limit = self.usage.queue[queue] + self.backlog.smallest(queue) > self.usage.limit(queue)
         if (head is None and not at_limit) or self._awaited.get(queue):
             return False  # without a head, its first job short of slots would become one
-        room = self.free.usable + sum(len(h.free) for h in self.claims.values()
-                                      if h.req.priority < req.priority)
+        room = self.free.usable + sum(
+            len(h.free) for h in self.claims.values() if h.req.priority < req.priority
+        )
         shortest = self.backlog.shortest_limit(queue)
         if shortest is not None:
-            room += sum(len(h.free) for h in self.open_holds
-                        if h.start_by is not None and self.now + shortest <= h.start_by)
+            room += sum(
+                len(h.free)
+                for h in self.open_holds
+                if h.start_by is not None and self.now + shortest <= h.start_by
+            )
         if room >= self.backlog.smallest(queue) and not at_limit:
             return False
         return (head is not None and head.every_busy) or not self.victims.may_move(
-            queue, req.priority, self.backlog.owners[queue], self.usage)
+            queue, req.priority, self.backlog.owners[queue], self.usage
+        )
 
     def _resolve(self, req: Request) -> Wait:
         """The wait of a job the pass skipped: a limit holds it, or it is behind its head."""
         n = req.world_size
         if req.smallest > len(self.inventory):
-            return self._make("limit", reasons.limit(
-                f"the cluster has {len(self.inventory)} slots now", n))
+            return self._make(
+                "limit", reasons.limit(f"the cluster has {len(self.inventory)} slots now", n)
+            )
         blk = self.usage.block(req, n, self.free.usable)
         if blk is not None:
             return self._make("limit", reasons.limit(blk.text, n))
@@ -192,10 +218,16 @@ class Pass:
 
     def _overdue(self) -> None:
         for h in self.leaving:
-            if (h.status == "suspending" and h.interrupted_at is not None
-                    and self.now - h.interrupted_at > self.grace):
-                self.decision.preempt.append(Preempt(h.id, "stop", h.preempted_for,
-                                                     reasons.overdue(h, self.grace), overdue=True))
+            if (
+                h.status == "suspending"
+                and h.interrupted_at is not None
+                and self.now - h.interrupted_at > self.grace
+            ):
+                self.decision.preempt.append(
+                    Preempt(
+                        h.id, "stop", h.preempted_for, reasons.overdue(h, self.grace), overdue=True
+                    )
+                )
 
     def _reclaim_idle(self) -> None:
         if self.now < self.idle_until:
@@ -228,22 +260,41 @@ class Pass:
             self._place(req)
             return self._unclaim(req)
         limit = req.time_limit
-        fits = -1 if limit is None else sum(  # which held slots it may backfill: a nested set
-            1 for h in self.open_holds
-            if h.free and h.start_by is not None and self.now + limit <= h.start_by)
+        fits = (
+            -1
+            if limit is None
+            else sum(  # which held slots it may backfill: a nested set
+                1
+                for h in self.open_holds
+                if h.free and h.start_by is not None and self.now + limit <= h.start_by
+            )
+        )
         # the owner matters only at its cap, or with jobs of its own it may preempt
         cap, owner = self.config.per_user_cap, req.owner
-        mine = ((cap is not None and self.usage.owner[owner] + req.world_size > cap)
-                or self.victims.below(owner, req.priority))
+        mine = (
+            cap is not None and self.usage.owner[owner] + req.world_size > cap
+        ) or self.victims.below(owner, req.priority)
         # what it reads of its queue's and owner's use is the limit it meets (more use only
         # makes a wait longer; less use, or a borrower less, bumps usage.version)
         usage = self.usage
         blk = usage.block(req, req.world_size, self.free.usable)
-        key = (req.queue, owner if mine else None, req.priority, req.world_size,
-               req.min_world_size, req.preemptible, fits, blk and blk.text,
-               usage.within_guarantee(req, req.world_size))
-        state = (self.slots_version, self.victims.version, usage.version,
-                 usage.idle_version if self._cohorts > 1 else -1)
+        key = (
+            req.queue,
+            owner if mine else None,
+            req.priority,
+            req.world_size,
+            req.min_world_size,
+            req.preemptible,
+            fits,
+            blk and blk.text,
+            usage.within_guarantee(req, req.world_size),
+        )
+        state = (
+            self.slots_version,
+            self.victims.version,
+            usage.version,
+            usage.idle_version if self._cohorts > 1 else -1,
+        )
         seen = self._memo.get(key)
         if seen is not None and seen[0] == state:
             self.waiting[req.id] = seen[1]
@@ -258,8 +309,9 @@ class Pass:
         inc = self.incoming.pop(req.id, [])
         if req.smallest > len(self.inventory):
             self._recount(inc)
-            return self.wait(req, "limit", reasons.limit(
-                f"the cluster has {len(self.inventory)} slots now", n))
+            return self.wait(
+                req, "limit", reasons.limit(f"the cluster has {len(self.inventory)} slots now", n)
+            )
         extra = self.pool(req, n, starting=True)
         blk = self.usage.block(req, n, self.free.usable + len(extra))
         if blk is None:
@@ -284,8 +336,9 @@ class Pass:
         self.open_holds = [h for h in self.open_holds if h.free]
         out: list[Slot] = []
         for h in self.open_holds:
-            if self.may_use(req, n, h) or (starting and h.kind == "claim"
-                                           and h.req.priority < req.priority):
+            if self.may_use(req, n, h) or (
+                starting and h.kind == "claim" and h.req.priority < req.priority
+            ):
                 out.extend(h.free.values())
         return out
 
@@ -329,14 +382,23 @@ class Pass:
                     return True
         return False
 
-    def hold(self, req: Request, n: int, free: list[Slot], future: frozenset[str],
-              every_busy: bool, start_by: float | None, kind: str) -> Hold:
+    def hold(
+        self,
+        req: Request,
+        n: int,
+        free: list[Slot],
+        future: frozenset[str],
+        every_busy: bool,
+        start_by: float | None,
+        kind: str,
+    ) -> Hold:
         if free or kind == "head":  # a head is news for its queue even without free slots
             self._take(free)
         self.changes += 1
         guaranteed = self.usage.within_guarantee(req, n)
-        hold = Hold(req, n, {s.worker: s for s in free}, future, every_busy, start_by, kind,
-                    guaranteed)
+        hold = Hold(
+            req, n, {s.worker: s for s in free}, future, every_busy, start_by, kind, guaranteed
+        )
         self.held_by.update((s.worker, hold) for s in free)
         self.holds.append(hold)
         if free:
@@ -344,12 +406,23 @@ class Pass:
         self.usage.add(req, n, promise=True)
         return hold
 
-    def wait(self, req: Request, kind: str, text: str, estimated_start: float | None = None,
-              blocked_by: str | None = None) -> None:
+    def wait(
+        self,
+        req: Request,
+        kind: str,
+        text: str,
+        estimated_start: float | None = None,
+        blocked_by: str | None = None,
+    ) -> None:
         self.waiting[req.id] = self._make(kind, text, estimated_start, blocked_by)
 
-    def _make(self, kind: str, text: str, estimated_start: float | None = None,
-              blocked_by: str | None = None) -> Wait:
+    def _make(
+        self,
+        kind: str,
+        text: str,
+        estimated_start: float | None = None,
+        blocked_by: str | None = None,
+    ) -> Wait:
         wait = Wait(kind, text, estimated_start, blocked_by)
         return self.intern.setdefault(wait, wait)
 
@@ -361,8 +434,9 @@ class Pass:
         if req is None or not slots:
             return
         self.free.take(slots)
-        hold = Hold(req, len(slots), {s.worker: s for s in slots}, frozenset(), False, None,
-                    "claim")
+        hold = Hold(
+            req, len(slots), {s.worker: s for s in slots}, frozenset(), False, None, "claim"
+        )
         self.held_by.update((s.worker, hold) for s in slots)
         self.open_holds.append(hold)
         self.claims[job] = hold

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Mapping
+from collections.abc import Mapping
 
 from .config import PolicyConfig
 from .model import Request
@@ -24,7 +24,7 @@ from .model import Request
 class Block:
     """A limit that keeps a job from starting now; ``text`` says which and by how much."""
 
-    kind: str     # unknown-queue | queue-limit | user-cap | no-borrow | lending
+    kind: str  # unknown-queue | queue-limit | user-cap | no-borrow | lending
     text: str
 
 
@@ -40,8 +40,8 @@ class Usage:
         self.total = total
         self.queue: dict[str, int] = defaultdict(int)
         self.owner: dict[str, int] = defaultdict(int)
-        self.held: dict[str, int] = defaultdict(int)   # per queue, without promises
-        self.firm: dict[str, int] = defaultdict(int)   # per queue, of jobs that can't be preempted
+        self.held: dict[str, int] = defaultdict(int)  # per queue, without promises
+        self.firm: dict[str, int] = defaultdict(int)  # per queue, of jobs that can't be preempted
         self._g = {q: config.guaranteed(q, total) for q in config.queues}
         self._limit = {q: config.limit(q, total) for q in config.queues}
         self._cohort = {q: c.cohort for q, c in config.queues.items()}
@@ -52,7 +52,7 @@ class Usage:
         # bumps when a queue starts or stops borrowing, or holds fewer slots: a preemption
         # search that found nothing may find something after that
         self.version = 0
-        self.idle_version = 0   # bumps when an idle guarantee (what lending protects) changes
+        self.idle_version = 0  # bumps when an idle guarantee (what lending protects) changes
 
     def copy(self) -> Usage:
         """An independent copy (a pass changes its own)."""
@@ -105,34 +105,51 @@ class Usage:
     def within_guarantee(self, req: Request, n: int, freed: int = 0) -> bool:
         return self.queue[req.queue] - freed + n <= self.guaranteed(req.queue)
 
-    def block(self, req: Request, n: int, free: int, freed: Mapping[str, int] | None = None,
-              freed_owner: int = 0) -> Block | None:
+    def block(
+        self,
+        req: Request,
+        n: int,
+        free: int,
+        freed: Mapping[str, int] | None = None,
+        freed_owner: int = 0,
+    ) -> Block | None:
         """Why ``req`` may not take ``n`` slots now (None: it may), ``free`` of them being
         free, with the slots of ``freed`` (queue -> slots) victims counted as returned."""
         q, config = req.queue, self.config
         if q not in self._g:
-            return Block("unknown-queue", f"queue {q!r} is not configured any more "
-                                          f"(queues: {', '.join(config.queues)})")
+            return Block(
+                "unknown-queue",
+                f"queue {q!r} is not configured any more (queues: {', '.join(config.queues)})",
+            )
         back = (freed or {}).get(q, 0)
         used, g, limit = self.queue[q] - back, self._g[q], self._limit[q]
         if used + n > limit:
             borrow = config.queues[q].borrowing_limit
-            return Block("queue-limit", f"queue {q!r} is at its limit of {_int(limit)} slots "
-                                        f"({g} guaranteed + {borrow} borrowing)")
+            return Block(
+                "queue-limit",
+                f"queue {q!r} is at its limit of {_int(limit)} slots "
+                f"({g} guaranteed + {borrow} borrowing)",
+            )
         cap = config.per_user_cap
         if cap is not None and self.owner[req.owner] - freed_owner + n > cap:
             return Block("user-cap", f"user {req.owner!r} is at the per-user cap of {cap} slots")
         if not req.preemptible and self.firm[q] + n > g:
-            return Block("no-borrow", f"it cannot be preempted, so it may not borrow: the jobs "
-                                      f"of queue {q!r} that cannot be preempted may hold at most "
-                                      f"its {g} guaranteed slots")
+            return Block(
+                "no-borrow",
+                f"it cannot be preempted, so it may not borrow: the jobs "
+                f"of queue {q!r} that cannot be preempted may hold at most "
+                f"its {g} guaranteed slots",
+            )
         if used + n <= g or not req.preemptible:  # the latter within the guarantee (firm)
             return None
         protected = self.protected_from(q, freed)
         if protected and n <= free < n + protected:
-            return Block("lending", f"free slots are held for the guarantees of queues outside "
-                                    f"cohort {self._cohort[q]!r}, which do not lend to queue "
-                                    f"{q!r}")
+            return Block(
+                "lending",
+                f"free slots are held for the guarantees of queues outside "
+                f"cohort {self._cohort[q]!r}, which do not lend to queue "
+                f"{q!r}",
+            )
         return None
 
 

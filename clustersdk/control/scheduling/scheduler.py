@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ...errors import InvalidTransitionError, JobNotFoundError, SpecError
 from .arrival import arrive, valid_until
@@ -31,25 +32,26 @@ from .planner import Pass
 class Scheduler:
     """Inventory, queue and holdings, kept in the order decisions need them."""
 
-    def __init__(self, config: PolicyConfig | Mapping[str, Any] | None = None,
-                 slots: Iterable[Slot] = ()) -> None:
+    def __init__(
+        self, config: PolicyConfig | Mapping[str, Any] | None = None, slots: Iterable[Slot] = ()
+    ) -> None:
         self.config = config if isinstance(config, PolicyConfig) else PolicyConfig.from_dict(config)
         self.inventory: dict[str, Slot] = {}
-        self._held: dict[str, str] = {}           # worker -> the job holding its slot
-        self._ledger: Ledger | None = None        # counts of the holdings (None: to redo)
+        self._held: dict[str, str] = {}  # worker -> the job holding its slot
+        self._ledger: Ledger | None = None  # counts of the holdings (None: to redo)
         self.claims: dict[str, frozenset[str]] = {}  # waiting job -> freed slots it is owed
-        self._free: set[str] = set()              # workers in the inventory nobody holds
+        self._free: set[str] = set()  # workers in the inventory nobody holds
         self.backlog = Backlog()
         self.holdings: dict[str, Holding] = {}
-        self.waits: Mapping[str, Wait] = {}       # the newest wait of every queued job
-        self._intern: dict[Wait, Wait] = {}       # one object per distinct wait, kept
+        self.waits: Mapping[str, Wait] = {}  # the newest wait of every queued job
+        self._intern: dict[Wait, Wait] = {}  # one object per distinct wait, kept
         # The last pass, while it still stands for the state: its decision had nothing to
         # carry out and only submissions (or progress) came since. See .arrival.
         self._base: Pass | None = None
         self._base_until = 0.0
         self._arrivals: list[Request] = []
-        self._idle_at = -math.inf                 # no idle timeout falls before (a bound)
-        self.answered_by = ""                     # how the last decision was made (for telling)
+        self._idle_at = -math.inf  # no idle timeout falls before (a bound)
+        self.answered_by = ""  # how the last decision was made (for telling)
         self._seq = 0
         for slot in slots:
             self.add_slot(slot)
@@ -69,9 +71,13 @@ class Scheduler:
 
     def state(self) -> ClusterState:
         """A snapshot: what ``decide(state, now)`` would take (and the journal keeps)."""
-        return ClusterState(slots=list(self.inventory.values()), queued=list(self.backlog),
-                            holdings=[dataclasses.replace(h) for h in self.holdings.values()],
-                            config=self.config, claims=dict(self.claims))
+        return ClusterState(
+            slots=list(self.inventory.values()),
+            queued=list(self.backlog),
+            holdings=[dataclasses.replace(h) for h in self.holdings.values()],
+            config=self.config,
+            claims=dict(self.claims),
+        )
 
     @property
     def settled(self) -> bool:
@@ -112,8 +118,10 @@ class Scheduler:
         using = set(self.backlog.streams) | {h.request.queue for h in self.holdings.values()}
         gone = sorted(q for q in using if q not in new.queues)
         if gone:
-            raise SpecError(f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
-                            "them finish (or stop them) before removing the queue")
+            raise SpecError(
+                f"queue(s) {', '.join(repr(q) for q in gone)} still have jobs; let "
+                "them finish (or stop them) before removing the queue"
+            )
         self.config, self._base, self._ledger = new, None, None
         self._idle_at = -math.inf
         return new
@@ -122,8 +130,10 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         """Queue a job (again, after a preemption: with its own ``seq``, so in its place)."""
         if req.id in self.backlog or req.id in self.holdings:
-            raise InvalidTransitionError(f"job {req.id!r} is already "
-                                         f"{'queued' if req.id in self.backlog else 'holding slots'}")
+            raise InvalidTransitionError(
+                f"job {req.id!r} is already "
+                f"{'queued' if req.id in self.backlog else 'holding slots'}"
+            )
         self.backlog.add(req)
         self._arrivals.append(req)
         self._seq = max(self._seq, req.seq)
@@ -136,8 +146,13 @@ class Scheduler:
         self.claims.pop(job, None)
         return self.backlog.remove(job)
 
-    def progress(self, job: str, now: float, step: int | None = None,
-                 steps_since_checkpoint: int | None = None) -> None:
+    def progress(
+        self,
+        job: str,
+        now: float,
+        step: int | None = None,
+        steps_since_checkpoint: int | None = None,
+    ) -> None:
         """Its ranks finished a step (telemetry: the step and the time)."""
         h = self._holding(job)
         h.last_progress = now
@@ -148,8 +163,9 @@ class Scheduler:
         if steps_since_checkpoint is not None:
             h.steps_since_checkpoint = steps_since_checkpoint
 
-    def checkpointed(self, job: str, now: float, step: int | None = None,
-                     state_bytes: int | None = None) -> None:
+    def checkpointed(
+        self, job: str, now: float, step: int | None = None, state_bytes: int | None = None
+    ) -> None:
         """A checkpoint of it was committed."""
         h = self._holding(job)
         h.checkpoint_at, h.steps_since_checkpoint = now, 0
@@ -209,8 +225,9 @@ class Scheduler:
         decision = None
         if self._base is not None and self._base.now <= now < self._base_until:
             if not arrivals:  # nothing happened that a pass would see: the same decision
-                decision = Decision(waiting=self.waits,
-                                    reservations=list(self._base.decision.reservations))
+                decision = Decision(
+                    waiting=self.waits, reservations=list(self._base.decision.reservations)
+                )
                 self.answered_by = "the last pass"
             elif len(arrivals) == 1:
                 decision = arrive(self._base, arrivals[0], now, self._base_until)
@@ -220,8 +237,18 @@ class Scheduler:
             free = [self.inventory[w] for w in self._free]
             if self._ledger is None:
                 self._ledger = Ledger(self.config, len(self.inventory), self.holdings.values())
-            self._base = Pass(self.config, self.inventory, self.backlog, self.holdings, now,
-                              self._intern, free, self._ledger, self.claims, self._idle_at)
+            self._base = Pass(
+                self.config,
+                self.inventory,
+                self.backlog,
+                self.holdings,
+                now,
+                self._intern,
+                free,
+                self._ledger,
+                self.claims,
+                self._idle_at,
+            )
             decision = self._base.run()
             self._idle_at = self._base.idle_until
             self._base_until = valid_until(self._base)
@@ -249,9 +276,11 @@ class Scheduler:
         self.waits = decision.waiting
         if self.claims:  # a claim lasts while its job waits for its victims
             held = {r.job: r for r in decision.reservations}
-            self.claims = {job: frozenset(s.worker for s in held[job].slots)
-                           for job in self.claims if job in held
-                           and getattr(decision.waiting.get(job), "kind", "") == "preempting"}
+            self.claims = {
+                job: frozenset(s.worker for s in held[job].slots)
+                for job in self.claims
+                if job in held and getattr(decision.waiting.get(job), "kind", "") == "preempting"
+            }
 
     def _leave(self, h: Holding) -> None:
         if self._ledger is not None:
@@ -285,5 +314,11 @@ def decide(state: ClusterState, now: float) -> Decision:
     >>> decide(state, now=0.0).start[0].job
     'a'
     """
-    return Pass(state.config, {s.worker: s for s in state.slots}, Backlog(state.queued),
-                {h.id: h for h in state.holdings}, now, claims=state.claims).run()
+    return Pass(
+        state.config,
+        {s.worker: s for s in state.slots},
+        Backlog(state.queued),
+        {h.id: h for h in state.holdings},
+        now,
+        claims=state.claims,
+    ).run()

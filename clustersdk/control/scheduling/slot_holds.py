@@ -22,5 +22,5 @@ class Hold:
     future: frozenset[str]
     every_busy: bool
     start_by: float | None
-    kind: str          # "head", "preempting", or "claim" (freed slots a job is owed)
+    kind: str  # "head", "preempting", or "claim" (freed slots a job is owed)
     guaranteed: bool = False  # its job fits its queue's guarantee (placed in round one)

@@ -9,7 +9,7 @@ job fits, then pruned: a victim whose slots turn out not to be needed is spared.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .config import PolicyConfig
 from .model import ACTIVE, Holding, Request
@@ -43,9 +43,7 @@ def work_at_risk(h: Holding, now: float, config: PolicyConfig) -> float:
     return max(0.0, now - since) * h.size
 
 
-def victim_key(
-    h: Holding, now: float, config: PolicyConfig
-) -> tuple[bool, float, int, float, str]:
+def victim_key(h: Holding, now: float, config: PolicyConfig) -> tuple[bool, float, int, float, str]:
     """Sort key: the first victim loses the least."""
     idle = is_idle(h, now, config.preemption_grace)
     return (not idle, work_at_risk(h, now, config), h.request.priority, -h.started_at, h.id)
@@ -84,10 +82,10 @@ class Victims:
         self.now, self.config = now, config
         self.all = {h.id: h for h in holdings if h.status in ACTIVE and h.request.preemptible}
         self.taken: set[str] = set()
-        self.version = 0                                # bumps when a candidate leaves
+        self.version = 0  # bumps when a candidate leaves
         self._sorted: list[Holding] | None = None
         self._below_cache: tuple[tuple[int, int], set[str]] | None = None  # key, owners
-        self.by_queue: dict[str, dict[int, int]] = {}   # queue -> priority -> slots
+        self.by_queue: dict[str, dict[int, int]] = {}  # queue -> priority -> slots
         self.by_owner: dict[str, dict[int, int]] = {}
         for h in self.all.values():
             self._count(h, +1)
@@ -128,10 +126,10 @@ class Victims:
         """Whether ``owner`` has candidates of a lower priority than ``priority``."""
         return any(n for p, n in self.by_owner.get(owner, {}).items() if p < priority)
 
-    def may_move(self, queue: str, priority: int, owners: Mapping[str, int],
-                 usage: Usage) -> bool:
+    def may_move(self, queue: str, priority: int, owners: Mapping[str, int], usage: Usage) -> bool:
         """Whether some job of ``queue`` at ``priority`` or lower, owned by one of
         ``owners``, might find a victim (a cheap over-estimate of :func:`may_preempt`)."""
+
         def below(row: Mapping[int, int]) -> bool:
             return any(n for p, n in row.items() if p < priority)
 
@@ -143,21 +141,30 @@ class Victims:
             small, big = (lower, owners) if len(lower) < len(owners) else (owners, lower)
             if any(o in big for o in small):
                 return True
-        return any((within and any(row.values())) or below(row)
-                   for q, row in self.by_queue.items() if q != queue and usage.borrowing(q))
+        return any(
+            (within and any(row.values())) or below(row)
+            for q, row in self.by_queue.items()
+            if q != queue and usage.borrowing(q)
+        )
 
     def _owners_below(self, priority: int) -> set[str]:
         key = (priority, self.version)
         if self._below_cache is None or self._below_cache[0] != key:
-            self._below_cache = (key, {
-                o for o, row in self.by_owner.items()
-                if any(n for p, n in row.items() if p < priority)})
+            self._below_cache = (
+                key,
+                {
+                    o
+                    for o, row in self.by_owner.items()
+                    if any(n for p, n in row.items() if p < priority)
+                },
+            )
         return self._below_cache[1]
 
     def bound(self, req: Request, n: int, usage: Usage, limit: str | None = None) -> int:
         """At most this many slots could be freed for ``req`` by the rules of
         :func:`may_preempt` (``limit``: the kind of quota block victims must lift)."""
         p = req.priority
+
         def below(row: Mapping[int, int]) -> int:
             return sum(v for q, v in row.items() if q < p)
 
@@ -168,29 +175,35 @@ class Victims:
             return sum(self.by_owner.get(req.owner, {}).values())
         if limit in ("queue-limit", "no-borrow"):
             return same + mine
-        lent = sum(sum(row.values()) if within else below(row)
-                   for q, row in self.by_queue.items()
-                   if q != req.queue and usage.borrowing(q))
+        lent = sum(
+            sum(row.values()) if within else below(row)
+            for q, row in self.by_queue.items()
+            if q != req.queue and usage.borrowing(q)
+        )
         return same + mine + lent
 
     def ordered(self, req: Request, n: int, usage: Usage) -> list[Holding]:
         """Candidates for ``req``, least work lost first; a queue reclaiming its
         guarantee takes from borrowing queues before its own lower priorities."""
         if self._sorted is None:
-            self._sorted = sorted(self.all.values(),
-                                  key=lambda h: victim_key(h, self.now, self.config))
+            self._sorted = sorted(
+                self.all.values(), key=lambda h: victim_key(h, self.now, self.config)
+            )
         order = [v for v in self._sorted if v.id not in self.taken]
         if not usage.within_guarantee(req, n):
             return order
-        first = [v for v in order if v.request.queue != req.queue
-                 and usage.borrowing(v.request.queue)]
+        first = [
+            v for v in order if v.request.queue != req.queue and usage.borrowing(v.request.queue)
+        ]
         chosen = {v.id for v in first}
         return first + [v for v in order if v.id not in chosen]
 
 
-def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool],
-           fits: Callable[[list[Holding], Mapping[str, int]], object]
-           ) -> tuple[list[Holding] | None, bool]:
+def choose(
+    candidates: Iterable[Holding],
+    eligible: Callable[[Holding, Mapping[str, int]], bool],
+    fits: Callable[[list[Holding], Mapping[str, int]], object],
+) -> tuple[list[Holding] | None, bool]:
     """The victims, taken in order while ``eligible`` until ``fits`` (truthy), then pruned,
     or None when even all eligible candidates would not make room; and whether any
     candidate was eligible at all."""
@@ -213,8 +226,9 @@ def choose(candidates: Iterable[Holding], eligible: Callable[[Holding, Mapping[s
     return chosen, True
 
 
-def _still_eligible(victims: list[Holding],
-                    eligible: Callable[[Holding, Mapping[str, int]], bool]) -> dict[str, int] | None:
+def _still_eligible(
+    victims: list[Holding], eligible: Callable[[Holding, Mapping[str, int]], bool]
+) -> dict[str, int] | None:
     """The slots freed per queue by ``victims``, or None if one of them is no longer
     eligible once the others before it are gone (e.g. its queue stopped borrowing)."""
     freed: dict[str, int] = {}

@@ -8,7 +8,7 @@ costs what looking at them would have).
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from .model import Request, Wait
 
@@ -20,10 +20,14 @@ class Waits(Mapping[str, Wait]):
     a change cheaply.
     """
 
-    def __init__(self, seen: dict[str, Wait], skipped: Sequence[Sequence[Request]],
-                 resolve: Callable[[Request], Wait]) -> None:
+    def __init__(
+        self,
+        seen: dict[str, Wait],
+        skipped: Sequence[Sequence[Request]],
+        resolve: Callable[[Request], Wait],
+    ) -> None:
         self._seen = seen
-        self._skipped = skipped           # tails of queues, copied when the pass ended
+        self._skipped = skipped  # tails of queues, copied when the pass ended
         self._resolve = resolve
         self._index: dict[str, Request] | None = None
         self._resolved: dict[str, Wait] = {}

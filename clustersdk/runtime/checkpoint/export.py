@@ -20,9 +20,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 
-def full_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *,
-                    rank: int, world_size: int, pipeline: bool, sends: bool = True
-                    ) -> dict[str, Any] | None:
+def full_state_dict(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    rank: int,
+    world_size: int,
+    pipeline: bool,
+    sends: bool = True,
+) -> dict[str, Any] | None:
     """``{"model": ..., "optim": ...}`` on rank 0, None on the others (all must call it).
 
     ``sends``: under a pipeline, whether this rank sends its stage to rank 0 (one rank

@@ -14,7 +14,8 @@ import copy
 import errno
 import logging
 import threading
-from typing import Any, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -37,9 +38,20 @@ class Saver:
     group: an async save's collectives run in a background thread).
     """
 
-    def __init__(self, root: str, *, keep: int, group: Any, report: Callable[..., None],
-                 rank: int, world_size: int, job: str, device: torch.device,
-                 pipeline: bool = False, attempt: int = 0):
+    def __init__(
+        self,
+        root: str,
+        *,
+        keep: int,
+        group: Any,
+        report: Callable[..., None],
+        rank: int,
+        world_size: int,
+        job: str,
+        device: torch.device,
+        pipeline: bool = False,
+        attempt: int = 0,
+    ):
         self.root, self.keep, self.group, self.report = root, keep, group, report
         self.rank, self.world_size, self.job = rank, world_size, job
         self.device, self.pipeline, self.attempt = device, pipeline, attempt
@@ -60,8 +72,9 @@ class Saver:
         self.wait()
         if self.last_step == step:
             if self.rank == 0:
-                self.report(RankEvent.CHECKPOINT, step=step, path=files.step_dir(self.root, step),
-                            seq=seq)
+                self.report(
+                    RankEvent.CHECKPOINT, step=step, path=files.step_dir(self.root, step), seq=seq
+                )
             return
         self._saves += 1
         # The rows this rank logged before this step reach the journal before the
@@ -82,8 +95,9 @@ class Saver:
                 dcp.save(state, storage_writer=place.writer(tmp), process_group=self.group)
             except BaseException as e:  # CheckpointException is a BaseException
                 self._failed(place, step, tmp, e, seq)
-                raise CheckpointError(f"checkpoint at step {step} failed: {self._reason(e)}; "
-                                      "the previous one is kept") from None
+                raise CheckpointError(
+                    f"checkpoint at step {step} failed: {self._reason(e)}; the previous one is kept"
+                ) from None
             self._done(place, step, tmp, seq)
             return
         done = threading.Event()
@@ -95,8 +109,12 @@ class Saver:
             gated = False
         if self._stager is None:
             self._stager = stager_for(self.device)
-        response = dcp.async_save(state, storage_writer=place.writer(tmp),
-                                  process_group=self.group, async_stager=self._stager)
+        response = dcp.async_save(
+            state,
+            storage_writer=place.writer(tmp),
+            process_group=self.group,
+            async_stager=self._stager,
+        )
         self._gate.hold(response.staging_completion)
         if not gated:  # nothing tells us before the tensors change: copy them now
             self._gate.wait()
@@ -148,8 +166,9 @@ class Saver:
                 place.discard(tmp)
             except Exception:  # noqa: BLE001 - a leftover: the next start removes it
                 logger.warning("clustersdk: could not remove %s", tmp, exc_info=True)
-            self.report(RankEvent.CHECKPOINT_FAILED, step=step, message=self._reason(error),
-                        seq=seq)
+            self.report(
+                RankEvent.CHECKPOINT_FAILED, step=step, message=self._reason(error), seq=seq
+            )
 
     def _reason(self, error: BaseException) -> str:
         """One line: the root cause, found inside DCP's CheckpointException if need be."""
@@ -159,10 +178,13 @@ class Saver:
             causes = [pair[0] for pair in failures.values()]
         free, needed = files.free_bytes(self.root), self._nbytes  # None: an object store
         # torch's own writers hide ENOSPC behind messages like "unexpected pos"
-        if free is not None and (free < needed or any(
-                isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes)):
-            return (f"no space left on the device ({free / 1024:.0f} KiB free, a checkpoint "
-                    f"needs about {needed / 1024:.0f} KiB)")
+        if free is not None and (
+            free < needed or any(isinstance(c, OSError) and c.errno == errno.ENOSPC for c in causes)
+        ):
+            return (
+                f"no space left on the device ({free / 1024:.0f} KiB free, a checkpoint "
+                f"needs about {needed / 1024:.0f} KiB)"
+            )
         cause = causes[0]
         lines = str(cause).strip().splitlines()
         return f"{type(cause).__name__}: {lines[-1][:300] if lines else ''}"
@@ -175,10 +197,14 @@ class Saver:
         parts = Parts.of(stateful, skip=tuple(skip))
         place = storage(path)
         meta = place.reader(path).read_metadata().state_dict_metadata
-        state = parts.state(with_optim=bool(parts.optimizers)
-                            and any(k.startswith("optim.") for k in meta))
-        check_matches(path, shapes(state, pipeline=self.pipeline, world_size=self.world_size,
-                                   group=self.group), meta)
+        state = parts.state(
+            with_optim=bool(parts.optimizers) and any(k.startswith("optim.") for k in meta)
+        )
+        check_matches(
+            path,
+            shapes(state, pipeline=self.pipeline, world_size=self.world_size, group=self.group),
+            meta,
+        )
         source = str(self.rank % manifest["world_size"])  # another world size: borrow
         state["ranks"] = {source: b""}
         dcp.load(state, storage_reader=place.reader(path), process_group=self.group)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
@@ -35,11 +36,17 @@ class CpuStager(AsyncStager):
     _synchronize_after_execute = False
 
     def __init__(self) -> None:
-        self._copy = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                  use_async_staging=False,
-                                                  use_non_blocking_copy=False))
+        self._copy = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=False,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=False,
+            )
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="clustersdk-staging", initializer=background)
+            max_workers=1, thread_name_prefix="clustersdk-staging", initializer=background
+        )
 
     def stage(self, state_dict: dict[str, Any]) -> concurrent.futures.Future:
         return self._pool.submit(self._copy.stage, state_dict)
@@ -52,8 +59,14 @@ class CpuStager(AsyncStager):
 def stager_for(device: torch.device) -> AsyncStager:
     """On CUDA, pinned buffers (kept between saves) and a side stream; else :class:`CpuStager`."""
     if device.type == "cuda":
-        return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                            use_async_staging=True, use_non_blocking_copy=True))
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=True,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=True,
+            )
+        )
     return CpuStager()
 
 
@@ -64,8 +77,9 @@ class Gate:
         self._staging: concurrent.futures.Future | None = None
         self._hooked: set[int] = set()  # ids of the modules and optimizers hooked
 
-    def close_over(self, model: torch.nn.Module | None,
-                   optimizers: Iterable[torch.optim.Optimizer]) -> bool:
+    def close_over(
+        self, model: torch.nn.Module | None, optimizers: Iterable[torch.optim.Optimizer]
+    ) -> bool:
         """Hook ``optimizers`` (and ``model`` if it has buffers) once; False when there is
         no optimizer to hook: the parameters may then change anywhere."""
         hooked: list[Any] = list(optimizers)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 import random
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -42,8 +43,11 @@ class Parts(NamedTuple):
     def of(cls, stateful: Mapping[str, Any], skip: tuple[str, ...] | frozenset = ()) -> Parts:
         """``stateful`` (``ctx.stateful``), leaving out the names in ``skip``."""
         optimizers = [o for o in stateful.values() if isinstance(o, torch.optim.Optimizer)]
-        others = {k: o for k, o in stateful.items() if k != "model" and k not in skip
-                  and not isinstance(o, torch.optim.Optimizer)}
+        others = {
+            k: o
+            for k, o in stateful.items()
+            if k != "model" and k not in skip and not isinstance(o, torch.optim.Optimizer)
+        }
         return cls(stateful.get("model"), optimizers, others)
 
     def state(self, with_optim: bool | None = None) -> dict[str, Any]:
@@ -55,8 +59,9 @@ class Parts(NamedTuple):
             with_optim = bool(self.optimizers) and all(o.state for o in self.optimizers)
         if self.model is not None:
             if with_optim:
-                state["model"], state["optim"] = get_state_dict(self.model, self.optimizers,
-                                                                options=KEYED)
+                state["model"], state["optim"] = get_state_dict(
+                    self.model, self.optimizers, options=KEYED
+                )
             else:
                 state["model"] = get_model_state_dict(self.model)
         return state
@@ -64,8 +69,13 @@ class Parts(NamedTuple):
     def load(self, state: dict[str, Any]) -> None:
         """Give the loaded ``state`` (made by :meth:`state`) back to the objects."""
         if "optim" in state:
-            set_state_dict(self.model, self.optimizers, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"], options=KEYED)
+            set_state_dict(
+                self.model,
+                self.optimizers,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=KEYED,
+            )
         elif self.model is not None:
             set_model_state_dict(self.model, state["model"])
         for key, obj in self.others.items():
@@ -83,8 +93,11 @@ class Parts(NamedTuple):
 # --- each rank's random number generators ---------------------------------------------
 def rng_state(step: int) -> bytes:
     """This rank's RNG states (and the step), packed for the checkpoint."""
-    state: dict[str, Any] = {"step": step, "python": random.getstate(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "step": step,
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+    }
     try:
         import numpy as np
 
@@ -111,12 +124,16 @@ def restore_rng(packed: bytes) -> None:
 
 
 # --- does a checkpoint fit the job ---------------------------------------------------------
-def shapes(state: dict[str, Any], *, pipeline: bool, world_size: int,
-           group: Any = None) -> dict[str, tuple[int, ...] | None]:
+def shapes(
+    state: dict[str, Any], *, pipeline: bool, world_size: int, group: Any = None
+) -> dict[str, tuple[int, ...] | None]:
     """Key -> shape of what the job holds; a pipeline's stages pool theirs (each
     holds some of the model, the checkpoint all of it): a collective then."""
-    ours = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None
-            for k, v in flat(state).items() if k.startswith(("model.", "optim.state."))}
+    ours = {
+        k: tuple(v.shape) if isinstance(v, torch.Tensor) else None
+        for k, v in flat(state).items()
+        if k.startswith(("model.", "optim.state."))
+    }
     if pipeline and world_size > 1:
         everyone: list[Any] = [None] * world_size
         dist.all_gather_object(everyone, ours, group=group)
@@ -124,8 +141,7 @@ def shapes(state: dict[str, Any], *, pipeline: bool, world_size: int,
     return ours
 
 
-def check_matches(path: str, ours: dict[str, tuple[int, ...] | None],
-                  meta: dict[str, Any]) -> None:
+def check_matches(path: str, ours: dict[str, tuple[int, ...] | None], meta: dict[str, Any]) -> None:
     """Name the keys that the checkpoint lacks, has extra, or holds in another shape."""
     theirs = {k: v for k, v in meta.items() if k.startswith(("model.", "optim.state."))}
     missing = sorted(set(ours) - set(theirs))
@@ -144,8 +160,9 @@ def check_matches(path: str, ours: dict[str, tuple[int, ...] | None],
             parts.append(f"not in the model: {', '.join(unexpected)}")
         if mismatched:
             parts.append(f"shape mismatch: {'; '.join(mismatched)}")
-        raise CheckpointError(f"checkpoint {path} does not match this job's model — "
-                              + " | ".join(parts))
+        raise CheckpointError(
+            f"checkpoint {path} does not match this job's model — " + " | ".join(parts)
+        )
 
 
 def flat(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -19,7 +19,8 @@ import functools
 import logging
 import shutil
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed.checkpoint as dcp
 
@@ -125,8 +126,10 @@ def quiet_disk_full() -> None:
             full = isinstance(error, OSError) and error.errno == errno.ENOSPC
             error = error.__cause__ or error.__context__
         if full and args.thread is not None and args.thread.name.endswith(_WRITER_THREAD):
-            logger.debug("clustersdk: a DCP writer thread hit a full disk", exc_info=(
-                args.exc_type, args.exc_value, args.exc_traceback))
+            logger.debug(
+                "clustersdk: a DCP writer thread hit a full disk",
+                exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+            )
             return
         previous(args)
 
@@ -140,8 +143,9 @@ def object_writer() -> type:
     try:  # torch 2.13 names it privately; importing it needs fsspec
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
     except ImportError as e:
-        raise CheckpointError(f"checkpoints under a URL need fsspec ({e}): "
-                                    f"{remote.INSTALL_HINT}") from None
+        raise CheckpointError(
+            f"checkpoints under a URL need fsspec ({e}): {remote.INSTALL_HINT}"
+        ) from None
 
     class ObjectWriter(LowPriorityUploads, FsspecWriter):
         """DCP's fsspec writer; an async save's upload thread at a lower CPU priority."""

@@ -21,7 +21,8 @@ model-dependent checks, at launch when ``model=`` is given there, else in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,8 +34,15 @@ if TYPE_CHECKING:
 WrapPolicy = type | tuple[type, ...] | Callable[[torch.nn.Module], bool] | None
 
 
-def wrap(strategy: str, model: torch.nn.Module, ctx: TrainContext, *, plan: Any = None,
-         policy: WrapPolicy = None, stage: bool = False) -> torch.nn.Module:
+def wrap(
+    strategy: str,
+    model: torch.nn.Module,
+    ctx: TrainContext,
+    *,
+    plan: Any = None,
+    policy: WrapPolicy = None,
+    stage: bool = False,
+) -> torch.nn.Module:
     """``model`` wrapped for ``strategy`` (for ``pp``: this rank's stage, see ``ctx.prepare``)."""
     if strategy == "pp":
         from . import pipeline
@@ -68,8 +76,9 @@ def wrap(strategy: str, model: torch.nn.Module, ctx: TrainContext, *, plan: Any 
     return model  # "none": the user wires parallelism themselves
 
 
-def check(layout: Layout, model: torch.nn.Module, *, plan: Any = None,
-          split: list[str] | None = None) -> None:
+def check(
+    layout: Layout, model: torch.nn.Module, *, plan: Any = None, split: list[str] | None = None
+) -> None:
     """Raise :class:`~clustersdk.SpecError` if ``model`` can't be laid out as ``layout``.
 
     Cheap enough for the meta device: it looks at module types and shapes only.

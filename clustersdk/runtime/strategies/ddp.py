@@ -46,8 +46,10 @@ def distributed(model: torch.nn.Module, device: torch.device) -> DistributedData
     # reducer calls DDP's own Join hook makes for a rank that ran out of data.)
     ddp.reducer._push_all_rebuilt_params()
     if not ddp.reducer._rebuild_buckets():
-        raise ClusterSDKError(f"DDP of torch {torch.__version__} did not take the fixed bucket "
-                              "layout, so resumed runs would not be exact: please report it")
+        raise ClusterSDKError(
+            f"DDP of torch {torch.__version__} did not take the fixed bucket "
+            "layout, so resumed runs would not be exact: please report it"
+        )
     return ddp
 
 

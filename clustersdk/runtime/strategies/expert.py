@@ -34,12 +34,15 @@ if TYPE_CHECKING:
 def check(model: nn.Module, size: int) -> None:
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
     if not layers:
-        raise SpecError(f"strategy='ep' shards the experts of clustersdk.models.MoE layers, and "
-                        f"{type(model).__name__} has none (e.g. TransformerConfig(n_experts=4))")
+        raise SpecError(
+            f"strategy='ep' shards the experts of clustersdk.models.MoE layers, and "
+            f"{type(model).__name__} has none (e.g. TransformerConfig(n_experts=4))"
+        )
     for name, layer in layers:
         if layer.n_experts % size:
-            raise SpecError(f"{name} has {layer.n_experts} experts, which do not divide over "
-                            f"ep={size} ranks")
+            raise SpecError(
+                f"{name} has {layer.n_experts} experts, which do not divide over ep={size} ranks"
+            )
 
 
 def wrap(model: nn.Module, ctx: TrainContext) -> nn.Module:
@@ -52,8 +55,9 @@ def wrap(model: nn.Module, ctx: TrainContext) -> nn.Module:
     for name, layer in model.named_modules():
         if isinstance(layer, MoE):
             for weight in ("w1", "w2"):
-                param = nn.Parameter(distribute_tensor(getattr(layer, weight).detach(), mesh,
-                                                       [Shard(0)]))
+                param = nn.Parameter(
+                    distribute_tensor(getattr(layer, weight).detach(), mesh, [Shard(0)])
+                )
                 param.register_hook(lambda grad: grad / size)
                 setattr(layer, weight, param)
                 sharded.append(f"{name}.{weight}")
@@ -94,8 +98,13 @@ class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` with uneven splits; its backward is the reverse exchange."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int],  # noqa: ANN001
-                group: Any) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],  # noqa: ANN001
+        group: Any,
+    ) -> torch.Tensor:
         ctx.splits, ctx.group = (out_splits, in_splits), group
         out = x.new_empty((sum(out_splits), *x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)

@@ -26,8 +26,14 @@ if TYPE_CHECKING:
     from . import WrapPolicy
 
 
-def wrap(model: nn.Module, ctx: TrainContext, *, policy: WrapPolicy = None,
-         mesh: Any = None, reshard_after_forward: bool | None = None) -> nn.Module:
+def wrap(
+    model: nn.Module,
+    ctx: TrainContext,
+    *,
+    policy: WrapPolicy = None,
+    mesh: Any = None,
+    reshard_after_forward: bool | None = None,
+) -> nn.Module:
     """Shard ``model`` over ``mesh`` (default: the job's); ``reshard_after_forward``
     overrides the job's option (default True)."""
     mesh = mesh if mesh is not None else ctx.mesh
@@ -37,8 +43,11 @@ def wrap(model: nn.Module, ctx: TrainContext, *, policy: WrapPolicy = None,
         "mesh": mesh,
         "reshard_after_forward": reshard_after_forward,
         # pinned memory needs an accelerator; on a CPU rank offloading is a no-op anyway
-        "offload_policy": (CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
-                           if ctx.options.get("cpu_offload") else OffloadPolicy()),
+        "offload_policy": (
+            CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+            if ctx.options.get("cpu_offload")
+            else OffloadPolicy()
+        ),
     }
     for block in blocks(model, policy):
         fully_shard(block, **options)
@@ -50,12 +59,17 @@ def blocks(model: nn.Module, policy: WrapPolicy = None) -> list[nn.Module]:
     """The modules to shard separately, innermost first (``fully_shard`` needs that order)."""
     modules = [m for m in model.modules() if m is not model]
     if policy is None:
-        chosen = [m for parent in modules if isinstance(parent, (nn.ModuleList, nn.ModuleDict))
-                  for m in parent.children()]
+        chosen = [
+            m
+            for parent in modules
+            if isinstance(parent, (nn.ModuleList, nn.ModuleDict))
+            for m in parent.children()
+        ]
         if not chosen and isinstance(model, nn.Sequential):
             chosen = [m for m in model.children() if any(True for _ in m.parameters())]
-    elif isinstance(policy, type) or (isinstance(policy, tuple) and
-                                      all(isinstance(c, type) for c in policy)):
+    elif isinstance(policy, type) or (
+        isinstance(policy, tuple) and all(isinstance(c, type) for c in policy)
+    ):
         chosen = [m for m in modules if isinstance(m, policy)]
     elif callable(policy):
         chosen = [m for m in modules if policy(m)]
@@ -65,6 +79,3 @@ def blocks(model: nn.Module, policy: WrapPolicy = None) -> list[nn.Module]:
         raise SpecError(f"wrap= must be module classes or a predicate on modules, got {policy!r}")
     order = {id(m): i for i, m in enumerate(modules)}
     return sorted({id(m): m for m in chosen}.values(), key=lambda m: -order[id(m)])
-
-
-

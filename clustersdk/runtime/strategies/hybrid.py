@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from . import WrapPolicy
 
 
-def wrap(model: nn.Module, ctx: TrainContext, *, plan: Any = None,
-         policy: WrapPolicy = None) -> nn.Module:
+def wrap(
+    model: nn.Module, ctx: TrainContext, *, plan: Any = None, policy: WrapPolicy = None
+) -> nn.Module:
     mesh = ctx.mesh
     model = tensor.wrap(model, ctx, plan=plan, mesh=mesh["tp"])
     return fsdp.wrap(model, ctx, policy=policy, mesh=mesh["dp"])

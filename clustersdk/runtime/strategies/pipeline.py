@@ -25,7 +25,8 @@ history holds one loss per step.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -75,19 +76,24 @@ def stage_names(model: nn.Module, stages: int, split: list[str] | None = None) -
         if unknown:
             raise SpecError(f"split point(s) {unknown} are not in {what}'s pipeline chain {names}")
         if len(split) + 1 != stages:
-            raise SpecError(f"split={list(split)} makes {len(split) + 1} stages, but the pipeline "
-                            f"has pp={stages} ranks")
+            raise SpecError(
+                f"split={list(split)} makes {len(split) + 1} stages, but the pipeline "
+                f"has pp={stages} ranks"
+            )
         cuts = [names.index(s) for s in split]
         if cuts != sorted(set(cuts)) or cuts[0] == 0:
-            raise SpecError(f"split={list(split)} must name distinct points in chain order, after "
-                            f"{names[0]!r}")
+            raise SpecError(
+                f"split={list(split)} must name distinct points in chain order, after {names[0]!r}"
+            )
         bounds = [0, *cuts, len(names)]
     else:
         first, end = _blocks(names)
         layers = end - first
         if stages > layers:
-            raise SpecError(f"a pipeline of pp={stages} stages needs at least {stages} layers, but "
-                            f"{what} has {layers}")
+            raise SpecError(
+                f"a pipeline of pp={stages} stages needs at least {stages} layers, but "
+                f"{what} has {layers}"
+            )
         counts = [layers // stages + (i < layers % stages) for i in range(stages)]
         bounds, cut = [0], first
         for count in counts[:-1]:
@@ -108,11 +114,16 @@ def _blocks(names: list[str]) -> tuple[int, int]:
 
 
 def _check_covered(model: nn.Module, names: list[str]) -> None:
-    stray = [key for key in model.state_dict()
-             if not any(key == n or key.startswith(n + ".") for n in names)]
+    stray = [
+        key
+        for key in model.state_dict()
+        if not any(key == n or key.startswith(n + ".") for n in names)
+    ]
     if stray:
-        raise SpecError(f"{type(model).__name__}'s pipeline chain leaves out {stray[:5]}: every "
-                        "parameter must belong to a module of the chain")
+        raise SpecError(
+            f"{type(model).__name__}'s pipeline chain leaves out {stray[:5]}: every "
+            "parameter must belong to a module of the chain"
+        )
 
 
 class Stage(nn.Module):
@@ -143,11 +154,14 @@ class Stage(nn.Module):
 class Pipeline:
     """This rank's stage under a schedule; :meth:`step` runs one batch through it."""
 
-    def __init__(self, stage: nn.Module, ctx: TrainContext,
-                 loss_fn: Callable[[Any, Any], torch.Tensor]):
+    def __init__(
+        self, stage: nn.Module, ctx: TrainContext, loss_fn: Callable[[Any, Any], torch.Tensor]
+    ):
         if loss_fn is None:
-            raise SpecError("strategy='pp' computes the loss inside the pipeline: pass "
-                            "ctx.prepare(model, loss_fn=...) (e.g. clustersdk.models.lm_loss)")
+            raise SpecError(
+                "strategy='pp' computes the loss inside the pipeline: pass "
+                "ctx.prepare(model, loss_fn=...) (e.g. clustersdk.models.lm_loss)"
+            )
         stages = ctx.layout.size("pp")
         self.microbatches = ctx.options.get("microbatches") or stages
         self.loss_fn = loss_fn
@@ -204,13 +218,21 @@ class Pipeline:
         for inputs, target in chunks:
             size = len(target) if isinstance(target, torch.Tensor) else None
             if size is not None and size % self.microbatches:
-                raise SpecError(f"microbatches={self.microbatches} must divide the batch of {size} "
-                                "samples each pipeline step gets")
-            args = (inputs if isinstance(inputs, tuple) else (inputs,)) if self.stage.is_first else ()
+                raise SpecError(
+                    f"microbatches={self.microbatches} must divide the batch of {size} "
+                    "samples each pipeline step gets"
+                )
+            args = (
+                (inputs if isinstance(inputs, tuple) else (inputs,)) if self.stage.is_first else ()
+            )
             self._computed, mine = [], []
             with precision.autocast():
-                self.schedule.step(*args, target=target if self.stage.is_last else None,
-                                   losses=mine if self.stage.is_last else None, return_outputs=False)
+                self.schedule.step(
+                    *args,
+                    target=target if self.stage.is_last else None,
+                    losses=mine if self.stage.is_last else None,
+                    return_outputs=False,
+                )
             # the schedule also calls the loss function to infer shapes, on made-up data:
             # keep the losses of the micro-batches it reports
             real = {id(t) for t in mine}

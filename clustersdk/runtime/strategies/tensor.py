@@ -46,8 +46,10 @@ def plan_for(model: nn.Module, plan: Any, size: int) -> dict[str, Any]:
             "cluster.launch or ctx.prepare"
         )
     if not isinstance(plan, dict):
-        raise SpecError(f"a tensor-parallel plan must be a dict of module name -> style, got "
-                        f"{type(plan).__name__}")
+        raise SpecError(
+            f"a tensor-parallel plan must be a dict of module name -> style, got "
+            f"{type(plan).__name__}"
+        )
     for key, value in plan.items():
         style(value, key)
     return plan
@@ -57,8 +59,7 @@ def restrict(plan: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """The entries of ``plan`` that name some module of ``model`` (a pipeline stage holds
     only some of the layers the whole model's plan names)."""
     names = [name for name, _ in model.named_modules()]
-    return {key: value for key, value in plan.items()
-            if any(_matches(name, key) for name in names)}
+    return {key: value for key, value in plan.items() if any(_matches(name, key) for name in names)}
 
 
 def style(value: Any, key: str = "") -> ParallelStyle:
@@ -80,8 +81,10 @@ def check(model: nn.Module, plan: dict[str, Any], size: int) -> None:
         for name in matched:
             dim = _split_dim(modules[name], kind)
             if dim is not None and dim % size:
-                raise SpecError(f"{name} ({kind}) splits a dimension of {dim}, which does not "
-                                f"divide over tp={size} ranks")
+                raise SpecError(
+                    f"{name} ({kind}) splits a dimension of {dim}, which does not "
+                    f"divide over tp={size} ranks"
+                )
 
 
 def _matches(name: str, pattern: str) -> bool:

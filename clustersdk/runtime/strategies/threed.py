@@ -36,8 +36,14 @@ if TYPE_CHECKING:
     from . import WrapPolicy
 
 
-def wrap(model: nn.Module, ctx: TrainContext, *, plan: Any = None, policy: WrapPolicy = None,
-         stage: bool = False) -> nn.Module:
+def wrap(
+    model: nn.Module,
+    ctx: TrainContext,
+    *,
+    plan: Any = None,
+    policy: WrapPolicy = None,
+    stage: bool = False,
+) -> nn.Module:
     """This rank's stage of ``model`` (or ``model`` itself with ``stage=True``), tensor
     parallel over its ``tp`` group and sharded over its ``dp`` group."""
     layout, mesh = ctx.layout, ctx.mesh
@@ -53,5 +59,10 @@ def wrap(model: nn.Module, ctx: TrainContext, *, plan: Any = None, policy: WrapP
         if mine:  # a stage of embeddings alone has nothing to split
             model = tensor.wrap(model, ctx, plan=mine, mesh=mesh["tp"])
     explicit = ctx.spec.reshard_after_forward
-    return fsdp.wrap(model, ctx, policy=policy, mesh=mesh["dp"],
-                     reshard_after_forward=bool(explicit) if explicit is not None else False)
+    return fsdp.wrap(
+        model,
+        ctx,
+        policy=policy,
+        mesh=mesh["dp"],
+        reshard_after_forward=bool(explicit) if explicit is not None else False,
+    )
