@@ -1,4 +1,4 @@
-"""The control plane at 256 simulated ranks (benchmarks/scale.py, issue 26): no metric row
+"""The control plane at 256 simulated ranks (benchmarks/scale.py): no metric row
 lost or doubled, and a pause reaches every rank within one step."""
 
 from __future__ import annotations
