@@ -13,23 +13,27 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_benchmark(
+    script: str | Path, *args: object, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python benchmarks/<script> *args`` (or the script at that path) in a process of its
+    own, its output captured; the caller judges the exit code."""
+    path = script if isinstance(script, Path) else ROOT / "benchmarks" / script
+    return subprocess.run(
+        [sys.executable, str(path), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
 @pytest.mark.slow
 def test_launch_benchmark_smoke(tmp_path):
     out = tmp_path / "launch.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "launch.py"),
-            "--repeats",
-            "1",
-            "--steps",
-            "20",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = run_benchmark(
+        "launch.py", "--repeats", "1", "--steps", "20", "--json", str(out), timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "clustersdk (warm)" in proc.stdout and "torchrun" in proc.stdout
@@ -40,21 +44,16 @@ def test_launch_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_security_benchmark_smoke(tmp_path):
     out = tmp_path / "security.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "security.py"),
-            "--starts",
-            "1",
-            "--repeats",
-            "1",
-            "--steps",
-            "20",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_benchmark(
+        "security.py",
+        "--starts",
+        "1",
+        "--repeats",
+        "1",
+        "--steps",
+        "20",
+        "--json",
+        str(out),
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -68,23 +67,17 @@ def test_security_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_scripts_benchmark_smoke(tmp_path):
     out = tmp_path / "scripts.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "scripts.py"),
-            "--repeats",
-            "1",
-            "--steps",
-            "10",
-            "--calls",
-            "500",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_benchmark(
+        "scripts.py",
+        "--repeats",
+        "1",
+        "--steps",
+        "10",
+        "--calls",
+        "500",
+        "--json",
+        str(out),
         timeout=300,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -95,20 +88,8 @@ def test_scripts_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_checkpoint_benchmark_smoke(tmp_path):
     out = tmp_path / "checkpoint.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "checkpoint.py"),
-            "--repeats",
-            "1",
-            "--model-mb",
-            "4",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_benchmark(
+        "checkpoint.py", "--repeats", "1", "--model-mb", "4", "--json", str(out), timeout=60
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "pause latency" in proc.stdout and "resume to first step" in proc.stdout
@@ -127,21 +108,8 @@ def test_object_storage_benchmark_smoke(tmp_path):
     pytest.importorskip("moto.server")
     out = tmp_path / "object.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # its own server
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "object_storage.py"),
-            "--repeats",
-            "1",
-            "--mb",
-            "4",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+    proc = run_benchmark(
+        "object_storage.py", "--repeats", "1", "--mb", "4", "--json", str(out), timeout=120, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ratio save/upload" in proc.stdout
@@ -152,22 +120,17 @@ def test_object_storage_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_parallel_benchmark_smoke(tmp_path):
     out = tmp_path / "parallel.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "parallel.py"),
-            "--repeats",
-            "1",
-            "--steps",
-            "12",
-            "--two-ranks-only",
-            "--pair",
-            "round",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_benchmark(
+        "parallel.py",
+        "--repeats",
+        "1",
+        "--steps",
+        "12",
+        "--two-ranks-only",
+        "--pair",
+        "round",
+        "--json",
+        str(out),
         timeout=180,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -193,12 +156,7 @@ def test_parallel_benchmark_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_data_benchmark_smoke():
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "data.py"), "--repeats", "1", "--rows", "20000"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_benchmark("data.py", "--repeats", "1", "--rows", "20000", timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "prefetch=2 / prefetch=0" in proc.stdout and "prefetch=2 / datasets" in proc.stdout
 
@@ -206,25 +164,20 @@ def test_data_benchmark_smoke():
 @pytest.mark.slow
 def test_scheduler_benchmark_smoke(tmp_path):
     out = tmp_path / "scheduler.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "scheduler.py"),
-            "--repeats",
-            "1",
-            "--events",
-            "5",
-            "--queued",
-            "300",
-            "--nodes",
-            "30",
-            "--preemption",
-            "1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_benchmark(
+        "scheduler.py",
+        "--repeats",
+        "1",
+        "--events",
+        "5",
+        "--queued",
+        "300",
+        "--nodes",
+        "30",
+        "--preemption",
+        "1",
+        "--json",
+        str(out),
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -239,27 +192,22 @@ def test_scheduler_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_chaos_benchmark_smoke(tmp_path):
     out = tmp_path / "chaos.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "chaos.py"),
-            "--steps",
-            "40",
-            "--kills",
-            "1",
-            "--stops",
-            "1",
-            "--raises",
-            "1",
-            "--fills",
-            "1",
-            "--stop-seconds",
-            "1",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = run_benchmark(
+        "chaos.py",
+        "--steps",
+        "40",
+        "--kills",
+        "1",
+        "--stops",
+        "1",
+        "--raises",
+        "1",
+        "--fills",
+        "1",
+        "--stop-seconds",
+        "1",
+        "--json",
+        str(out),
         timeout=300,  # ~40 s; slack for a loaded machine
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -278,20 +226,9 @@ def test_chaos_benchmark_smoke(tmp_path):
 @pytest.mark.slow
 def test_live_overhead_benchmark_smoke(tmp_path):
     out = tmp_path / "live.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "live_overhead.py"),
-            "--repeats",
-            "1",
-            "--steps",
-            "60",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,  # ~40 s; slack for a loaded machine
+    # ~40 s; the timeout is slack for a loaded machine
+    proc = run_benchmark(
+        "live_overhead.py", "--repeats", "1", "--steps", "60", "--json", str(out), timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps/s without the live hooks" in proc.stdout and "run paused" in proc.stdout
@@ -313,12 +250,7 @@ def test_gpu_check_without_cuda_exits_at_once_naming_what_is_missing(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the check would run")
-    proc = subprocess.run(
-        [sys.executable, str(GPU_CHECK), "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_benchmark(GPU_CHECK, "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert last.startswith("gpu_check: no CUDA device") and "--rehearse" in last
@@ -326,19 +258,8 @@ def test_gpu_check_without_cuda_exits_at_once_naming_what_is_missing(tmp_path):
 
 
 def test_gpu_check_refuses_an_unknown_section_naming_the_known_ones(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(GPU_CHECK),
-            "--rehearse",
-            "--only",
-            "nccl,gpus",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_benchmark(
+        GPU_CHECK, "--rehearse", "--only", "nccl,gpus", "--out", str(tmp_path), timeout=120
     )
     assert proc.returncode == 2
     assert "unknown section(s) gpus" in proc.stderr and "duplicate_gpu" in proc.stderr
@@ -384,12 +305,7 @@ def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
     """The whole script on this machine's CPU, stand-ins for the GPU: every section runs,
     the JSON holds them all, marked as a rehearsal (100-200 s on a loaded 2-core VM: three
     local clusters come up, and pytest in a process of its own)."""
-    proc = subprocess.run(
-        [sys.executable, str(GPU_CHECK), "--rehearse", "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_benchmark(GPU_CHECK, "--rehearse", "--quick", "--out", str(tmp_path), timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "REHEARSAL: no GPU figures" in proc.stdout.strip().splitlines()[-1]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
