@@ -173,8 +173,10 @@ def test_a_host_that_dies_while_starting_stops_everything_already_started(bed):
     thread = threading.Thread(target=start)
     thread.start()
     # once the victim's Nanny has spawned its worker process, every host is starting workers
+    # (multiprocessing's child runs spawn_main; the launcher's own command line names
+    # Dask's pre-spawn-environ, so plain "spawn" would match the launcher at once)
     spawned = wait_for(
-        lambda: [p for p in started_on(bed, victim) if "spawn" in cmdline(p)],
+        lambda: [p for p in started_on(bed, victim) if "spawn_main" in cmdline(p)],
         timeout=90,
         interval=0.02,
     )
