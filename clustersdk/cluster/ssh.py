@@ -210,12 +210,12 @@ class _Plan:
 
     def command(self, mode: str, **flags: Any) -> str:
         """The remote command line: the workers' environment, then the launcher."""
-        from .local import http_routes, nanny_environ
+        from .local import http_routes, worker_config
         from .remote import command
         from .sshconn import quote_env
 
         config = {
-            **nanny_environ(),
+            **worker_config(),
             **http_routes(self.tls),
             "clustersdk.rendezvous-ports": network.format_ports(self.ports) if self.ports else None,
         }

@@ -509,7 +509,7 @@ class TrainContext:
                     self._save(self._checkpoints_done, blocking=not self._async)
                 if check.due(self.step):
                     self._phase = "control"
-                    if not self._act(check, check.agree(self.step), self.step):
+                    if not self._act(check, check.boundary(self.step), self.step):
                         self.stopped = True
                         return
                 clock.before_data()
@@ -546,7 +546,12 @@ class TrainContext:
             if self._every and self.step % self._every == 0 and self.step != start:
                 self._phase = "checkpoint"
                 self._save(self._checkpoints_done, blocking=not self._async)
+        except BaseException as e:
+            if not isinstance(e, (GeneratorExit, JobSuspended)):
+                check.abandon()  # failing: a peer may be gone, and its check with it
+            raise
         finally:
+            check.settle()  # an overlapped check every rank started: complete it
             self._phase = "done"
             clock.abandon()
             profiler.finish()  # stopped, suspended or out of data: what it has, if any

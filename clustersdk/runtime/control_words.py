@@ -54,14 +54,24 @@ class Control:
 class ControlCheck:
     """When and how the ranks agree on the control vector.
 
-    The all-reduce is synchronous (a request is acted on at the next check)
-    and spaced so that checks come about every ``CHECK_INTERVAL`` seconds:
-    every step when steps are slow, every N steps when they are fast, where a
-    collective per step would cost several percent of throughput. N follows
-    the slowest rank's step time, carried in the same all-reduce, so every
-    rank computes the same next check step. ``every_step``: a check at every
-    step (``on_nan`` other than "report": a rank that sees a non-finite loss
-    raises a word that every rank must act on at the very next boundary).
+    Checks are spaced so that they come about every ``CHECK_INTERVAL``
+    seconds: every step when steps are slow, every N steps when they are
+    fast, where a collective per step would cost several percent of
+    throughput. N follows the slowest rank's step time, carried in the same
+    all-reduce, so every rank computes the same next check step.
+
+    :meth:`agree` is synchronous: what any rank knew when it was called is
+    acted on at once (a paused rank waits in it; slow steps check so). The
+    training loop's regular checks go through :meth:`boundary`, which with
+    fast steps overlaps the all-reduce with the steps that follow: a check
+    starts the next all-reduce and returns what the previous check started,
+    so no rank waits on it (a request is acted on one check later, about
+    ``CHECK_INTERVAL`` s). Every rank still acts on the same vector at the
+    same step, and nothing is lost: words only grow (element-wise max), so an
+    older vector is a prefix of a newer one. ``every_step``: a synchronous
+    check at every step (``on_nan`` other than "report": a rank that sees a
+    non-finite loss raises a word that every rank must act on at the very
+    next boundary).
     """
 
     def __init__(
@@ -74,25 +84,57 @@ class ControlCheck:
         self.since = time.perf_counter()
         self.since_step = step
         self.every_step = every_step
+        self.every = 1  # steps between checks, as last agreed (the same on every rank)
+        self._pending: tuple[Any, Any] | None = None  # (work, tensor) of an overlapped check
 
     def due(self, step: int) -> bool:
         return step >= self.next_step
 
     def agree(self, step: int) -> list[int]:
-        now = time.perf_counter()
-        elapsed_us = int(1e6 * (now - self.since) / max(step - self.since_step, 1))
-        words = self.control.words()
-        if self.world_size > 1:
-            import torch
-            import torch.distributed as dist
+        """The vector every rank acts on at this check, agreed now."""
+        self.settle()
+        if self.world_size == 1:
+            return self._agreed(step, self.control.words(), self._elapsed_us(step))
+        work, msg = self._start(step)
+        work.wait()
+        *words, step_us = msg.tolist()
+        return self._agreed(step, words, step_us)
 
-            msg = torch.tensor([*words, elapsed_us], dtype=torch.int64)
-            dist.all_reduce(msg, op=dist.ReduceOp.MAX, group=self.group)
-            *words, step_us = msg.tolist()
-        else:
-            step_us = elapsed_us
+    def boundary(self, step: int) -> list[int]:
+        """The loop's regular check: overlapped when steps are fast (see the class)."""
+        if self.every_step or self.every <= 1 or self.world_size == 1:
+            return self.agree(step)
+        previous = self._pending or self._start(step)  # the first: this check's own
+        self._pending = self._start(step)  # what the next check acts on
+        previous[0].wait()
+        *words, step_us = previous[1].tolist()
+        return self._agreed(step, words, step_us)
+
+    def settle(self) -> None:
+        """Wait for an overlapped all-reduce still on its way (every rank started it at
+        the same check, so it completes); before the group is used otherwise or left."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[0].wait()
+
+    def abandon(self) -> None:
+        """Leave an overlapped all-reduce unwaited (the rank is failing: a peer may be gone)."""
+        self._pending = None
+
+    def _elapsed_us(self, step: int) -> int:
+        return int(1e6 * (time.perf_counter() - self.since) / max(step - self.since_step, 1))
+
+    def _start(self, step: int) -> tuple[Any, Any]:
+        import torch
+        import torch.distributed as dist
+
+        msg = torch.tensor([*self.control.words(), self._elapsed_us(step)], dtype=torch.int64)
+        work = dist.all_reduce(msg, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return work, msg
+
+    def _agreed(self, step: int, words: list[int], step_us: int) -> list[int]:
         every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
-        every = 1 if self.every_step else every
-        self.next_step = step + (1 if step == self.since_step else every)
+        self.every = 1 if self.every_step else every
+        self.next_step = step + (1 if step == self.since_step else self.every)
         self.since, self.since_step = time.perf_counter(), step
         return words

@@ -1,0 +1,70 @@
+"""Control words at step boundaries: every rank acts on the same vector at the same step,
+also when the loop's checks overlap their all-reduce with the steps that follow."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from clustersdk.protocol import Word, no_words
+from clustersdk.runtime.control_words import Control, ControlCheck
+
+WORLD = 3
+RAISED_AT = 120  # the step at which one rank learns of the stop
+STEP_S = 0.002  # fast steps: checks come every ~20 steps, overlapped
+
+
+def _rank(rank: int, port: int, raiser: int, synchronous: bool, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        control = Control()
+        check = ControlCheck(control, 0, WORLD, dist.new_group(backend="gloo"))
+        checks, spacing, stopped_at = [], [], None
+        for step in range(2000):
+            if step == RAISED_AT and rank == raiser:
+                stop = no_words()
+                stop[Word.STOP] = 1
+                control.merge(stop)
+            if check.due(step):
+                words = check.agree(step) if synchronous else check.boundary(step)
+                checks.append(step)
+                spacing.append(check.every)
+                if words[Word.STOP]:
+                    stopped_at = step
+                    break
+            time.sleep(STEP_S)
+        check.settle()
+        out[rank] = (stopped_at, max(spacing), checks)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "raiser, synchronous", [(1, False), (2, True)], ids=["overlapped", "synchronous"]
+)
+def test_every_rank_stops_at_the_same_step_soon_after_one_rank_hears(raiser, synchronous):
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank, args=(_free_port(), raiser, synchronous, out), nprocs=WORLD, join=True)
+        results = dict(out)
+    assert len(results) == WORLD
+    stopped, every, checks = results[0]
+    for other in results.values():  # the same checks, and the stop at the same step
+        assert other[0] == stopped and other[2] == checks, results
+    assert every > 1, "steps this fast should be checked every few steps"
+    assert stopped is not None
+    # synchronous: at the first check from the step it was raised; overlapped: one later
+    later = [step for step in checks if step >= RAISED_AT]
+    assert stopped == later[0 if synchronous else 1], (stopped, checks)
