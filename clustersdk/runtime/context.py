@@ -546,12 +546,14 @@ class TrainContext:
             if self._every and self.step % self._every == 0 and self.step != start:
                 self._phase = "checkpoint"
                 self._save(self._checkpoints_done, blocking=not self._async)
-        except BaseException as e:
-            if not isinstance(e, (GeneratorExit, JobSuspended)):
-                check.abandon()  # failing: a peer may be gone, and its check with it
+        except BaseException:
+            # leaving on an exception (a failure, a suspend, the loop closed early): an
+            # overlapped check still on its way completes on its own; waiting for it
+            # here could only hide the exception behind a peer's gone connection
+            check.abandon()
             raise
         finally:
-            check.settle()  # an overlapped check every rank started: complete it
+            check.settle()  # ended or stopped: complete the check every rank started
             self._phase = "done"
             clock.abandon()
             profiler.finish()  # stopped, suspended or out of data: what it has, if any
