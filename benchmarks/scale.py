@@ -32,8 +32,7 @@ of k ranks instead):
 
 The simulated ranks share this machine's cores with the scheduler: they run
 256 to a process (``--procs`` to choose), and the scheduler's CPU is its own
-process's. The load average is printed
-with the figures.
+process's. The load average is printed with the figures.
 
     python benchmarks/scale.py                      # 64, 256, 1024 and 4096 ranks
     python benchmarks/scale.py --ranks 1024 --json  # one size; JSON on the last line

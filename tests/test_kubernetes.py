@@ -8,7 +8,6 @@ probe is sent where the kubelet would send it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from .helpers import free_port
 
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "clustersdk.yaml"
 DASK = os.path.join(os.path.dirname(sys.executable), "dask")
@@ -69,12 +70,6 @@ def probes(c: dict) -> list[tuple[str, str, int]]:
 
 def dashboard_port(c: dict) -> int:
     return int(c["args"][c["args"].index("--dashboard-address") + 1].rsplit(":", 1)[1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answers(url: str, timeout: float = 60) -> int:

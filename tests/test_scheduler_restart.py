@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 import clustersdk as cs
 
 from . import workloads
-from .helpers import step_reached, wait_for
+from .helpers import free_port, step_reached, wait_for
 
 
 class Processes:
@@ -57,12 +56,6 @@ class Processes:
         for proc in reversed(self.procs):
             self.kill(proc, signal.SIGTERM)
         self.log.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

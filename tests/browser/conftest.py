@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ..helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "test-output" / "browser"
@@ -64,12 +65,6 @@ def save_for_docs(png: Path) -> None:
     """Copy a screenshot the test just took into the documentation's pictures."""
     DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(png, DOCS_SCREENSHOTS / png.name)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
@@ -157,7 +152,7 @@ def lab_server(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = tmp_path / "jupyterlab.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

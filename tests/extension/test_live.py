@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from jupyter_clustersdk.handlers import openapi_spec
 from jupyter_clustersdk.models import cluster_id
 from schemathesis import GenerationMode
+
+from ..helpers import free_port
 
 START_TIMEOUT = 90.0
 
@@ -47,12 +48,6 @@ class LiveServer:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 15.0) -> None:

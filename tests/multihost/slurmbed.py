@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from ..helpers import free_port
+
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 MARKER = "CLUSTERSDK_SLURM_BED"
 CPUS, GPUS = 4, 2
@@ -39,12 +41,6 @@ def missing() -> str | None:
     if shutil.which("sbatch") is None:
         return "sbatch is not installed (apt-get install slurm-client)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmBed:
@@ -99,8 +95,8 @@ class SlurmBed:
         lines = [
             "ClusterName=clustersdk",
             f"SlurmctldHost={self.node}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={self.path('munge.socket')}",

@@ -4,7 +4,6 @@ also when the loop's checks overlap their all-reduce with the steps that follow.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
@@ -13,6 +12,8 @@ import torch.multiprocessing as mp
 
 from clustersdk.protocol import Word, no_words
 from clustersdk.runtime.control_words import Control, ControlCheck
+
+from ..helpers import free_port
 
 WORLD = 3
 RAISED_AT = 120  # the step at which one rank learns of the stop
@@ -45,19 +46,13 @@ def _rank(rank: int, port: int, raiser: int, synchronous: bool, out: dict) -> No
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     "raiser, synchronous", [(1, False), (2, True)], ids=["overlapped", "synchronous"]
 )
 def test_every_rank_stops_at_the_same_step_soon_after_one_rank_hears(raiser, synchronous):
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(_free_port(), raiser, synchronous, out), nprocs=WORLD, join=True)
+        mp.spawn(_rank, args=(free_port(), raiser, synchronous, out), nprocs=WORLD, join=True)
         results = dict(out)
     assert len(results) == WORLD
     stopped, every, checks = results[0]
