@@ -86,7 +86,11 @@ def test_a_ddp_script_runs_unmodified_and_ends_as_under_torchrun(idle4, tmp_path
 ENV_PROBE = """
 import json, os, sys
 keys = sys.argv[1].split(",")
-print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+env = json.dumps({k: os.environ.get(k) for k in keys})
+print("ENV " + env, flush=True)
+if len(sys.argv) > 2:  # torchrun's ranks share one stdout pipe: their lines can merge there
+    with open(os.path.join(sys.argv[2], os.environ["RANK"] + ".json"), "w") as f:
+        f.write(env)
 """
 
 TORCHRUN_KEYS = [
@@ -128,11 +132,9 @@ def test_each_rank_has_torchrun_s_environment(idle4, tmp_path):
         working_dir=str(tmp_path),
     )
     assert job.wait(timeout=120) == 0
-    ref = torchrun(str(probe), [keys], 2, tmp_path)
-    theirs = sorted(
-        (json.loads(line[4:]) for line in ref.stdout.splitlines() if line.startswith("ENV ")),
-        key=lambda e: e["RANK"],
-    )
+    (tmp_path / "ref").mkdir()
+    torchrun(str(probe), [keys, str(tmp_path / "ref")], 2, tmp_path)
+    theirs = [json.loads((tmp_path / "ref" / f"{rank}.json").read_text()) for rank in range(2)]
     for rank in range(2):
         ours = json.loads(job.logs(rank).split("ENV ", 1)[1].splitlines()[0])
         assert {k: ours[k] for k in TORCHRUN_KEYS} == {k: theirs[rank][k] for k in TORCHRUN_KEYS}
