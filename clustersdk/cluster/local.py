@@ -180,11 +180,16 @@ def http_routes(tls: bool) -> dict[str, Any]:
 
 # Dask timers that wake a worker's event loop many times a second: each wake-up takes
 # the GIL from the rank thread beside it and a core from the ranks on a busy host. The
-# ranks are not Dask tasks (Dask's profiler samples only tasks), and nothing here needs
-# to hear of a blocked event loop within 20 ms.
+# ranks are not Dask tasks (Dask's profiler samples only tasks, and on a TLS cluster no
+# dashboard shows its profiles or the system monitor's disk figures), and nothing here
+# needs to hear of a blocked event loop within 20 ms. Measured with benchmarks/parallel.py
+# (FSDP on 2 ranks of 2 cores): the profiler and a 0.5 s system monitor cost about 8%.
 QUIET_TIMERS = {
-    "distributed.admin.tick.interval": "200ms",  # Dask's default: 20 ms
-    "distributed.worker.profile.interval": "100ms",  # 10 ms
+    "distributed.admin.tick.interval": "500ms",  # Dask's default: 20 ms
+    "distributed.worker.profile.enabled": False,  # sampled every 10 ms
+    "distributed.worker.profile.interval": "100ms",  # if a user turns it back on
+    "distributed.admin.system-monitor.interval": "2s",  # 0.5 s
+    "distributed.admin.system-monitor.disk": False,  # True
     "distributed.worker.memory.monitor-interval": "250ms",  # 100 ms
 }
 

@@ -24,7 +24,6 @@ import msgpack
 from distributed.core import rpc
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
-from tornado.ioloop import PeriodicCallback
 
 from .. import checkpoint_files, config
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
@@ -42,7 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 AGENT_NAME = "clustersdk-agent"
-FLUSH_MS = 50  # how often the agent looks for metrics to ship; each job sets its own rate
+# The agent ships each rank's metrics when its job's interval is up, waking only then
+# (every wake-up takes the GIL from the ranks): at least this long apart...
+FLUSH_MIN_S = 0.05
+FLUSH_IDLE_S = 0.5  # ...and at most this long (no rank, or only slow rates)
 HEARTBEAT_S = 1.0  # a rank with nothing to ship still says where it is this often (hangs)
 
 
@@ -72,8 +74,8 @@ class Agent(WorkerPlugin):
             worker.handlers[operation.handler] = cluster_only(worker, "worker", handler)
         capture.install()
         _exit_without_finalizers()
-        self._flusher = PeriodicCallback(self.flush, FLUSH_MS)
-        self._flusher.start()
+        self._flush_timer: Any = None
+        self._schedule_flush(FLUSH_IDLE_S)
         slot.update(worker=worker.address, host=_host_of(worker.address))
         self.slot = slot
         ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
@@ -81,7 +83,9 @@ class Agent(WorkerPlugin):
             self.revoke(ready["crl"])
 
     def teardown(self, worker) -> None:
-        self._flusher.stop()
+        if self._flush_timer is not None:
+            self.worker.loop.remove_timeout(self._flush_timer)
+            self._flush_timer = None
         stop = no_words()
         stop[Word.STOP] = 1
         for rank in self.ranks.values():
@@ -129,6 +133,7 @@ class Agent(WorkerPlugin):
             thread.control.merge(early.words())
         self.ranks[job] = thread
         thread.start()
+        self._schedule_flush(FLUSH_MIN_S)  # the flush timer may be sleeping its idle time
 
     def control(self, job: str, words: list[int], attempt: int = 0) -> None:
         """Merge control words into the rank of this ``attempt`` of the job (a restart
@@ -183,10 +188,20 @@ class Agent(WorkerPlugin):
 
     # what ranks report -------------------------------------------------------------
     def flush(self) -> None:
-        """Ship each rank's metrics at its job's rate (skipped while one is on its way)."""
+        """Ship each rank's metrics at its job's rate (skipped while one is on its way),
+        and sleep until the next rank is due."""
+        self._flush_timer = None
+        wait = FLUSH_IDLE_S
         for rank in list(self.ranks.values()):
             if not rank.outbox.locked() and rank.due():
                 self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
+            wait = min(wait, rank.until_due())
+        self._schedule_flush(max(wait, FLUSH_MIN_S))
+
+    def _schedule_flush(self, delay: float) -> None:
+        if self._flush_timer is not None:
+            self.worker.loop.remove_timeout(self._flush_timer)
+        self._flush_timer = self.worker.loop.call_later(delay, self.flush)
 
     async def send(
         self,
@@ -304,6 +319,10 @@ class RankThread(threading.Thread):
             self._last_flush = now
             return True
         return False
+
+    def until_due(self) -> float:
+        """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""
+        return self._last_flush + self.interval() - time.monotonic()
 
     def drain(self, final: bool = False) -> dict[str, Any]:
         ctx = self.ctx

@@ -16,6 +16,7 @@ from typing import Any
 from ..protocol import no_words
 
 CHECK_INTERVAL = 0.04  # seconds between checks in a loop of fast steps
+OVERLAP_STEP = 0.1  # seconds: steps up to this long overlap their checks (see ControlCheck)
 MAX_CHECK_EVERY = 1000
 
 
@@ -63,12 +64,16 @@ class ControlCheck:
     :meth:`agree` is synchronous: what any rank knew when it was called is
     acted on at once (a paused rank waits in it; slow steps check so). The
     training loop's regular checks go through :meth:`boundary`, which with
-    fast steps overlaps the all-reduce with the steps that follow: a check
-    starts the next all-reduce and returns what the previous check started,
-    so no rank waits on it (a request is acted on one check later, about
-    ``CHECK_INTERVAL`` s). Every rank still acts on the same vector at the
-    same step, and nothing is lost: words only grow (element-wise max), so an
-    older vector is a prefix of a newer one. ``every_step``: a synchronous
+    steps of up to ``OVERLAP_STEP`` overlaps the all-reduce with the steps
+    that follow: a check starts the next all-reduce and returns what the
+    previous check started, so no rank waits on it (a request is acted on
+    one check later: after ``CHECK_INTERVAL`` s, or one step of at most
+    ``OVERLAP_STEP`` s). A synchronous check is a barrier: it costs every
+    rank the slowest one's lateness and a round trip at each boundary, which
+    the next training collective would otherwise absorb. Every rank still
+    acts on the same vector at the same step, and nothing is lost: words only
+    grow (element-wise max), so an older vector is a prefix of a newer one.
+    ``every_step``: a synchronous
     check at every step (``on_nan`` other than "report": a rank that sees a
     non-finite loss raises a word that every rank must act on at the very
     next boundary).
@@ -85,6 +90,7 @@ class ControlCheck:
         self.since_step = step
         self.every_step = every_step
         self.every = 1  # steps between checks, as last agreed (the same on every rank)
+        self.overlap = False  # as last agreed: steps are short enough to overlap checks
         self._pending: tuple[Any, Any] | None = None  # (work, tensor) of an overlapped check
 
     def due(self, step: int) -> bool:
@@ -102,7 +108,7 @@ class ControlCheck:
 
     def boundary(self, step: int) -> list[int]:
         """The loop's regular check: overlapped when steps are fast (see the class)."""
-        if self.every_step or self.every <= 1 or self.world_size == 1:
+        if self.every_step or not self.overlap or self.world_size == 1:
             return self.agree(step)
         previous = self._pending or self._start(step)  # the first: this check's own
         self._pending = self._start(step)  # what the next check acts on
@@ -135,6 +141,7 @@ class ControlCheck:
     def _agreed(self, step: int, words: list[int], step_us: int) -> list[int]:
         every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
         self.every = 1 if self.every_step else every
+        self.overlap = every > 1 or step_us <= OVERLAP_STEP * 1e6
         self.next_step = step + (1 if step == self.since_step else self.every)
         self.since, self.since_step = time.perf_counter(), step
         return words

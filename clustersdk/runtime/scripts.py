@@ -217,6 +217,10 @@ class ScriptRank(threading.Thread):
             return True
         return False
 
+    def until_due(self) -> float:
+        """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""
+        return self._last_flush + self.interval() - time.monotonic()
+
     def drain(self, final: bool = False) -> dict[str, Any]:
         rows = [self.rows.popleft() for _ in range(len(self.rows))]
         system = []
