@@ -192,11 +192,13 @@ class Agent(WorkerPlugin):
         and sleep until the next rank is due."""
         self._flush_timer = None
         wait = FLUSH_IDLE_S
-        for rank in list(self.ranks.values()):
-            if not rank.outbox.locked() and rank.due():
-                self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
-            wait = min(wait, rank.until_due())
-        self._schedule_flush(max(wait, FLUSH_MIN_S))
+        try:
+            for rank in list(self.ranks.values()):
+                if not rank.outbox.locked() and rank.due():
+                    self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
+                wait = min(wait, rank.until_due())
+        finally:  # the next round comes, whatever this one met
+            self._schedule_flush(max(wait, FLUSH_MIN_S))
 
     def _schedule_flush(self, delay: float) -> None:
         if self._flush_timer is not None:
