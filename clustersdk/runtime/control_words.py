@@ -73,10 +73,9 @@ class ControlCheck:
     the next training collective would otherwise absorb. Every rank still
     acts on the same vector at the same step, and nothing is lost: words only
     grow (element-wise max), so an older vector is a prefix of a newer one.
-    ``every_step``: a synchronous
-    check at every step (``on_nan`` other than "report": a rank that sees a
-    non-finite loss raises a word that every rank must act on at the very
-    next boundary).
+    ``every_step``: a synchronous check at every step (``on_nan`` other than
+    "report": a rank that sees a non-finite loss raises a word that every rank
+    must act on at the very next boundary).
     """
 
     def __init__(
@@ -141,7 +140,7 @@ class ControlCheck:
     def _agreed(self, step: int, words: list[int], step_us: int) -> list[int]:
         every = min(max(int(CHECK_INTERVAL * 1e6 / max(step_us, 1)), 1), MAX_CHECK_EVERY)
         self.every = 1 if self.every_step else every
-        self.overlap = every > 1 or step_us <= OVERLAP_STEP * 1e6
+        self.overlap = step_us <= OVERLAP_STEP * 1e6  # also whenever every > 1
         self.next_step = step + (1 if step == self.since_step else self.every)
         self.since, self.since_step = time.perf_counter(), step
         return words
