@@ -56,6 +56,11 @@ __all__ = ["Request", "checkpoint_dir", "in_job", "log", "restarts", "resume_fro
 
 ENV_CONTROL = "CLUSTERSDK_CONTROL"
 STEP_REPORT_S = 0.5  # a rank that only calls step() says where it is this often (hangs)
+# A stop or suspend from the job sends its control words down the socket before SIGTERM;
+# a SIGTERM is taken for a plain stop only once this long passed with no word for it (the
+# words may still be on their way to the listening thread: a suspend must not become a
+# stop that saves nothing). A SIGTERM from outside (scancel, kill) waits this long once.
+SIGTERM_WORDS_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +157,7 @@ class _Channel:
         self.changed = threading.Condition()
         self.words = no_words()
         self.sigterm = False
+        self.sigterm_at = 0.0  # when it came (monotonic)
         self.opted = False
         self.check: Any = None  # the ranks' agreement (clustersdk.runtime.control_words)
         self.agreed = no_words()  # the newest words every rank acted on
@@ -232,12 +238,19 @@ class _Channel:
             self.check = ControlCheck(Control(), step, dist.get_world_size(), group)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.sigterm_at = time.monotonic()
         self.sigterm = True  # the control words say what it was for; else: a stop
         with self.changed:
             self.changed.notify_all()
 
     def _local(self) -> list[int]:
+        def leaving() -> bool:
+            return bool(self.words[Word.STOP] or self.words[Word.SUSPEND])
+
         with self.changed:
+            if self.sigterm and not leaving():
+                wait = self.sigterm_at + SIGTERM_WORDS_S - time.monotonic()
+                self.changed.wait_for(leaving, timeout=max(wait, 0.0))
             words = list(self.words)
         if self.sigterm and not (words[Word.STOP] or words[Word.SUSPEND]):
             words[Word.STOP] = 1

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from clustersdk.protocol import Word, no_words
@@ -147,3 +148,41 @@ def test_sigterm_after_opting_in_is_a_stop_at_the_next_boundary(tmp_path):
         rank.close()
     assert proc.returncode == 0, err
     assert out.strip() == "left at 4 False"
+
+
+def test_a_sigterm_ahead_of_its_suspend_words_is_still_a_suspend(tmp_path):
+    """The rank writes the words, then signals; the signal can be handled before the
+    listening thread read them. The boundary waits for them: the script saves and leaves
+    as for a suspend, not a stop that saves nothing."""
+    path = str(tmp_path / "control.sock")
+    rank = FakeRank(path)
+    proc = run_python(
+        """
+        import os, signal, sys
+        from clustersdk import script
+        for step in range(1, 10**6):
+            todo = script.step(step, saves=True)
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+                print("signalled", flush=True)
+                sys.stdin.readline()  # the test sends the words only now
+            if todo.stop:
+                print("left at", step, todo.suspend, todo.checkpoint, flush=True)
+                break
+    """,
+        env={"CLUSTERSDK_CONTROL": path},
+        stdin=subprocess.PIPE,
+    )
+    try:
+        rank.accept()
+        assert proc.stdout.readline() == "signalled\n"
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        time.sleep(0.3)  # the boundary after step 3 is waiting for the words
+        rank.send(SUSPEND=1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        rank.close()
+    assert proc.returncode == 0, err
+    assert out.strip() == "left at 4 True True"
