@@ -368,7 +368,9 @@ class RankThread(threading.Thread):
             pg.set_env(rank, ws, *self.master, env=spec.env)
             store = self.store or pg.join_store(*self.master, ws, spec.timeout)
             self.store = None
-            control_group, checkpoint_group = pg.init(store, rank, ws, device, spec.timeout)
+            control_group, checkpoint_group = pg.init(
+                store, rank, ws, device, spec.timeout, checkpoints=bool(spec.checkpoint_dir)
+            )
             fn, args, kwargs, objects = cloudpickle.loads(self.payload)
             self.live = Live(
                 fetch=self._fetch,

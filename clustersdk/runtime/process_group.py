@@ -13,7 +13,7 @@ import gc
 import os
 import random
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -166,17 +166,33 @@ def child_environ(master_addr: str, env: dict[str, str] | None = None) -> dict[s
     return out
 
 
-def init(store: dist.Store, rank: int, world_size: int, device: torch.device, timeout: float):
-    """Init the default group (NCCL on CUDA, gloo on CPU); return two gloo groups.
+def init(
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    timeout: float,
+    checkpoints: bool = True,
+) -> tuple[Any, Any]:
+    """Init the default group (NCCL on CUDA, gloo on CPU); return the control group and
+    the checkpoint group, both gloo.
 
-    The first carries control words, the second checkpoint planning (DCP's
-    async save runs collectives in a background thread, which must never meet
-    the training collectives on one group). The control group has the job's
-    ``timeout``, as the default group: a peer that waits at a step boundary for
-    a rank that will not come (held under ``on_error="hold"``, or running a long
-    ``job.run`` alone) gives up as it would in a training collective, not after
-    gloo's default of 30 minutes. The checkpoint group keeps that default: a
-    rank may wait there while another writes a large shard.
+    Each gloo group keeps a connection thread that wakes 100 times a second, and two
+    workers: a rank's step feels every one of them on busy cores, so a job has no
+    more than it needs.
+
+    - **control** (the control words, ``job.update``'s agreement, evaluation's
+      reductions; always from the rank's own thread, at the same point of its
+      collectives on every rank): on CPU the default group itself, as torchrun runs the
+      same code; on CUDA a gloo group of its own (the words are CPU tensors). Either has
+      the job's ``timeout``: a peer that waits at a step boundary for a rank that will
+      not come (held under ``on_error="hold"``, or running a long ``job.run`` alone)
+      gives up as it would in a training collective, not after gloo's 30 minutes.
+    - **checkpoint** planning: DCP's async save runs collectives in a background
+      thread, which must never meet the training collectives on one group. It keeps
+      gloo's default timeout: a rank may wait there while another writes a large
+      shard. None for a job that saves no checkpoints (``checkpoints=False``, the same
+      on every rank).
     """
     backend = "nccl" if device.type == "cuda" else "gloo"
     limit = datetime.timedelta(seconds=timeout)
@@ -188,7 +204,11 @@ def init(store: dist.Store, rank: int, world_size: int, device: torch.device, ti
         timeout=limit,
         device_id=device if device.type == "cuda" else None,
     )
-    return dist.new_group(backend="gloo", timeout=limit), dist.new_group(backend="gloo")
+    if backend == "gloo":
+        control = dist.group.WORLD
+    else:
+        control = dist.new_group(backend="gloo", timeout=limit)
+    return control, dist.new_group(backend="gloo") if checkpoints else None
 
 
 def teardown() -> None:
@@ -205,11 +225,37 @@ def teardown() -> None:
         world = getattr(dist.distributed_c10d, "_world", None)
         if world is not None and hasattr(world, "group_count"):
             world.group_count = 0
+    _forget_meshes()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         # The job's cached blocks go back to the device: an idle worker would otherwise
         # keep its last job's memory, which nvidia-smi, the dashboards and every other
         # process on the GPU see as used.
         torch.cuda.empty_cache()
+
+
+def _forget_meshes() -> None:
+    """Empty torch's DTensor caches, which hold on to the job's ``DeviceMesh`` and so to
+    its groups: a destroyed gloo group lives on while referenced, and its thread wakes
+    100 times a second in the next job's steps. (Private torch caches: each is looked
+    up, and one that a torch version lacks is skipped; the next job fills them again.)"""
+    try:
+        from torch.distributed.tensor import DTensor, _collective_utils, _redistribute
+    except ImportError:
+        return
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    caches = [
+        getattr(propagator, "propagate_op_sharding", None),
+        getattr(propagator, "_propagate_tensor_meta_cached", None),
+        getattr(_redistribute, "_gen_transform_infos", None),
+        getattr(getattr(_collective_utils, "MeshTopoInfo", None), "build_from_mesh", None),
+    ]
+    for cache in caches:
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+    clear_planners = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if callable(clear_planners):
+        clear_planners()
+    gc.collect()
 
 
 def device_mesh(device: torch.device, names: tuple[str, ...], shape: tuple[int, ...]) -> DeviceMesh:

@@ -8,6 +8,8 @@ cluster with the two 4-rank cases (FSDP on 4, 2-D FSDP over TP).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -84,6 +86,31 @@ def test_fsdp_over_tp_on_a_2x2_mesh_equals_one_process(idle4):
     out = job.wait(timeout=120)
     assert_matches_reference(job, out, W.reference_lm(16, clip=0.5))
     assert job.spec.mesh == {"dp": 2, "tp": -1}
+
+
+def gloo_threads() -> int:
+    """This process's gloo threads (each group has a connection loop and two workers)."""
+    import glob
+
+    count = 0
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(comm) as f:
+                count += f.read().startswith(("gloo", "pt_gloo"))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
+def test_a_finished_job_leaves_no_group_threads_on_its_workers(idle4):
+    """A destroyed group lives on while torch's DTensor caches hold the job's mesh: its
+    connection loop woke 100 times a second during every later job on the worker."""
+    job = idle4.launch(W.train_lm, world_size=4, strategy="fsdp", mesh={"dp": 2, "tp": 2})
+    job.wait(timeout=120)
+    deadline = time.monotonic() + 20
+    while (left := idle4.client.run(gloo_threads)) and any(left.values()):
+        assert time.monotonic() < deadline, f"gloo threads left on the workers: {left}"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
