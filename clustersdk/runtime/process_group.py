@@ -182,12 +182,13 @@ def init(
     more than it needs.
 
     - **control** (the control words, ``job.update``'s agreement, evaluation's
-      reductions; always from the rank's own thread, at the same point of its
-      collectives on every rank): on CPU the default group itself, as torchrun runs the
-      same code; on CUDA a gloo group of its own (the words are CPU tensors). Either has
-      the job's ``timeout``: a peer that waits at a step boundary for a rank that will
-      not come (held under ``on_error="hold"``, or running a long ``job.run`` alone)
-      gives up as it would in a training collective, not after gloo's 30 minutes.
+      reductions): a group of its own, with the job's ``timeout``, as the default
+      group: a peer that waits at a step boundary for a rank that will not come (held
+      under ``on_error="hold"``, or running a long ``job.run`` alone) gives up as it
+      would in a training collective, not after gloo's 30 minutes, and its error says
+      it timed out. (On the default group, an overlapped check and a training
+      collective that both wait for the same missing rank fail together, and the
+      second says only "pair closure".)
     - **checkpoint** planning: DCP's async save runs collectives in a background
       thread, which must never meet the training collectives on one group. It keeps
       gloo's default timeout: a rank may wait there while another writes a large
@@ -204,10 +205,7 @@ def init(
         timeout=limit,
         device_id=device if device.type == "cuda" else None,
     )
-    if backend == "gloo":
-        control = dist.group.WORLD
-    else:
-        control = dist.new_group(backend="gloo", timeout=limit)
+    control = dist.new_group(backend="gloo", timeout=limit)
     return control, dist.new_group(backend="gloo") if checkpoints else None
 
 
