@@ -252,8 +252,8 @@ class _Channel:
                 wait = self.sigterm_at + SIGTERM_WORDS_S - time.monotonic()
                 self.changed.wait_for(leaving, timeout=max(wait, 0.0))
             words = list(self.words)
-        if self.sigterm and not (words[Word.STOP] or words[Word.SUSPEND]):
-            words[Word.STOP] = 1
+            if self.sigterm and not leaving():
+                words[Word.STOP] = 1
         return words
 
     def _agree(self, step: int) -> list[int] | None:
