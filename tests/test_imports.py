@@ -210,6 +210,7 @@ BASE = (
     "clustersdk.checkpoint_files",
     "clustersdk.options",
     "clustersdk.network",
+    "clustersdk.cpus",
     "clustersdk.version",
     "clustersdk.security",
 )

@@ -147,7 +147,8 @@ class Cluster:
         return self.client.sync(fn, *args, **kwargs)
 
     def slots(self) -> list[dict[str, Any]]:
-        """Every slot (GPU or CPU) in rank order: worker, host, kind, index and its job."""
+        """Every slot (GPU or CPU) in rank order: worker, host, kind, index, uuid, the CPU
+        cores its worker is bound to (``cpus``, a CPU list; "" unbound) and its job."""
         return list(self.sync(self.control.inventory))
 
     # jobs ------------------------------------------------------------------------

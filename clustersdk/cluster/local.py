@@ -24,6 +24,7 @@ def local(
     silence_logs: int | bool = logging.WARNING,
     memory_limit: str | int | None = None,
     security: Any = "auto",
+    bind_cpus: bool | None = None,
 ) -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
@@ -39,6 +40,11 @@ def local(
     every connection is mutual TLS and you are its admin (``cluster.add_user``
     gives others credentials); a ``distributed.Security`` uses your own PKI;
     ``False`` listens on plain tcp:// (warned about, and reported by ``doctor``).
+
+    ``bind_cpus`` (default: ``clustersdk.bind-cpus``, true) gives each worker a disjoint
+    share of this machine's cores, whole physical cores in order, when there are at
+    least as many cores as workers (``clustersdk.cpus``); ``cluster.slots()`` shows each
+    worker's share.
 
     In a script, call it under ``if __name__ == "__main__":`` (the workers
     import the script again); without the guard this fails at once, saying so.
@@ -80,9 +86,15 @@ def local(
             "security": prepared.scheduler,
         },
     }
+    from .. import cpus
+
+    bind = config.get("bind-cpus", True) if bind_cpus is None else bind_cpus
+    shares = cpus.shares(workers) if bind else None
     specs = {}
     for i in range(workers):
         env = {"CUDA_VISIBLE_DEVICES": str(i) if n_gpus else ""}
+        if shares:
+            env[cpus.ENV] = shares[i]
         specs[f"slot-{i}"] = {
             "cls": Nanny,
             "options": {

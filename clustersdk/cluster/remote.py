@@ -6,8 +6,10 @@ Protocol, as JSON lines (logs go to stderr):
 
 - ``workers``: prints ``{"pid", "pgid"}``, then the host's ``{"facts"}``
   (versions, visible GPUs), imports distributed and waits for one line on
-  stdin, ``{"scheduler": ADDRESS, "slots": [CUDA_VISIBLE_DEVICES, ...]}``; starts a
-  Nanny per slot and prints ``{"ready": [worker addresses]}``.
+  stdin, ``{"scheduler": ADDRESS, "slots": [CUDA_VISIBLE_DEVICES, ...], "bind_cpus":
+  BOOL}``; starts a Nanny per slot (with ``bind_cpus``, each given a disjoint share of
+  the cores this launcher may use: ``clustersdk/cpus.py``) and prints
+  ``{"ready": [worker addresses]}``.
 - ``scheduler``: prints ``{"pid", "pgid"}``, starts a scheduler and prints
   ``{"ready": ADDRESS}``.
 
@@ -197,6 +199,11 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
     go = control.go.result()
     host = None if args.interface else listen_host(args.host)
     tls = security(args)
+    envs = [{"CUDA_VISIBLE_DEVICES": device} for device in go["slots"]]
+    if go.get("bind_cpus", True):
+        cpus = _cpus_module()
+        for env, share in zip(envs, cpus.shares(len(envs)) or []):
+            env[cpus.ENV] = share
     nannies = [
         Nanny(
             go["scheduler"],
@@ -204,12 +211,12 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
             name=f"{args.name}-{i}",
             host=host,
             interface=args.interface,
-            env={"CUDA_VISIBLE_DEVICES": device},
+            env=envs[i],
             dashboard=False,
             silence_logs=logging.WARNING,
             **tls,
         )
-        for i, device in enumerate(go["slots"])
+        for i in range(len(envs))
     ]
     await asyncio.gather(*(nanny.start() for nanny in nannies))
     emit({"ready": [nanny.worker_address for nanny in nannies]})
@@ -218,6 +225,17 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
         asyncio.gather(*(n.close(timeout=5) for n in nannies), return_exceptions=True),
         HARD_STOP_S / 2,
     )
+
+
+def _cpus_module() -> Any:
+    """``clustersdk.cpus``, loaded from its file (this file runs without the package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cpus.py")
+    spec = importlib.util.spec_from_file_location("clustersdk_cpus", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -58,6 +58,7 @@ def ssh(
     max_concurrent: int = 8,
     state_dir: str | None = None,
     security: Any = "auto",
+    bind_cpus: bool | None = None,
 ) -> Cluster:
     """Start a Dask scheduler and one worker per GPU on each of ``hosts``, over SSH.
 
@@ -69,7 +70,9 @@ def ssh(
     host; ``"local"``: in this process). ``python`` is the remote interpreter (default:
     this one's path), which must have clustersdk installed; ``env`` is set for every
     worker (NCCL_IB_DISABLE, NCCL_DEBUG, NCCL_SOCKET_IFNAME...). ``rendezvous_ports``
-    (``"29400-29499"``) bounds the ports rank 0's store may use.
+    (``"29400-29499"``) bounds the ports rank 0's store may use. ``bind_cpus`` (default:
+    ``clustersdk.bind-cpus``, true) gives each worker on a host a disjoint share of the
+    cores its launcher may use, as in ``Cluster.local``.
 
     Host keys are checked against ``known_hosts`` (default ``~/.ssh/known_hosts``):
     an unknown or changed key raises :class:`~clustersdk.HostKeyError`, unless
@@ -118,6 +121,7 @@ def ssh(
 
     prepared = cluster_security(security, state_dir=config.state_dir(state_dir), kind="ssh")
     plan.tls = prepared.enabled
+    plan.bind_cpus = bool(config.get("bind-cpus", True) if bind_cpus is None else bind_cpus)
     nodes = SSHNodes(plan, interface, start_timeout, prepared)
     try:
         nodes.connections, nodes.jump = sshconn.connect_all(
@@ -184,6 +188,7 @@ class _Plan:
         plan.ports = network.parse_ports(ports)
         plan.python = python or sys.executable
         plan.tls = False  # set once security= is prepared
+        plan.bind_cpus = True  # set from bind_cpus= or the config
         plan.scheduler = None
         if scheduler_host != LOCAL:
             wanted = scheduler_host or hosts[0]
@@ -395,7 +400,7 @@ class SSHNodes:
     def start_workers(self, target: Target, slots: list[str]) -> list[str]:
         """Tell ``target``'s launcher where the scheduler is and what to start; wait for it."""
         process = self.workers[target]
-        go = {"scheduler": self.scheduler_address, "slots": slots}
+        go = {"scheduler": self.scheduler_address, "slots": slots, "bind_cpus": self.plan.bind_cpus}
         try:
             process.channel.sendall((json.dumps(go) + "\n").encode())
         except OSError as e:

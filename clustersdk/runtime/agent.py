@@ -25,7 +25,7 @@ from distributed.core import rpc
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
 
-from .. import checkpoint_files, config
+from .. import checkpoint_files, config, cpus
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
 from . import capture, telemetry
@@ -58,6 +58,7 @@ class Agent(WorkerPlugin):
         self.stores: dict[str, Any] = {}
         # control words that arrived before their rank, by (job, attempt)
         self.early: dict[tuple[str, int], Control] = {}
+        bound = _bind_cpus()  # before the warm-up starts torch's threads
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         # what the ranks of a job must agree on; compared by the control plane (diagnoses)
@@ -76,7 +77,7 @@ class Agent(WorkerPlugin):
         _exit_without_finalizers()
         self._flush_timer: Any = None
         self._schedule_flush(FLUSH_IDLE_S)
-        slot.update(worker=worker.address, host=_host_of(worker.address))
+        slot.update(worker=worker.address, host=_host_of(worker.address), cpus=bound)
         self.slot = slot
         ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
         if isinstance(ready, dict) and ready.get("crl"):  # revocations so far
@@ -488,6 +489,19 @@ def _checkpoint_options(spec: WireSpec, rank: int) -> dict[str, Any] | None:
         "resume": spec.resume,
         "attempt": spec.attempt,
     }
+
+
+def _bind_cpus() -> str:
+    """Bind this worker's threads to the share of the host's cores its deployer gave it
+    (``clustersdk.cpus``); the CPU list, or "" when it has none."""
+    text = os.environ.get(cpus.ENV, "")
+    if not text:
+        return ""
+    try:
+        return cpus.cpulist(cpus.bind_process(text))
+    except (ValueError, OSError) as e:  # a share this host does not have: run unbound
+        logger.warning("worker not bound to CPUs %r: %s", text, e)
+        return ""
 
 
 def _warm_up_and_probe() -> dict[str, Any]:

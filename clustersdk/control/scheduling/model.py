@@ -25,6 +25,7 @@ class Slot:
     kind: str  # "cuda" or "cpu"
     index: int  # device index on the host (-1 for a CPU slot)
     uuid: str = ""  # the physical GPU's UUID; two slots with one UUID share a GPU
+    cpus: str = ""  # the CPU cores its worker is bound to (a CPU list); "" not bound
 
 
 @dataclasses.dataclass(frozen=True)

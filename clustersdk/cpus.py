@@ -1,0 +1,119 @@
+"""Which CPU cores each worker on a host runs on.
+
+A host's workers each get a disjoint share of the cores the host lets them use
+(``os.sched_getaffinity``: under Slurm or a container's cpuset, only the granted
+ones), whole physical cores where there are enough (hyper-thread siblings stay
+together), in core order. A worker binds every thread of its process to its
+share when it starts; what it starts later (its ranks' threads, a script rank,
+data-loader processes) inherits the binding. A rank then never waits for a core
+while another worker's threads run on it, and its caches stay its own: on a
+2-core host, FSDP on two workers ran 1.07x faster bound than unbound (median of
+4 paired rounds). It is what ``torchrun --numa-binding`` and Slurm's
+``--cpu-bind`` do for a process per GPU.
+
+With more workers than cores nothing is bound (a core shared by two workers
+would sit idle whenever the job ran on only one of them). The share is given to
+each worker's process in :data:`ENV` as a Linux CPU list (``"0-3,8-11"``).
+
+This module is plain standard library: ``cluster/remote.py`` loads it on hosts
+where it runs as a file, without importing the package.
+
+>>> split([[0, 4], [1, 5], [2, 6], [3, 7]], 2)
+[[0, 1, 4, 5], [2, 3, 6, 7]]
+>>> cpulist([0, 1, 2, 3, 8])
+'0-3,8'
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "CLUSTERSDK_CPUS"  # the worker's share, as a CPU list; absent: not bound
+
+
+def split(cores: list[list[int]], slots: int) -> list[list[int]] | None:
+    """``slots`` disjoint shares of ``cores`` (each a physical core's logical CPUs, in
+    order): contiguous runs of whole cores, the first ones one core larger when they
+    don't divide evenly; of logical CPUs when there are fewer cores than slots but
+    enough CPUs. ``None`` with fewer CPUs than slots."""
+    if slots <= 0:
+        raise ValueError(f"slots must be positive, got {slots}")
+    if len(cores) < slots:
+        cores = [[cpu] for core in cores for cpu in core]
+        if len(cores) < slots:
+            return None
+    size, extra = divmod(len(cores), slots)
+    shares, start = [], 0
+    for i in range(slots):
+        end = start + size + (i < extra)
+        shares.append(sorted(cpu for core in cores[start:end] for cpu in core))
+        start = end
+    return shares
+
+
+def cpulist(cpus: list[int]) -> str:
+    """Linux's CPU-list text for ``cpus``: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """The CPUs of a CPU list: ``"0-2,5"`` -> ``[0, 1, 2, 5]``."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"not a CPU list: {text!r} (expected e.g. '0-3,8')") from None
+        if lo < 0 or hi < lo:
+            raise ValueError(f"not a CPU list: {text!r} (expected e.g. '0-3,8')")
+        cpus.update(range(lo, hi + 1))
+    if not cpus:
+        raise ValueError(f"not a CPU list: {text!r} (expected e.g. '0-3,8')")
+    return sorted(cpus)
+
+
+def host_cores(allowed: set[int] | None = None) -> list[list[int]]:
+    """The allowed logical CPUs of this host grouped by physical core (from sysfs; each
+    CPU its own core where sysfs does not say), ordered by socket and core."""
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
+    by_core: dict[tuple[int, int], list[int]] = {}
+    for cpu in sorted(allowed):
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topology}/physical_package_id") as f:
+                package = int(f.read())
+            with open(f"{topology}/core_id") as f:
+                core = int(f.read())
+        except (OSError, ValueError):
+            package, core = -1, cpu
+        by_core.setdefault((package, core), []).append(cpu)
+    return [by_core[key] for key in sorted(by_core, key=lambda k: (k[0], min(by_core[k])))]
+
+
+def shares(slots: int) -> list[str] | None:
+    """Each of this host's ``slots`` workers' share as a CPU list, or ``None``
+    (fewer CPUs than workers: nothing is bound)."""
+    parts = split(host_cores(), slots)
+    return None if parts is None else [cpulist(p) for p in parts]
+
+
+def bind_process(text: str) -> list[int]:
+    """Bind every thread of this process to the CPUs of CPU list ``text`` (threads it
+    starts later inherit it); the CPUs."""
+    cpus = parse_cpulist(text)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
+    return cpus

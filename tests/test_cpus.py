@@ -1,0 +1,96 @@
+"""Each worker on a host gets a share of its cores of its own (clustersdk.cpus): the shares,
+and a local cluster's workers and ranks bound to theirs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import clustersdk as cs
+from clustersdk import cpus
+
+
+# --- shares -----------------------------------------------------------------------------------
+def test_shares_are_whole_physical_cores_in_order():
+    # 4 cores with hyper-thread siblings numbered as Linux does: (0, 4), (1, 5), ...
+    cores = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert cpus.split(cores, 1) == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert cpus.split(cores, 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert cpus.split(cores, 3) == [[0, 1, 4, 5], [2, 6], [3, 7]]  # the first one core more
+    assert cpus.split(cores, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_more_workers_than_cores_split_siblings_and_more_than_cpus_bind_nothing():
+    cores = [[0, 2], [1, 3]]
+    assert cpus.split(cores, 4) == [[0], [2], [1], [3]]
+    assert cpus.split(cores, 5) is None
+    assert cpus.split([[0], [1]], 3) is None
+    with pytest.raises(ValueError, match="slots must be positive"):
+        cpus.split(cores, 0)
+
+
+def test_cpu_lists_read_and_write_as_linux_prints_them():
+    assert cpus.cpulist([5, 0, 1, 2, 8, 9]) == "0-2,5,8-9"
+    assert cpus.cpulist([3]) == "3"
+    assert cpus.parse_cpulist("0-2,5,8-9") == [0, 1, 2, 5, 8, 9]
+    assert cpus.parse_cpulist(cpus.cpulist([7, 1, 2])) == [1, 2, 7]
+    for bad in ("", "a", "3-1", "-1", "1,,x"):
+        with pytest.raises(ValueError, match="not a CPU list"):
+            cpus.parse_cpulist(bad)
+
+
+def test_this_hosts_cores_cover_exactly_the_cpus_it_may_use():
+    allowed = os.sched_getaffinity(0)
+    cores = cpus.host_cores()
+    assert sorted(c for core in cores for c in core) == sorted(allowed)
+    shares = cpus.shares(len(allowed))
+    assert shares is not None and len(shares) == len(allowed)
+    assert sorted(c for s in shares for c in cpus.parse_cpulist(s)) == sorted(allowed)
+    assert cpus.shares(len(allowed) + 1) is None
+
+
+# --- a local cluster --------------------------------------------------------------------------
+def _affinity_of_every_thread() -> list[list[int]]:
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out.append(sorted(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            pass
+    return out
+
+
+def _rank_affinity(ctx) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def _needs_cores(n: int) -> None:
+    if len(os.sched_getaffinity(0)) < n:
+        pytest.skip(f"needs {n} CPUs this process may use")
+
+
+def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
+    _needs_cores(2)
+    expected = cpus.shares(2)
+    slots = idle.slots()
+    assert sorted(s["cpus"] for s in slots) == sorted(expected)
+    threads = idle.client.run(_affinity_of_every_thread)
+    for slot in slots:
+        share = cpus.parse_cpulist(slot["cpus"])
+        assert threads[slot["worker"]] and all(t == share for t in threads[slot["worker"]])
+    job = idle.launch(_rank_affinity, world_size=2)
+    assert job.wait(timeout=60) in [cpus.parse_cpulist(s) for s in expected]
+
+
+def test_more_workers_than_cpus_leaves_every_worker_unbound(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) > 4:
+        pytest.skip("starts one worker more than this machine has CPUs")
+    cluster = cs.Cluster.local(workers=len(allowed) + 1, state_dir=str(tmp_path / "state"))
+    try:
+        assert {s["cpus"] for s in cluster.slots()} == {""}
+        for threads in cluster.client.run(_affinity_of_every_thread).values():
+            assert all(t == allowed for t in threads)
+    finally:
+        cluster.close()
