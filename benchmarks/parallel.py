@@ -8,8 +8,9 @@ torchrun), and token-budget against fixed-size batches.
   on 2 and on 4 ranks; 2-D FSDP over TP on 4; 3-D, pipeline stages over FSDP x
   TP on a 2 x 2 x 2 mesh, on 8) trains the same reference transformer
   through ``ctx.prepare`` / ``ctx.train_step`` under clustersdk (a job on a
-  warm local cluster) and under torchrun (``_parallel_workload.py`` builds
-  the ``TrainContext`` itself): the same code, another launcher. Each round
+  warm local cluster of as many workers as the job has ranks, as torchrun
+  starts as many processes) and under torchrun (``_parallel_workload.py``
+  builds the ``TrainContext`` itself): the same code, another launcher. Each round
   runs every strategy under both, back to back (in alternating order), so
   that machine noise hits the pair alike; the ratio is the median of the
   rounds' paired ratios, printed with the target. ``--pair round`` pairs whole
@@ -291,22 +292,24 @@ def main(argv: list[str] | None = None) -> None:
         if "speed" in args.only
         else []
     )
-    workers = max(
-        [CASES[n][0] for n in names]
-        + [4 if "memory" in args.only else 0, TOKENS_RANKS if "tokens" in args.only else 0]
-    )
+    others = max(4 if "memory" in args.only else 0, TOKENS_RANKS if "tokens" in args.only else 0)
     result: dict[str, Any] = {"steps": args.steps, "repeats": args.repeats}
+    memory = tokens = None
+    runs: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        with cs.Cluster.local(workers=workers, state_dir=os.path.join(tmp, "state")) as cluster:
-            memory = measure_memory(cluster) if "memory" in args.only else None
-            runs = (
-                run_rounds(cluster, names, args.repeats, args.steps, tmp, args.pair)
-                if names
-                else {}
-            )
-            tokens = (
-                measure_tokens(cluster, args.repeats, args.steps) if "tokens" in args.only else None
-            )
+        # Each world size on a cluster of that many workers, as torchrun starts that many
+        # processes (a bigger cluster's idle workers would wake beside the ranks).
+        for ranks in sorted({CASES[n][0] for n in names}):
+            group = [n for n in names if CASES[n][0] == ranks]
+            state = os.path.join(tmp, f"state-{ranks}")
+            with cs.Cluster.local(workers=ranks, state_dir=state) as cluster:
+                runs.update(run_rounds(cluster, group, args.repeats, args.steps, tmp, args.pair))
+        if others:
+            state = os.path.join(tmp, "state")
+            with cs.Cluster.local(workers=others, state_dir=state) as cluster:
+                memory = measure_memory(cluster) if "memory" in args.only else None
+                if "tokens" in args.only:
+                    tokens = measure_tokens(cluster, args.repeats, args.steps)
     if memory is not None:
         print(f"\n{render_memory(memory)}\n")
         result["memory_mib"] = memory
