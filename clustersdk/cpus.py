@@ -6,13 +6,20 @@ ones), whole physical cores where there are enough (hyper-thread siblings stay
 together), in core order. A worker binds every thread of its process to its
 share when it starts; what it starts later (its ranks' threads, a script rank,
 data-loader processes) inherits the binding. A rank then never waits for a core
-while another worker's threads run on it, and its caches stay its own: on a
-2-core host, FSDP on two workers ran 1.07x faster bound than unbound (median of
-4 paired rounds). It is what ``torchrun --numa-binding`` and Slurm's
-``--cpu-bind`` do for a process per GPU.
+while another worker's threads run on it, and its caches stay its own. It is
+what ``torchrun --numa-binding`` and Slurm's ``--cpu-bind`` do for a process per
+GPU.
 
-With more workers than cores nothing is bound (a core shared by two workers
-would sit idle whenever the job ran on only one of them). The share is given to
+Measured with ``benchmarks/parallel.py`` on a 2-core machine, two workers of
+one core each against torchrun (3 paired rounds): FSDP, TP, PP and expert
+parallel ran 1.0-1.17x torchrun's steps/s (0.84-1.06 unbound), DDP 0.87-0.94x
+(0.85-1.02 unbound); the same cluster bound against unbound, alternating: FSDP
+1.07x (4 rounds), DDP 1.17x (8 rounds; single rounds 0.87-1.46 on that noisy
+machine). torchrun's ranks pinned by hand gain about as much: it is a
+deployment default, not a smaller per-step cost.
+
+With more workers than CPUs nothing is bound: a core shared by two workers
+would sit idle whenever a job ran on only one of them. The share is given to
 each worker's process in :data:`ENV` as a Linux CPU list (``"0-3,8-11"``).
 
 This module is plain standard library: ``cluster/remote.py`` loads it on hosts
@@ -100,10 +107,11 @@ def host_cores(allowed: set[int] | None = None) -> list[list[int]]:
     return [by_core[key] for key in sorted(by_core, key=lambda k: (k[0], min(by_core[k])))]
 
 
-def shares(slots: int) -> list[str] | None:
-    """Each of this host's ``slots`` workers' share as a CPU list, or ``None``
-    (fewer CPUs than workers: nothing is bound)."""
-    parts = split(host_cores(), slots)
+def shares(slots: int, allowed: set[int] | None = None) -> list[str] | None:
+    """Each of this host's ``slots`` workers' share as a CPU list (of ``allowed``, by
+    default the CPUs this process may use), or ``None`` with fewer CPUs than workers
+    (nothing is bound)."""
+    parts = split(host_cores(allowed), slots)
     return None if parts is None else [cpulist(p) for p in parts]
 
 

@@ -42,8 +42,8 @@ def local(
     ``False`` listens on plain tcp:// (warned about, and reported by ``doctor``).
 
     ``bind_cpus`` (default: ``clustersdk.bind-cpus``, true) gives each worker a disjoint
-    share of this machine's cores, whole physical cores in order, when there are at
-    least as many cores as workers (``clustersdk.cpus``); ``cluster.slots()`` shows each
+    share of this machine's cores, whole physical cores in order, when it has at
+    least as many CPUs as workers (``clustersdk.cpus``); ``cluster.slots()`` shows each
     worker's share.
 
     In a script, call it under ``if __name__ == "__main__":`` (the workers
