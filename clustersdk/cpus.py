@@ -10,13 +10,13 @@ while another worker's threads run on it, and its caches stay its own. It is
 what ``torchrun --numa-binding`` and Slurm's ``--cpu-bind`` do for a process per
 GPU.
 
-Measured with ``benchmarks/parallel.py`` on a 2-core machine, two workers of
-one core each against torchrun (3 paired rounds): FSDP, TP, PP and expert
-parallel ran 1.0-1.17x torchrun's steps/s (0.84-1.06 unbound), DDP 0.87-0.94x
-(0.85-1.02 unbound); the same cluster bound against unbound, alternating: FSDP
-1.07x (4 rounds), DDP 1.17x (8 rounds; single rounds 0.87-1.46 on that noisy
-machine). torchrun's ranks pinned by hand gain about as much: it is a
-deployment default, not a smaller per-step cost.
+Measured on a 2-core machine, one core per worker (``benchmarks/parallel.py``,
+medians of 3 paired rounds against torchrun): FSDP 1.12x torchrun's steps/s,
+TP 1.20, PP 1.08, expert parallel 1.11 and DDP 0.97, against 0.89, 1.06, 0.97,
+0.84 and 0.95 unbound in the same hour; a DDP MLP of 6 ms steps
+(``benchmarks/launch.py``) 0.946 bound, 0.957 unbound. torchrun's ranks pinned
+by hand gain about as much: it is a deployment default, not a smaller per-step
+cost.
 
 With more workers than CPUs nothing is bound: a core shared by two workers
 would sit idle whenever a job ran on only one of them. The share is given to
