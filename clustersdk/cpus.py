@@ -36,6 +36,9 @@ from __future__ import annotations
 import os
 
 ENV = "CLUSTERSDK_CPUS"  # the worker's share, as a CPU list; absent: not bound
+# Threads that carry out the collectives of a rank rather than its compute: gloo's
+# collective workers, by the name torch gives them. They may run on any allowed CPU.
+HELPERS = ("pt_gloo_runloop",)
 
 
 def split(cores: list[list[int]], slots: int) -> list[list[int]] | None:
@@ -125,3 +128,23 @@ def bind_process(text: str) -> list[int]:
         except ProcessLookupError:
             pass  # a thread that ended meanwhile
     return cpus
+
+
+def free_helpers(allowed: list[int]) -> int:
+    """Let this process's collective helper threads (:data:`HELPERS`) run on any of
+    ``allowed`` (every CPU the host lets its workers use); how many there were.
+
+    A bound rank keeps its compute and its connections on its own share, while the
+    reductions of its collectives go to whichever core is idle: with one core per
+    worker, a DDP all-reduce no longer waits for its own rank's backward pass."""
+    freed = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            if name.startswith(HELPERS):
+                os.sched_setaffinity(int(tid), allowed)
+                freed += 1
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return freed

@@ -4,6 +4,7 @@ and a local cluster's workers and ranks bound to theirs."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -73,8 +74,32 @@ def _rank_affinity(ctx) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def _threads_in_a_loop(ctx) -> dict:
+    """In a training loop: this rank's share, and the CPUs of its thread, of gloo's
+    collective helpers and of every other thread of its worker."""
+    for _step, _ in ctx.loop(None, steps=2):
+        pass
+    me = threading.get_native_id()
+    helpers, others = [], []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            placed = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            continue
+        (helpers if name.startswith(cpus.HELPERS) else others).append(placed)
+    return {
+        "share": os.environ.get(cpus.ENV, ""),
+        "rank": sorted(os.sched_getaffinity(me)),
+        "helpers": helpers,
+        "others": others,
+    }
+
+
 def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
-    """Two workers: bound to disjoint shares (unbound on a machine of one CPU)."""
+    """Two workers: bound to disjoint shares (unbound on a machine of one CPU); in a loop,
+    the rank stays on its share and gloo's collective helpers may use every CPU."""
     allowed = sorted(os.sched_getaffinity(0))
     expected = cpus.shares(2)
     slots = idle.slots()
@@ -85,6 +110,14 @@ def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
         assert threads[slot["worker"]] and all(t == share for t in threads[slot["worker"]])
     job = idle.launch(_rank_affinity, world_size=2)
     assert job.wait(timeout=60) in ([cpus.parse_cpulist(s) for s in expected or []] or [allowed])
+
+    seen = idle.launch(_threads_in_a_loop, world_size=2).wait(timeout=60)
+    share = cpus.parse_cpulist(seen["share"]) if expected else allowed
+    assert seen["share"] in (expected or [""])
+    assert seen["rank"] == share
+    assert len(seen["helpers"]) >= 2  # the default group's two, at least
+    assert all(h == allowed for h in seen["helpers"])
+    assert seen["others"] and all(t == share for t in seen["others"])
 
 
 def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none(tmp_path):

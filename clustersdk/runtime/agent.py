@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import functools
 import logging
 import os
 import socket
@@ -58,7 +59,10 @@ class Agent(WorkerPlugin):
         self.stores: dict[str, Any] = {}
         # control words that arrived before their rank, by (job, attempt)
         self.early: dict[tuple[str, int], Control] = {}
+        allowed = sorted(os.sched_getaffinity(0))
         bound = _bind_cpus()  # before the warm-up starts torch's threads
+        # a bound worker's ranks let their collective helper threads use every core
+        self.host_cpus = allowed if bound else None
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         # what the ranks of a job must agree on; compared by the control plane (diagnoses)
@@ -373,6 +377,7 @@ class RankThread(threading.Thread):
                 store, rank, ws, device, spec.timeout, checkpoints=bool(spec.checkpoint_dir)
             )
             fn, args, kwargs, objects = cloudpickle.loads(self.payload)
+            host = self.agent.host_cpus
             self.live = Live(
                 fetch=self._fetch,
                 report=self._report,
@@ -402,6 +407,8 @@ class RankThread(threading.Thread):
                 console=self.console,
                 live=self.live,
                 hold=self.hold,
+                # once its process groups exist, each loop frees their helper threads
+                on_loop=functools.partial(cpus.free_helpers, host) if host else None,
             )
             self.agent.report(
                 self, RankEvent.STARTED, versions=getattr(self.agent, "versions", None)

@@ -116,6 +116,7 @@ class TrainContext:
         console: Console | None = None,
         live: Live | None = None,
         hold: Hold | None = None,
+        on_loop: Callable[[], Any] | None = None,
     ):
         self.job = job
         self.name = name
@@ -142,6 +143,7 @@ class TrainContext:
         self.stateful: dict[str, Any] = {}
         self._control = control or Control()
         self._control_group = control_group
+        self._on_loop = on_loop  # the agent's, as each loop begins (threads' CPUs)
         self._report = report or (lambda event, **data: None)
         self._metrics = Metrics(rank, world_size, control_group)
         self._phases = PhaseClock(enabled=bool(config.get("phase-timing", True)))
@@ -473,6 +475,8 @@ class TrainContext:
         checkpoint before the first step.
         """
         _epochs.check_target(data, steps, epochs)
+        if self._on_loop is not None:
+            self._on_loop()
         first = not self._begun
         if first:
             self._begin()
