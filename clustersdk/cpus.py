@@ -11,7 +11,8 @@ what ``torchrun --numa-binding`` and Slurm's ``--cpu-bind`` do for a process per
 GPU.
 
 Gloo's collective helper threads are the exception (:func:`free_helpers`): as each
-``ctx.loop`` begins, they may run on any CPU the host allows. The rank's compute and
+``ctx.loop`` begins (in a script job, within a second of their start), they may run
+on any CPU the host allows. The rank's compute and
 its connections stay on its share, while the reductions of its collectives go to
 whichever core is idle instead of waiting for its own rank's backward pass.
 
@@ -135,17 +136,23 @@ def bind_process(text: str) -> list[int]:
     return cpus
 
 
-def free_helpers(allowed: list[int]) -> int:
-    """Let this process's collective helper threads (:data:`HELPERS`) run on any of
-    ``allowed`` (every CPU the host lets its workers use); how many there were.
+def free_helpers(allowed: list[int], pid: int | None = None) -> int:
+    """Let the collective helper threads (:data:`HELPERS`) of process ``pid`` (this one
+    by default) run on any of ``allowed`` (every CPU the host lets its workers use); how
+    many there were.
 
     A bound rank keeps its compute and its connections on its own share, while the
     reductions of its collectives go to whichever core is idle: with one core per
     worker, a DDP all-reduce no longer waits for its own rank's backward pass."""
+    tasks = f"/proc/{pid or 'self'}/task"
     freed = 0
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return 0  # the process is gone
+    for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
+            with open(f"{tasks}/{tid}/comm") as f:
                 name = f.read().strip()
             if name.startswith(HELPERS):
                 os.sched_setaffinity(int(tid), allowed)

@@ -3,6 +3,7 @@ and a local cluster's workers and ranks bound to theirs."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -118,6 +119,43 @@ def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
     assert len(seen["helpers"]) >= 2  # the default group's two, at least
     assert all(h == allowed for h in seen["helpers"])
     assert seen["others"] and all(t == share for t in seen["others"])
+
+
+THREADS_SCRIPT = """
+import json, os, sys, threading, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+time.sleep(2.5)  # its worker frees the collective helpers within a second
+helpers, others = [], []
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        name = f.read().strip()
+    placed = sorted(os.sched_getaffinity(int(tid)))
+    (helpers if name.startswith("pt_gloo_runloop") else others).append(placed)
+with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
+    json.dump({"share": os.environ.get("CLUSTERSDK_CPUS", ""), "helpers": helpers,
+               "others": others}, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_ranks_collective_helpers_are_freed_too(idle, tmp_path):
+    """A script job's process inherits its worker's share; its worker frees the gloo
+    helpers the script's process group starts, as ctx.loop does for a rank thread."""
+    allowed = sorted(os.sched_getaffinity(0))
+    expected = cpus.shares(2)
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_SCRIPT)
+    out = tmp_path / "seen"
+    idle.launch_script(str(script), [str(out)], world_size=2).wait(timeout=120)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"seen.{rank}").read_text())
+        share = cpus.parse_cpulist(seen["share"]) if expected else allowed
+        assert seen["share"] in (expected or [""])
+        assert len(seen["helpers"]) >= 2 and all(h == allowed for h in seen["helpers"])
+        assert seen["others"] and all(t == share for t in seen["others"])
 
 
 def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none(tmp_path):

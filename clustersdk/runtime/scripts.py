@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import config, cpus
 from ..protocol import ExitStatus, RankEvent, WireSpec, Word, no_words
 from . import capture, telemetry
 from .control_words import Control
@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 STDERR_TAIL = 20  # lines of stderr kept for a failure's record
 LINE_LIMIT = 64 * 1024  # a longer "line" (a progress bar without newlines) is cut
 PY_SPY_TIMEOUT = 2.5  # seconds py-spy has to read a rank's stack
+HELPERS_SWEEP_S = 1.0  # a bound script's new collective helpers wait at most this long
 ENV_CONTROL = "CLUSTERSDK_CONTROL"  # the Unix socket of clustersdk.script
 
 # what a stopped or running process is, by the state letter of /proc/PID/stat
@@ -365,8 +366,14 @@ class ScriptRank(threading.Thread):
         assert proc is not None
         seen = no_words()
         kill_at: float | None = None
+        host, swept = self.agent.host_cpus, 0.0
         while proc.poll() is None:
             self.control.wait_beyond(seen, timeout=0.1)
+            if host and time.monotonic() - swept >= HELPERS_SWEEP_S:
+                # as ctx.loop does for a rank thread: the script's process groups come
+                # when it makes them, so their collective helpers are freed as they appear
+                swept = time.monotonic()
+                cpus.free_helpers(host, proc.pid)
             words = self.control.words()
             if words != seen:
                 seen = words
