@@ -356,6 +356,7 @@ def slot_model(slot: Mapping[str, Any], sample: Mapping[str, Any] | None) -> dic
         "kind": slot["kind"],
         "index": slot.get("index"),
         "uuid": slot.get("uuid"),
+        "cpus": slot.get("cpus") or "",  # the worker's CPU share; "": not bound
         "job": slot.get("job"),
         "telemetry": telemetry,
     }

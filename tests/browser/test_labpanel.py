@@ -135,6 +135,11 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         page.locator(
             ".jp-clustersdk-status-text", has_text="clustersdk: 1 running · 2/2 slots busy"
         ).wait_for()
+        # each slot names the cores its worker is bound to, as cluster.slots() says
+        shares = sorted(s["cpus"] for s in cluster.slots() if s["cpus"])
+        shown = sidebar.locator(".jp-clustersdk-slot-cores")
+        wait_for(lambda: shown.count() == len(shares), 10)
+        assert sorted(t.split(" ", 1)[1] for t in shown.all_text_contents()) == shares
 
         def button(name: str):
             return row.get_by_role("button", name=name, exact=True)

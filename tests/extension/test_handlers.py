@@ -10,6 +10,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 import clustersdk as cs
+from clustersdk import cpus
 
 from .. import workloads
 from ..helpers import wait_for
@@ -54,6 +55,8 @@ async def test_clusters_lists_the_registered_cluster_with_its_busy_slot(
 
     detail = await get(jp_fetch, "api", "clusters", cluster["id"])
     assert [s["kind"] for s in detail["slots"]] == ["cpu", "cpu"]
+    # each worker's own cores (none on a machine with fewer CPUs than workers)
+    assert sorted(s["cpus"] for s in detail["slots"]) == sorted(cpus.shares(2) or ["", ""])
     mine = [s for s in detail["slots"] if s["job"] == spin_job.id]
     assert len(mine) == 1
     workers = {w["address"] for w in detail["worker_details"]}

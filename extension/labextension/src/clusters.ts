@@ -16,6 +16,8 @@ export interface IBar {
 export interface ISlotView {
   key: string;
   label: string;
+  /** The CPU cores its worker is bound to ("cores 0-3"), or null when not bound. */
+  cores: string | null;
   cpu: boolean;
   busy: boolean;
   job: string | null;
@@ -63,12 +65,21 @@ export function slotView(
   return {
     key: `${slot.worker}/${slot.index ?? ordinal}`,
     label: cpu ? `CPU slot ${ordinal}` : `GPU ${index}`,
+    cores: coresText(slot.cpus),
     cpu,
     busy: Boolean(slot.job),
     job: slot.job,
     jobName: slot.job ? jobNames.get(slot.job) ?? slot.job : null,
     bars
   };
+}
+
+/** "core 3" or "cores 0-3,8" for a worker's CPU list; null when it is not bound. */
+export function coresText(cpus: string | undefined): string | null {
+  if (!cpus) {
+    return null;
+  }
+  return `${/[-,]/.test(cpus) ? 'cores' : 'core'} ${cpus}`;
 }
 
 function percentBar(label: string, value: unknown): IBar {

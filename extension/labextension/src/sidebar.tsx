@@ -128,6 +128,14 @@ function ClusterCard(props: {
               >
                 <div className="jp-clustersdk-slot-head">
                   <span className="jp-clustersdk-slot-label">{slot.label}</span>
+                  {slot.cores && (
+                    <span
+                      className="jp-clustersdk-slot-cores"
+                      title="the CPU cores its worker runs on"
+                    >
+                      {slot.cores}
+                    </span>
+                  )}
                   <span className="jp-clustersdk-slot-state">
                     {slot.busy ? `busy: ${slot.jobName}` : 'free'}
                   </span>

@@ -44,6 +44,8 @@ export interface ISlotJSON {
   host: string;
   kind: 'cuda' | 'cpu' | string;
   index: number | null;
+  /** The CPU cores its worker runs on ("0-3,8"); "" or absent: not bound. */
+  cpus?: string;
   job: string | null;
   telemetry: ITelemetry | null;
 }

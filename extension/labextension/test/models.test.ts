@@ -176,12 +176,12 @@ describe('clusters', () => {
     jobs: { RUNNING: 1, QUEUED: 1 },
     slots: [
       {
-        worker: 'w0', host: 'node1', kind: 'cuda', index: 0, job: 'a1b2c3',
+        worker: 'w0', host: 'node1', kind: 'cuda', index: 0, cpus: '0-3,8-11', job: 'a1b2c3',
         telemetry: { source: 'nvml', gpu_util: 87.5, gpu_mem_used: 6 * 1024 ** 3, gpu_mem_total: 8 * 1024 ** 3 }
       },
       { worker: 'w1', host: 'node1', kind: 'cuda', index: 1, job: null, telemetry: null },
       {
-        worker: 'w2', host: 'node2', kind: 'cpu', index: null, job: 'a1b2c3',
+        worker: 'w2', host: 'node2', kind: 'cpu', index: null, cpus: '5', job: 'a1b2c3',
         telemetry: { source: 'psutil', cpu_percent: 50, rss: 1024 ** 3, mem_total: 4 * 1024 ** 3 }
       }
     ]
@@ -200,6 +200,11 @@ describe('clusters', () => {
       { label: 'mem', fraction: 0.75, text: '6.0 / 8.0 GiB' }
     ]);
     assert.equal(gpu1.busy, false);
+    // the cores each worker is bound to; none shown for one that is not (or an older cluster)
+    assert.deepEqual(
+      view.hosts.flatMap(h => h.slots.map(s => s.cores)),
+      ['cores 0-3,8-11', null, 'core 5']
+    );
     assert.deepEqual(gpu1.bars.map(b => b.fraction), [null, null]); // no reading: empty bars
     const cpu = view.hosts[1].slots[0];
     assert.equal(cpu.cpu, true);
