@@ -12,9 +12,9 @@ GPU.
 
 Gloo's collective helper threads are the exception (:func:`free_helpers`): as each
 ``ctx.loop`` begins (in a script job, within a second of their start), they may run
-on any CPU the host allows. The rank's compute and
-its connections stay on its share, while the reductions of its collectives go to
-whichever core is idle instead of waiting for its own rank's backward pass.
+on any CPU the host allows. The rank's compute and its connections stay on its
+share, while the reductions of its collectives go to whichever core is idle instead
+of waiting for its own rank's backward pass.
 
 Measured on a 2-core machine, one core per worker: with every thread on the share,
 a DDP MLP of 6 ms steps (``benchmarks/launch.py``) ran 0.946x torchrun's steps/s;
