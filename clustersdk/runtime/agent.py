@@ -26,7 +26,7 @@ from distributed.core import rpc
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import sync
 
-from .. import checkpoint_files, config, cpus
+from .. import checkpoint_files, cpus
 from ..protocol import ExitStatus, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
 from . import capture, telemetry
@@ -199,9 +199,9 @@ class Agent(WorkerPlugin):
         wait = FLUSH_IDLE_S
         try:
             for rank in list(self.ranks.values()):
-                if not rank.outbox.locked() and rank.due():
+                if not rank.outbox.locked() and rank.pace.due():
                     self.worker.loop.add_callback(self.send, rank, RankEvent.METRICS, {})
-                wait = min(wait, rank.until_due())
+                wait = min(wait, rank.pace.until_due())
         finally:  # the next round comes, whatever this one met
             self._schedule_flush(max(wait, FLUSH_MIN_S))
 
@@ -302,15 +302,13 @@ class RankThread(threading.Thread):
         self.leftover: collections.deque = collections.deque()  # rows of a context now gone
         self.leftover_phases: collections.deque = collections.deque()
         self.sink = capture.Sink(rank)
-        self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
-        self.telemetry_interval = float(config.get("telemetry-interval"))
-        self._last_sample = 0.0
+        sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
+        self.pace = telemetry.Pace(rank, self.interval, sampler)
         self.ctx = None
         self.control = Control()  # may receive words before the context exists
         self.console = Console()  # the input of a pdb session at ctx.breakpoint()
         self.live: Live | None = None  # job.run / job.update, once the context exists
         self.hold: Hold | None = None  # on_error="hold"
-        self._last_flush = 0.0
         self.last_sent = 0.0  # monotonic time of the last message to the control plane
         self.channel: Any = None  # the rank's own connection to the control plane (an rpc)
 
@@ -320,33 +318,12 @@ class RankThread(threading.Thread):
         ctx = self.ctx
         return (ctx if ctx is not None else self).spec.metrics_interval
 
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self._last_flush >= self.interval():
-            self._last_flush = now
-            return True
-        return False
-
-    def until_due(self) -> float:
-        """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""
-        return self._last_flush + self.interval() - time.monotonic()
-
     def drain(self, final: bool = False) -> dict[str, Any]:
         ctx = self.ctx
         rows = [self.leftover.popleft() for _ in range(len(self.leftover))]
         rows += ctx.drain_rows() if ctx is not None else []
         phases = [self.leftover_phases.popleft() for _ in range(len(self.leftover_phases))]
         phases += ctx.drain_phases() if ctx is not None else []
-        system = []
-        now = time.monotonic()
-        if not final and now - self._last_sample >= max(self.telemetry_interval, self.interval()):
-            self._last_sample = now
-            try:
-                system.append(
-                    {"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()}
-                )
-            except Exception:  # telemetry must never hurt the job
-                logger.debug("clustersdk: telemetry sample failed", exc_info=True)
         beacon = (
             {"step": ctx.step, "phase": ctx.phase, "ticks": ctx.ticks} if ctx is not None else None
         )
@@ -354,7 +331,7 @@ class RankThread(threading.Thread):
             "sent": time.time(),
             "rows": rows,
             "logs": self.sink.drain(final),
-            "system": system,
+            "system": self.pace.samples(final),
             "phases": phases,
             "beacon": beacon,
         }

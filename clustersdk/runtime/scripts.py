@@ -49,7 +49,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import config, cpus
+from .. import cpus
 from ..protocol import ExitStatus, RankEvent, WireSpec, Word, no_words
 from . import capture, telemetry
 from .control_words import Control
@@ -158,7 +158,7 @@ class ScriptRank(threading.Thread):
     """One rank of a script job: the child process, its output, its channel, its exit.
 
     The agent treats it as it treats a rank thread: it merges control words into
-    :attr:`control`, ships what :meth:`drain` gives when :meth:`due`, and asks
+    :attr:`control`, ships what :meth:`drain` gives when its :attr:`pace` says, and asks
     :meth:`stacks` where the rank is.
     """
 
@@ -188,9 +188,8 @@ class ScriptRank(threading.Thread):
         self.last_sent = 0.0
         self.channel: Any = None  # its own connection to the control plane (agent.send's)
         self.sink = capture.Sink(rank)
-        self.sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
-        self.telemetry_interval = float(config.get("telemetry-interval"))
-        self._last_sample = self._last_flush = 0.0
+        sampler = telemetry.Sampler(agent.slot["kind"], agent.slot["index"])
+        self.pace = telemetry.Pace(rank, self.interval, sampler)
         self.rows: collections.deque = collections.deque()
         self.stderr_tail: collections.deque = collections.deque(maxlen=STDERR_TAIL)
         self.proc: subprocess.Popen | None = None
@@ -211,35 +210,14 @@ class ScriptRank(threading.Thread):
         control plane stretches on a busy cluster)."""
         return self.spec.metrics_interval
 
-    def due(self) -> bool:
-        now = time.monotonic()
-        if now - self._last_flush >= self.interval():
-            self._last_flush = now
-            return True
-        return False
-
-    def until_due(self) -> float:
-        """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""
-        return self._last_flush + self.interval() - time.monotonic()
-
     def drain(self, final: bool = False) -> dict[str, Any]:
         rows = [self.rows.popleft() for _ in range(len(self.rows))]
-        system = []
-        now = time.monotonic()
-        if not final and now - self._last_sample >= self.telemetry_interval:
-            self._last_sample = now
-            try:
-                system.append(
-                    {"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()}
-                )
-            except Exception:  # telemetry must never hurt the job
-                logger.debug("clustersdk: telemetry sample failed", exc_info=True)
         beacon = {"step": self.step or 0, "phase": self.phase, "ticks": self.ticks}
         return {
             "sent": time.time(),
             "rows": rows,
             "logs": self.sink.drain(final),
-            "system": system,
+            "system": self.pace.samples(final),
             "phases": [],
             "beacon": beacon,
         }

@@ -13,9 +13,14 @@ nvidia-ml-py has no second.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .. import config
+
+logger = logging.getLogger(__name__)
 
 
 class Sampler:
@@ -97,3 +102,44 @@ def memory_reader(nv: Any, handle: Any) -> Callable[[], Any]:
         else:
             return lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version)
     return lambda: nv.nvmlDeviceGetMemoryInfo(handle)
+
+
+class Pace:
+    """When a rank's worker ships its next message, and its next system sample: for a
+    rank thread and a script rank alike.
+
+    A message is due every ``interval()`` seconds (the job's metrics interval, which
+    the control plane stretches on a busy cluster); a sample goes with one at most
+    every ``telemetry-interval`` seconds, and never more often than messages go.
+    """
+
+    def __init__(self, rank: int, interval: Callable[[], float], sampler: Sampler):
+        self.rank = rank
+        self.interval = interval
+        self.sampler = sampler
+        self.telemetry_interval = float(config.get("telemetry-interval"))
+        self._last_flush = self._last_sample = 0.0
+
+    def due(self) -> bool:
+        """Whether a message is due now (it then counts as sent)."""
+        now = time.monotonic()
+        if now - self._last_flush >= self.interval():
+            self._last_flush = now
+            return True
+        return False
+
+    def until_due(self) -> float:
+        """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""
+        return self._last_flush + self.interval() - time.monotonic()
+
+    def samples(self, final: bool = False) -> list[dict[str, Any]]:
+        """The system sample due with this message, if any (none with a rank's last)."""
+        now = time.monotonic()
+        if final or now - self._last_sample < max(self.telemetry_interval, self.interval()):
+            return []
+        self._last_sample = now
+        try:
+            return [{"rank": self.rank, "time": time.time(), "sample": self.sampler.sample()}]
+        except Exception:  # telemetry must never hurt the job
+            logger.debug("clustersdk: telemetry sample failed", exc_info=True)
+            return []
