@@ -122,7 +122,7 @@ def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
 
 
 THREADS_SCRIPT = """
-import json, os, sys, threading, time
+import json, os, sys, time
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
