@@ -121,6 +121,21 @@ def test_each_worker_and_its_ranks_run_on_their_own_cores(idle):
     assert seen["others"] and all(t == share for t in seen["others"])
 
 
+def _session() -> dict:
+    return {"pid": os.getpid(), "pgrp": os.getpgrp(), "sid": os.getsid(0)}
+
+
+def test_each_worker_leads_a_session_of_its_own(idle):
+    """Out of the notebook's process group (its interrupts) and its CPU scheduling group,
+    as torchrun starts each rank."""
+    mine = _session()
+    workers = idle.client.run(_session)
+    assert len(workers) == 2
+    for seen in workers.values():
+        assert seen["sid"] == seen["pgrp"] == seen["pid"] != mine["sid"]
+        assert seen["pgrp"] != mine["pgrp"]
+
+
 THREADS_SCRIPT = """
 import json, os, sys, time
 import torch.distributed as dist

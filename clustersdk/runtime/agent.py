@@ -59,6 +59,8 @@ class Agent(WorkerPlugin):
         self.stores: dict[str, Any] = {}
         # control words that arrived before their rank, by (job, attempt)
         self.early: dict[tuple[str, int], Control] = {}
+        if worker.nanny:  # a process of its own: out of its starter's signals and CPU group
+            cpus.own_session()
         allowed = sorted(os.sched_getaffinity(0))
         bound = _bind_cpus()  # before the warm-up starts torch's threads
         # a bound worker's ranks let their collective helper threads use every core
