@@ -266,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         dask.config.set(json.loads(args.config))  # before any Nanny: they pass it on
         asyncio.run(_serve(args))
     finally:
-        _kill_group()  # every process this one started: the nannies' workers too
+        # every process this one started; the nannies' workers lead process groups of
+        # their own (cpus.leave_starter) and exit as the pipe from their nanny closes
+        _kill_group()
     return 0
 
 

@@ -59,10 +59,10 @@ class Agent(WorkerPlugin):
         self.stores: dict[str, Any] = {}
         # control words that arrived before their rank, by (job, attempt)
         self.early: dict[tuple[str, int], Control] = {}
-        if worker.nanny:  # a process of its own: out of its starter's signals and CPU group
-            cpus.own_session()
         allowed = sorted(os.sched_getaffinity(0))
         bound = _bind_cpus()  # before the warm-up starts torch's threads
+        if worker.nanny:  # a process of its own: out of its starter's signals (see cpus)
+            cpus.leave_starter()
         # a bound worker's ranks let their collective helper threads use every core
         self.host_cpus = allowed if bound else None
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
