@@ -20,7 +20,7 @@ cluster = cs.Cluster.local(workers=2, state_dir={state!r})
 
 def train(ctx):
     total = 0
-    for step, _ in ctx.loop(None, steps=40):
+    for step, _ in ctx.loop(None, steps=80):  # about 4 s: still running when interrupted
         time.sleep(0.05)
         ctx.log(loss=float(step))
         total += step
@@ -68,7 +68,7 @@ def test_an_interrupted_cell_leaves_the_cluster_and_its_job_running(tmp_path):
         )
         assert reply["status"] == "ok", reply
         seen = json.loads(printed.strip().splitlines()[-1])
-        assert seen == {"result": sum(range(40)), "status": "finished", "restarts": 0, "slots": 2}
+        assert seen == {"result": sum(range(80)), "status": "finished", "restarts": 0, "slots": 2}
     finally:
         try:
             _run(kc, "cluster.close()", timeout=60)
