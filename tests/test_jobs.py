@@ -232,9 +232,8 @@ def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
     job = idle.launch(workloads.spin, kwargs={"sleep": 0.002}, world_size=2, metrics_interval=0.25)
     wait_for(lambda: set(job.latest) == {0, 1})
     first = job.latest
-    time.sleep(0.6)
-    later = job.latest
-    assert all(later[r]["step"] > first[r]["step"] for r in (0, 1))  # it keeps up
+    # it keeps up: every rank's newer steps arrive (within a few flushes on a busy machine)
+    wait_for(lambda: all(job.latest[r]["step"] > first[r]["step"] for r in (0, 1)), timeout=10)
     job.stop()
     rows = job.history()
     events = [
