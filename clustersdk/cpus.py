@@ -162,9 +162,9 @@ def free_helpers(allowed: list[int], pid: int | None = None) -> int:
     return freed
 
 
-def leave_starter() -> bool:
+def leave_starter() -> None:
     """Take this worker's process out of the process group of whatever started its nanny
-    (a notebook's kernel, the script that called ``Cluster.local``); whether it did.
+    (a notebook's kernel, the script that called ``Cluster.local``).
 
     Jupyter interrupts a kernel by signalling its whole process group, as a terminal's
     Ctrl-C does: each worker took the SIGINT as its own KeyboardInterrupt, and left the
@@ -179,10 +179,7 @@ def leave_starter() -> bool:
     Called only in a worker that a nanny started: a worker in the user's own process
     must not take that process out of its terminal's job. The worker still ends with its
     nanny (Dask's worker exits when the pipe from its parent closes)."""
-    if os.getpgid(0) == os.getpid():
-        return False  # it leads its group already
     try:
-        os.setpgid(0, 0)
-    except OSError:  # a sandbox that forbids it: the worker runs as it was started
-        return False
-    return True
+        os.setpgid(0, 0)  # a group's leader already: nothing changes
+    except OSError:  # a session's leader, or a sandbox that forbids it: left as started
+        pass
