@@ -173,6 +173,37 @@ def test_a_script_ranks_collective_helpers_are_freed_too(idle, tmp_path):
         assert seen["others"] and all(t == share for t in seen["others"])
 
 
+def _placement_of_every_rank(ctx) -> list[dict] | None:
+    """In a loop, on every rank: the CPUs of the rank's thread, of the threads of its
+    process groups (gloo's), and of the worker's other threads; rank 0 returns them all."""
+    import torch.distributed as dist
+
+    for _step, _ in ctx.loop(None, steps=2):
+        pass
+    me = threading.get_native_id()
+    groups, others = [], []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            placed = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            continue
+        if int(tid) != me:
+            (groups if "gloo" in name else others).append(placed)
+    seen = {"rank": sorted(os.sched_getaffinity(me)), "groups": groups, "others": others}
+    everyone: list = [None] * ctx.world_size
+    dist.all_gather_object(everyone, seen)
+    return everyone if ctx.rank == 0 else None
+
+
+SCRIPT_AFFINITY = """
+import os, sys
+with open(f"{sys.argv[1]}.{os.environ['RANK']}", "w") as f:
+    f.write(",".join(map(str, sorted(os.sched_getaffinity(0)))))
+"""
+
+
 def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) > 4:
@@ -188,5 +219,29 @@ def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none
         assert {s["cpus"] for s in crowded.slots()} == {""}
         for threads in crowded.client.run(_affinity_of_every_thread).values():
             assert all(t == allowed for t in threads)
+        # a job of more ranks than CPUs: each rank, and the process groups it starts, on
+        # one core, round robin; the workers' own threads stay unbound
+        cores = cpus.host_cores(set(allowed))
+        ranks = len(allowed) + 1
+        seen = crowded.launch(_placement_of_every_rank, world_size=ranks).wait(timeout=60)
+        for rank, placed in enumerate(seen):
+            core = sorted(cores[rank % len(cores)])
+            assert placed["rank"] == core
+            assert len(placed["groups"]) >= 3  # a connection thread and two helpers, at least
+            assert all(t == core for t in placed["groups"])
+            assert placed["others"] and all(t == allowed for t in placed["others"])
+        # a script rank's process too
+        script = tmp_path / "affinity.py"
+        script.write_text(SCRIPT_AFFINITY)
+        crowded.launch_script(str(script), [str(tmp_path / "cpus")], world_size=ranks).wait(
+            timeout=120
+        )
+        for rank in range(ranks):
+            placed = (tmp_path / f"cpus.{rank}").read_text()
+            assert cpus.parse_cpulist(placed) == sorted(cores[rank % len(cores)])
+        # no more ranks than CPUs: left unbound, by a worker that ran a bound rank before
+        seen = crowded.launch(_placement_of_every_rank, world_size=len(allowed)).wait(timeout=60)
+        assert all(p["rank"] == allowed and p["groups"] for p in seen)
+        assert all(t == allowed for p in seen for t in p["groups"] + p["others"])
     finally:
         crowded.close()

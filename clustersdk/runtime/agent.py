@@ -132,7 +132,9 @@ class Agent(WorkerPlugin):
                 self, job, rank, wire, payload, master_addr, master_port, store, hosts
             )
         else:
-            thread = RankThread(self, job, rank, wire, payload, master_addr, master_port, store)
+            thread = RankThread(
+                self, job, rank, wire, payload, master_addr, master_port, store, hosts
+            )
         if words:  # e.g. the pause of a job that was PAUSED before its restart
             thread.control.merge(words)
         early = self.early.pop((job, thread.attempt), None)
@@ -294,9 +296,11 @@ class RankThread(threading.Thread):
         master_addr: str,
         master_port: int,
         store: Any,
+        hosts: list[str] | None = None,
     ):
         super().__init__(name=f"clustersdk-{spec.name}-rank{rank}", daemon=True)
         self.agent, self.job, self.rank, self.spec = agent, job, rank, spec
+        self.hosts = list(hosts or ())  # each rank's host, from the control plane
         self.payload, self.store = payload, store
         self.master = (master_addr, master_port)
         self.attempt = spec.attempt
@@ -348,6 +352,8 @@ class RankThread(threading.Thread):
         outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
         device = None
         try:
+            if self.hosts and not self.agent.host_cpus:  # unbound: more workers than CPUs
+                cpus.pin_rank(self.hosts, rank)  # before its process groups' threads start
             device = pg.rank_device(_slot_kind())
             pg.set_env(rank, ws, *self.master, env=spec.env)
             store = self.store or pg.join_store(*self.master, ws, spec.timeout)
