@@ -33,6 +33,7 @@ busy whichever way its ranks are spread, so there each rank runs on one physical
 core, round robin (:func:`rank_share`), for as long as it runs: its thread (or
 a script rank's process) and the collective threads it starts. Left to the
 kernel, its ranks kept moving between cores, each move with cold caches.
+``bind_cpus=False`` (:data:`OFF`) turns this off too.
 Measured on 2 cores, 4 ranks, against the same code unpinned (medians of 3 paired
 rounds, a fresh cluster each): tensor parallel 1.70x, 2-D (FSDP x TP) 1.14x,
 pipeline 1.08x, DDP 0.98x (rounds 0.94 to 1.15).
@@ -51,6 +52,7 @@ from __future__ import annotations
 import os
 
 ENV = "CLUSTERSDK_CPUS"  # the worker's share, as a CPU list; absent: not bound
+OFF = "off"  # ENV's value under bind_cpus=False: nothing bound, no rank pinned either
 # Threads that carry out the collectives of a rank rather than its compute: gloo's
 # collective workers, by the name torch gives them. They may run on any allowed CPU.
 HELPERS = ("pt_gloo_runloop",)

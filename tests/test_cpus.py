@@ -245,3 +245,19 @@ def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none
         assert all(t == allowed for p in seen for t in p["groups"] + p["others"])
     finally:
         crowded.close()
+
+
+def test_bind_cpus_false_binds_no_worker_and_pins_no_rank(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) > 4:
+        pytest.skip("starts one worker more than this machine has CPUs")
+    ranks = len(allowed) + 1
+    cluster = cs.Cluster.local(workers=ranks, bind_cpus=False, state_dir=str(tmp_path))
+    try:
+        assert {s["cpus"] for s in cluster.slots()} == {""}
+        seen = cluster.launch(_placement_of_every_rank, world_size=ranks).wait(timeout=60)
+        assert len(seen) == ranks
+        assert all(p["rank"] == allowed for p in seen)
+        assert all(t == allowed for p in seen for t in p["groups"] + p["others"])
+    finally:
+        cluster.close()

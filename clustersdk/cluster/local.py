@@ -44,7 +44,8 @@ def local(
     ``bind_cpus`` (default: ``clustersdk.bind-cpus``, true) gives each worker a disjoint
     share of this machine's cores, whole physical cores in order, when it has at
     least as many CPUs as workers (``clustersdk.cpus``); ``cluster.slots()`` shows each
-    worker's share.
+    worker's share. With fewer CPUs, a job with more ranks than CPUs runs each rank on
+    one core, round robin; ``bind_cpus=False`` binds neither.
 
     In a script, call it under ``if __name__ == "__main__":`` (the workers
     import the script again); without the guard this fails at once, saying so.
@@ -95,6 +96,8 @@ def local(
         env = {"CUDA_VISIBLE_DEVICES": str(i) if n_gpus else ""}
         if shares:
             env[cpus.ENV] = shares[i]
+        elif not bind:
+            env[cpus.ENV] = cpus.OFF
         specs[f"slot-{i}"] = {
             "cls": Nanny,
             "options": {

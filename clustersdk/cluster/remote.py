@@ -200,10 +200,13 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
     host = None if args.interface else listen_host(args.host)
     tls = security(args)
     envs = [{"CUDA_VISIBLE_DEVICES": device} for device in go["slots"]]
+    cpus = _cpus_module()
     if go.get("bind_cpus", True):
-        cpus = _cpus_module()
         for env, share in zip(envs, cpus.shares(len(envs)) or []):
             env[cpus.ENV] = share
+    else:
+        for env in envs:
+            env[cpus.ENV] = cpus.OFF
     nannies = [
         Nanny(
             go["scheduler"],

@@ -72,7 +72,8 @@ def ssh(
     worker (NCCL_IB_DISABLE, NCCL_DEBUG, NCCL_SOCKET_IFNAME...). ``rendezvous_ports``
     (``"29400-29499"``) bounds the ports rank 0's store may use. ``bind_cpus`` (default:
     ``clustersdk.bind-cpus``, true) gives each worker on a host a disjoint share of the
-    cores its launcher may use, as in ``Cluster.local``.
+    cores its launcher may use, and pins the ranks of a job with more ranks on a host
+    than it has CPUs, as in ``Cluster.local``.
 
     Host keys are checked against ``known_hosts`` (default ``~/.ssh/known_hosts``):
     an unknown or changed key raises :class:`~clustersdk.HostKeyError`, unless

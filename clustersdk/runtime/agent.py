@@ -65,6 +65,8 @@ class Agent(WorkerPlugin):
             cpus.leave_starter()
         # a bound worker's ranks let their collective helper threads use every core
         self.host_cpus = allowed if bound else None
+        # unbound (more workers than CPUs): a job with more ranks here than CPUs pins them
+        self.pin_ranks = not bound and os.environ.get(cpus.ENV) != cpus.OFF
         # Importing torch._dynamo costs 1-1.5 s on the first DDP(...); pay it now.
         slot = await asyncio.get_running_loop().run_in_executor(None, _warm_up_and_probe)
         # what the ranks of a job must agree on; compared by the control plane (diagnoses)
@@ -352,8 +354,8 @@ class RankThread(threading.Thread):
         outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
         device = None
         try:
-            if self.hosts and not self.agent.host_cpus:  # unbound: more workers than CPUs
-                cpus.pin_rank(self.hosts, rank)  # before its process groups' threads start
+            if self.hosts and self.agent.pin_ranks:  # before its process groups' threads
+                cpus.pin_rank(self.hosts, rank)
             device = pg.rank_device(_slot_kind())
             pg.set_env(rank, ws, *self.master, env=spec.env)
             store = self.store or pg.join_store(*self.master, ws, spec.timeout)
@@ -487,7 +489,7 @@ def _bind_cpus() -> str:
     """Bind this worker's threads to the share of the host's cores its deployer gave it
     (``clustersdk.cpus``); the CPU list, or "" when it has none."""
     text = os.environ.get(cpus.ENV, "")
-    if not text:
+    if not text or text == cpus.OFF:
         return ""
     try:
         return cpus.cpulist(cpus.bind_process(text))

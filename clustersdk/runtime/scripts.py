@@ -238,7 +238,7 @@ class ScriptRank(threading.Thread):
         outcome: dict[str, Any] = {"status": ExitStatus.OK.value}
         try:
             argv, env, cwd = self._prepare()
-            if not self.agent.host_cpus:  # as a rank thread: its process inherits the core
+            if self.agent.pin_ranks:  # as a rank thread's: its process inherits the core
                 cpus.pin_rank(self.hosts, self.rank)
             self._spawn(argv, env, cwd)
             self.agent.report(
