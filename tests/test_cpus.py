@@ -61,14 +61,21 @@ def test_this_hosts_cores_cover_exactly_the_cpus_it_may_use():
 
 
 # --- a local cluster --------------------------------------------------------------------------
-def _affinity_of_every_thread() -> list[list[int]]:
+def _threads() -> list[tuple[int, str, list[int]]]:
+    """Every thread of this process: its id, its name and the CPUs it may run on."""
     out = []
     for tid in os.listdir("/proc/self/task"):
         try:
-            out.append(sorted(os.sched_getaffinity(int(tid))))
-        except ProcessLookupError:
-            pass
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out.append((int(tid), name, sorted(os.sched_getaffinity(int(tid)))))
+        except OSError:
+            continue  # a thread that ended meanwhile
     return out
+
+
+def _affinity_of_every_thread() -> list[list[int]]:
+    return [placed for _tid, _name, placed in _threads()]
 
 
 def _rank_affinity(ctx) -> list[int]:
@@ -82,13 +89,7 @@ def _threads_in_a_loop(ctx) -> dict:
         pass
     me = threading.get_native_id()
     helpers, others = [], []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            placed = sorted(os.sched_getaffinity(int(tid)))
-        except OSError:
-            continue
+    for _tid, name, placed in _threads():
         (helpers if name.startswith(cpus.HELPERS) else others).append(placed)
     return {
         "share": os.environ.get(cpus.ENV, ""),
@@ -182,14 +183,8 @@ def _placement_of_every_rank(ctx) -> list[dict] | None:
         pass
     me = threading.get_native_id()
     groups, others = [], []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-            placed = sorted(os.sched_getaffinity(int(tid)))
-        except OSError:
-            continue
-        if int(tid) != me:
+    for tid, name, placed in _threads():
+        if tid != me:
             (groups if "gloo" in name else others).append(placed)
     seen = {"rank": sorted(os.sched_getaffinity(me)), "groups": groups, "others": others}
     everyone: list = [None] * ctx.world_size
