@@ -13,9 +13,9 @@ What is real and what is simulated (the control plane sees the real protocol):
   ``distributed.core.rpc`` (its own connections, as a worker process has).
   It is not a Dask worker: Dask's own per-worker traffic (heartbeats, the
   worker's batched stream) is not simulated.
-- A :class:`SimRank` is the real :class:`~clustersdk.runtime.agent.RankThread`
-  (its outbox, its ``due``/``drain`` batching, the beacon, the log sink) whose
-  thread is not started: this process's one driver ends its steps. Each step
+- A :class:`SimRank` is the real :class:`~clustersdk.runtime.rank.Rank` (its outbox,
+  its ``due``/``drain`` batching, the beacon, the log sink) with no process: this
+  process's one driver ends its steps. Each step
   lasts ``step_s`` seconds and logs a loss through a real
   :class:`~clustersdk.runtime.metrics.Metrics` (and a real
   :class:`~clustersdk.runtime.phases.PhaseClock` times it). The agent's real
@@ -44,10 +44,11 @@ from typing import Any
 from distributed.core import Server, rpc
 
 from clustersdk.protocol import ExitStatus, Op, RankEvent, WireSpec, Word, op
-from clustersdk.runtime.agent import Agent, RankThread
+from clustersdk.runtime.agent import Agent
 from clustersdk.runtime.control_words import Control
 from clustersdk.runtime.metrics import Metrics
 from clustersdk.runtime.phases import PhaseClock
+from clustersdk.runtime.rank import Rank
 
 GPUS_PER_HOST = 8
 TICK_S = 0.005  # how often the driver looks for steps that ended
@@ -87,13 +88,14 @@ class SimContext:
         return self.clock.rows()
 
 
-class SimRank(RankThread):
-    """A rank whose steps the host's driver ends (its thread never starts)."""
+class SimRank(Rank):
+    """A rank whose steps the host's driver ends (it has no process)."""
 
     def __init__(self, host: Host, *args: Any):
         super().__init__(*args)
         self.host = host
-        self.sampler = CannedSampler()
+        self.pace.sampler = CannedSampler()
+        self.ctx: SimContext | None = None
         self.paused = False
         self.gone = False
         self.logged = 0
@@ -102,6 +104,11 @@ class SimRank(RankThread):
         self.host.begin(self)
 
     def drain(self, final: bool = False) -> dict[str, Any]:
+        ctx = self.ctx
+        if ctx is not None:  # what a rank's process ships: its rows and where it is
+            self.rows.extend(ctx.drain_rows())
+            self.phases.extend(ctx.drain_phases())
+            self.step, self.phase, self.ticks = ctx.step, ctx.phase, ctx.ticks
         msg = super().drain(final)
         self.host.sent_rows += len(msg["rows"])
         self.host.messages += 1
@@ -114,7 +121,7 @@ class SimAgent(Agent):
     def __init__(self, host: Host, address: str, index: int, scheduler: str):
         self.host = host
         self.worker = _WorkerShim(address, scheduler)
-        self.ranks: dict[str, RankThread] = {}
+        self.ranks: dict[str, Rank] = {}
         self.stores: dict[str, Any] = {}
         self.early: dict[tuple[str, int], Control] = {}
         self.versions = host.versions
@@ -151,15 +158,14 @@ class SimAgent(Agent):
             rank,
             WireSpec.from_dict(spec),
             payload,
-            master_addr,
-            master_port,
-            None,
+            (master_addr, master_port),
+            hosts,
         )
         if words:
-            thread.control.merge(words)
+            thread.merge(words)
         early = self.early.pop((job, thread.attempt), None)
         if early is not None:
-            thread.control.merge(early.words())
+            thread.merge(early.words())
         self.ranks[job] = thread
         thread.start()
 
@@ -359,8 +365,9 @@ class Host:
     def _exit(self, rank: SimRank, status: ExitStatus) -> None:
         rank.gone = True
         ctx = rank.ctx
-        rank.leftover.extend(ctx.drain_rows())
-        rank.leftover_phases.extend(ctx.drain_phases())
+        rank.rows.extend(ctx.drain_rows())
+        rank.phases.extend(ctx.drain_phases())
+        rank.step, rank.phase = ctx.step, "done"
         rank.ctx = None
         if rank.agent.ranks.get(rank.job) is rank:
             del rank.agent.ranks[rank.job]

@@ -15,7 +15,8 @@
      ├── CheckpointError                      a checkpoint can't be written, found or loaded
      ├── StartError                          a cluster's hosts or batch jobs could not be started
      │    └── HostKeyError                   an SSH host key is unknown or has changed: refused
-     └── JobFailedError                      a rank raised; carries rank, type, message, traceback
+     └── JobFailedError                      a rank failed (raised, or its process died);
+                                             carries rank, type, message, traceback
 
 Every message names the bad value and what was expected, so that a user can
 fix the call without reading our code.
@@ -23,7 +24,30 @@ fix the call without reading our code.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+#: What a rank's error record is typed when its process ended without an exception of
+#: its own: a script's non-zero exit, a function rank killed by a signal or ``os._exit``.
+#: Its message says how ("exited with code 3", "died of SIGSEGV (signal 11)").
+EXIT_TYPES = frozenset({"ScriptExit", "RankExit"})
+
+
+def describe(error: Mapping[str, Any]) -> str:
+    """One line for a rank's error record: what happened to which rank.
+
+    >>> describe({"rank": 1, "type": "RankExit", "message": "died of SIGSEGV (signal 11)",
+    ...           "where": "host 10.0.0.2, GPU 3"})
+    'rank 1 (host 10.0.0.2, GPU 3) died of SIGSEGV (signal 11)'
+    >>> describe({"rank": 0, "type": "ValueError", "message": "boom"})
+    'rank 0 raised ValueError: boom'
+    """
+    rank = f"rank {error.get('rank')}"
+    if error.get("where"):
+        rank += f" ({error['where']})"
+    if error.get("type") in EXIT_TYPES:
+        return f"{rank} {error.get('message')}"
+    return f"{rank} raised {error.get('type')}: {error.get('message')}"
 
 
 class ClusterSDKError(Exception):
@@ -159,12 +183,14 @@ class JobFailedError(ClusterSDKError):
         traceback: str,
         consequences: list[dict[str, Any]] | None = None,
         diagnosis: dict[str, Any] | None = None,
+        where: str | None = None,
     ):
         self.job = job
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.traceback = traceback
+        self.where = where  # the failed rank's host and device: "host h, GPU 0"
         self.consequences = consequences or []  # the peers' errors the cause brought about
         self.diagnosis = None
         if diagnosis:
@@ -173,20 +199,24 @@ class JobFailedError(ClusterSDKError):
             self.diagnosis = Diagnosis.from_dict(diagnosis)
         if exc_type == "WorkerLost":  # no rank raised: its worker went away
             text = f"job {job!r} failed: {message}"
-        elif exc_type == "ScriptExit":  # a script's process: "exited with code 3"
-            text = f"job {job!r} failed: rank {rank} {message}"
-        else:
-            text = f"job {job!r} failed: rank {rank} raised {exc_type}: {message}"
+        else:  # "rank 1 raised ValueError: ...", "rank 1 (host h, CPU) died of SIGSEGV"
+            record = {"rank": rank, "type": exc_type, "message": message, "where": where}
+            text = f"job {job!r} failed: {describe(record)}"
         if self.diagnosis is not None:
             text += f"\n\nDiagnosis: {self.diagnosis.summary}\nWhat to do: {self.diagnosis.advice}"
         if self.consequences:
             text += "\n\nThen, as a consequence:" + "".join(
-                f"\n  rank {c.get('rank')} raised {c.get('type')}: {c.get('message')}"
-                for c in self.consequences
+                f"\n  {describe(c)}" for c in self.consequences
             )
         if traceback:
             text += f"\n\nRemote traceback (rank {rank}):\n{traceback}"
         super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # built from its fields again (Exception's default passes the text as one argument)
+        diagnosis = self.diagnosis.as_dict() if self.diagnosis is not None else None
+        fields = (self.rank, self.exc_type, self.message, self.traceback, self.consequences)
+        return type(self), (self.job, *fields, diagnosis, self.where)
 
     @classmethod
     def from_record(cls, job: str, error: dict[str, Any]) -> JobFailedError:
@@ -198,4 +228,5 @@ class JobFailedError(ClusterSDKError):
             error["traceback"],
             error.get("consequences"),
             error.get("diagnosis"),
+            error.get("where"),
         )

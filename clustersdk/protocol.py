@@ -131,8 +131,9 @@ class WorkerOp(str, enum.Enum):
     OPEN_STORE = "open_store"
     START_RANK = "start_rank"
     CONTROL = "control"
-    STACKS = "stacks"  # the stack of a job's rank thread on this worker
+    STACKS = "stacks"  # where the job's rank on this worker is (its Python stack)
     CONSOLE = "console"  # a line of input for the rank's pdb session
+    END_RANK = "end_rank"  # kill the job's rank process here (a hung rank); the worker stays
     REVOKE = "revoke"  # a new revocation list for this worker's listeners
 
     @property

@@ -33,15 +33,15 @@ would under ``torchrun``. Two calls give it what a training function gets from `
   script reported with :func:`saved`) tell a script coming back where to resume from.
 
 Dependency-free: the standard library only (``torch.distributed`` when the script has
-initialized it). The job's rank gives the process a Unix socket (``CLUSTERSDK_CONTROL``);
-a log is one line written to it, a boundary that asks for nothing is a few attribute
-reads.
+initialized it). The job's rank gives the process a Unix socket (``CLUSTERSDK_CONTROL``),
+the line every rank process has to its worker (:mod:`clustersdk.runtime.channel`);
+a log is one message written to it, a boundary that asks for nothing is a few
+attribute reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -50,7 +50,8 @@ import threading
 import time
 from typing import Any
 
-from .protocol import Word, no_words
+from .protocol import RankEvent, Word, no_words
+from .runtime.channel import Channel
 
 __all__ = ["Request", "checkpoint_dir", "in_job", "log", "restarts", "resume_from", "saved", "step"]
 
@@ -116,7 +117,7 @@ def log(step: int | None = None, **scalars: Any) -> None:
     if channel is None:
         return
     values = {k: _number(k, v) for k, v in scalars.items()}
-    channel.send({"op": "log", "step": step, "time": time.time(), "scalars": values})
+    channel.log(step, values)
 
 
 def step(step: int, *, saves: bool = False) -> Request:
@@ -148,12 +149,13 @@ def saved(path: str | None = None, *, step: int | None = None) -> None:
 
 # --- the channel to the rank -------------------------------------------------------------------
 class _Channel:
-    """This process's line to its rank (a Unix socket): messages out, control words in."""
+    """This process's line to its rank: rows, whereabouts and reports out, control words in."""
 
     def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.lock = threading.Lock()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        self.line = Channel(sock)
+        self.rank = int(os.environ.get("RANK", "0") or 0)
         self.changed = threading.Condition()
         self.words = no_words()
         self.sigterm = False
@@ -162,28 +164,40 @@ class _Channel:
         self.check: Any = None  # the ranks' agreement (clustersdk.runtime.control_words)
         self.agreed = no_words()  # the newest words every rank acted on
         self.done = no_words()  # what this script handled: the request seqs
-        self.step = 0
+        self.step: int | None = None  # the newest step it logged or reached
         self.last_report = 0.0
         threading.Thread(target=self._listen, daemon=True, name="clustersdk-script").start()
-        self.send({"op": "hello", "pid": os.getpid()})
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message).encode() + b"\n"
-        with self.lock:
-            try:
-                self.sock.sendall(data)
-            except OSError:  # the rank is going away: the script goes on as it would alone
-                pass
+        # the rank is going away when this fails: the script goes on as it would alone
+        self.line.send(message)
+
+    def log(self, step: int | None, scalars: dict[str, float]) -> None:
+        if step is not None:
+            self.step = step if self.step is None else max(self.step, int(step))
+        at = step if step is not None else self.step
+        row = {"rank": self.rank, "step": at or 0, "time": time.time(), "scalars": scalars}
+        self.send({"op": "rows", "rows": [row], "beacon": {"step": self.step}})
+
+    def report(self, event: RankEvent, at: int, phase: str | None = None, **data: Any) -> None:
+        beacon = {"step": at, "phase": phase} if phase else {"step": at}
+        self.send({"op": "report", "event": event.value, "data": data, "beacon": beacon})
+
+    def where(self, step: int, phase: str | None = None) -> None:
+        beacon = {"step": step, "phase": phase} if phase else {"step": step}
+        self.send({"op": "rows", "beacon": beacon})
 
     def _listen(self) -> None:
         try:
-            with self.sock.makefile("rb") as lines:
-                for line in lines:
-                    words = json.loads(line).get("words")
-                    if words:
-                        with self.changed:
-                            self.words = [max(a, int(b)) for a, b in zip(self.words, words)]
-                            self.changed.notify_all()
+            while True:
+                message = self.line.recv()
+                if message is None:
+                    return
+                words = message.get("words") if message.get("op") == "words" else None
+                if words:
+                    with self.changed:
+                        self.words = [max(a, int(b)) for a, b in zip(self.words, words)]
+                        self.changed.notify_all()
         except (OSError, ValueError):
             pass
 
@@ -191,11 +205,11 @@ class _Channel:
     def boundary(self, step: int, saves: bool) -> Request:
         if not self.opted:
             self._opt_in(step, saves)
-        self.step = step
+        self.step = step if self.step is None else max(self.step, step)
         now = time.monotonic()
         if now - self.last_report >= STEP_REPORT_S:
             self.last_report = now
-            self.send({"op": "step", "step": step})
+            self.where(step)
         words = self._agree(step)
         if words is None:
             return NOTHING
@@ -207,19 +221,13 @@ class _Channel:
         suspend = bool(words[Word.SUSPEND]) and not words[Word.STOP]
         stop = bool(words[Word.STOP] or words[Word.SUSPEND])
         if checkpoint or stop:
-            self.send(
-                {
-                    "op": "phase",
-                    "phase": "checkpoint" if checkpoint or suspend else "step",
-                    "step": step,
-                }
-            )
+            self.where(step, "checkpoint" if checkpoint or suspend else "step")
         return Request(checkpoint=checkpoint or suspend, stop=stop, suspend=suspend)
 
     def _opt_in(self, step: int, saves: bool) -> None:
         self.opted = True
         accepts = ["pause", "checkpoint"] if saves else ["pause"]
-        self.send({"op": "controls", "accepts": accepts, "step": step})
+        self.report(RankEvent.CONTROLS, step, accepts=accepts)
         if (
             threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
@@ -276,7 +284,7 @@ class _Channel:
         """Wait at this boundary until the pause is resumed, or a stop comes (every rank
         sees the same words here: they agreed to pause, and each waits for the same ones)."""
         generation = words[Word.PAUSE]
-        self.send({"op": "paused", "step": step})
+        self.report(RankEvent.PAUSED, step, "paused", step=step)
         while True:
             with self.changed:
                 self.changed.wait_for(lambda: self._leaves_pause(generation), timeout=0.2)
@@ -288,7 +296,7 @@ class _Channel:
             self.check.control.merge(words)
             words = self.check.agree(step)
         self.agreed = list(words)
-        self.send({"op": "resumed", "step": step})
+        self.report(RankEvent.RESUMED, step, "step", step=step)
         return words
 
     def _leaves_pause(self, generation: int) -> bool:
@@ -301,14 +309,12 @@ class _Channel:
         )
 
     def saved(self, path: str | None, step: int | None) -> None:
-        self.send(
-            {
-                "op": "saved",
-                "seq": self.done[Word.CHECKPOINT],
-                "step": self.step if step is None else int(step),
-                "path": None if path is None else os.fspath(path),
-            }
-        )
+        at = (self.step or 0) if step is None else int(step)
+        self.where(at, "step")
+        if self.rank == 0:  # as a function job's: rank 0 reports the commit
+            where = os.fspath(path) if path is not None else (checkpoint_dir() or "")
+            seq = self.done[Word.CHECKPOINT]
+            self.report(RankEvent.CHECKPOINT, at, "step", seq=seq, step=at, path=where)
 
 
 _lock = threading.Lock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import inspect
 import os
 import re
 import uuid
@@ -110,6 +111,8 @@ class JobSpec:
         self.args = tuple(self.args)
         if not isinstance(self.kwargs, dict):
             raise SpecError(f"kwargs must be a dict, got {type(self.kwargs).__name__}")
+        if self.fn is not None:
+            _check_call(self.fn, self.args, self.kwargs)
         if self.name is None:
             self.name = self.default_name()
         for name, value in options.check(self.options()).items():
@@ -294,3 +297,57 @@ def _checkpoint_root(value: str) -> str:
             f"checkpoint_dir {value!r} names no bucket or path: give one, e.g. 's3://bucket/runs/a'"
         )
     return url
+
+
+CONTEXT_NAMES = frozenset({"ctx", "context"})
+
+
+def _check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a training function that cannot be called as ``fn(ctx, *args, **kwargs)``:
+    one with no positional parameter for the context, one whose first parameter has a
+    default (``def f(lr=1e-3)`` would silently get the context as ``lr``), one that does
+    not take these ``args`` and ``kwargs``. A callable whose signature Python can't tell
+    (a builtin, some extension types) is let through.
+
+    >>> _check_call(lambda ctx, lr=1e-3: None, (), {"lr": 0.1})
+    >>> _check_call(lambda lr=1e-3: None, (), {})
+    Traceback (most recent call last):
+    ...
+    clustersdk.errors.SpecError: the training function <lambda>(lr=0.001) must take the job's context as its first argument, but its first parameter 'lr' has a default (0.001): write <lambda>(ctx, lr=0.001)
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    shown = f"{name}{signature}"
+    params = list(signature.parameters.values())
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    must = f"the training function {shown} must take the job's context as its first argument"
+    if not positional and not varargs:
+        rest = ", ".join(str(p) for p in params if p.name not in CONTEXT_NAMES)
+        fixed = f"{name}(ctx{', ' + rest if rest else ''})"
+        raise SpecError(f"{must}, but it takes no positional argument: write {fixed}")
+    first = positional[0] if positional else None
+    if (
+        first is not None
+        and first.default is not inspect.Parameter.empty
+        and first.name not in CONTEXT_NAMES
+    ):
+        rest = ", ".join(str(p) for p in params)
+        raise SpecError(
+            f"{must}, but its first parameter {first.name!r} has a default "
+            f"({first.default!r}): write {name}(ctx, {rest})"
+        )
+    try:
+        signature.bind(object(), *args, **kwargs)
+    except TypeError as e:
+        raise SpecError(
+            f"the training function {shown} is called as fn(ctx, *args, **kwargs), and "
+            f"args={tuple(args)!r}, kwargs={dict(kwargs)!r} do not fit it: {e}"
+        ) from None

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 import clustersdk as cs
 from clustersdk import network
 from clustersdk.cluster.sshconn import Target
 from clustersdk.runtime import process_group
+from clustersdk.runtime.environ import rank_environ
 from clustersdk.spec import JobSpec
 
 
@@ -47,55 +46,38 @@ def test_the_job_env_is_checked_at_launch():
         JobSpec(fn=print, world_size=1, env={"NCCL_IB_DISABLE": True})
 
 
-@pytest.fixture
-def clean_env():
-    names = [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "NCCL_DEBUG",
-        "GLOO_SOCKET_IFNAME",
-        "NCCL_SOCKET_IFNAME",
-        "X_TEST_KEEP",
-    ]
-    saved = {n: os.environ.get(n) for n in names}
-    for n in names:
-        os.environ.pop(n, None)
-    process_group._saved_env.clear()
-    yield
-    process_group._saved_env.clear()
-    for n, v in saved.items():
-        os.environ.pop(n, None) if v is None else os.environ.__setitem__(n, v)
+def environ(rank: int, master: str, env: dict | None = None, worker: dict | None = None) -> dict:
+    """What rank ``rank`` of a 2-rank job on one host runs with, rank 0 at ``master``."""
+    spec = JobSpec(fn=print, world_size=2, env=env or {}).to_wire()
+    return rank_environ(rank, ["h", "h"], master, 1234, spec, None, "/e", worker or {})
 
 
-def test_a_jobs_env_is_undone_before_the_next_job(clean_env):
-    os.environ["X_TEST_KEEP"] = "worker's own"
-    process_group.set_env(0, 2, "127.0.0.1", 1234, env={"NCCL_DEBUG": "INFO", "X_TEST_KEEP": "job"})
-    assert (os.environ["NCCL_DEBUG"], os.environ["X_TEST_KEEP"]) == ("INFO", "job")
-    assert os.environ["MASTER_PORT"] == "1234"
-    process_group.set_env(0, 2, "127.0.0.1", 1235)
-    assert "NCCL_DEBUG" not in os.environ and os.environ["X_TEST_KEEP"] == "worker's own"
+def test_a_ranks_environment_is_its_workers_with_its_jobs_on_top():
+    worker = {"X_TEST_KEEP": "worker's own", "PATH": "/bin"}
+    env = environ(0, "127.0.0.1", {"NCCL_DEBUG": "INFO", "X_TEST_KEEP": "job"}, worker)
+    assert (env["NCCL_DEBUG"], env["X_TEST_KEEP"], env["PATH"]) == ("INFO", "job", "/bin")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"]) == ("127.0.0.1", "1234", "0")
+    # each rank is a process of its own: the next job's environment starts from the worker's
+    assert "NCCL_DEBUG" not in environ(0, "127.0.0.1", worker=worker)
+    assert worker == {"X_TEST_KEEP": "worker's own", "PATH": "/bin"}
 
 
-def test_loopback_jobs_bind_gloo_and_nccl_to_the_loopback_interface(clean_env):
+def test_loopback_jobs_bind_gloo_and_nccl_to_the_loopback_interface():
     # not to whatever the host name resolves to: nobody else may reach an unauthenticated port
     loopback = network.interface_of("127.0.0.1")
-    process_group.set_env(0, 2, "127.0.0.1", 1234)
-    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == loopback
+    env = environ(1, "127.0.0.1")
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == loopback
 
 
-def test_a_remote_master_picks_the_interface_that_routes_to_it(clean_env):
+def test_a_remote_master_picks_the_interface_that_routes_to_it():
     address = network.local_address_towards("192.0.2.123") or pytest.skip("no default route")
     interface = network.interface_of(address)
-    process_group.set_env(1, 2, "192.0.2.123", 1234, env={"NCCL_SOCKET_IFNAME": "=ib0"})
-    assert os.environ["GLOO_SOCKET_IFNAME"] == interface
-    assert os.environ["NCCL_SOCKET_IFNAME"] == "=ib0"  # what the job says wins
+    env = environ(1, "192.0.2.123", {"NCCL_SOCKET_IFNAME": "=ib0"})
+    assert env["GLOO_SOCKET_IFNAME"] == interface
+    assert env["NCCL_SOCKET_IFNAME"] == "=ib0"  # what the job says wins
 
 
-def test_the_store_opens_inside_the_rendezvous_range(clean_env):
+def test_the_store_opens_inside_the_rendezvous_range():
     import dask.config
 
     with dask.config.set({"clustersdk.rendezvous-ports": "29650-29659"}):

@@ -4,7 +4,6 @@ and stop requests, saved reports the checkpoint."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 from clustersdk.protocol import Word, no_words
+from clustersdk.runtime.channel import Channel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,20 +60,20 @@ class FakeRank:
 
     def accept(self) -> None:
         self.peer, _ = self.server.accept()
-        self.peer.settimeout(60)
-        self.lines = self.peer.makefile("rb")
+        self.line = Channel(self.peer)
         self.send()
 
     def send(self, **words: int) -> None:
         for name, value in words.items():
             self.words[Word[name]] = value
-        self.peer.sendall(json.dumps({"words": self.words}).encode() + b"\n")
+        self.line.send({"op": "words", "words": self.words})
 
-    def next(self, op: str) -> dict:
-        """The next message of kind ``op`` (others are skipped)."""
+    def next(self, op: str, event: str | None = None) -> dict:
+        """The next message of kind ``op`` (a report: of ``event``); others are skipped."""
         while True:
-            message = json.loads(self.lines.readline())
-            if message["op"] == op:
+            message = self.line.recv(timeout=60)
+            assert isinstance(message, dict), message
+            if message["op"] == op and (event is None or message["event"] == event):
                 return message
 
     def close(self) -> None:
@@ -102,15 +102,15 @@ def test_log_step_pause_checkpoint_and_stop_through_the_rank_s_socket(tmp_path):
     )
     try:
         rank.accept()
-        assert rank.next("hello")["pid"] == proc.pid
-        assert rank.next("log")["scalars"] == {"loss": 0.5, "acc": 1.0}
-        assert rank.next("controls")["accepts"] == ["pause", "checkpoint"]
+        [row] = rank.next("rows")["rows"]
+        assert (row["step"], row["scalars"]) == (1, {"loss": 0.5, "acc": 1.0})
+        assert rank.next("report", "controls")["data"]["accepts"] == ["pause", "checkpoint"]
         rank.send(PAUSE=1)
-        paused = rank.next("paused")["step"]
+        paused = rank.next("report", "paused")["data"]["step"]
         rank.send(CHECKPOINT=1)  # while paused: waits for the resume
         rank.send(RESUME=1)
-        assert rank.next("resumed")["step"] == paused
-        saved = rank.next("saved")
+        assert rank.next("report", "resumed")["data"]["step"] == paused
+        saved = rank.next("report", "checkpoint")["data"]
         assert saved["seq"] == 1 and saved["path"] == f"/ck/{saved['step']}"
         rank.send(SUSPEND=1)
         out, err = proc.communicate(timeout=60)

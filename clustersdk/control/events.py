@@ -462,10 +462,12 @@ class CollectStacks:
 
 
 @dataclasses.dataclass(frozen=True)
-class RestartWorker:
-    """End a rank that will never stop by itself: restart ``worker`` (through its nanny)."""
+class EndRank:
+    """End a rank that will never stop by itself: kill its process on ``worker`` (the
+    worker stays; if it does not answer, it is restarted through its nanny)."""
 
     worker: str
+    attempt: int
     reason: str
 
 
@@ -497,7 +499,7 @@ Action = (
     | CloseBoard
     | Record
     | CollectStacks
-    | RestartWorker
+    | EndRank
     | Release
     | Diagnosed
 )

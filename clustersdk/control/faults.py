@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import describe
 from ..protocol import ExitStatus, Word
 from ..status import JobStatus
 from . import events as ev
@@ -61,6 +62,14 @@ def is_communication_error(err: dict[str, Any]) -> bool:
     return err.get("type") in _COMMUNICATION_TYPES or bool(
         _COMMUNICATION.search(str(err.get("message", "")))
     )
+
+
+def restartable(job: JobView, err: dict[str, Any]) -> bool:
+    """Whether ``err`` restarts its gang within the job's ``max_restarts``: a script's exit
+    (torchrun's rule), or a function rank's process that died (a crash, a kill, an
+    ``os._exit``: like a lost worker). An exception a function raised fails the job: it
+    would raise again."""
+    return job.spec.kind == "script" or err.get("type") == "RankExit"
 
 
 def brief(err: dict[str, Any]) -> dict[str, Any]:
@@ -153,9 +162,9 @@ class Faults:
         if self.cause is None:  # was it a peer's lost worker? wait and see
             self.cause = e.error
             job.emit(ev.StartTimer(self.failure_grace, ev.GraceExpired(job.attempt)))
-            # it fails either way, or (a script, as torchrun) one exit ends the whole gang:
-            # the others stop now
-            if self.restarts >= job.spec.max_restarts or job.spec.kind == "script":
+            # it fails either way, or (a script, as torchrun; a rank's process that died)
+            # one exit ends the whole gang: the others stop now
+            if self.restarts >= job.spec.max_restarts or restartable(job, e.error):
                 job.ask(Word.STOP, 1)
             return
         self.weigh(e.error)
@@ -175,12 +184,16 @@ class Faults:
         return False
 
     def fail_held(self, job: JobView) -> None:
-        """The held-back failure is the job's: it fails, or a script job restarts within its
-        budget (as torchrun restarts its workers after one exits non-zero)."""
+        """The held-back failure is the job's: it fails, or it restarts within its budget
+        when a rank's process ended without an exception of its own (a script's non-zero
+        exit, as torchrun restarts its workers; a function rank's segfault, ``os._exit``,
+        a kill)."""
         budget = job.spec.max_restarts
-        if job.spec.kind != "script" or job.status not in HOLDABLE or self.restarts >= budget:
+        assert self.cause is not None
+        again = restartable(job, self.cause)
+        if not again or job.status not in HOLDABLE or self.restarts >= budget:
             cause = self.take()
-            if job.spec.kind == "script" and budget and job.status in HOLDABLE:
+            if again and budget and job.status in HOLDABLE:
                 cause = {
                     **cause,
                     "message": f"{cause.get('message')} (all {budget} restart(s) "
@@ -193,12 +206,7 @@ class Faults:
         self.restarts += 1
         self.restart_paused = job.status is JobStatus.PAUSED
         rank = cause.get("rank")
-        what = (
-            f"rank {rank} {cause.get('message')}"
-            if cause.get("type") == "ScriptExit"
-            else f"rank {rank} raised {cause.get('type')}: {cause.get('message')}"
-        )
-        message = f"{what}; restart {self.restarts} of {budget}"
+        message = f"{describe(cause)}; restart {self.restarts} of {budget}"
         job.transition(
             JobStatus.RESTARTING,
             restarts=self.restarts,

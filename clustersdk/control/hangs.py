@@ -19,7 +19,7 @@ keeps waiting, ``"restart"`` restarts the gang from its newest checkpoint
 (counting against ``max_restarts``), ``"fail"`` fails it. A hung rank may
 never reach the step boundary where a stop would end it: once a hung job is
 stopping or restarting, ranks still out after ``grace`` seconds are ended by
-restarting their worker (:class:`~.events.RestartWorker`), their slots freed.
+killing their processes (:class:`~.events.EndRank`), their slots freed.
 """
 
 from __future__ import annotations
@@ -160,21 +160,23 @@ class Hangs:
         job.emit(ev.StartTimer(self.grace, ev.StopOverdue(job.attempt, self.grace)))
 
     def overdue(self, job: JobView, e: ev.StopOverdue) -> None:
-        """Ranks of the hung gang still out: restart their workers, free their slots."""
+        """Ranks of the hung gang still out: kill their processes, free their slots."""
         if e.attempt != job.attempt or job.status not in LEAVING:
             return  # an earlier gang's, or the job came back to life and goes on
         stuck = [rank for rank in range(len(job.ranks)) if rank not in job.exited]
         for rank in stuck:
             job.emit(
-                ev.RestartWorker(
-                    job.ranks[rank].worker, f"rank {rank} of job {job.name!r} hung and did not stop"
+                ev.EndRank(
+                    job.ranks[rank].worker,
+                    job.attempt,
+                    f"rank {rank} of job {job.name!r} hung and did not stop",
                 )
             )
         if stuck:
             job.record(
                 "ended",
                 f"rank(s) {', '.join(map(str, stuck))} did not stop within "
-                f"{e.grace:.0f} s: their workers are restarted",
+                f"{e.grace:.0f} s: their processes are killed",
                 ranks=stuck,
             )
         job.end_ranks(stuck, ExitStatus.LOST)

@@ -58,7 +58,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidTransitionError, SpecError
+from ..errors import EXIT_TYPES, InvalidTransitionError, SpecError, describe
 from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import TRANSITIONS, JobStatus, check_transition
@@ -319,9 +319,14 @@ class Lifecycle:
     def fail(self, err: dict[str, Any]) -> None:
         err = self.anomalies.on_failure(self, err)  # with its diagnosis, when it has one
         rank = "" if err.get("rank") is None else f"rank {err['rank']}: "
+        what = (  # a process that died: "rank 1 (host h, CPU) died of SIGSEGV (signal 11)"
+            describe(err)
+            if err.get("type") in EXIT_TYPES
+            else f"{rank}{err.get('type')}: {err.get('message')}"
+        )
         self.record(
             "failed",
-            f"{rank}{err.get('type')}: {err.get('message')}",
+            what,
             rank=err.get("rank"),
             consequences=err.get("consequences", []),
         )

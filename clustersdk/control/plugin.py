@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 PLUGIN_NAME = "clustersdk-control"
 TICK_MS = 1000  # how often the policy looks again without an event (grace, idle timeouts)
 PUBLISH_MS = 100  # how often a big job's bands go to kernels and step summaries to the journal
+END_RANK_WAIT = 10.0  # seconds a worker has to end a hung rank before it is restarted
 
 
 class ControlPlane(SchedulerPlugin):
@@ -373,11 +374,8 @@ class ControlPlane(SchedulerPlugin):
     def _collect_stacks(self, run: Run, action: ev.CollectStacks) -> None:
         self.scheduler.loop.add_callback(self.watchdog.keep_stacks, run)
 
-    def _restart_worker(self, run: Run, action: ev.RestartWorker) -> None:
-        # no new gang may land on it meanwhile: it comes back as a new worker
-        self.slots.pop(action.worker, None)
-        self.placement.scheduler.remove_slot(action.worker)
-        self.scheduler.loop.add_callback(self._restart_worker_process, action.worker, action.reason)
+    def _end_rank(self, run: Run, action: ev.EndRank) -> None:
+        self.scheduler.loop.add_callback(self._end_rank_process, run.id, action)
 
     def _release(self, run: Run, action: ev.Release) -> None:
         self._publish_digest(run)  # its last bands and step summaries
@@ -387,9 +385,32 @@ class ControlPlane(SchedulerPlugin):
         run.done.set()
 
     # --- talking to agents ---------------------------------------------------------------
+    async def _end_rank_process(self, job: str, action: ev.EndRank) -> None:
+        """End a stuck rank: its worker kills the rank's process. A worker that does not
+        answer (frozen itself) is restarted instead."""
+        try:
+            await asyncio.wait_for(
+                self.call_worker(
+                    action.worker,
+                    WorkerOp.END_RANK,
+                    job=job,
+                    attempt=action.attempt,
+                    reason=action.reason,
+                ),
+                END_RANK_WAIT,
+            )
+        except Exception as e:  # noqa: BLE001 - gone, or frozen: its nanny ends it
+            if action.worker not in self.slots:
+                return  # gone already: remove_worker took care of it
+            logger.warning("clustersdk: worker %s did not end its rank (%r)", action.worker, e)
+            # no new gang may land on it meanwhile: it comes back as a new worker
+            self.slots.pop(action.worker, None)
+            self.placement.scheduler.remove_slot(action.worker)
+            await self._restart_worker_process(action.worker, action.reason)
+
     async def _restart_worker_process(self, worker: str, reason: str) -> None:
-        """End a stuck rank by restarting its worker process (its nanny kills it, also
-        when SIGSTOP froze it); without a nanny, take the worker out of the cluster."""
+        """Restart a worker process (its nanny kills it, also when SIGSTOP froze it);
+        without a nanny, take the worker out of the cluster."""
         logger.warning("clustersdk: restarting worker %s: %s", worker, reason)
         stimulus = f"clustersdk-hung-{time.time()}"
         try:
@@ -492,7 +513,7 @@ _EXECUTORS: dict[type, Callable[[ControlPlane, Run, Any], None]] = {
     ev.CloseBoard: ControlPlane._close_board,
     ev.Record: ControlPlane._keep_event,
     ev.CollectStacks: ControlPlane._collect_stacks,
-    ev.RestartWorker: ControlPlane._restart_worker,
+    ev.EndRank: ControlPlane._end_rank,
     ev.Release: ControlPlane._release,
     ev.Diagnosed: lambda plane, run, action: plane.evidence.diagnosed(run, action),
 }

@@ -1,24 +1,22 @@
-"""Per-rank capture of stdout, stderr and logging inside a worker process.
+"""A rank's output as whole lines: what its process writes, until the worker ships it.
 
-Ranks run in threads of a worker process that also serves Dask, so output is
-routed by thread: a rank thread ``bind``s a :class:`Sink`, and every write
-from that thread lands in the sink as whole lines, while other threads keep
-writing to the worker's own streams.
+A rank's stdout, stderr and ``log`` stream are pipes its worker reads
+(:class:`~.rank.Rank`); the bytes arrive in pieces, and :class:`Sink` makes lines of
+them, stamped with the time each was complete. A line that grows past
+:data:`LINE_LIMIT` (a progress bar redrawn with ``\\r`` and no newline) is cut there.
+The last lines of each stream are also kept apart (``tail``): a rank that dies is
+reported with the last lines of its stderr.
 """
 
 from __future__ import annotations
 
+import codecs
 import collections
-import io
-import logging
-import sys
-import threading
 import time
 
-_local = threading.local()
-_installed = False
-
 MAX_PENDING_LINES = 10_000  # per rank between two flushes; older lines are dropped
+LINE_LIMIT = 64 * 1024  # characters: a longer "line" is cut into pieces this long
+TAIL = 20  # lines of each stream kept for a failure's record
 
 
 class Sink:
@@ -27,16 +25,40 @@ class Sink:
     def __init__(self, rank: int):
         self.rank = rank
         self.lines: collections.deque = collections.deque(maxlen=MAX_PENDING_LINES)
+        self.tails: dict[str, collections.deque[str]] = {}
         self._partial: dict[str, str] = {}
+        self._decoders: dict[str, codecs.IncrementalDecoder] = {}
 
-    def write(self, stream: str, text: str) -> None:
+    def write(self, stream: str, text: str) -> int:
+        """Add ``text`` to ``stream``; how many lines it completed."""
         text = self._partial.pop(stream, "") + text
         *complete, rest = text.split("\n")
+        while len(rest) > LINE_LIMIT:
+            complete.append(rest[:LINE_LIMIT])
+            rest = rest[LINE_LIMIT:]
         now = time.time()
+        tail = self.tails.setdefault(stream, collections.deque(maxlen=TAIL))
         for line in complete:
             self.lines.append((self.rank, now, stream, line))
+            tail.append(line)
         if rest:
             self._partial[stream] = rest
+        return len(complete)
+
+    def write_bytes(self, stream: str, data: bytes) -> int:
+        """:meth:`write` for bytes read from a pipe (UTF-8; a character cut between two
+        reads is decoded whole; bad bytes are replaced)."""
+        decoder = self._decoders.get(stream)
+        if decoder is None:
+            decoder = self._decoders[stream] = codecs.getincrementaldecoder("utf-8")("replace")
+        return self.write(stream, decoder.decode(data))
+
+    def tail(self, stream: str) -> list[str]:
+        """The last lines of ``stream`` (its unfinished line too)."""
+        lines = list(self.tails.get(stream, ()))
+        if self._partial.get(stream):
+            lines = (lines + [self._partial[stream]])[-TAIL:]
+        return lines
 
     def drain(self, final: bool = False) -> list[tuple[int, float, str, str]]:
         if final:
@@ -47,68 +69,3 @@ class Sink:
         while self.lines:
             out.append(self.lines.popleft())
         return out
-
-
-class _RankStream(io.TextIOBase):
-    """Stands in for sys.stdout/sys.stderr and routes by the writing thread."""
-
-    def __init__(self, original, name: str):
-        self._original = original
-        self._name = name
-
-    def write(self, s: str) -> int:
-        sink = getattr(_local, "sink", None)
-        if sink is None:
-            return self._original.write(s)
-        sink.write(self._name, s)
-        return len(s)
-
-    def flush(self) -> None:
-        if getattr(_local, "sink", None) is None:
-            self._original.flush()
-
-    # io.TextIOBase defines these, so __getattr__ would never see them
-    @property
-    def encoding(self) -> str:
-        return self._original.encoding
-
-    @property
-    def errors(self) -> str | None:
-        return getattr(self._original, "errors", None)
-
-    def fileno(self) -> int:
-        return self._original.fileno()
-
-    def isatty(self) -> bool:
-        return self._original.isatty()
-
-    def writable(self) -> bool:
-        return True
-
-    def __getattr__(self, name: str):
-        return getattr(self._original, name)
-
-
-class _RankLogHandler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        sink = getattr(_local, "sink", None)
-        if sink is not None:
-            sink.write("log", self.format(record) + "\n")
-
-
-def install() -> None:
-    """Route this process's streams and root logger through rank sinks (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    sys.stdout = _RankStream(sys.stdout, "stdout")
-    sys.stderr = _RankStream(sys.stderr, "stderr")
-    handler = _RankLogHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    _installed = True
-
-
-def bind(sink: Sink | None) -> None:
-    """Send this thread's output to ``sink`` (None: back to the worker's streams)."""
-    _local.sink = sink

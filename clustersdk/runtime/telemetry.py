@@ -24,9 +24,11 @@ logger = logging.getLogger(__name__)
 
 
 class Sampler:
-    """Samples the device a rank uses (``index`` is the physical GPU, or -1 for CPU)."""
+    """Samples the device a rank uses (``index`` is the physical GPU, or -1 for CPU); the
+    host's figures with the memory of process ``pid`` (the rank's, once it runs)."""
 
-    def __init__(self, kind: str, index: int):
+    def __init__(self, kind: str, index: int, pid: int | None = None):
+        self.pid = pid
         self._nvml = None
         self._handle = None
         if kind == "cuda":
@@ -73,14 +75,16 @@ class Sampler:
         import psutil
 
         vm = psutil.virtual_memory()
-        proc = psutil.Process()
         out: dict[str, Any] = {
             "source": "psutil",
             "cpu_percent": float(psutil.cpu_percent(interval=None)),
             "mem_used": float(vm.total - vm.available),
             "mem_total": float(vm.total),
-            "rss": float(proc.memory_info().rss),
         }
+        try:
+            out["rss"] = float(psutil.Process(self.pid).memory_info().rss)
+        except psutil.Error:  # the rank's process just ended
+            pass
         net, now = psutil.net_io_counters(), time.monotonic()
         if self._net is not None and now > self._net_time:
             dt = now - self._net_time
@@ -105,8 +109,7 @@ def memory_reader(nv: Any, handle: Any) -> Callable[[], Any]:
 
 
 class Pace:
-    """When a rank's worker ships its next message, and its next system sample: for a
-    rank thread and a script rank alike.
+    """When a rank's worker ships its next message, and its next system sample.
 
     A message is due every ``interval()`` seconds (the job's metrics interval, which
     the control plane stretches on a busy cluster); a sample goes with one at most
@@ -127,6 +130,10 @@ class Pace:
             self._last_flush = now
             return True
         return False
+
+    def sent(self) -> None:
+        """A message went just now (its rank shipped rows of its own accord)."""
+        self._last_flush = time.monotonic()
 
     def until_due(self) -> float:
         """Seconds until :meth:`due` (at most the interval; 0 or less: now)."""

@@ -79,7 +79,7 @@ def test_fail_fails_a_hung_job_and_ends_the_ranks_that_never_stop():
     assert of(actions, ev.StartTimer) == [ev.StartTimer(10.0, ev.StopOverdue(0, 10.0))]
     exit_all(job, ExitStatus.STOPPED, ranks=[0, 2])  # rank 1 is stuck for good
     actions = job.handle(ev.StopOverdue(0, 10.0), 20.0)
-    assert [a.worker for a in of(actions, ev.RestartWorker)] == ["w1"]
+    assert [a.worker for a in of(actions, ev.EndRank)] == ["w1"]
     assert of(actions, ev.FreeSlot) == [ev.FreeSlot("w1")] and job.released
 
 
@@ -88,7 +88,7 @@ def test_restart_restarts_the_gang_counting_against_the_budget():
     assert statuses(actions) == ["HUNG", "RESTARTING"] and job.restarts == 1
     exit_all(job, ExitStatus.STOPPED, ranks=[0, 2])
     actions = job.handle(ev.StopOverdue(0, 10.0), 20.0)
-    assert of(actions, ev.RestartWorker) and statuses(actions) == ["QUEUED"]
+    assert of(actions, ev.EndRank) and statuses(actions) == ["QUEUED"]
     assert [r.kind for r in of(actions, ev.Record)] == ["ended"]
 
 

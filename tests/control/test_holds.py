@@ -88,7 +88,7 @@ def test_stop_ends_the_hold_failed_with_the_error_and_ends_ranks_that_never_get_
     assert event.kind == "released" and "the hold ended after 7 s: job.stop()" in event.message
     exit_all(job, ExitStatus.STOPPED, ranks=[0])  # rank 1 is stuck in a collective
     actions = job.handle(ev.StopOverdue(0, 10.0), 20.0)
-    assert [a.worker for a in of(actions, ev.RestartWorker)] == ["w1"]
+    assert [a.worker for a in of(actions, ev.EndRank)] == ["w1"]
     assert (
         statuses(actions) == ["FAILED"] and journaled(actions, "error")[0]["type"] == "ValueError"
     )

@@ -9,7 +9,8 @@ import pytest
 from clustersdk.control import events as ev
 from clustersdk.errors import InvalidTransitionError, SpecError
 from clustersdk.protocol import ExitStatus, WireSpec, Word
-from clustersdk.runtime.scripts import read_error_file, torchrun_environ
+from clustersdk.runtime.environ import torchrun_environ
+from clustersdk.runtime.scripts import read_error_file
 from clustersdk.status import JobStatus
 
 from .helpers import exit_all, make, of, running, statuses

@@ -1,13 +1,8 @@
-"""Per-rank capture: whole lines into a Sink, routed by the writing thread."""
+"""A rank's output: whole lines into a Sink, from the pieces its pipes give."""
 
 from __future__ import annotations
 
-import io
-import threading
-
-import pytest
-
-from clustersdk.runtime.capture import Sink, _RankStream, bind
+from clustersdk.runtime.capture import LINE_LIMIT, TAIL, Sink
 
 
 def texts(lines):
@@ -41,39 +36,29 @@ def test_final_drain_flushes_partial_lines():
     assert sink.drain(final=True) == []
 
 
-def test_a_bound_thread_writes_to_its_sink_and_other_threads_to_the_original():
-    original = io.StringIO()
-    stream = _RankStream(original, "stdout")
-    sink = Sink(rank=1)
-    bound, main_wrote = threading.Event(), threading.Event()
-
-    def rank_thread():
-        bind(sink)
-        try:
-            bound.set()
-            main_wrote.wait(5)
-            print("from rank", 1, file=stream)
-            stream.write("partial")
-        finally:
-            bind(None)
-        stream.write("after unbind\n")
-
-    t = threading.Thread(target=rank_thread)
-    t.start()
-    assert bound.wait(5)
-    print("from main", file=stream)  # while the other thread is bound
-    main_wrote.set()
-    t.join(5)
-
-    assert original.getvalue() == "from main\nafter unbind\n"
-    assert texts(sink.drain(final=True)) == [("stdout", "from rank 1"), ("stdout", "partial")]
+def test_bytes_from_a_pipe_are_decoded_across_reads():
+    sink = Sink(rank=0)
+    data = "grüße\n".encode()
+    sink.write_bytes("stdout", data[:3])  # "ü" is cut in two
+    sink.write_bytes("stdout", data[3:] + b"bad \xff byte\n")
+    assert texts(sink.drain()) == [("stdout", "grüße"), ("stdout", "bad \ufffd byte")]
 
 
-@pytest.mark.parametrize("attr", ["encoding", "fileno", "writable"])
-def test_the_stand_in_stream_looks_like_the_original(tmp_path, attr):
-    with open(tmp_path / "out.txt", "w", encoding="utf-8") as original:
-        stream = _RankStream(original, "stdout")
-        value = getattr(original, attr)
-        expected = value() if callable(value) else value
-        got = getattr(stream, attr)
-        assert (got() if callable(got) else got) == expected
+def test_a_line_without_end_is_cut_at_the_limit():
+    sink = Sink(rank=0)
+    bar = "#" * (LINE_LIMIT + 10)  # a progress bar redrawn with \r, never a newline
+    assert sink.write("stderr", bar) == 1
+    [(_, _, _, line)] = sink.drain()
+    assert line == "#" * LINE_LIMIT
+    assert texts(sink.drain(final=True)) == [("stderr", "#" * 10)]
+
+
+def test_the_tail_of_each_stream_is_kept_for_a_failures_record():
+    sink = Sink(rank=0)
+    for i in range(TAIL + 5):
+        sink.write("stderr", f"line {i}\n")
+    sink.write("stdout", "elsewhere\n")
+    sink.write("stderr", "unfinished")
+    sink.drain()  # shipped: the tail stays
+    assert sink.tail("stderr") == [f"line {i}" for i in range(6, TAIL + 5)] + ["unfinished"]
+    assert sink.tail("log") == []
