@@ -4,8 +4,8 @@ A host's workers each get a disjoint share of the cores the host lets them use
 (``os.sched_getaffinity``: under Slurm or a container's cpuset, only the granted
 ones), whole physical cores where there are enough (hyper-thread siblings stay
 together), in core order. A worker binds every thread of its process to its
-share when it starts; what it starts later (its ranks' threads, a script rank,
-data-loader processes) inherits the binding. A rank then never waits for a core
+share when it starts; what it starts later (its zygote, and so every rank
+process, their data-loader processes) inherits the binding. A rank then never waits for a core
 while another worker's threads run on it, and its caches stay its own. It is
 what ``torchrun --numa-binding`` and Slurm's ``--cpu-bind`` do for a process per
 GPU.
@@ -30,9 +30,9 @@ each worker's process in :data:`ENV` as a Linux CPU list (``"0-3,8-11"``).
 
 A job that has more ranks on such a host than the host has CPUs keeps every core
 busy whichever way its ranks are spread, so there each rank runs on one physical
-core, round robin (:func:`rank_share`), for as long as it runs: its thread (or
-a script rank's process) and the collective threads it starts. Left to the
-kernel, its ranks kept moving between cores, each move with cold caches.
+core, round robin (:func:`rank_share`), for as long as it runs: its process
+and every thread it starts. Left to the kernel, its ranks kept moving between
+cores, each move with cold caches.
 ``bind_cpus=False`` (:data:`OFF`) turns this off too.
 Measured on 2 cores, 4 ranks, against the same code unpinned (medians of 3 paired
 rounds, a fresh cluster each): tensor parallel 1.70x, 2-D (FSDP x TP) 1.14x,
@@ -167,20 +167,6 @@ def rank_share(
     if not cores or len(local) <= sum(len(core) for core in cores):
         return None
     return sorted(cores[local.index(rank) % len(cores)])
-
-
-def pin_rank(hosts: list[str], rank: int) -> list[int] | None:
-    """Bind the calling thread, and the threads and processes it starts from now on, to
-    :func:`rank_share` (on an unbound worker); the CPUs, or ``None`` where it stays as
-    it was. The binding ends with the thread: the worker's other threads never had it."""
-    share = rank_share(hosts, rank)
-    if share is None:
-        return None
-    try:
-        os.sched_setaffinity(0, share)  # 0: the calling thread alone
-    except OSError:  # a sandbox that forbids it: the rank runs unbound
-        return None
-    return share
 
 
 def free_helpers(allowed: list[int], pid: int | None = None) -> int:

@@ -12,9 +12,14 @@ guess. The builders at the end make the diagnoses that are not failures
 kind                  recognised from
 ====================  =====================================================================
 cuda_oom              ``torch.OutOfMemoryError`` / "CUDA out of memory" (+ the rank's peaks)
-host_oom              a lost worker the nanny terminated over its memory limit, or killed
-                      by SIGKILL near it (the kernel's OOM killer); ``MemoryError``,
-                      "DefaultCPUAllocator: can't allocate memory"
+host_oom              a rank its worker killed for passing the worker's memory limit, or
+                      one killed by SIGKILL near it (the kernel's OOM killer); the same of a
+                      lost worker and its nanny; ``MemoryError``, "DefaultCPUAllocator:
+                      can't allocate memory"
+cuda_error            "CUDA error: ..." other than out of memory: a device-side assert, an
+                      illegal memory access (the rank's process, its context poisoned, is gone)
+crash                 a rank's process that died of SIGSEGV, SIGBUS, SIGILL, SIGFPE or SIGABRT
+                      (not NCCL's watchdog): a crash in native code
 collective_timeout    gloo "Timed out waiting ...ms for recv/send", NCCL's watchdog timeout,
                       the rendezvous ("N/M clients joined", "wait timeout ... keys")
 duplicate_gpu         NCCL "Duplicate GPU detected : rank A and rank B both on CUDA device"
@@ -38,10 +43,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .errors import EXIT_TYPES
+
 #: Every kind of diagnosis, and what it is called in a sentence.
 KINDS: dict[str, str] = {
     "cuda_oom": "CUDA out of memory",
     "host_oom": "host out of memory",
+    "cuda_error": "fatal CUDA error",
+    "crash": "process crashed",
     "collective_timeout": "collective timed out",
     "duplicate_gpu": "two ranks on one GPU",
     "port_in_use": "port already in use",
@@ -120,7 +129,10 @@ def diagnose(error: Mapping[str, Any]) -> Diagnosis | None:
 
 
 def _text(error: Mapping[str, Any]) -> str:
-    return f"{error.get('type') or ''}: {error.get('message') or ''}"
+    text = f"{error.get('type') or ''}: {error.get('message') or ''}"
+    if error.get("type") in EXIT_TYPES and error.get("stderr"):  # what the process said last
+        text += "\n" + "\n".join(str(line) for line in error["stderr"])
+    return text
 
 
 def _facts(error: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -259,6 +271,85 @@ def _lost_worker(error: Mapping[str, Any]) -> Diagnosis | None:
 
 
 _SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV", 7: "SIGBUS"}
+
+
+def _rank_memory(error: Mapping[str, Any]) -> Diagnosis | None:
+    """A rank's process its worker killed over the worker's memory limit, or that was
+    SIGKILLed near it (the kernel's OOM killer)."""
+    if error.get("type") != "RankExit":
+        return None
+    facts = _facts(error, "process")
+    limit, rss = facts.get("memory_limit"), facts.get("rss")
+    rank = error.get("rank")
+    where = f" ({error['where']})" if error.get("where") else ""
+    at = f" at RSS {fmt_bytes(rss)}" if rss else ""
+    if limit and rss:
+        at += f", {100 * rss / limit:.0f}% of its worker's memory_limit {fmt_bytes(limit)}"
+    if facts.get("killed_for_memory"):
+        fraction = facts.get("terminate_fraction")
+        over = f"over {100 * fraction:.0f}% of it" if fraction else "over it"
+        summary = f"host out of memory: rank {rank}{where} was killed by its worker{at} ({over})"
+    elif error.get("signal") == "SIGKILL" and limit and rss and rss >= NEAR_LIMIT * limit:
+        summary = (
+            f"host out of memory: rank {rank}{where} was killed by SIGKILL{at}: most likely "
+            "the kernel's OOM killer (dmesg on its host says)"
+        )
+    else:
+        return None
+    data = {
+        k: facts[k]
+        for k in ("memory_limit", "rss", "peak_rss", "terminate_fraction")
+        if facts.get(k) is not None
+    }
+    return Diagnosis("host_oom", summary, HOST_OOM_ADVICE, detail=_first_line(error), data=data)
+
+
+CUDA_ERROR_ADVICE = (
+    "a device-side assert is most often an index out of range (a class label >= the number "
+    "of classes, an embedding index >= its size, a gather or scatter index): launch with "
+    "env={'CUDA_LAUNCH_BLOCKING': '1'} to see the kernel that failed at its line; an illegal "
+    "memory access can also be a custom kernel or extension. The rank's process is gone "
+    "(its CUDA context could not be used again): its GPU runs the next job in a fresh one"
+)
+_CUDA_ERROR = re.compile(r"CUDA error: ([^\n.]+)", re.IGNORECASE)
+
+
+def _cuda_error(error: Mapping[str, Any]) -> Diagnosis | None:
+    found = _CUDA_ERROR.search(_text(error))
+    if not found or "out of memory" in found.group(1).lower():
+        return None
+    return Diagnosis(
+        "cuda_error",
+        f"fatal CUDA error{_on(error.get('rank'))}: {found.group(1).strip()}",
+        CUDA_ERROR_ADVICE,
+        detail=_first_line(error),
+    )
+
+
+CRASH_ADVICE = (
+    "the Python stacks in the error (faulthandler's, of every thread of the rank) show where "
+    "it was: most often a C or C++ extension, a CUDA or NCCL library, or an extension built "
+    "for another torch; run that code alone on the same input to reproduce it. The worker "
+    "and the other ranks' slots are untouched: launch again, or set max_restarts= to "
+    "restart from the newest checkpoint by itself"
+)
+_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"})
+
+
+def _crash(error: Mapping[str, Any]) -> Diagnosis | None:
+    if error.get("type") != "RankExit" or error.get("signal") not in _CRASH_SIGNALS:
+        return None
+    if "NCCL's watchdog" in str(error.get("message", "")):
+        return None  # a collective timed out: _collective_timeout's
+    rank = error.get("rank")
+    where = f" ({error['where']})" if error.get("where") else ""
+    return Diagnosis(
+        "crash",
+        f"rank {rank}{where} crashed: {error.get('signal')} in native code",
+        CRASH_ADVICE,
+        detail=_first_line(error),
+    )
+
 
 TIMEOUT_ADVICE = (
     "every rank must run the same collectives in the same order: look for a rank that skips "
@@ -439,8 +530,11 @@ RULES: tuple[Callable[[Mapping[str, Any]], Diagnosis | None], ...] = (
     _duplicate_gpu,
     _port_in_use,
     _lost_worker,
+    _rank_memory,
     _host_oom_raised,
     _collective_timeout,
+    _cuda_error,
+    _crash,
     _nonfinite_raised,
 )
 

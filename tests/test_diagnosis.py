@@ -9,6 +9,7 @@ the test finds where ``ctx.shard``'s permutation puts it.
 from __future__ import annotations
 
 import math
+import os
 import socket
 
 import cloudpickle
@@ -43,7 +44,8 @@ def kinds(job) -> list[str]:
 # --- host out of memory -------------------------------------------------------------------
 @pytest.fixture
 def small(tmp_path):
-    """Two workers of 1.5 GiB each: the nanny terminates one that passes 95% of it."""
+    """Two workers of 1.5 GiB each: a worker kills its rank when the rank's processes pass
+    95% of it."""
     c = cs.Cluster.local(workers=2, memory_limit="1.5 GiB", state_dir=str(tmp_path / "state"))
     try:
         yield c
@@ -51,24 +53,26 @@ def small(tmp_path):
         c.close()
 
 
-def test_a_rank_that_eats_its_workers_memory_is_diagnosed_host_oom(small):
+def test_a_rank_that_eats_its_workers_memory_is_killed_and_diagnosed_host_oom(small):
+    pids = small.client.run(os.getpid)
     job = small.launch(
         workloads_diag.hog, kwargs={"rank": 1, "at_step": 3}, world_size=2, timeout=20
     )
     with pytest.raises(cs.JobFailedError) as failed:
         job.wait(timeout=120)
     e = failed.value
-    assert e.exc_type == "WorkerLost" and e.rank == 1
-    worker = next(r["worker"] for r in job.info()["ranks"] if r["rank"] == 1)
+    assert e.exc_type == "RankExit" and e.rank == 1
+    assert "rank 1 (host 127.0.0.1, CPU) was killed by its worker: its memory" in str(e)
     d = job.diagnosis
     assert d is not None and d.kind == "host_oom" and e.diagnosis == d
-    assert d.rank == 1 and d.worker == worker and d.host == "127.0.0.1"
+    assert d.rank == 1
     assert d.data["memory_limit"] == int(1.5 * GIB)
-    assert d.data["rss"] >= 0.9 * d.data["memory_limit"]  # the last RSS its nanny saw
-    assert "Dask's nanny terminated worker" in d.summary and "memory_limit" in d.advice
+    assert d.data["rss"] >= 0.9 * d.data["memory_limit"]  # the last RSS its worker saw
+    assert "was killed by its worker" in d.summary and "memory_limit" in d.advice
     assert f"Diagnosis: {d.summary}" in str(e)  # before the traceback
     assert kinds(job) == ["host_oom"]
     assert "clustersdk diagnosis: host out of memory" in job.logs(rank=1)
+    assert small.client.run(os.getpid) == pids  # the rank went, its worker stayed
 
 
 # --- non-finite losses ----------------------------------------------------------------------

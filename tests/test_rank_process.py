@@ -187,3 +187,20 @@ def test_a_function_that_cannot_take_the_context_is_refused_at_launch(free):
         with pytest.raises(cs.SpecError, match="must take the job's context"):
             free.launch(fn, world_size=1)
     assert len(free.jobs()) == before  # nothing was queued
+
+
+def test_a_launch_while_a_worker_restarts_waits_for_it(free):
+    """Run last: it kills a worker (its nanny starts a new one)."""
+    pids = workers(free)
+    victim = sorted(pids)[1]
+    os.kill(pids[victim], signal.SIGKILL)
+    wait_for(lambda: len(free.slots()) == 1, timeout=30)
+    job = free.launch(W.first_step_at, world_size=2)  # not refused: the slot comes back
+    assert job.status in (cs.JobStatus.QUEUED, cs.JobStatus.STARTING, cs.JobStatus.RUNNING)
+    with pytest.raises(
+        cs.CapacityError,
+        match=r"can ever hold: it has 1 slot\(s\) on 1 host\(s\), and 1 whose worker left",
+    ):
+        free.launch(W.first_step_at, world_size=3)
+    job.wait(timeout=120)
+    assert len(free.slots()) == 2 and victim not in workers(free)

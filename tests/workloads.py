@@ -136,6 +136,15 @@ def break_start_once(dask_worker) -> None:
     dask_worker.handlers["clustersdk_start_rank"] = refuse
 
 
+def prepared(ctx, prepare: tuple, fn, *args, **kwargs):
+    """``fn(ctx, *args, **kwargs)`` after ``prepare`` (``(callable, args)``) ran in the rank's
+    process: how a test changes what a rank does (a fault to inject, a slow copy). It
+    changes that rank's process alone, which ends with the job."""
+    call, call_args = prepare
+    call(*call_args)
+    return fn(ctx, *args, **kwargs)
+
+
 def slow_staging(delay: float | None) -> None:
     """Make every async save's background copy start ``delay`` s late (None: undo), so
     that a step that does not wait for the copy would change the tensors under it."""
@@ -219,11 +228,14 @@ FAULT_POINTS = ("staged", "data", "metadata", "manifest", "rename", "committed")
 _armed: dict = {}
 
 
-def inject_fault(point: str | None, nth: int = 1) -> None:
-    """SIGKILL this worker the ``nth`` time a save reaches ``point`` (None: disarm), by
-    making its saves use :func:`faulty_storage`. Points, in save order: ``FAULT_POINTS``
-    (under a URL, "rename" comes after the manifest: an object store's commit)."""
+def inject_fault(point: str | None, nth: int = 1, ranks: tuple[int, ...] | None = None) -> None:
+    """SIGKILL this process the ``nth`` time a save reaches ``point`` (None: disarm), by
+    making its saves use :func:`faulty_storage`; only in the rank processes of ``ranks``
+    when given (``RANK``). Points, in save order: ``FAULT_POINTS`` (under a URL, "rename"
+    comes after the manifest: an object store's commit)."""
     _armed.clear()
+    if ranks is not None and int(os.environ.get("RANK", "-1")) not in ranks:
+        return
     if point is None:
         storage.override(None)
         return

@@ -88,6 +88,11 @@ class Plane(Protocol):
     def capacity(self) -> int:
         """The most slots an autoscaling cluster can grow to (0: what it has)."""
 
+    def can_hold(self) -> tuple[int, str]:
+        """The most slots the cluster can hold, and how that reads: the slots it has,
+        with those whose workers left a moment ago (a nanny restarts them), or what an
+        autoscaling cluster grows to."""
+
     # --- what it does --------------------------------------------------------------------
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out the actions it returns."""

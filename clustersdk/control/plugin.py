@@ -83,6 +83,8 @@ class ControlPlane(SchedulerPlugin):
         # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
         # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
         self.capacity, self.note = 0, ""
+        # workers that left a moment ago, by address: a nanny is likely restarting them
+        self.left: dict[str, tuple[str, float]] = {}  # address -> (host, when)
         self.placement = Placement(self.journal, scheduling_config(self.journal))
         self._scheduling = self._again = False
         self.watchdog = Watchdog(self)
@@ -121,6 +123,8 @@ class ControlPlane(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, **kwargs: Any) -> None:
         slot = self.slots.pop(worker, None)
+        if slot is not None:
+            self.left[worker] = (slot.host, time.time())
         self.placement.scheduler.remove_slot(worker)
         job = self.busy.get(worker)
         run = self.runs.get(job) if job else None
@@ -213,7 +217,27 @@ class ControlPlane(SchedulerPlugin):
         self.capacity, self.note = int(slots), str(note)
         self.schedule()  # rewrites the queued jobs' reasons
 
+    def can_hold(self) -> tuple[int, str]:
+        now = time.time()
+        memory = float(config.get("left-slot-memory"))
+        for worker, (_, when) in list(self.left.items()):
+            if now - when > memory:
+                del self.left[worker]
+        hosts = {s.host for s in self.slots.values()}
+        text = f"{len(self.slots)} slot(s) on {len(hosts)} host(s)"
+        if self.left:
+            ago = now - max(when for _, when in self.left.values())
+            text += f", and {len(self.left)} whose worker left {ago:.0f} s ago"
+        if self.capacity > len(self.slots) + len(self.left):
+            text += f"; it grows to {self.capacity}"
+        return max(len(self.slots) + len(self.left), self.capacity), text
+
     def _worker_ready(self, slot: dict) -> dict:
+        # a worker back on a host where one left: the one its nanny restarted, presumably
+        for worker, (host, _) in sorted(self.left.items(), key=lambda kv: kv[1][1]):
+            if host == slot["host"]:
+                del self.left[worker]
+                break
         self.slots[slot["worker"]] = policy.Slot(**slot)
         self.placement.scheduler.add_slot(self.slots[slot["worker"]])
         self.schedule()

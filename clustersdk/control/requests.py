@@ -144,15 +144,15 @@ class Requests:
             for s in policy.rank_order(plane.slots.values())
         ]
 
-    def _check_capacity(self, world_size: int) -> None:
-        slots = self.plane.slots
-        total = max(len(slots), self.plane.capacity)  # an autoscaling cluster can grow
+    def _check_capacity(self, world_size: int) -> int:
+        """The most slots the cluster can hold; a job that needs more is refused."""
+        total, text = self.plane.can_hold()
         if world_size > total:
-            hosts = len({s.host for s in slots.values()})
             raise CapacityError(
                 f"world_size={world_size} is more than this cluster can ever hold: it has "
-                f"{total} slot(s) on {hosts} host(s); add workers or ask for fewer ranks"
+                f"{text}; add workers or ask for fewer ranks"
             )
+        return total
 
     # --- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: dict, payload: bytes, who: Identity | None = None) -> dict:
@@ -160,9 +160,9 @@ class Requests:
         wire = WireSpec.from_dict(spec)
         if self.access.enforced and who is not None:  # the owner is who asked, not who it says
             wire = wire.replace(owner=who.name)
-        self._check_capacity(wire.world_size)
+        total = self._check_capacity(wire.world_size)
         # its queue and priority resolved; refused (naming the limit) if it can never fit
-        wire = self.placement.admit(wire, max(len(plane.slots), plane.capacity))
+        wire = self.placement.admit(wire, total)
         if wire.profile_dir is None:  # job.profile's traces go beside the journal
             wire = wire.replace(profile_dir=plane.state_dir)
         clash = self.journal.find(plane.id, wire.name)

@@ -28,6 +28,7 @@ from .. import cpus
 from ..protocol import Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
 from .control_words import Control
+from .environ import ENV_WARM_CUDA
 from .rank import Forked, Rank, fork
 from .zygote import Zygote
 
@@ -65,7 +66,8 @@ class Agent(WorkerPlugin):
         self.memory_terminate = dask.config.get("distributed.worker.memory.terminate", 0.95)
         # every rank is forked from the zygote: torch and the rank runtime imported once
         self.zygote = Zygote()
-        await self.zygote.start()
+        warm_cuda = "1" if dask.config.get("clustersdk.warm-cuda", True) else "0"
+        await self.zygote.start({**os.environ, ENV_WARM_CUDA: warm_cuda})
         # ...and one function rank's process is forked ahead, warmed up, waiting for a job
         self._spare: asyncio.Future | None = None
         self._prepare_spare()

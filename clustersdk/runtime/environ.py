@@ -25,6 +25,7 @@ ENV_CONTROL = "CLUSTERSDK_CONTROL"  # a script's line to its rank (clustersdk.sc
 ENV_JOB = "CLUSTERSDK_JOB"
 ENV_CHECKPOINT_DIR = "CLUSTERSDK_CHECKPOINT_DIR"
 ENV_RESUME = "CLUSTERSDK_RESUME"  # the newest checkpoint a script saved, when it comes back
+ENV_WARM_CUDA = "CLUSTERSDK_WARM_CUDA"  # "1": a rank process forked ahead makes its CUDA context
 
 
 def torchrun_environ(

@@ -45,6 +45,7 @@ from .anomalies import failure_facts
 from .breakpoints import Console
 from .channel import TIMEOUT, Channel
 from .control_words import Control, JobSuspended
+from .environ import ENV_WARM_CUDA
 
 logger = logging.getLogger(__name__)
 
@@ -395,10 +396,14 @@ def _reseed() -> None:
 def _warm_up() -> None:
     """A few training steps of a small model: what a process pays for on its first
     step (the autograd engine, the dispatcher's caches, the allocator), paid before
-    the job comes. torch's random state is left as it was."""
+    the job comes; on a GPU slot, its CUDA context made too (``clustersdk.warm-cuda``).
+    torch's random state is left as it was."""
     import torch
 
     state = torch.get_rng_state()
+    if os.environ.get(ENV_WARM_CUDA) == "1" and torch.cuda.is_available():
+        torch.cuda.init()  # a second or so on a real GPU: not in the job's launch
+        torch.empty(1, device="cuda")
     try:
         net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
         opt = torch.optim.SGD(net.parameters(), lr=0.01)

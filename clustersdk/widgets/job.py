@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
+from ..errors import describe
 from . import source
 from .charts import LineChart
 from .format import progress_text
@@ -349,8 +350,7 @@ class JobDashboard:
             return
         self.error.value = stacks + (
             '<div style="border-left:4px solid #dc2626;background:#fef2f2;padding:6px 10px;">'
-            f"<strong>rank {e.get('rank')} raised {html.escape(str(e.get('type')))}:</strong> "
-            f"{html.escape(str(e.get('message')))}"
+            f"<strong>{html.escape(describe(e))}</strong>"
             '<pre style="white-space:pre-wrap;font-size:12px;margin:6px 0 0 0;max-height:320px;'
             f'overflow:auto;">{html.escape(e.get("traceback") or "")}</pre></div>'
         )

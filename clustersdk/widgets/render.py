@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from ..errors import describe
 from ..protocol import what_runs
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text, rank_color
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, diagnosis_line, event_lines
@@ -180,7 +181,7 @@ def job_text(view: JobView, header: str) -> str:
     text = f"{header}\n{line}"
     if view.status == "FAILED" and view.error:
         e = view.error
-        text += f"\nrank {e.get('rank')} raised {e.get('type')}: {e.get('message')}"
+        text += f"\n{describe(e)}"
     if view.diagnoses:
         text += f"\ndiagnosis: {diagnosis_line(view.diagnoses[-1])}"
     return text

@@ -70,18 +70,15 @@ def test_async_checkpoints_hold_their_step_while_the_next_steps_run(idle, tmp_pa
     kwargs = {"steps": 40}
     reference = idle.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2).wait(timeout=120)
     root = str(tmp_path / "a")
-    idle.client.run(workloads.slow_staging, 0.05)
-    try:
-        idle.launch(
-            workloads.train_ckpt,
-            kwargs=kwargs,
-            world_size=2,
-            checkpoint_dir=root,
-            checkpoint_every=3,
-            keep=20,
-        ).wait(timeout=120)
-    finally:
-        idle.client.run(workloads.slow_staging, None)
+    idle.launch(
+        workloads.prepared,
+        args=((workloads.slow_staging, (0.05,)), workloads.train_ckpt),
+        kwargs=kwargs,
+        world_size=2,
+        checkpoint_dir=root,
+        checkpoint_every=3,
+        keep=20,
+    ).wait(timeout=120)
     saved = dict(ckpt.committed(root))
     assert sorted(saved) == list(range(3, 40, 3))
     for step in (9, 27):
@@ -156,28 +153,22 @@ def test_resume_auto_continues_from_the_newest_checkpoint(idle, uninterrupted, t
 
 
 @pytest.mark.parametrize("point", workloads.FAULT_POINTS)
-def test_a_worker_killed_while_saving_leaves_the_previous_checkpoint_intact(idle, tmp_path, point):
-    idle.client.run(workloads.inject_fault, point, 2)  # the second save dies at `point`
+def test_a_rank_killed_while_saving_leaves_the_previous_checkpoint_intact(idle, tmp_path, point):
     before = {s["worker"] for s in idle.slots()}
-    try:
-        job = idle.launch(
-            workloads.train_ckpt,
-            kwargs={"steps": 30, "delay": 0.01},
-            world_size=2,
-            checkpoint_dir=str(tmp_path),
-            checkpoint_every=5,
-            async_checkpoint=False,
-            timeout=10,
-        )
-        with pytest.raises(cs.JobFailedError):
-            job.wait(timeout=120)
-    finally:
-        # the nanny restarted the killed worker(s): new addresses, all slots back
-        wait_for(
-            lambda: len(idle.slots()) == 2 and {s["worker"] for s in idle.slots()} != before,
-            timeout=60,
-        )
-        idle.client.run(workloads.inject_fault, None)
+    job = idle.launch(
+        workloads.prepared,
+        # each rank's process is SIGKILLed when its second save reaches `point`
+        args=((workloads.inject_fault, (point, 2)), workloads.train_ckpt),
+        kwargs={"steps": 30, "delay": 0.01},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=5,
+        async_checkpoint=False,
+        timeout=10,
+    )
+    with pytest.raises(cs.JobFailedError, match="died of SIGKILL"):
+        job.wait(timeout=120)
+    assert {s["worker"] for s in idle.slots()} == before  # the ranks went, the workers stayed
     newest = ckpt.latest(str(tmp_path))
     expected_step = 10 if point == "committed" else 5
     assert newest == ckpt.step_dir(str(tmp_path), expected_step)

@@ -131,31 +131,24 @@ def objects(s3, url: str) -> list[str]:
 def test_a_rank_killed_mid_save_resumes_auto_from_the_newest_complete_checkpoint(
     healed, uninterrupted, s3, root, point
 ):
-    # "data": one worker dies once its rank's shards are uploaded; "manifest" (rank 0
-    # only): every shard and DCP's metadata are there, the manifest is not;
-    # "committed": rank 0 dies right after the manifest
-    slots = healed.slots()
-    armed = [slots[0]["worker"]] if point == "data" else [s["worker"] for s in slots]
-    healed.client.run(workloads.inject_fault, point, 2, workers=armed)  # the 2nd save dies
-    before = {s["worker"] for s in slots}
-    try:
-        job = healed.launch(
-            workloads.train_ckpt,
-            kwargs=TRAIN,
-            world_size=3,
-            timeout=10,
-            checkpoint_dir=root,
-            checkpoint_every=5,
-            async_checkpoint=False,
-        )
-        with pytest.raises(cs.JobFailedError):
-            job.wait(timeout=120)
-    finally:
-        wait_for(
-            lambda: len(healed.slots()) == 3 and {s["worker"] for s in healed.slots()} != before,
-            timeout=60,
-        )
-        healed.client.run(workloads.inject_fault, None)
+    # "data": rank 0 dies once its shards are uploaded; "manifest" (rank 0 only): every
+    # shard and DCP's metadata are there, the manifest is not; "committed": rank 0 dies
+    # right after the manifest
+    armed = (0,) if point == "data" else None
+    before = {s["worker"] for s in healed.slots()}
+    job = healed.launch(
+        workloads.prepared,
+        args=((workloads.inject_fault, (point, 2, armed)), workloads.train_ckpt),  # 2nd save
+        kwargs=TRAIN,
+        world_size=3,
+        timeout=10,
+        checkpoint_dir=root,
+        checkpoint_every=5,
+        async_checkpoint=False,
+    )
+    with pytest.raises(cs.JobFailedError, match="died of SIGKILL"):
+        job.wait(timeout=120)
+    assert {s["worker"] for s in healed.slots()} == before  # the workers stayed
     newest = 10 if point == "committed" else 5
     assert ckpt.latest(root) == ckpt.step_dir(root, newest)
     if point != "committed":  # the killed save's files are there, without a manifest
