@@ -10,7 +10,6 @@ import collections
 import os
 import re
 import statistics
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -82,13 +81,31 @@ def leftover_dirs(checkpoint_dir: str) -> list[str]:
     return sorted(name for name in os.listdir(checkpoint_dir) if name not in committed)
 
 
-def leftover_processes(worker_pids: Iterable[int], nanny_pids: Iterable[int]) -> list[str]:
-    """Processes under this one that are neither a worker nor its nanny (a rank's
-    stray child, an orphaned worker of a killed nanny), or are zombies."""
+def cluster_processes(dask_worker: Any) -> dict[str, Any]:
+    """Run on a worker (``client.run``): its process, its nanny's, and those it keeps for
+    its ranks (its zygote, the rank process waiting for the next job, each job's rank)."""
+    from clustersdk.runtime.agent import AGENT_NAME
+
+    out: dict[str, Any] = {"worker": os.getpid(), "nanny": os.getppid()}
+    agent = dask_worker.plugins.get(AGENT_NAME)
+    if agent is not None:
+        out.update(agent.processes())
+    return out
+
+
+def leftover_processes(processes: dict[str, dict[str, Any]]) -> list[str]:
+    """Processes under this one that are none of the cluster's own (``processes``: what
+    :func:`cluster_processes` said on each worker): a rank's stray child, an orphaned
+    worker of a killed nanny, a zygote or rank process whose worker is gone; a rank
+    process still running on an idle worker; zombies."""
     import psutil
 
-    known = set(worker_pids) | set(nanny_pids)
+    known: set[int] = set()
     out = []
+    for worker, seen in processes.items():
+        known |= {p for k in ("worker", "nanny", "zygote", "spare") if (p := seen.get(k))}
+        for job, pid in (seen.get("ranks") or {}).items():
+            out.append(f"rank process {pid} of job {job} still runs on idle worker {worker}")
     for child in psutil.Process().children(recursive=True):
         try:
             name, status, cmd = child.name(), child.status(), " ".join(child.cmdline())[:120]

@@ -356,9 +356,7 @@ def verdict(cluster: Any, args: argparse.Namespace, run: dict[str, Any]) -> dict
     for e in events:
         if e["kind"] == "raise" and f"rank {e['rank']}" not in e.get("error", ""):
             problems["reasons"].append(f"the failure does not name rank {e['rank']}: {e}")
-    workers = cluster.client.run(os.getpid)
-    nannies = cluster.client.run(os.getppid)
-    problems["processes"] = checks.leftover_processes(workers.values(), nannies.values())
+    problems["processes"] = checks.leftover_processes(cluster.client.run(checks.cluster_processes))
     problems["dirs"] = checks.leftover_dirs(run["root"])
     problems["threads/ports"] = settled(
         lambda: checks.footprint_problems(run["footprint"], footprint(cluster))
@@ -417,10 +415,9 @@ def sigkill_runs(cluster: Any, args: argparse.Namespace, base: str) -> dict[str,
             f"{results[-1]['recovery_s'] or float('nan'):.2f} s"
         )
     healed(cluster, args.workers)
-    workers, nannies = cluster.client.run(os.getpid), cluster.client.run(os.getppid)
     return {
         "runs": results,
-        "processes": checks.leftover_processes(workers.values(), nannies.values()),
+        "processes": checks.leftover_processes(cluster.client.run(checks.cluster_processes)),
     }
 
 

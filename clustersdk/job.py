@@ -109,15 +109,17 @@ class Job:
         return self.spec.owner
 
     def stacks(self, all_threads: bool = False) -> dict[int, str]:
-        """Where every rank is: rank -> the Python stack of its training thread (every
-        thread's with ``all_threads``), headed by its step and phase. Collected from the
-        worker process without the rank's help, so a stuck rank shows too; a rank whose
-        process is frozen says so. For a finished job: the stacks kept when it was found
+        """Where every rank is: rank -> the Python stack of its main thread (every
+        thread's with ``all_threads``), headed by its process id, step and phase. A rank
+        that cannot answer (stuck holding its interpreter lock, frozen) is read from
+        outside by py-spy, and a frozen process says so. For a finished job: the stacks kept when it was found
         HUNG (empty if it never was)."""
         found = self.cluster.sync(self.cluster.control.stacks, self.id, all_threads)
         out = {}
         for key, entry in sorted(found.items(), key=lambda kv: int(kv[0])):
             where = f"rank {key} on {entry.get('worker')}"
+            if entry.get("pid"):  # the rank's own process
+                where += f", pid {entry['pid']}"
             if entry.get("step") is not None:
                 where += f", step {entry['step']}, phase {entry.get('phase')}"
             out[int(key)] = f"{where}:\n{entry.get('text', '')}"

@@ -132,3 +132,16 @@ class Statuses:
         """The statuses from the first ``status`` on (none if it never came)."""
         with self._lock:
             return self.seen[self.seen.index(status) :] if status in self.seen else []
+
+
+def cluster_processes(cluster) -> dict[str, dict]:
+    """Each worker's process, its nanny's, and those it keeps for its ranks (its zygote,
+    the rank process waiting for a job, each job's rank process)."""
+    from clustersdk.runtime.agent import AGENT_NAME
+
+    def seen(dask_worker) -> dict:
+        out = {"worker": os.getpid(), "nanny": os.getppid()}
+        out.update(dask_worker.plugins[AGENT_NAME].processes())
+        return out
+
+    return cluster.client.run(seen)

@@ -21,7 +21,7 @@ import clustersdk as cs
 from clustersdk import checkpoint_files as files
 
 from . import workloads
-from .helpers import kill_worker_of, wait_for, wait_idle
+from .helpers import cluster_processes, kill_worker_of, wait_for, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -120,9 +120,14 @@ def test_three_sigkills_and_a_raise_end_bitwise_equal_to_the_uninterrupted_run(c
     assert sorted(os.listdir(root)) == sorted(names) and names
     wait_for(lambda: len(cluster4.slots()) == 4, timeout=120)
     wait_idle(cluster4)
-    known = set(cluster4.client.run(os.getpid).values()) | set(
-        cluster4.client.run(os.getppid).values()
-    )
+    # the workers, their nannies, zygotes and waiting rank processes; no rank process left
+    processes = cluster_processes(cluster4)
+    assert not [seen["ranks"] for seen in processes.values() if seen["ranks"]], processes
+    known = {
+        pid
+        for seen in processes.values()
+        for pid in (seen["worker"], seen["nanny"], seen["zygote"], seen["spare"])
+    }
     stray = [
         p
         for p in psutil.Process().children(recursive=True)

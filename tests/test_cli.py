@@ -212,7 +212,8 @@ def test_update_changes_hyperparameters_and_stacks_show_every_rank(idle, state):
     text = ok(run(state, "stacks", "cli-live"))
     assert text.startswith("rank 0 on tls://") and "\nrank 1 on tls://" in text
     assert text.count("in train_live") == 2  # each rank's own frame
-    assert "MainThread" not in text and "MainThread" in ok(
+    # the rank's main thread by default, every thread of its process on demand
+    assert "clustersdk-channel" not in text and "clustersdk-channel" in ok(
         run(state, "stacks", "cli-live", "--all-threads")
     )
     job.stop()

@@ -175,8 +175,8 @@ def test_a_script_ranks_collective_helpers_are_freed_too(idle, tmp_path):
 
 
 def _placement_of_every_rank(ctx) -> list[dict] | None:
-    """In a loop, on every rank: the CPUs of the rank's thread, of the threads of its
-    process groups (gloo's), and of the worker's other threads; rank 0 returns them all."""
+    """In a loop, on every rank: the CPUs of the rank's main thread, of the threads of its
+    process groups (gloo's), and of its process's other threads; rank 0 returns them all."""
     import torch.distributed as dist
 
     for _step, _ in ctx.loop(None, steps=2):
@@ -214,8 +214,8 @@ def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none
         assert {s["cpus"] for s in crowded.slots()} == {""}
         for threads in crowded.client.run(_affinity_of_every_thread).values():
             assert all(t == allowed for t in threads)
-        # a job of more ranks than CPUs: each rank, and the process groups it starts, on
-        # one core, round robin; the workers' own threads stay unbound
+        # a job of more ranks than CPUs: each rank's process, every thread of it (its process
+        # groups' too), on one core, round robin; the workers' own threads stay unbound
         cores = cpus.host_cores(set(allowed))
         ranks = len(allowed) + 1
         seen = crowded.launch(_placement_of_every_rank, world_size=ranks).wait(timeout=60)
@@ -224,7 +224,9 @@ def test_a_worker_alone_is_bound_to_every_cpu_and_more_workers_than_cpus_to_none
             assert placed["rank"] == core
             assert len(placed["groups"]) >= 3  # a connection thread and two helpers, at least
             assert all(t == core for t in placed["groups"])
-            assert placed["others"] and all(t == allowed for t in placed["others"])
+            assert placed["others"] and all(t == core for t in placed["others"])
+        for threads in crowded.client.run(_affinity_of_every_thread).values():
+            assert all(t == allowed for t in threads)
         # a script rank's process too
         script = tmp_path / "affinity.py"
         script.write_text(SCRIPT_AFFINITY)

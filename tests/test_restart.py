@@ -8,7 +8,6 @@ brings each back, so the cluster heals while the tests watch.
 from __future__ import annotations
 
 import sqlite3
-from types import SimpleNamespace
 
 import pytest
 
@@ -185,9 +184,18 @@ def test_late_control_words_of_an_earlier_attempt_are_dropped():
             out[Word[name.upper()]] = value
         return out
 
+    class Rank:  # what the agent uses of a rank here: its attempt, its words
+        attempt = 1
+
+        def __init__(self) -> None:
+            self.control = Control()
+
+        def merge(self, words: list[int]) -> None:
+            self.control.merge(words)
+
     agent = Agent()
     agent.early = {}
-    agent.ranks = {"j": SimpleNamespace(attempt=1, control=Control())}
+    agent.ranks = {"j": Rank()}
     agent.control("j", vector(stop=1), attempt=0)  # the STOP that ended attempt 0
     assert agent.ranks["j"].control.words() == no_words() and not agent.early
     agent.control("j", vector(pause=1), attempt=1)

@@ -153,7 +153,9 @@ def test_a_rank_that_exits_3_restarts_the_gang_once_and_the_job_finishes(idle4):
     restarted = [e for e in job.events() if e["kind"] == "restarted"]
     assert len(restarted) == 1
     assert restarted[0]["rank"] == 1 and restarted[0]["exit_code"] == 3
-    assert "rank 1 exited with code 3; restart 1 of 1" in restarted[0]["message"]
+    assert (
+        "rank 1 (host 127.0.0.1, CPU) exited with code 3; restart 1 of 1" in restarted[0]["message"]
+    )
     assert "rank 0 finished attempt 1" in job.logs(0)
 
 
@@ -165,7 +167,7 @@ def test_without_restarts_the_exit_code_is_the_cause(idle4):
         job.wait(timeout=120)
     e = failed.value
     assert e.rank == 1 and e.exc_type == "ScriptExit" and e.message == "exited with code 3"
-    assert "job 'exits-fails' failed: rank 1 exited with code 3" in str(e)
+    assert "job 'exits-fails' failed: rank 1 (host 127.0.0.1, CPU) exited with code 3" in str(e)
     assert "rank 1: the disk is on fire" in e.traceback  # the last lines of its stderr
     # the others were ended by the failure (SIGTERM), not counted as failures of their own
     assert job.info()["error"].get("consequences", []) == []

@@ -86,10 +86,27 @@ def test_durations_must_be_positive_numbers(field, value):
         JobSpec(fn=train, world_size=1, **{field: value})
 
 
+def scaled(ctx, scale, lr=0.1):
+    return scale * lr
+
+
 def test_payload_round_trips_function_and_arguments():
-    spec = JobSpec(fn=train, world_size=1, args=[None], kwargs={"lr": 0.5})
+    spec = JobSpec(fn=scaled, world_size=1, args=[2.0], kwargs={"lr": 0.5})
     fn, args, kwargs, objects = cloudpickle.loads(spec.payload())
-    assert args == (None,) and fn(*args, **kwargs) == 0.5 and objects == {}
+    assert args == (2.0,) and fn(None, *args, **kwargs) == 1.0 and objects == {}
+
+
+def test_a_function_that_cannot_take_the_context_and_the_arguments_is_refused():
+    with pytest.raises(SpecError, match=r"first parameter 'lr' has a default \(0.001\)"):
+        JobSpec(fn=lambda lr=1e-3: lr, world_size=1)
+    with pytest.raises(SpecError, match="takes no positional argument: write"):
+        JobSpec(fn=lambda *, lr=1e-3: lr, world_size=1)
+    with pytest.raises(SpecError, match="got an unexpected keyword argument 'lrr'"):
+        JobSpec(fn=scaled, world_size=1, args=[1.0], kwargs={"lrr": 0.1})
+    with pytest.raises(SpecError, match="missing a required argument: 'scale'"):
+        JobSpec(fn=scaled, world_size=1)
+    JobSpec(fn=train, world_size=1)  # a context parameter named ctx may have a default
+    JobSpec(fn=lambda *args, **kwargs: None, world_size=1, args=[1], kwargs={"a": 2})
 
 
 def _closure_over_lock():

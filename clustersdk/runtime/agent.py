@@ -67,7 +67,9 @@ class Agent(WorkerPlugin):
         # every rank is forked from the zygote: torch and the rank runtime imported once
         self.zygote = Zygote()
         warm_cuda = "1" if dask.config.get("clustersdk.warm-cuda", True) else "0"
-        await self.zygote.start({**os.environ, ENV_WARM_CUDA: warm_cuda})
+        self._zygote_env = {**os.environ, ENV_WARM_CUDA: warm_cuda}
+        self._restarting = asyncio.Lock()
+        await self.zygote.start(self._zygote_env)
         # ...and one function rank's process is forked ahead, warmed up, waiting for a job
         self._spare: asyncio.Future | None = None
         self._prepare_spare()
@@ -205,12 +207,43 @@ class Agent(WorkerPlugin):
                 forked.close()  # it died while it waited (its stderr said why)
                 forked = None
         if forked is None:
+            await self.zygote_alive()
             forked = await fork(self.zygote)
         return forked
+
+    async def zygote_alive(self) -> None:
+        """A zygote that died (the OOM killer's choice, a kill by hand) is started again:
+        its ranks died with it, the next ones need it. One at a time."""
+        if not self.zygote.gone:
+            return
+        async with self._restarting:
+            if self.zygote.gone:
+                logger.warning("clustersdk: %s; starting a new one", self.zygote.gone)
+                zygote = Zygote()
+                await zygote.start(self._zygote_env)
+                self.zygote = zygote
 
     def _prepare_spare(self) -> None:
         if self._spare is None and not self.zygote.gone:
             self._spare = asyncio.ensure_future(fork(self.zygote))
+
+    def processes(self) -> dict[str, Any]:
+        """The processes this worker keeps for its ranks: its zygote, the rank process
+        waiting for the next job (None while there is none), and each job's rank.
+
+        >>> client.run(lambda dask_worker: dask_worker.plugins[AGENT_NAME].processes())
+        ...                                                   # doctest: +SKIP
+        {'tls://...': {'zygote': 4242, 'spare': 4250, 'ranks': {'a1b2c3': 4301}}}
+        """
+        spare = self._spare
+        ready = spare is not None and spare.done() and not spare.cancelled()
+        forked = spare.result() if ready and spare.exception() is None else None
+        proc = self.zygote.proc
+        return {
+            "zygote": proc.pid if proc is not None and not self.zygote.gone else None,
+            "spare": forked.pid if forked is not None else None,
+            "ranks": {job: rank.pid for job, rank in self.ranks.items()},
+        }
 
     def forget(self, rank: Rank) -> None:
         """``rank``'s process is gone (its exit is reported next)."""

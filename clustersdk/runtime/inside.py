@@ -371,8 +371,14 @@ class Inside:
             frame = frames.get(thread.ident) if thread.ident is not None else None
             if frame is None:
                 continue
+            stack = traceback.extract_stack(frame)
+            if thread is main:  # from the job's own function down (not the zygote's frames)
+                entry = [
+                    i for i, f in enumerate(stack) if f.name == "_train" and f.filename == __file__
+                ]
+                stack = traceback.StackSummary.from_list(stack[entry[-1] + 1 :] if entry else stack)
             head = f'Thread "{thread.name}"' + (" (the rank's)" if thread is main else "")
-            text.append(head + ":\n" + "".join(traceback.format_stack(frame)))
+            text.append(head + ":\n" + "".join(stack.format()))
         ctx = self.ctx
         return {
             "rank": self.rank,

@@ -258,6 +258,7 @@ class Rank:
             code = pickle.loads(self.payload) if self.payload else {}
             env[ENV_CONTROL] = await self._listen()
             argv, cwd = scripts.command(spec, code, env, slot["worker"])
+            await agent.zygote_alive()
             forked = await fork(agent.zygote, {"argv": argv, "env": env, "cwd": cwd}, share)
         else:
             forked = await agent.function_process()
