@@ -490,6 +490,93 @@ def small_job(ctx: Any) -> dict[str, Any]:
     }
 
 
+# --- rank processes: a warm launch, a fatal CUDA error, NCCL's watchdog --------------------------
+def first_step_job(ctx: Any) -> float:
+    """One DDP step of a small model on the rank's device (NCCL on CUDA); when it was done
+    (``time.time()``, comparable with the launching process's clock)."""
+    return first_step(ctx.prepare, ctx.device)
+
+
+def first_step(wrap: Callable[[torch.nn.Module], torch.nn.Module], device: torch.device) -> float:
+    torch.manual_seed(0)
+    model = wrap(
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        ).to(device)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256, device=device), torch.randint(0, 10, (64,), device=device)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    sync(device)
+    return time.time()
+
+
+def first_step_torchrun(out: str) -> None:
+    """The same step under torchrun (``python -m torch.distributed.run ... first_step OUT``)."""
+    import json
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else None
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    done = first_step(
+        lambda m: DistributedDataParallel(m, device_ids=[device] if cuda else None),
+        device or torch.device("cpu"),
+    )
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump({"first_step": done}, f)
+    dist.destroy_process_group()
+
+
+def device_assert_job(ctx: Any) -> None:
+    """An index past a tensor's end on the GPU: a device-side assert, which poisons the
+    process's CUDA context for good. On the CPU (rehearsal) the rank raises CUDA's message."""
+    device = ctx.device
+    table = torch.zeros(4, device=device)
+    for _ in ctx.loop(None, steps=3):
+        if device.type != "cuda":
+            raise RuntimeError(
+                "CUDA error: device-side assert triggered\nCUDA kernel errors might be "
+                "asynchronously reported at some other API call (rehearsal stand-in)"
+            )
+        index = torch.tensor([7], device=device)
+        table[index].sum().item()  # the kernel asserts; the error comes at this sync
+
+
+def watchdog_job(ctx: Any, stall_s: float) -> None:
+    """A collective that cannot finish within the job's ``timeout=``: the GPU is kept busy
+    for ``stall_s`` (``torch.cuda._sleep``) and an all-reduce is queued behind it, so NCCL's
+    watchdog times it out and aborts the process. On the CPU (rehearsal) the rank writes
+    the watchdog's line and aborts itself."""
+    import sys
+
+    import torch.distributed as dist
+
+    device = ctx.device
+    for _ in ctx.loop(None, steps=2):
+        pass
+    if device.type != "cuda":
+        print(
+            "[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=5000) ran for 5001 milliseconds before timing out. (rehearsal)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.abort()
+    rate = torch.cuda.get_device_properties(device).clock_rate  # kHz
+    torch.cuda._sleep(int(stall_s * rate * 1000))  # spins the GPU's stream
+    value = torch.ones(1, device=device)
+    dist.all_reduce(value)  # queued behind the spin: never done within the timeout
+    value.item()
+
+
 # --- the plain process -----------------------------------------------------------------------
 PLAIN: dict[str, Callable[..., dict[str, Any]]] = {"plain_lm": plain_lm, "plain_gpt2": plain_gpt2}
 

@@ -17,6 +17,11 @@ Through the public API on ``Cluster.local`` (one worker, pinned to the GPU):
   save against a sync save, DCP save and load throughput in GB/s;
 * ``cuda_oom``: a rank allocating past the card's memory gets the ``cuda_oom``
   diagnosis with its peak and the advice; the worker then runs a job fine;
+* ``rank_process``: each rank a process of its own: a warm launch to the first step
+  on CUDA against torchrun's (target <= 1 s); a device-side assert named as a CUDA
+  error (``cuda_error``), with the same worker serving the next job on the GPU; NCCL's
+  watchdog abort of a collective hung behind a busy stream named as such
+  (``collective_timeout``), the worker staying;
 * ``duplicate_gpu``: workers started by hand on the same GPU, attached with
   ``Cluster.connect``: the gang rule, and NCCL's own error as the ``duplicate_gpu``
   diagnosis (the raw NCCL text is kept, also from two plain processes);
@@ -35,7 +40,8 @@ need that the machine lacks are carried in ``.whl/``), the one command::
 chosen sections, ``--budget bf16=200`` changes a section's budget, ``--deadline``
 the whole run's, 420 s by default: no section runs past it, and those left are skipped.)
 Expected on an H200: about 5 minutes; doctor 15 s (with the cluster's start), nccl 30,
-telemetry 25, bf16 70, checkpoint 45, cuda_oom 10, duplicate_gpu 45, gpu_tests 60.
+telemetry 25, bf16 70, checkpoint 45, cuda_oom 10, rank_process 60, duplicate_gpu 45,
+gpu_tests 60.
 
 Without CUDA it exits at once with status 2, its last line naming what is missing.
 ``--rehearse`` runs every section on this machine's CPU instead: gloo for NCCL,
@@ -84,10 +90,11 @@ SECTIONS = (
     "bf16",
     "checkpoint",
     "cuda_oom",
+    "rank_process",
     "duplicate_gpu",
     "gpu_tests",
 )
-NEEDS_CLUSTER = {"doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom"}
+NEEDS_CLUSTER = {"doctor", "nccl", "telemetry", "bf16", "checkpoint", "cuda_oom", "rank_process"}
 BUDGET_S = {
     "doctor": 45,
     "nccl": 100,
@@ -95,6 +102,7 @@ BUDGET_S = {
     "bf16": 150,
     "checkpoint": 120,
     "cuda_oom": 60,
+    "rank_process": 90,
     "duplicate_gpu": 120,
     "gpu_tests": 200,
 }
@@ -163,6 +171,13 @@ SIZES: dict[str, dict[str, Any]] = {
             "step_s": 1.0,
         },
         "cuda_oom": {"first_gib": 1.0},
+        "rank_process": {
+            "rounds": 3,
+            "gap_s": 2.0,
+            "torchrun_rounds": 2,
+            "stall_s": 30.0,
+            "timeout": 8,
+        },
         "duplicate_gpu": {"workers": 3},
     },
     "rehearse": {
@@ -199,6 +214,13 @@ SIZES: dict[str, dict[str, Any]] = {
             "step_s": 0.05,
         },
         "cuda_oom": {"first_gib": 0.01},
+        "rank_process": {
+            "rounds": 2,
+            "gap_s": 1.0,
+            "torchrun_rounds": 1,
+            "stall_s": 5.0,
+            "timeout": 8,
+        },
         "duplicate_gpu": {"workers": 2},
     },
 }
@@ -224,6 +246,8 @@ STAND_INS = {
     "transformers)",
     "checkpoint": "state in host memory, small",
     "cuda_oom": "a host allocation past the address space (host_oom) for CUDA memory",
+    "rank_process": "gloo on CPU for NCCL; the rank raises CUDA's device-side assert message "
+    "itself, and writes NCCL's watchdog line and aborts itself",
     "duplicate_gpu": "CPU workers (no UUIDs): the job raises NCCL's message itself; no raw "
     "NCCL pair",
     "gpu_tests": "no GPU: every gpu-marked test is skipped",
@@ -1134,14 +1158,15 @@ def section_cuda_oom(run: Run, sec: Section) -> None:
     worker = run.worker()["worker"]
     if not run.rehearse:  # the idle worker, after the big jobs of the sections before
         pid = run.cluster.client.run(os.getpid, workers=[worker])[worker]
-        sec.figures["idle_worker_gpu_mib"] = process_gpu_mib(pid)
-        if sec.figures["idle_worker_gpu_mib"] is not None:
-            sec.check(
-                "idle_worker_memory",
-                sec.figures["idle_worker_gpu_mib"] <= 1536,
-                sec.figures["idle_worker_gpu_mib"],
-                "<= 1536 MiB (its CUDA context; no cached blocks of finished jobs)",
-            )
+        used = process_gpu_mib(pid)
+        sec.figures["idle_worker_gpu_mib"] = used
+        sec.check(
+            "idle_worker_memory",
+            not used,
+            used,
+            "none: the worker makes no CUDA context (its ranks are processes of their own; "
+            "the one waiting for the next job holds one, clustersdk.warm-cuda)",
+        )
     job = run.launch(W.oom_job, kwargs=s, name="oom", timeout=60)
     try:
         with stopped(job):
@@ -1190,6 +1215,110 @@ def section_cuda_oom(run: Run, sec: Section) -> None:
         sec.figures["after"],
         "a small job finishes on the same worker",
     )
+
+
+def section_rank_process(run: Run, sec: Section) -> None:
+    """Every rank a process of its own, on the GPU: a warm launch to the first step
+    against torchrun's; a device-side assert named as a CUDA error, and the same worker
+    serving the next job on the GPU; NCCL's watchdog abort of a hung collective named."""
+    import clustersdk as cs
+
+    s = run.sizes["rank_process"]
+    worker = run.worker()["worker"]
+    ours = []
+    for i in range(s["rounds"] + 1):  # the first is untimed: "warm" means a job ran before
+        time.sleep(s["gap_s"])  # as between a person's launches: the slot's spare is ready
+        t0 = time.time()
+        job = run.launch(W.first_step_job, name=f"first-step-{i}")
+        with stopped(job):
+            done = job.wait(timeout=120)
+        if i:
+            ours.append(done - t0)
+    theirs = [torchrun_first_step(run) for _ in range(s["torchrun_rounds"])]
+    sec.figures["first_step_s"] = {"clustersdk": med(ours), "torchrun": med(theirs)}
+    run.say(f"rank_process: first step {med(ours):.3f} s, torchrun {med(theirs):.3f} s")
+    sec.check("warm_launch", med(ours) <= 1.0, round(med(ours), 3), "<= 1 s", gpu_target=True)
+    sec.check("faster_than_torchrun", med(ours) < med(theirs), sec.figures["first_step_s"])
+
+    job = run.launch(W.device_assert_job, name="device-assert")
+    try:
+        with stopped(job):
+            job.wait(timeout=120)
+        raise AssertionError("the job with a device-side assert finished")
+    except cs.JobFailedError as e:
+        sec.figures["assert"] = {"type": e.exc_type, "message": e.message[:2000]}
+    d = job.diagnosis
+    sec.figures["assert"]["diagnosis"] = d and d.as_dict()
+    sec.check(
+        "assert_named", d is not None and d.kind == "cuda_error", d and d.summary, "cuda_error"
+    )
+    after = run.launch(W.small_job, name="after-assert")
+    with stopped(after):
+        result = after.wait(timeout=60)
+    slot = run.cluster.slots()[0]["worker"]
+    sec.check(
+        "worker_serves_the_next_job",
+        result["finite"] and slot == worker,
+        {**result, "worker": slot},
+        "a small job finishes on the same worker, on the GPU",
+    )
+
+    job = run.launch(
+        W.watchdog_job, kwargs={"stall_s": s["stall_s"]}, name="watchdog", timeout=s["timeout"]
+    )
+    try:
+        with stopped(job):
+            job.wait(timeout=120)
+        raise AssertionError("the job with a hung collective finished")
+    except cs.JobFailedError as e:
+        sec.figures["watchdog"] = {"type": e.exc_type, "message": e.message[:2000]}
+        named = "NCCL's watchdog" in e.message and "SIGABRT" in e.message
+    d = job.diagnosis
+    sec.figures["watchdog"]["diagnosis"] = d and d.as_dict()
+    sec.check(
+        "watchdog_named",
+        named,
+        sec.figures["watchdog"]["message"][:300],
+        "died of SIGABRT: NCCL's watchdog",
+    )
+    sec.check(
+        "watchdog_diagnosed",
+        d is not None and d.kind == "collective_timeout",
+        d and d.summary,
+        "collective_timeout",
+    )
+    sec.check("worker_stays", run.worker()["worker"] == worker, worker, "the same worker")
+
+
+def torchrun_first_step(run: Run) -> float:
+    """torchrun's launch to its first step of the same model (one rank, NCCL on CUDA)."""
+    out = os.path.join(run.tmp, "torchrun-first-step.json")
+    code = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r}); import _gpu_workload as W; "
+        "W.first_step_torchrun(sys.argv[1])"
+    )
+    script = os.path.join(run.tmp, "first_step.py")
+    Path(script).write_text(code.replace("; ", "\n"))
+    t0 = time.time()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=1",
+            script,
+            out,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"torchrun exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+    with open(out) as f:
+        return json.load(f)["first_step"] - t0
 
 
 def process_gpu_mib(pid: int) -> float | None:
@@ -1566,6 +1695,7 @@ RUNNERS: dict[str, Callable[[Run, Section], None]] = {
     "bf16": section_bf16,
     "checkpoint": section_checkpoint,
     "cuda_oom": section_cuda_oom,
+    "rank_process": section_rank_process,
     "duplicate_gpu": section_duplicate_gpu,
     "gpu_tests": section_gpu_tests,
 }

@@ -94,7 +94,7 @@ class Zygote:
         gc.freeze()
         os.write(self.done_w, b"r")
         waiting = self._fork_spare() if self.spare else None
-        while os.read(self.requests_r, 1):
+        while os.read(self.requests_r, 1) == b"f":
             if waiting is not None:  # the spare runs the rank; the next one is forked
                 os.write(waiting[1], b"g")
                 os.close(waiting[1])
@@ -109,6 +109,8 @@ class Zygote:
                     pass
             except ChildProcessError:
                 pass
+        if waiting is not None:
+            os.write(waiting[1], b"q")
         os._exit(0)
 
     def _fork_spare(self) -> tuple[int, int]:
@@ -120,7 +122,7 @@ class Zygote:
             os.close(go_w)
             if not select.select([go_r], [], [], WARM_UP_AFTER_S)[0]:
                 warm_up()  # idle a while: warm up (as clustersdk's spare does)
-            if os.read(go_r, 1):
+            if os.read(go_r, 1) == b"g":
                 step()
                 os.write(self.done_w, b"d")
             os._exit(0)
@@ -134,7 +136,7 @@ class Zygote:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        os.close(self.requests_w)
+        os.write(self.requests_w, b"q")  # (other processes hold this pipe too: no EOF)
         os.waitpid(self.pid, 0)
 
 
@@ -182,6 +184,26 @@ def pss_mb(pids: list[int]) -> float:
     return total / 2**20
 
 
+def interpreter_pss() -> float:
+    """What a spare interpreter kept per slot holds (torch imported, waiting)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"{IMPORTS}\nimport sys; print('ready', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return pss_mb([proc.pid])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def spare_refill() -> tuple[float, float]:
     """How long a zygote takes to fork a warmed-up spare, and a fresh interpreter to be
     ready (imports done): what a slot waits after its process was used."""
@@ -227,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         idle = {
             "fork of a warm zygote": pss_mb([zygote.pid]),
             "zygote + spare": pss_mb(_family(spare.pid)),
+            "a spare interpreter": interpreter_pss(),
         }
     finally:
         zygote.close()

@@ -43,8 +43,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import EXIT_TYPES
-
 #: Every kind of diagnosis, and what it is called in a sentence.
 KINDS: dict[str, str] = {
     "cuda_oom": "CUDA out of memory",
@@ -130,7 +128,7 @@ def diagnose(error: Mapping[str, Any]) -> Diagnosis | None:
 
 def _text(error: Mapping[str, Any]) -> str:
     text = f"{error.get('type') or ''}: {error.get('message') or ''}"
-    if error.get("type") in EXIT_TYPES and error.get("stderr"):  # what the process said last
+    if error.get("stderr"):  # a process that ended without an exception: what it said last
         text += "\n" + "\n".join(str(line) for line in error["stderr"])
     return text
 

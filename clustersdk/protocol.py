@@ -170,6 +170,12 @@ class RankEvent(str, enum.Enum):
     EXIT = "exit"  # status (ExitStatus), result (rank 0): the rank is gone
 
 
+#: What a rank reports without waiting for the control plane to have heard it: facts for
+#: progress bars and dashboards. Its worker still sends them in order, before anything the
+#: rank says later; every other report is waited for (a pause, a checkpoint, a failure).
+NOTICES = frozenset({RankEvent.STARTED, RankEvent.LOOP, RankEvent.RESTORED, RankEvent.TUNABLE})
+
+
 class ExitStatus(str, enum.Enum):
     OK = "ok"  # returned
     STOPPED = "stopped"  # left ctx.loop on a stop

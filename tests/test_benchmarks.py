@@ -318,6 +318,7 @@ def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
         "bf16",
         "checkpoint",
         "cuda_oom",
+        "rank_process",
         "duplicate_gpu",
         "gpu_tests",
     ]
@@ -333,6 +334,11 @@ def test_gpu_check_rehearsal_runs_every_section_on_the_cpu(tmp_path):
     assert sections["duplicate_gpu"]["figures"]["diagnosis"]["kind"] == "duplicate_gpu"
     assert sections["cuda_oom"]["figures"]["diagnosis"]["kind"] == "host_oom"
     assert sections["cuda_oom"]["figures"]["after"]["finite"]
+    ranks = sections["rank_process"]["figures"]
+    assert ranks["assert"]["diagnosis"]["kind"] == "cuda_error"
+    assert ranks["watchdog"]["diagnosis"]["kind"] == "collective_timeout"
+    assert "died of SIGABRT (signal 6): NCCL's watchdog aborted it" in ranks["watchdog"]["message"]
+    assert ranks["first_step_s"]["clustersdk"] < ranks["first_step_s"]["torchrun"]
     assert sections["telemetry"]["figures"]["chart_points"]["rss"] >= 2
     assert sections["bf16"]["figures"]["medians_steps_per_s"]["plain"] > 0
     assert sections["checkpoint"]["figures"]["load_warm"]["resumed_at"] > 0

@@ -231,6 +231,7 @@ def test_connect_accepts_a_client_and_shares_the_registry(idle):
 def test_live_view_follows_every_rank_and_metrics_are_rate_limited(idle):
     job = idle.launch(workloads.spin, kwargs={"sleep": 0.002}, world_size=2, metrics_interval=0.25)
     wait_for(lambda: set(job.latest) == {0, 1})
+
     # it keeps up: every rank's newer steps arrive (within a few flushes on a busy machine),
     # twice: two of each rank's metrics messages to measure the interval between
     def newer(seen: dict) -> bool:

@@ -30,7 +30,8 @@ def local(
 
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
     GPU ``i`` (``CUDA_VISIBLE_DEVICES``), so two ranks never share a device.
-    Every worker has one thread and imports torch when it starts. Dask's own
+    Every worker has one thread, and when it starts, a zygote that imports torch: each
+    rank is a process forked from it (a crash ends that rank alone). Dask's own
     log lines below ``silence_logs`` are hidden (``False`` shows them all).
     ``memory_limit`` (bytes, or ``"4 GiB"``) is each worker's: its nanny restarts a
     worker that passes 95% of it (``distributed.worker.memory.terminate``), and the
@@ -193,8 +194,9 @@ def http_routes(tls: bool) -> dict[str, Any]:
     return {"distributed.scheduler.http.routes": health, "distributed.worker.http.routes": health}
 
 
-# Dask timers that wake a worker's event loop many times a second: each wake-up takes
-# the GIL from the rank thread beside it and a core from the ranks on a busy host. The
+# Dask timers that wake a worker's event loop many times a second: each wake-up takes a
+# core from the ranks on a busy host (measured when ranks were the worker's threads, when
+# it also took their GIL). The
 # ranks are not Dask tasks (Dask's profiler samples only tasks, and on a TLS cluster no
 # dashboard shows its profiles or the system monitor's disk figures), and nothing here
 # needs to hear of a blocked event loop within 20 ms. Measured with benchmarks/parallel.py

@@ -40,7 +40,7 @@ from typing import Any
 import cloudpickle
 
 from .. import checkpoint_files, cpus
-from ..protocol import ExitStatus, RankEvent, WireSpec, Word
+from ..protocol import NOTICES, ExitStatus, RankEvent, WireSpec, Word
 from .anomalies import failure_facts
 from .breakpoints import Console
 from .channel import TIMEOUT, Channel
@@ -207,8 +207,7 @@ class Inside:
                 # once its process groups exist, each loop frees their helper threads
                 on_loop=functools.partial(cpus.free_helpers, host) if host else None,
             )
-            # not waited for: what the rank says next goes after it, in order
-            self.report(RankEvent.STARTED, wait=False, versions=start.get("versions"))
+            self.report(RankEvent.STARTED, versions=start.get("versions"))
             result = fn(self.ctx, *args, **kwargs)
             if self.ctx.stopped:
                 outcome["status"] = ExitStatus.STOPPED.value
@@ -262,11 +261,13 @@ class Inside:
                 pass
 
     # --- what the rank tells its worker --------------------------------------------------------
-    def report(self, event: RankEvent, wait: bool = True, **data: Any) -> None:
+    def report(self, event: RankEvent, **data: Any) -> None:
         """Tell the control plane ``event`` (with the rows logged so far, so that a paused
-        job's history is complete when pause() returns), and wait until it heard (unless
-        not ``wait``: its worker still sends it before anything the rank says later)."""
-        self._request({"op": "report", "event": event.value, "data": data}, rows=True, wait=wait)
+        job's history is complete when pause() returns), and wait until it heard; a notice
+        (:data:`~clustersdk.protocol.NOTICES`: started, the loop's length...) is not waited
+        for, and its worker still sends it before anything the rank says later."""
+        message = {"op": "report", "event": event.value, "data": data}
+        self._request(message, rows=True, wait=event not in NOTICES)
 
     def fetch(self, **ranges: Any) -> list[dict[str, Any]]:
         """The ``job.run`` / ``job.update`` requests in ``ranges``, from the control plane."""
