@@ -55,6 +55,11 @@ class ControlClient:
         """The identity this connection acts as, and whether the rules are enforced."""
         return await self.call(Op.WHOAMI)
 
+    async def cluster_events(self) -> list[dict[str, Any]]:
+        """What happened to the cluster's own processes, oldest first: a standing
+        cluster's scheduler or worker that its supervisor started again, and why."""
+        return await self.call(Op.CLUSTER_EVENTS)
+
     async def revoke(self, crl: str) -> dict[str, Any]:
         """An admin's new revocation list (:meth:`Cluster.remove_user` sends it)."""
         return await self.call(Op.REVOKE, crl=crl)

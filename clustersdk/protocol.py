@@ -33,6 +33,9 @@ VERSION = 1  # of WireSpec and the messages; a newer peer's spec is refused, an 
 HANDLER_PREFIX = "clustersdk_"
 TOPIC_PREFIX = "clustersdk-job-"
 EXIT_TOPIC = "clustersdk-worker-exit"  # a nanny's report of how its worker process ended
+# what a standing cluster's supervisor tells a process it started again (JSON: the process,
+# its restart count, how its predecessor ended): the control plane journals it
+ENV_RESTART = "CLUSTERSDK_RESTART"
 
 
 # --- the control vector ------------------------------------------------------------------
@@ -118,6 +121,7 @@ class Op(str, enum.Enum):
         "live_pending"  # from a rank: the job.run / job.update requests it must carry out
     )
     WHOAMI = "whoami"  # the identity a request comes from, and what it may do
+    CLUSTER_EVENTS = "cluster_events"  # a standing cluster's restarts of its processes
     REVOKE = "revoke"  # an admin's new revocation list: refused from now on
 
     @property

@@ -32,7 +32,15 @@ from typing import Any
 
 from . import config
 
-__all__ = ["authority", "clusters_dir", "credentials", "entries", "register", "unregister"]
+__all__ = [
+    "authority",
+    "clusters_dir",
+    "credentials",
+    "entries",
+    "register",
+    "resolve",
+    "unregister",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +64,14 @@ def register(
     pid: int | None = None,
     credentials: str | None = None,
     authority: str | None = None,
+    name: str | None = None,
 ) -> str | None:
     """Record that this process uses the scheduler at ``address``; return the entry's path.
     A TLS cluster's entry also names the ``credentials`` file this process connects
     with and, for its creator, its certificate ``authority``'s directory: other
-    processes of this account (the server extension, the CLI) find them there.
+    processes of this account (the server extension, the CLI) find them there. A
+    standing cluster's entry (``kind="standing"``) has its ``name``, by which
+    ``Cluster.connect`` finds it; it stays until ``clustersdk cluster down``.
 
     Best effort: a registry that cannot be written (read-only home, full disk)
     is logged and ``None`` is returned, since the cluster itself works without it.
@@ -78,8 +89,11 @@ def register(
         entry["credentials"] = credentials
     if authority:
         entry["authority"] = authority
+    if name:
+        entry["name"] = name
     directory = clusters_dir(state_dir)
-    path = os.path.join(directory, f"{safe_name(address)}-{pid}.json")
+    file = f"standing-{name}.json" if name else f"{safe_name(address)}-{pid}.json"
+    path = os.path.join(directory, file)
     try:
         os.makedirs(directory, exist_ok=True)
         _write_atomic(path, entry)
@@ -130,6 +144,26 @@ def entries(state_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
         if known is None or entry.get("created", 0) < known.get("created", 0):
             found[entry["address"]] = entry
     return sorted(found.values(), key=lambda e: e.get("created", 0))
+
+
+def resolve(target: str, state_dir: str | os.PathLike | None = None) -> str:
+    """The scheduler address ``target`` names: a standing cluster's name (this account's
+    registry has it), or an address already (``tls://host:port``, ``host:port``).
+
+    >>> resolve("tls://10.0.0.5:8786")
+    'tls://10.0.0.5:8786'
+    """
+    if "://" in target or ":" in target:
+        return target
+    for entry in entries(state_dir):
+        if entry.get("name") == target:
+            return str(entry["address"])
+    standing = sorted(e["name"] for e in entries(state_dir) if e.get("name"))
+    raise KeyError(
+        f"no cluster named {target!r} in this account's registry ({clusters_dir(state_dir)}); "
+        f"standing clusters here: {', '.join(standing) or 'none'} (clustersdk cluster up "
+        f"{target} --local N starts one); or give an address, tls://HOST:PORT"
+    )
 
 
 def credentials(address: str, state_dir: str | os.PathLike | None = None) -> str | None:

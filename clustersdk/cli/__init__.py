@@ -11,6 +11,8 @@
     clustersdk stacks JOB [--all-threads]      where every rank is now
     clustersdk logs JOB [--rank R] [-f]
     clustersdk history JOB [--csv]
+    clustersdk cluster up NAME --local N       a standing cluster: detached, supervised
+    clustersdk cluster status|down|logs NAME   how it runs; take it down; a process's log
     clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
     clustersdk cluster remove-user NAME        revoke them at once
     clustersdk cluster users                   who holds credentials
@@ -139,9 +141,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     history = job_command("history", "every metric row the ranks logged", commands.history)
     history.add_argument("--csv", action="store_true", help="as CSV")
-    from . import users
+    from . import standing, users
 
-    users.add_commands(sub, common)
+    cluster = sub.add_parser(
+        "cluster", help="standing clusters (up, down, status, logs) and who may use them"
+    )
+    inner = cluster.add_subparsers(dest="action", required=True)
+    standing.add_commands(inner)
+    users.add_commands(inner, common)
 
     from .. import options
     from .flags import add_flags

@@ -24,14 +24,17 @@ OK = 0
 
 
 def _address(args: argparse.Namespace) -> str:
-    """The cluster named by --cluster, or the one cluster of the registry whose
-    authority this account holds."""
+    """The cluster named by --cluster (an address, or a standing cluster's name), or the
+    one cluster of the registry whose authority this account holds."""
     if args.cluster:
-        return args.cluster
+        try:
+            return registry.resolve(args.cluster)
+        except KeyError as e:
+            raise SpecError(str(e.args[0])) from None
     mine = [e["address"] for e in registry.entries() if e.get("authority")]
     if len(mine) != 1:
         raise SpecError(
-            f"--cluster ADDRESS is needed: this account created "
+            f"--cluster NAME|ADDRESS is needed: this account created "
             f"{len(mine)} running TLS cluster(s){': ' if mine else ''}"
             f"{', '.join(mine)}"
         )
@@ -103,10 +106,8 @@ def users(args: argparse.Namespace) -> int:
     return OK
 
 
-def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """``clustersdk cluster ...``."""
-    cluster = sub.add_parser("cluster", help="the people who may use a TLS cluster")
-    inner = cluster.add_subparsers(dest="action", required=True)
+def add_commands(inner: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """``clustersdk cluster add-user | remove-user | users``."""
     add = inner.add_parser(
         "add-user", parents=[common], help="write credentials for a person (prints the file's path)"
     )

@@ -96,6 +96,7 @@ class Cluster:
         scaler: Any = None,
         security: Prepared | None = None,
         credentials: str | None = None,
+        register: bool = True,
     ):
         self.client = client
         # what security= made (the creator's authority) and the credentials this process shows
@@ -115,15 +116,20 @@ class Cluster:
         self._closed = False
         self._whoami: dict[str, Any] | None = None
         self._silence_logs = silence_logs  # Dask's log lines hidden while closing
-        install(client, self.state_dir, probe=kind == "connect")
+        # a cluster this process did not make has its plugins already, or gets them once
+        install(client, self.state_dir, probe=kind in ("connect", "standing"))
         authority = security.authority if security is not None else None
-        self._registration = registry.register(
-            self.scheduler_address,
-            kind=kind,
-            local=dask_cluster is not None,
-            state_dir=self.state_dir,
-            credentials=self.credentials,
-            authority=authority.directory if authority is not None else None,
+        self._registration = (
+            registry.register(
+                self.scheduler_address,
+                kind=kind,
+                local=dask_cluster is not None,
+                state_dir=self.state_dir,
+                credentials=self.credentials,
+                authority=authority.directory if authority is not None else None,
+            )
+            if register
+            else None
         )
 
     # properties ----------------------------------------------------------------
@@ -634,16 +640,23 @@ class QueueView:
         )
 
 
-def install(client: Client, state_dir: str, probe: bool = False) -> None:
-    """Put the control plane on the scheduler and the agent on every worker; with
-    ``probe`` (a cluster this process connects to), only if the control plane is not
-    there yet (registering plugins is an admin's right on a TLS cluster: a user who
-    connects installs nothing)."""
+def cluster_plugins(state_dir: str) -> tuple[Any, list[Any], list[Any]]:
+    """What makes a Dask cluster a clustersdk cluster: the control plane (the scheduler's
+    plugin, its journal in ``state_dir``), the workers' plugins (the agent) and the
+    nannies' (how a worker ended; revocations)."""
     from ..control.plugin import ControlPlane
     from ..runtime.agent import Agent
     from ..runtime.exits import ExitReporter
     from ..runtime.revocations import Revocations
 
+    return ControlPlane(state_dir), [Agent()], [ExitReporter(), Revocations()]
+
+
+def install(client: Client, state_dir: str, probe: bool = False) -> None:
+    """Put the control plane on the scheduler and the agent on every worker; with
+    ``probe`` (a cluster this process connects to), only if the control plane is not
+    there yet (registering plugins is an admin's right on a TLS cluster: a user who
+    connects installs nothing)."""
     control = ControlClient(client.scheduler)
     if probe:
         try:
@@ -651,11 +664,11 @@ def install(client: Client, state_dir: str, probe: bool = False) -> None:
                 return
         except Exception:  # noqa: BLE001 - no control plane yet (or not ours): install it
             pass
+    plane, workers, nannies = cluster_plugins(state_dir)
     try:
-        client.register_plugin(ControlPlane(state_dir))
-        client.register_plugin(Agent())
-        client.register_plugin(ExitReporter())  # how lost workers ended: nannies run it
-        client.register_plugin(Revocations())  # nannies refuse revoked certificates too
+        client.register_plugin(plane)
+        for plugin in [*workers, *nannies]:  # nannies: how lost workers ended, revocations
+            client.register_plugin(plugin)
         client.sync(control.inventory)
     except Exception as e:
         raise PluginMissingError(

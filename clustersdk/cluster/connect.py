@@ -20,7 +20,8 @@ def connect(
     credentials: str | None = None,
     security: Any = None,
 ) -> Cluster:
-    """Attach to a scheduler address, a Dask ``Cluster`` object or a ``Client``.
+    """Attach to a scheduler address, a standing cluster's name (``clustersdk cluster up
+    NAME`` registered it), a Dask ``Cluster`` object or a ``Client``.
 
     The control plane is installed on the scheduler if it isn't there yet, so
     every process that connects sees the same jobs.
@@ -32,12 +33,18 @@ def connect(
     to). ``security=`` takes a ``distributed.Security`` of your own PKI instead.
 
     >>> cluster = Cluster.connect("tls://10.0.0.5:8786", credentials="~/bob.pem")  # doctest: +SKIP
+    >>> cluster = Cluster.connect("team")   # a standing cluster of this account  # doctest: +SKIP
     """
     from distributed import Client
     from distributed.deploy.cluster import Cluster as DaskCluster
 
     if isinstance(target, Client):
         return cls(target, kind="connect", owns_client=False, state_dir=state_dir)
+    if isinstance(target, str):  # a standing cluster's name: its address in the registry
+        try:
+            target = registry.resolve(target, state_dir)
+        except KeyError as e:
+            raise SpecError(str(e.args[0])) from None
     if isinstance(target, (str, DaskCluster)):
         path = None
         if isinstance(target, str) and security is None:

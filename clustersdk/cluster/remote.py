@@ -67,7 +67,7 @@ def facts() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    n = _gpu_count()
+    n = gpu_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = (
         [v.strip() for v in visible.split(",") if v.strip()][:n]
@@ -85,7 +85,7 @@ def facts() -> dict[str, Any]:
     }
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     try:
         import pynvml
 

@@ -53,6 +53,7 @@ KINDS: dict[Op, str] = {
     Op.WAIT: VIEW,
     Op.QUEUE: VIEW,
     Op.WHOAMI: VIEW,
+    Op.CLUSTER_EVENTS: VIEW,
     Op.HISTORY: METRICS,
     Op.LOGS: METRICS,
     Op.SYSTEM: METRICS,

@@ -15,6 +15,7 @@ Its parts (:mod:`.requests`: the client-facing handlers; :mod:`.evidence`,
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -56,6 +57,7 @@ from .watchdog import Watchdog
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "clustersdk-control"
+CLUSTER = "*cluster*"  # the journal's key of the cluster's own events (not a job id)
 TICK_MS = 1000  # how often the policy looks again without an event (grace, idle timeouts)
 PUBLISH_MS = 100  # how often a big job's bands go to kernels and step summaries to the journal
 END_RANK_WAIT = 10.0  # seconds a worker has to end a hung rank before it is restarted
@@ -101,6 +103,7 @@ class ControlPlane(SchedulerPlugin):
             Op.WORKER_READY: self._worker_ready,
             Op.RANK_EVENT: self._rank_event,
             Op.SET_CAPACITY: self._set_capacity,
+            Op.CLUSTER_EVENTS: lambda: self.journal.events(CLUSTER),
             Op.LIVE_PENDING: self.requests.live_pending,
         }
         for operation, handler in handlers.items():  # every request's identity checked
@@ -232,7 +235,28 @@ class ControlPlane(SchedulerPlugin):
             text += f"; it grows to {self.capacity}"
         return max(len(self.slots) + len(self.left), self.capacity), text
 
-    def _worker_ready(self, slot: dict) -> dict:
+    def restarted(self, process: str, address: str, restart: str | None) -> None:
+        """A process of a standing cluster that its supervisor started again (``restart``:
+        what ``CLUSTERSDK_RESTART`` said): journaled as a cluster event."""
+        try:
+            data = json.loads(restart or "{}")
+        except ValueError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        host = data.get("host") or address
+        message = (
+            f"{process} {address} (host {host}) started again by its supervisor (restart "
+            f"{data.get('restarts', '?')}): it {data.get('after') or 'ended'}"
+        )
+        logger.warning("clustersdk: %s", message)
+        self.journal.add_event(
+            CLUSTER, time.time(), None, "restarted", message, {"process": process, **data}
+        )
+
+    def _worker_ready(self, slot: dict, restart: str | None = None) -> dict:
+        if restart:
+            self.restarted("worker", slot["worker"], restart)
         # a worker back on a host where one left: the one its nanny restarted, presumably
         for worker, (host, _) in sorted(self.left.items(), key=lambda kv: kv[1][1]):
             if host == slot["host"]:

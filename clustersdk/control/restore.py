@@ -4,7 +4,10 @@ A Dask scheduler that restarts (at the same address, with the same state
 directory) finds in the journal the scheduling settings an admin changed at
 run time, and the jobs its predecessor left QUEUED or SUSPENDED, with their
 payloads: the queue is rebuilt (in its order) and a suspended job can be
-resumed from its checkpoint.
+resumed from its checkpoint. A job it died running (its ranks went with its
+workers) restarts from its newest committed checkpoint (from the start without
+one) when it has restarts left (``max_restarts``), first in the queue, as after a
+lost worker; without, it is FAILED, saying why.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
     is marked FAILED, saying why; so is a job the earlier scheduler died running."""
     address, adopted = plane.address, []
     for record in plane.journal.orphaned(address, plane.id):  # it died without closing them
+        if _restart(plane, placement, record):
+            adopted.append(record["id"])
+            continue
         plane.journal.update(
             record["id"],
             scheduler=plane.id,
@@ -88,3 +94,43 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
             address,
         )
     return adopted
+
+
+def _restart(plane: Plane, placement: Placement, record: dict) -> bool:
+    """Queue again (first in line) a job the earlier scheduler died running, from its
+    newest committed checkpoint, when it has restarts left; False when it has none (or
+    can't be taken over)."""
+    try:
+        spec = WireSpec.from_dict(record["spec"])
+    except Exception:  # noqa: BLE001 - another release's spec: it fails, as before
+        return False
+    restarts = int(record.get("restarts") or 0)
+    if not record.get("payload") or restarts >= spec.max_restarts:
+        return False
+    checkpoint, step = record.get("checkpoint"), record.get("checkpoint_step")
+    spec = spec.replace(resume=checkpoint or spec.resume, attempt=spec.attempt + 1)
+    try:
+        spec = placement.admit(spec, 0)
+    except Exception:  # noqa: BLE001 - the settings changed under it: it fails, as before
+        return False
+    where = f"from checkpoint {checkpoint}" if checkpoint else "from the start (no checkpoint)"
+    message = (
+        f"the Dask scheduler stopped while the job was {record['status']}; restart "
+        f"{restarts + 1} of {spec.max_restarts}, {where}"
+    )
+    journal = plane.journal
+    journal.truncate_history(record["id"], step if checkpoint and step is not None else 0)
+    journal.add_event(
+        record["id"], time.time(), step, "restarted", message, {"attempt": spec.attempt}
+    )
+    journal.update(record["id"], scheduler=plane.id, restarts=restarts + 1, spec=spec.as_dict())
+    plane.follow(
+        spec,
+        record["payload"],
+        seq=record.get("seq"),
+        status=JobStatus.QUEUED,
+        restarts=restarts + 1,
+        checkpoint=checkpoint,
+        checkpoint_step=step,
+    )
+    return True

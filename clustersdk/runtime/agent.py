@@ -25,7 +25,7 @@ from distributed.core import rpc
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import cpus
-from ..protocol import Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
+from ..protocol import ENV_RESTART, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
 from .control_words import Control
 from .environ import ENV_WARM_CUDA
@@ -93,7 +93,9 @@ class Agent(WorkerPlugin):
         self._schedule_flush(FLUSH_IDLE_S)
         slot.update(worker=worker.address, host=_host_of(worker.address), cpus=bound)
         self.slot = slot
-        ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot)
+        # started again by a standing cluster's supervisor: how its predecessor ended
+        restart = os.environ.get(ENV_RESTART)
+        ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot, restart=restart)
         if isinstance(ready, dict) and ready.get("crl"):  # revocations so far
             self.revoke(ready["crl"])
 

@@ -1,0 +1,180 @@
+"""``clustersdk cluster up | down | status | logs NAME``: a cluster a team keeps running.
+
+::
+
+    clustersdk cluster up team --local 2          start it (or report it, if it runs)
+    clustersdk cluster status team [--json]       each process, its restarts; slots, jobs
+    clustersdk cluster logs team [PROCESS] [-n N] scheduler, worker-0, supervisor...
+    clustersdk cluster down team [--now] [--keep-state]
+
+The verbs call :mod:`clustersdk.standing`; they print what it says and exit 0, or 1
+with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from typing import Any
+
+from . import render
+
+OK = 0
+
+
+def up(args: argparse.Namespace) -> int:
+    from .. import standing
+
+    record = standing.up(
+        args.name,
+        local=args.local,
+        host=args.host,
+        bind_cpus=False if args.no_bind_cpus else None,
+        memory_limit=args.memory_limit,
+        timeout=args.timeout,
+        say=_say,
+    )
+    if args.json:
+        print(render.to_json(record.as_dict()))
+    else:
+        print(
+            f"{record.name}: {record.workers} worker(s) at {record.address}\n"
+            f"admin credentials: {record.credentials}\n"
+            f"connect: Cluster.connect({record.name!r}) on this account, or "
+            f"Cluster.connect({record.address!r}, credentials=...) with a file from "
+            f"`clustersdk cluster add-user PERSON --cluster {record.name}`"
+        )
+    return OK
+
+
+def down(args: argparse.Namespace) -> int:
+    from .. import standing
+
+    standing.down(args.name, now=args.now, keep_state=args.keep_state, say=_say)
+    return OK
+
+
+def status(args: argparse.Namespace) -> int:
+    from .. import standing
+
+    found = standing.status(args.name)
+    if args.json:
+        print(render.to_json(found))
+    else:
+        print(status_text(found))
+    supervised = found["supervisor"]["running"]
+    return OK if supervised and found["reachable"] else 1
+
+
+def logs(args: argparse.Namespace) -> int:
+    from .. import standing
+
+    sys.stdout.write(standing.logs(args.name, args.process, args.lines))
+    return OK
+
+
+def status_text(found: dict[str, Any]) -> str:
+    """``clustersdk cluster status``'s text: the cluster, its processes, its slots and
+    jobs, its restarts."""
+    record = found["record"]
+    supervisor = found["supervisor"]
+    head = (
+        f"{record['name']} ({record['kind']}) at {record['address']}, up since "
+        f"{_when(record['created'])}; supervisor "
+        + (f"pid {supervisor['pid']}" if supervisor["running"] else "NOT RUNNING")
+    )
+    lines = [head, f"admin credentials: {record['credentials']}"]
+    processes = found.get("processes") or {}
+    if processes:
+        rows = [
+            [
+                name,
+                p.get("state", "?"),
+                str(p.get("pid") or "-"),
+                str(p.get("restarts", 0)),
+                p.get("last") or "",
+            ]
+            for name, p in processes.items()
+        ]
+        lines.append(render.table(rows, ["PROCESS", "STATE", "PID", "RESTARTS", "LAST EXIT"]))
+    if found["reachable"]:
+        slots = found.get("slots") or []
+        busy = sum(1 for s in slots if s.get("job"))
+        jobs = found.get("jobs") or []
+        running = [j for j in jobs if j["status"] not in ("FINISHED", "FAILED", "STOPPED")]
+        lines.append(f"{len(slots)} slot(s), {busy} busy; {len(running)} job(s) not finished")
+        for event in (found.get("cluster_events") or [])[-5:]:
+            lines.append(f"  {_when(event['time'])} {event['message']}")
+    else:
+        lines.append(f"the scheduler does not answer: {found.get('error', '')}")
+    return "\n".join(lines)
+
+
+def add_commands(inner: argparse._SubParsersAction) -> None:
+    """The verbs of a standing cluster under ``clustersdk cluster``."""
+    start = inner.add_parser(
+        "up",
+        help="start a standing cluster (detached, supervised; or report it if it runs)",
+        description="Start a standing cluster: a scheduler with clustersdk's control plane "
+        "and workers, under a supervisor that restarts them, detached from this command. "
+        "It returns once every worker answers, printing the address and the admin's "
+        "credentials. Again with the same name: reports the running cluster.",
+    )
+    start.add_argument("name", help="the cluster's name (lower-case letters, digits, - and _)")
+    start.add_argument(
+        "--local",
+        type=int,
+        metavar="N",
+        help="N workers on this host (default: one per GPU, else 2)",
+    )
+    start.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address the scheduler and workers listen on (default: 127.0.0.1)",
+    )
+    start.add_argument("--memory-limit", metavar="SIZE", help="each worker's, e.g. '16 GiB'")
+    start.add_argument(
+        "--no-bind-cpus", action="store_true", help="no worker bound to a share of the cores"
+    )
+    start.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for every worker (120)"
+    )
+    start.add_argument("--json", action="store_true", help="print the record as JSON")
+    start.set_defaults(run=up, verb="cluster up")
+
+    stop = inner.add_parser(
+        "down",
+        help="stop a standing cluster (its jobs with a checkpoint_dir suspended first)",
+    )
+    stop.add_argument("name")
+    stop.add_argument("--now", action="store_true", help="do not suspend its jobs first")
+    stop.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep its journal and logs (its keys go either way)",
+    )
+    stop.set_defaults(run=down, verb="cluster down")
+
+    state = inner.add_parser(
+        "status", help="a standing cluster's processes, restarts, slots and jobs (exit 1: down)"
+    )
+    state.add_argument("name")
+    state.add_argument("--json", action="store_true", help="as JSON")
+    state.set_defaults(run=status, verb="cluster status")
+
+    tail = inner.add_parser("logs", help="the tail of a standing cluster's process's log")
+    tail.add_argument("name")
+    tail.add_argument(
+        "process", nargs="?", default="scheduler", help="scheduler (default), worker-N, supervisor"
+    )
+    tail.add_argument("-n", "--lines", type=int, default=50, help="how many lines (50)")
+    tail.set_defaults(run=logs, verb="cluster logs")
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _when(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")

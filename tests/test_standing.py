@@ -1,0 +1,240 @@
+"""A standing cluster (``clustersdk cluster up``) on this host: detached from the command
+that started it, supervised, reached by name from other processes, taken down whole.
+
+The cluster is started with the real CLI in a process of its own (the state directory a
+temporary one) and always taken down, its processes killed if ``down`` fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import clustersdk as cs
+from clustersdk.standing.record import HostPlan, Paths, Process, read_json
+from clustersdk.standing.supervisor import Supervisor
+
+from . import workloads
+from .helpers import assert_same_run, step_reached, wait_for
+
+pytestmark = pytest.mark.slow
+
+NAME = "team"
+
+
+def cli(state: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``clustersdk ARGS`` in a process of its own, with ``state`` as its state directory."""
+    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
+    return subprocess.run(
+        [sys.executable, "-m", "clustersdk", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def cluster_pids(state: str) -> set[int]:
+    """The supervisor's processes and everything they started (what `down` must end)."""
+    paths = Paths(state, NAME)
+    found = read_json(paths.pid_file)
+    if not found:
+        return set()
+    try:
+        root = psutil.Process(int(found["pid"]))
+        return {root.pid} | {p.pid for p in root.children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("standing"))
+
+
+@pytest.fixture(scope="module")
+def team(state):
+    """``clustersdk cluster up team --local 2``, taken down (or killed) at the end."""
+    started = time.monotonic()
+    up = cli(state, "cluster", "up", NAME, "--local", "2", "--json")
+    took = time.monotonic() - started
+    pids = cluster_pids(state)
+    try:
+        assert up.returncode == 0, up.stderr
+        yield {"record": json.loads(up.stdout), "seconds": took}
+    finally:
+        cli(state, "cluster", "down", NAME, "--now")
+        for pid in pids | cluster_pids(state):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def connect(state: str) -> cs.Cluster:
+    return cs.Cluster.connect(NAME, state_dir=state, timeout=30)
+
+
+def supervised(state: str) -> dict:
+    return (read_json(Paths(state, NAME).status) or {}).get("processes", {})
+
+
+def test_up_returns_at_once_and_a_job_from_another_process_runs(team, state):
+    assert team["seconds"] < 15, team
+    record = team["record"]
+    assert record["address"].startswith("tls://127.0.0.1:") and os.path.exists(
+        record["credentials"]
+    )
+    # the command's process is gone; what it started runs in a session of its own
+    supervisor = read_json(Paths(state, NAME).pid_file)["pid"]
+    assert os.getsid(supervisor) == supervisor != os.getsid(0)
+    with connect(state) as cluster:
+        assert cluster.scheduler_address == record["address"]
+        assert (
+            cluster.launch(workloads.count_to, kwargs={"steps": 5}, world_size=2).wait(60) == "done"
+        )
+    again = cli(state, "cluster", "up", NAME, "--local", "2")  # idempotent: reports it
+    assert again.returncode == 0 and "running at" in again.stderr
+    status = cli(state, "cluster", "status", NAME, "--json")
+    assert status.returncode == 0, status.stderr
+    seen = json.loads(status.stdout)
+    assert seen["reachable"] and len(seen["slots"]) == 2
+    assert set(seen["processes"]) == {"scheduler", "worker-0", "worker-1"}
+
+
+def test_a_killed_scheduler_comes_back_and_takes_its_jobs_over(team, state, tmp_path):
+    address = team["record"]["address"]
+    kwargs = {"steps": 40, "delay": 0.05}
+    with connect(state) as cluster:
+        reference = cluster.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2).wait(120)
+        running = cluster.launch(
+            workloads.train_ckpt,
+            kwargs=kwargs,
+            world_size=2,
+            name="running",
+            checkpoint_dir=str(tmp_path / "ck"),
+            checkpoint_every=5,
+            max_restarts=1,
+        )
+        wait_for(lambda: step_reached(running, 12), timeout=60)
+        queued = cluster.launch(
+            workloads.count_to, kwargs={"steps": 3}, world_size=2, name="queued"
+        )
+        assert queued.status is cs.JobStatus.QUEUED
+        scheduler = supervised(state)["scheduler"]["pid"]
+        os.kill(scheduler, signal.SIGKILL)
+        killed = time.monotonic()
+    # back at the same address within 10 s (its workers follow it)
+    back = wait_for(
+        lambda: (
+            (p := supervised(state)["scheduler"])["pid"] != scheduler and p["state"] == "running"
+        ),
+        timeout=10,
+    )
+    assert back and time.monotonic() - killed < 10
+    with connect(state) as cluster:
+        assert cluster.scheduler_address == address
+        again = cs.Job.attach(cluster, "running")
+        out = again.wait(timeout=180)
+        assert_same_run(out, reference, exact=True)
+        restarted = [e for e in again.events() if e["kind"] == "restarted"]
+        assert (
+            restarted
+            and "the Dask scheduler stopped while the job was RUNNING" in restarted[0]["message"]
+        )
+        assert cs.Job.attach(cluster, "queued").wait(timeout=60) == "done"
+        events = cluster.sync(cluster.control.cluster_events)
+        assert any(
+            e["kind"] == "restarted" and e["message"].startswith("scheduler ") for e in events
+        ), events
+    assert supervised(state)["scheduler"]["restarts"] >= 1
+
+
+def test_a_killed_worker_is_back_within_ten_seconds(team, state):
+    wait_for(lambda: all(p["state"] == "running" for p in supervised(state).values()), timeout=60)
+    worker = supervised(state)["worker-1"]["pid"]
+    os.kill(worker, signal.SIGKILL)
+    killed = time.monotonic()
+    with connect(state) as cluster:
+        wait_for(
+            lambda: len(cluster.slots()) == 2 and supervised(state)["worker-1"]["pid"] != worker,
+            timeout=10,
+        )
+        assert time.monotonic() - killed < 10
+        events = cluster.sync(cluster.control.cluster_events)
+        assert any("died of SIGKILL" in e["message"] for e in events if e["kind"] == "restarted")
+
+
+def test_a_person_added_from_the_cli_uses_the_cluster_as_themselves(team, state):
+    added = cli(state, "cluster", "add-user", "bob", "--cluster", NAME, "--json")
+    assert added.returncode == 0, added.stderr
+    bob_file = json.loads(added.stdout)["credentials"]
+    with connect(state) as admin:
+        theirs = admin.launch(workloads.spin, world_size=1, name="admins-job")
+        wait_for(lambda: theirs.status is cs.JobStatus.RUNNING, timeout=60)
+        with cs.Cluster.connect(team["record"]["address"], credentials=bob_file) as bob:
+            seen = cs.Job.attach(bob, "admins-job")
+            assert seen.owner == admin.whoami()["name"]
+            with pytest.raises(cs.AccessDeniedError, match=f"it belongs to '{seen.owner}'"):
+                seen.stop()
+            mine = bob.launch(workloads.count_to, kwargs={"steps": 2}, world_size=1, name="bobs")
+            assert mine.wait(timeout=60) == "done" and mine.owner == "bob"
+        theirs.stop()
+
+
+def test_down_leaves_no_process_and_no_key(team, state):
+    """Run last: it takes the module's cluster down."""
+    pids = cluster_pids(state)
+    assert len(pids) >= 4  # a supervisor, a scheduler, two nannies (and their workers...)
+    down = cli(state, "cluster", "down", NAME)
+    assert down.returncode == 0, down.stderr
+    wait_for(
+        lambda: (
+            not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+        ),
+        timeout=10,
+    )
+    assert not os.path.exists(Paths(state, NAME).root)
+    assert not [e for e in os.listdir(os.path.join(state, "clusters")) if e.startswith("standing-")]
+    with pytest.raises(cs.SpecError, match="no cluster named 'team'"):
+        cs.Cluster.connect(NAME, state_dir=state)
+
+
+# --- the supervisor alone -----------------------------------------------------------------------------
+def test_a_process_that_keeps_failing_is_given_up_on_saying_why(tmp_path):
+    paths = Paths(str(tmp_path), "loop")
+    os.makedirs(paths.root)
+    plan = HostPlan(
+        "loop",
+        [Process("broken", [sys.executable, "-c", "import sys; print('no luck'); sys.exit(3)"])],
+        max_quick_failures=3,
+        quick_s=30,
+    )
+    supervisor = Supervisor(paths, plan)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and supervisor.running[0].state != "given up":
+        supervisor.tend(time.time())
+        time.sleep(0.05)
+    entry = supervisor.running[0]
+    assert entry.state == "given up" and entry.restarts.count == 2
+    events = [json.loads(line) for line in open(paths.events)]
+    assert [e["event"] for e in events] == [
+        "started",
+        "restarting",
+        "started",
+        "restarting",
+        "started",
+        "gave-up",
+    ]
+    assert (
+        "exited with code 3" in events[-1]["message"]
+        and "3 times in a row" in events[-1]["message"]
+    )
+    assert open(paths.log("broken")).read().count("no luck") == 3
