@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import clustersdk as cs
-from clustersdk.standing.record import HostPlan, Paths, Process, read_json
+from clustersdk.standing.record import HostPaths, HostPlan, Paths, Process, read_json
 from clustersdk.standing.supervisor import Supervisor
 
 from . import workloads
@@ -43,8 +43,7 @@ def cli(state: str, *args: str, timeout: float = 180) -> subprocess.CompletedPro
 
 def cluster_pids(state: str) -> set[int]:
     """The supervisor's processes and everything they started (what `down` must end)."""
-    paths = Paths(state, NAME)
-    found = read_json(paths.pid_file)
+    found = read_json(Paths(state, NAME).host("localhost").pid_file)
     if not found:
         return set()
     try:
@@ -83,7 +82,7 @@ def connect(state: str) -> cs.Cluster:
 
 
 def supervised(state: str) -> dict:
-    return (read_json(Paths(state, NAME).status) or {}).get("processes", {})
+    return (read_json(Paths(state, NAME).host("localhost").status) or {}).get("processes", {})
 
 
 def test_up_returns_at_once_and_a_job_from_another_process_runs(team, state):
@@ -93,7 +92,7 @@ def test_up_returns_at_once_and_a_job_from_another_process_runs(team, state):
         record["credentials"]
     )
     # the command's process is gone; what it started runs in a session of its own
-    supervisor = read_json(Paths(state, NAME).pid_file)["pid"]
+    supervisor = read_json(Paths(state, NAME).host("localhost").pid_file)["pid"]
     assert os.getsid(supervisor) == supervisor != os.getsid(0)
     with connect(state) as cluster:
         assert cluster.scheduler_address == record["address"]
@@ -106,7 +105,7 @@ def test_up_returns_at_once_and_a_job_from_another_process_runs(team, state):
     assert status.returncode == 0, status.stderr
     seen = json.loads(status.stdout)
     assert seen["reachable"] and len(seen["slots"]) == 2
-    assert set(seen["processes"]) == {"scheduler", "worker-0", "worker-1"}
+    assert set(seen["hosts"]["localhost"]["processes"]) == {"scheduler", "worker-0", "worker-1"}
 
 
 def test_a_killed_scheduler_comes_back_and_takes_its_jobs_over(team, state, tmp_path):
@@ -209,8 +208,7 @@ def test_down_leaves_no_process_and_no_key(team, state):
 
 # --- the supervisor alone -----------------------------------------------------------------------------
 def test_a_process_that_keeps_failing_is_given_up_on_saying_why(tmp_path):
-    paths = Paths(str(tmp_path), "loop")
-    os.makedirs(paths.root)
+    paths = HostPaths(str(tmp_path / "loop"))
     plan = HostPlan(
         "loop",
         [Process("broken", [sys.executable, "-c", "import sys; print('no luck'); sys.exit(3)"])],

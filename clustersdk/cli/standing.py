@@ -26,10 +26,28 @@ OK = 0
 def up(args: argparse.Namespace) -> int:
     from .. import standing
 
+    ssh_options = {
+        k: getattr(args, k)
+        for k in (
+            "user",
+            "port",
+            "key_file",
+            "known_hosts",
+            "accept_new_hosts",
+            "jump_host",
+            "python",
+            "connect_timeout",
+            "remote_dir",
+        )
+        if getattr(args, k) not in (None, False)
+    }
     record = standing.up(
         args.name,
         local=args.local,
+        ssh=args.ssh,
         host=args.host,
+        slots_per_host=args.slots_per_host,
+        ssh_options=ssh_options,
         bind_cpus=False if args.no_bind_cpus else None,
         memory_limit=args.memory_limit,
         timeout=args.timeout,
@@ -63,14 +81,14 @@ def status(args: argparse.Namespace) -> int:
         print(render.to_json(found))
     else:
         print(status_text(found))
-    supervised = found["supervisor"]["running"]
+    supervised = all(h.get("supervisor") for h in found["hosts"].values())
     return OK if supervised and found["reachable"] else 1
 
 
 def logs(args: argparse.Namespace) -> int:
     from .. import standing
 
-    sys.stdout.write(standing.logs(args.name, args.process, args.lines))
+    sys.stdout.write(standing.logs(args.name, args.process, args.lines, host=args.host))
     return OK
 
 
@@ -78,26 +96,30 @@ def status_text(found: dict[str, Any]) -> str:
     """``clustersdk cluster status``'s text: the cluster, its processes, its slots and
     jobs, its restarts."""
     record = found["record"]
-    supervisor = found["supervisor"]
     head = (
-        f"{record['name']} ({record['kind']}) at {record['address']}, up since "
-        f"{_when(record['created'])}; supervisor "
-        + (f"pid {supervisor['pid']}" if supervisor["running"] else "NOT RUNNING")
+        f"{record['name']} ({record['kind']}, {len(found['hosts'])} host(s)) at "
+        f"{record['address']}, up since {_when(record['created'])}"
     )
     lines = [head, f"admin credentials: {record['credentials']}"]
-    processes = found.get("processes") or {}
-    if processes:
-        rows = [
-            [
-                name,
-                p.get("state", "?"),
-                str(p.get("pid") or "-"),
-                str(p.get("restarts", 0)),
-                p.get("last") or "",
-            ]
-            for name, p in processes.items()
-        ]
-        lines.append(render.table(rows, ["PROCESS", "STATE", "PID", "RESTARTS", "LAST EXIT"]))
+    rows = []
+    for host, seen in found["hosts"].items():
+        if not seen.get("supervisor"):
+            rows.append([host, "supervisor", "NOT RUNNING", "-", "-", seen.get("error", "")])
+        for name, p in (seen.get("processes") or {}).items():
+            rows.append(
+                [
+                    host,
+                    name,
+                    p.get("state", "?"),
+                    str(p.get("pid") or "-"),
+                    str(p.get("restarts", 0)),
+                    p.get("last") or "",
+                ]
+            )
+    if rows:
+        lines.append(
+            render.table(rows, ["HOST", "PROCESS", "STATE", "PID", "RESTARTS", "LAST EXIT"])
+        )
     if found["reachable"]:
         slots = found.get("slots") or []
         busy = sum(1 for s in slots if s.get("job"))
@@ -122,16 +144,39 @@ def add_commands(inner: argparse._SubParsersAction) -> None:
         "credentials. Again with the same name: reports the running cluster.",
     )
     start.add_argument("name", help="the cluster's name (lower-case letters, digits, - and _)")
-    start.add_argument(
+    where = start.add_mutually_exclusive_group()
+    where.add_argument(
         "--local",
         type=int,
         metavar="N",
-        help="N workers on this host (default: one per GPU, else 2)",
+        help="N workers on this host (the default, with one per GPU, else 2)",
+    )
+    where.add_argument(
+        "--ssh",
+        nargs="+",
+        metavar="HOST",
+        help="run it on these hosts over SSH ([user@]host[:port]): the scheduler on the first, "
+        "a worker per GPU (or --slots-per-host CPU slots) on each",
     )
     start.add_argument(
         "--host",
         default="127.0.0.1",
-        help="the address the scheduler and workers listen on (default: 127.0.0.1)",
+        help="--local: the address the scheduler and workers listen on (default: 127.0.0.1)",
+    )
+    ssh = start.add_argument_group("over SSH (as Cluster.ssh takes them)")
+    ssh.add_argument("--slots-per-host", type=int, metavar="N", help="CPU slots per GPU-less host")
+    ssh.add_argument("--user", help="the SSH user (default: yours)")
+    ssh.add_argument("--port", type=int, help="the SSH port (default: 22)")
+    ssh.add_argument("--key-file", help="a private key file")
+    ssh.add_argument("--known-hosts", help="the known_hosts file (default: ~/.ssh/known_hosts)")
+    ssh.add_argument(
+        "--accept-new-hosts", action="store_true", help="add unknown host keys (never changed ones)"
+    )
+    ssh.add_argument("--jump-host", help="a bastion, [user@]host[:port]")
+    ssh.add_argument("--python", help="the hosts' Python, with clustersdk (default: python3)")
+    ssh.add_argument("--connect-timeout", type=float, help="seconds per SSH handshake (10)")
+    ssh.add_argument(
+        "--remote-dir", help="the state directory on the hosts (default: ~/.clustersdk)"
     )
     start.add_argument("--memory-limit", metavar="SIZE", help="each worker's, e.g. '16 GiB'")
     start.add_argument(
@@ -169,6 +214,7 @@ def add_commands(inner: argparse._SubParsersAction) -> None:
         "process", nargs="?", default="scheduler", help="scheduler (default), worker-N, supervisor"
     )
     tail.add_argument("-n", "--lines", type=int, default=50, help="how many lines (50)")
+    tail.add_argument("--host", help="the host whose process it is (default: the scheduler's)")
     tail.set_defaults(run=logs, verb="cluster logs")
 
 

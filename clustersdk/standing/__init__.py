@@ -32,12 +32,9 @@ it by name in this account's registry.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,14 +48,16 @@ __all__ = ["Record", "down", "logs", "status", "up"]
 
 UP_TIMEOUT = 120.0  # seconds up waits for the scheduler and every worker to answer
 DAYS = 365.0  # the cluster's certificates: a standing cluster outlives a local one's 30 days
-STOP_WAIT_S = 40.0  # what a supervisor has to stop its processes (its own grace: 20 s)
 
 
 def up(
     name: str,
     *,
     local: int | None = None,
+    ssh: list[str] | None = None,
     host: str = "127.0.0.1",
+    slots_per_host: int | None = None,
+    ssh_options: dict[str, Any] | None = None,
     state_dir: str | None = None,
     bind_cpus: bool | None = None,
     memory_limit: str | None = None,
@@ -66,35 +65,66 @@ def up(
     timeout: float = UP_TIMEOUT,
     say: Callable[[str], None] = print,
 ) -> Record:
-    """Start the standing cluster ``name`` on this host with ``local`` workers (default:
-    one per GPU, else 2), listening on ``host``; or report it if it runs. Returns its
-    record (the address, the admin's credentials file) once every worker answers."""
-    check = _checked(name)
-    paths = Paths(config.state_dir(state_dir), check)
+    """Start the standing cluster ``name``, or report it if it runs; its record (the
+    address, the admin's credentials file) once every worker answers.
+
+    ``local``: that many workers on this host (default: one per GPU, else 2), listening
+    on ``host``. ``ssh``: the hosts (``[user@]host[:port]``) to run it on over SSH, the
+    scheduler on the first, one worker per GPU (or ``slots_per_host`` CPU slots) on
+    each; ``ssh_options`` as :meth:`Cluster.ssh <clustersdk.Cluster.ssh>` takes them
+    (``user``, ``port``, ``key_file``, ``known_hosts``, ``accept_new_hosts``,
+    ``jump_host``, ``python``, ``connect_timeout``) and ``remote_dir``: the state
+    directory on the hosts (default ``~/.clustersdk``)."""
+    paths = Paths(config.state_dir(state_dir), _checked(name))
     found = read_json(paths.record)
     if found is not None:
         record = Record.from_dict(found)
-        if _supervisor_pid(paths) is not None and _answers(record):
+        if _answers(record):
             say(f"{name}: running at {record.address} (up since {_when(record.created)})")
+            _register(record, paths)
             return record
-        say(f"{name}: its supervisor is gone; starting it again at {record.address}")
-        _detach(paths, _python())
-        _wait_ready(record, paths, timeout, say)
+        say(f"{name}: it does not answer; starting its supervisors again at {record.address}")
+        hosts = _hosts(record, paths)
+        try:
+            for h in hosts:
+                h.start()
+            _wait_ready(record, hosts, timeout, say)
+        finally:
+            _close(hosts)
         _register(record, paths)
         return record
-    if local is None:
-        local = _gpus() or 2
-    if isinstance(local, bool) or not isinstance(local, int) or local <= 0:
-        raise SpecError(f"--local must be a positive number of workers, got {local!r}")
-    record = _create_local(paths, local, host, bind_cpus, memory_limit, days)
-    say(f"{name}: starting a scheduler and {local} worker(s) at {record.address}")
+    if (local is None) == (ssh is None) and local is not None:
+        raise SpecError("give --local N or --ssh HOST..., not both")
+    if ssh is not None:
+        if isinstance(ssh, str) or not ssh:
+            raise SpecError(f"--ssh needs at least one host, got {ssh!r}")
+        kind, options = "ssh", {**(ssh_options or {}), "hosts": list(ssh)}
+    else:
+        if local is None:
+            local = _gpus() or 2
+        if isinstance(local, bool) or not isinstance(local, int) or local <= 0:
+            raise SpecError(f"--local must be a positive number of workers, got {local!r}")
+        kind, options = "local", {"host": host, "workers": local}
+    options.update(memory_limit=memory_limit, slots_per_host=slots_per_host)
+    bind = config.get("bind-cpus", True) if bind_cpus is None else bind_cpus
+    os.makedirs(os.path.dirname(paths.root), mode=0o700, exist_ok=True)
+    os.mkdir(paths.root, 0o700)
+    hosts: list[Any] = []
     try:
-        _detach(paths, _python())
-        _wait_ready(record, paths, timeout, say)
+        hosts = _connect(kind, options, paths)
+        record = _plan(paths, kind, options, hosts, bool(bind), days)
+        say(f"{name}: starting a scheduler and {record.workers} worker(s) at {record.address}")
+        for h in hosts:  # the scheduler's host first: the workers find it sooner
+            h.start()
+        _wait_ready(record, hosts, timeout, say)
     except BaseException:
-        _stop(paths, say=lambda text: None)
+        for h in hosts:
+            with contextlib.suppress(Exception):
+                h.stop(remove=True)
+        _close(hosts)
         shutil.rmtree(paths.root, ignore_errors=True)
         raise
+    _close(hosts)
     _register(record, paths)
     return record
 
@@ -110,43 +140,49 @@ def down(
 ) -> None:
     """Take the standing cluster ``name`` down: its jobs with a ``checkpoint_dir`` are
     suspended first (unless ``now``; they resume when the cluster comes back with
-    ``keep_state``), then every process it runs is stopped and its directory removed
-    (``keep_state``: all but the keys)."""
+    ``keep_state``), then every process it runs, on every host, is stopped and its
+    directories removed (``keep_state``: all but the keys)."""
     paths = Paths(config.state_dir(state_dir), _checked(name))
-    found = read_json(paths.record)
-    if found is None:
-        raise SpecError(f"no standing cluster named {name!r} here ({paths.root} is not one)")
-    record = Record.from_dict(found)
-    if not now and _supervisor_pid(paths) is not None:
-        _suspend_jobs(record, timeout, say)
-    _stop(paths, say)
+    record = _record(paths)
+    hosts = _hosts(record, paths)
+    try:
+        if not now and _answers(record):
+            _suspend_jobs(record, timeout, say)
+        say(f"{name}: stopping its processes on {len(hosts)} host(s)")
+        for h in hosts:
+            left = h.stop(remove=not keep_state).get("left")
+            if left:
+                say(f"{name}: on {h.label}, processes {left} were still there after a SIGKILL")
+    finally:
+        _close(hosts)
     registry.unregister(_registry_path(paths))
     if keep_state:
         shutil.rmtree(paths.tls, ignore_errors=True)
-        shutil.rmtree(paths.run, ignore_errors=True)
-        say(f"{name}: down; its journal and logs are kept in {paths.root}")
+        say(f"{name}: down; its journal and logs are kept ({paths.root} and the hosts')")
     else:
         shutil.rmtree(paths.root, ignore_errors=True)
-        say(f"{name}: down; {paths.root} removed")
+        say(f"{name}: down; its directories removed")
 
 
 def status(name: str, *, state_dir: str | None = None) -> dict[str, Any]:
-    """The cluster's record, what its supervisor says of each process, and what its
-    control plane says (``reachable``; the slots, the jobs and the cluster's events)."""
+    """The cluster's record, what each host's supervisor says of its processes, and what
+    its control plane says (``reachable``; the slots, the jobs and the cluster's events)."""
     paths = Paths(config.state_dir(state_dir), _checked(name))
-    found = read_json(paths.record)
-    if found is None:
-        raise SpecError(f"no standing cluster named {name!r} here ({paths.root} is not one)")
-    record = Record.from_dict(found)
-    supervised = read_json(paths.status) or {}
-    pid = _supervisor_pid(paths)
-    out: dict[str, Any] = {
-        "record": record.as_dict(),
-        "supervisor": {"pid": pid, "running": pid is not None},
-        "processes": supervised.get("processes", {}) if pid is not None else {},
-        "events": _tail_events(paths, 20),
-        "reachable": False,
-    }
+    record = _record(paths)
+    out: dict[str, Any] = {"record": record.as_dict(), "hosts": {}, "reachable": False}
+    try:
+        hosts = _hosts(record, paths)
+    except ClusterSDKError as e:
+        out["error"] = str(e)
+        hosts = []
+    try:
+        for h in hosts:
+            try:
+                out["hosts"][h.label] = h.state()
+            except ClusterSDKError as e:
+                out["hosts"][h.label] = {"supervisor": None, "processes": {}, "error": str(e)}
+    finally:
+        _close(hosts)
     try:
         with _admin(record, timeout=5.0) as cluster:
             out["slots"] = cluster.slots()
@@ -156,90 +192,133 @@ def status(name: str, *, state_dir: str | None = None) -> dict[str, Any]:
             out["cluster_events"] = cluster.sync(cluster.control.cluster_events)
             out["reachable"] = True
     except ClusterSDKError as e:
-        out["error"] = str(e)
+        out.setdefault("error", str(e))
     return out
 
 
 def logs(
-    name: str, process: str = "scheduler", lines: int = 50, *, state_dir: str | None = None
+    name: str,
+    process: str = "scheduler",
+    lines: int = 50,
+    *,
+    host: str | None = None,
+    state_dir: str | None = None,
 ) -> str:
     """The last ``lines`` lines of ``process``'s log (``scheduler``, ``worker-0``,
-    ``supervisor``...)."""
+    ``supervisor``...) on ``host`` (default: the scheduler's host)."""
     paths = Paths(config.state_dir(state_dir), _checked(name))
-    path = paths.log(process)
-    if not os.path.exists(path):
-        known = (
-            sorted(n[: -len(".log")] for n in os.listdir(paths.logs))
-            if os.path.isdir(paths.logs)
-            else []
-        )
-        raise SpecError(
-            f"no log of {process!r} for cluster {name!r}; there are: {', '.join(known) or 'none'}"
-        )
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
+    record = _record(paths)
+    hosts = _hosts(record, paths)
+    try:
+        wanted = host or record.scheduler_host
+        chosen = next((h for h in hosts if h.label == wanted), None)
+        if chosen is None:
+            raise SpecError(
+                f"cluster {name!r} has no host {wanted!r}; its hosts: "
+                f"{', '.join(h.label for h in hosts)}"
+            )
+        try:
+            text = chosen.read(f"logs/{process}.log")
+        except OSError:
+            raise SpecError(
+                f"no log of {process!r} on {chosen.label} for cluster {name!r} (scheduler, "
+                "worker-N, supervisor)"
+            ) from None
+    finally:
+        _close(hosts)
+    return "".join(text.splitlines(keepends=True)[-lines:])
 
 
 # --- making one ---------------------------------------------------------------------------------
-def _create_local(
-    paths: Paths,
-    workers: int,
-    host: str,
-    bind_cpus: bool | None,
-    memory_limit: str | None,
-    days: float,
+def _connect(kind: str, options: dict[str, Any], paths: Paths) -> list[Any]:
+    """The hosts of a cluster of ``kind``, reached (the scheduler's first)."""
+    from .hosts import Here, connect
+
+    if kind == "local":
+        return [Here(paths.host("localhost").root, options["host"])]
+    return connect(options["hosts"], options, paths.name)
+
+
+def _hosts(record: Record, paths: Paths) -> list[Any]:
+    """The hosts of an existing cluster, reached again from its record."""
+    return _connect(record.kind, record.options, paths)
+
+
+def _plan(
+    paths: Paths, kind: str, options: dict[str, Any], hosts: list[Any], bind: bool, days: float
 ) -> Record:
-    from .. import cpus
+    """The CA and each host's plan and TLS files; the record, written."""
     from ..security.pki import Authority
     from ..security.tls import creator_name
 
-    gpus = _gpus()
-    if gpus and workers > gpus:
-        raise SpecError(f"--local {workers} but this machine has {gpus} GPU(s): one worker per GPU")
-    os.makedirs(os.path.dirname(paths.root), mode=0o700, exist_ok=True)
-    os.mkdir(paths.root, 0o700)
     admin = creator_name()
     authority = Authority.create(paths.tls, admin=admin, days=days, cluster=paths.name)
-    port = _free_port(host)
-    address = f"tls://{_bracket(host)}:{port}"
+    slots = options.get("workers") if kind == "local" else options.get("slots_per_host")
+    found = {h.label: h.prepare(slots, listen=h is hosts[0]) for h in hosts}
+    first = hosts[0]
+    if kind == "local":
+        gpus = found[first.label]["gpus"]
+        if gpus and options["workers"] > len(gpus):
+            raise SpecError(
+                f"--local {options['workers']} but this machine has {len(gpus)} GPU(s): one "
+                "worker per GPU"
+            )
+    port = int(found[first.label]["port"])
+    address = f"tls://{_bracket(first.address)}:{port}"
+    counts: dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        facts = found[h.label]
+        gpus = list(facts["gpus"])
+        n = (
+            (options["workers"] if kind == "local" else options.get("slots_per_host"))
+            or len(gpus)
+            or 1
+        )
+        shares = facts.get("shares") if bind else None
+        python = options.get("python") or facts["python"]
+        processes = []
+        if i == 0:
+            processes.append(scheduler_process(python, h.root, first.address, port))
+        for k in range(n):
+            share = shares[k] if shares else (None if bind else "off")
+            processes.append(
+                worker_process(
+                    python,
+                    f"{h.root}/tls",
+                    address,
+                    f"{paths.name}-{sum(counts.values()) + k}",
+                    h.address,
+                    index=k,
+                    gpu=gpus[k] if k < len(gpus) else None,
+                    cpus=share,
+                    memory_limit=options.get("memory_limit"),
+                )
+            )
+        counts[h.label] = n
+        roles = ["worker"] + (["scheduler"] if i == 0 else [])
+        for file in ["ca.pem", "crl.pem", *(f"{r}.pem" for r in roles)]:
+            with open(os.path.join(authority.directory, file), "rb") as f:
+                h.put(f"tls/{file}", f.read())
+        h.put("host.json", json.dumps(HostPlan(paths.name, processes).as_dict()).encode())
     record = Record(
         name=paths.name,
-        kind="local",
+        kind=kind,
         address=address,
         port=port,
-        scheduler_host="localhost",
-        hosts={"localhost": workers},
+        scheduler_host=first.label,
+        hosts=counts,
         credentials=authority.credentials_file(admin),
         created=time.time(),
-        options={"host": host, "memory_limit": memory_limit},
+        options=options,
         version=__version__,
     )
-    bind = config.get("bind-cpus", True) if bind_cpus is None else bind_cpus
-    shares = cpus.shares(workers) if bind else None
-    python = _python()
-    processes = [scheduler_process(python, paths, host, port)]
-    for i in range(workers):
-        share = shares[i] if shares else (cpus.OFF if not bind else None)
-        processes.append(
-            worker_process(
-                python,
-                paths.tls,
-                address,
-                f"{paths.name}-{i}",
-                host,
-                gpu=str(i) if gpus else None,
-                cpus=share,
-                memory_limit=memory_limit,
-            )
-        )
-    write_json(paths.plan, HostPlan(paths.name, processes).as_dict())
     write_json(paths.record, record.as_dict())
     return record
 
 
-def scheduler_process(python: str, paths: Paths, host: str, port: int) -> Process:
-    argv = [python, "-m", "clustersdk.standing.serve", "scheduler", "--tls", paths.tls]
-    argv += ["--state", paths.root, "--host", host, "--port", str(port)]
+def scheduler_process(python: str, root: str, host: str, port: int) -> Process:
+    argv = [python, "-m", "clustersdk.standing.serve", "scheduler", "--tls", f"{root}/tls"]
+    argv += ["--state", root, "--host", host, "--port", str(port)]
     return Process("scheduler", argv)
 
 
@@ -250,57 +329,47 @@ def worker_process(
     name: str,
     host: str | None,
     *,
+    index: int,
     gpu: str | None = None,
     cpus: str | None = None,
     memory_limit: str | None = None,
 ) -> Process:
-    """One slot's nanny (``worker-N``, from the worker's name ``CLUSTER-N``)."""
+    """The host's ``index``-th slot: its nanny and worker, named ``name``."""
     argv = [python, "-m", "clustersdk.standing.serve", "worker", address, "--tls", tls]
     argv += ["--name", name]
     if host:
         argv += ["--host", host]
     if gpu is not None:
         argv += ["--gpu", gpu]
-    env: dict[str, str] = {}
     if cpus:
-        env["CLUSTERSDK_CPUS"] = cpus  # off, or the share (cpus.ENV)
+        argv += ["--cpus", cpus]  # "off": bound to nothing, its ranks pinned to nothing
     if memory_limit:
         argv += ["--memory-limit", memory_limit]
-    return Process(f"worker-{name.rsplit('-', 1)[-1]}", argv, env)
+    return Process(f"worker-{index}", argv)
 
 
 # --- running it ----------------------------------------------------------------------------------
-def _detach(paths: Paths, python: str) -> int:
-    """Start the host's supervisor in a session of its own, its output to its log; its pid."""
-    os.makedirs(paths.logs, mode=0o700, exist_ok=True)
-    with open(paths.log("supervisor"), "ab") as log:
-        proc = subprocess.Popen(
-            [python, "-m", "clustersdk.standing.supervisor", paths.root],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            cwd=paths.root,
-        )
-    return proc.pid
-
-
-def _wait_ready(record: Record, paths: Paths, timeout: float, say: Callable[[str], None]) -> None:
+def _wait_ready(
+    record: Record, hosts: list[Any], timeout: float, say: Callable[[str], None]
+) -> None:
     """Until the scheduler answers with every worker's slot (or a process is given up)."""
     deadline = time.monotonic() + timeout
-    last = ""
+    last, checked = "", 0.0
     while time.monotonic() < deadline:
-        gave_up = [
-            name
-            for name, p in ((read_json(paths.status) or {}).get("processes") or {}).items()
-            if p.get("state") == "given up"
-        ]
-        if gave_up:
-            raise StartError(
-                f"{record.name}: {', '.join(gave_up)} kept failing as it started; its log: "
-                f"{paths.log(gave_up[0])}"
-            )
+        if time.monotonic() - checked > 2.0:  # a process that keeps failing: say so now
+            checked = time.monotonic()
+            for h in hosts:
+                state = h.state()
+                gave_up = [
+                    n for n, p in state.get("processes", {}).items() if p.get("state") == "given up"
+                ]
+                if gave_up:
+                    raise StartError(
+                        f"{record.name}: on {h.label}, {', '.join(gave_up)} kept failing as it "
+                        f"started (its log: clustersdk cluster logs {record.name} {gave_up[0]} "
+                        f"--host {h.label})",
+                        host=h.label,
+                    )
         slots = _slots(record)
         if slots is not None:
             text = f"{len(slots)}/{record.workers} worker(s) ready"
@@ -311,8 +380,8 @@ def _wait_ready(record: Record, paths: Paths, timeout: float, say: Callable[[str
                 return
         time.sleep(0.5)
     raise StartError(
-        f"{record.name}: not every worker answered within {timeout:g} s ({last or 'no scheduler'}); "
-        f"see {paths.logs}"
+        f"{record.name}: not every worker answered within {timeout:g} s "
+        f"({last or 'the scheduler did not answer'}); see clustersdk cluster logs {record.name}"
     )
 
 
@@ -356,12 +425,10 @@ def _admin(record: Record, timeout: float):  # noqa: ANN202 - a Cluster, importe
 
 def _suspend_jobs(record: Record, timeout: float, say: Callable[[str], None]) -> None:
     """Suspend every running job with a checkpoint_dir (it resumes if the cluster comes
-    back with its journal); stop the others."""
+    back with its journal)."""
     try:
         with _admin(record, timeout=5.0) as cluster:
             for job in cluster.jobs():
-                if job.status.terminal or job.status.name in ("QUEUED", "SUSPENDED"):
-                    continue
                 if job.spec.checkpoint_dir and job.status.name in ("RUNNING", "PAUSED"):
                     say(f"{record.name}: suspending job {job.name!r} (a checkpoint first)")
                     with contextlib.suppress(ClusterSDKError):
@@ -370,33 +437,20 @@ def _suspend_jobs(record: Record, timeout: float, say: Callable[[str], None]) ->
         say(f"{record.name}: could not reach the scheduler to suspend its jobs ({e})")
 
 
-def _stop(paths: Paths, say: Callable[[str], None]) -> None:
-    """SIGTERM to the supervisor; what is left after :data:`STOP_WAIT_S` is killed."""
-    pid = _supervisor_pid(paths)
-    listed = [
-        p.get("pid") for p in ((read_json(paths.status) or {}).get("processes") or {}).values()
-    ]
-    if pid is not None:
-        say(f"{paths.name}: stopping its processes")
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT_S
-        while time.monotonic() < deadline and registry.pid_alive(pid):
-            time.sleep(0.2)
-        if registry.pid_alive(pid):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-    for child in listed:  # a supervisor killed by hand left them: not the cluster's any more
-        if child and registry.pid_alive(int(child)):
-            with contextlib.suppress(OSError):
-                os.killpg(int(child), signal.SIGKILL)
+def _record(paths: Paths) -> Record:
+    found = read_json(paths.record)
+    if found is None:
+        raise SpecError(
+            f"no standing cluster named {paths.name!r} here ({paths.root} is not one); "
+            "clustersdk cluster up NAME starts one"
+        )
+    return Record.from_dict(found)
 
 
-def _supervisor_pid(paths: Paths) -> int | None:
-    """The supervisor's pid, if it runs."""
-    found = read_json(paths.pid_file)
-    pid = int(found.get("pid", 0)) if found else 0
-    return pid if pid and registry.pid_alive(pid) else None
+def _close(hosts: list[Any]) -> None:
+    for h in hosts:
+        with contextlib.suppress(Exception):
+            h.close()
 
 
 def _register(record: Record, paths: Paths) -> None:
@@ -419,21 +473,6 @@ def _registry_path(paths: Paths) -> str | None:
     return None
 
 
-def _tail_events(paths: Paths, n: int) -> list[dict[str, Any]]:
-    import json
-
-    try:
-        with open(paths.events) as f:
-            lines = f.readlines()[-n:]
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
 # --- small pieces ---------------------------------------------------------------------------
 def _checked(name: str) -> str:
     try:
@@ -442,21 +481,10 @@ def _checked(name: str) -> str:
         raise SpecError(str(e)) from None
 
 
-def _python() -> str:
-    return sys.executable
-
-
 def _gpus() -> int:
     from ..cluster.remote import gpu_count
 
     return gpu_count()
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _bracket(host: str) -> str:

@@ -1,26 +1,32 @@
 """A standing cluster on disk: its name, where its files lie, what each host runs.
 
 Pure (the standard library only): the CLI, the supervisor and the processes it starts
-all read it. A standing cluster named ``team`` keeps one directory on the machine
-``clustersdk cluster up`` ran on, under the state directory::
+all read it. A standing cluster named ``team`` keeps one directory under the state
+directory of the account that ran ``clustersdk cluster up``, and one per host it runs
+on (a directory of its own per host, so that hosts sharing a home over NFS do not
+share one)::
 
     <state_dir>/standing/team/
-        cluster.json      the record (:class:`Record`): kind, address, hosts, options
-        tls/              the cluster's certificate authority (security/pki.py): its CA,
-                          the scheduler's and the workers' certificates, users/NAME.pem
-        journal.sqlite    the control plane's journal (jobs, metrics, events)
-        host.json         what this host's supervisor runs (:class:`HostPlan`)
-        run/              supervisor.pid, status.json (each process: pid, restarts)
-        logs/             supervisor.log, scheduler.log, worker-N.log
-        events.jsonl      every start, exit, restart and give-up of a process
+        cluster.json          the record (:class:`Record`): kind, address, hosts, options
+        tls/                  the cluster's certificate authority (security/pki.py): its
+                              CA and its key, the roles' certificates, users/NAME.pem
+        hosts/HOST/           what runs on HOST (:class:`HostPaths`):
+            host.json         its supervisor's plan (:class:`HostPlan`)
+            tls/              the TLS files its processes need (never the CA's key)
+            journal.sqlite    the control plane's journal, on the scheduler's host
+            run/              supervisor.pid, status.json (each process: pid, restarts)
+            logs/             supervisor.log, scheduler.log, worker-N.log
+            events.jsonl      every start, exit, restart and give-up of a process
 
-Each other host of an SSH cluster has the same directory under its account's state
-directory, with the TLS files it needs, its ``host.json``, ``run/`` and ``logs/``.
+On another host of an SSH cluster only ``hosts/HOST/`` exists, under that account's
+state directory (or the ``--remote-dir`` given to ``up``).
 
 >>> check_name("team-a")
 'team-a'
 >>> Paths("/s", "team").record
 '/s/standing/team/cluster.json'
+>>> Paths("/s", "team").host("10.0.0.2").plan
+'/s/standing/team/hosts/10.0.0.2/host.json'
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ def check_name(name: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Paths:
-    """Where a standing cluster's files lie under ``state_dir`` (on one host)."""
+    """Where a standing cluster's files lie under ``state_dir``."""
 
     state_dir: str
     name: str
@@ -62,20 +68,35 @@ class Paths:
     def root(self) -> str:
         return os.path.join(self.state_dir, "standing", self.name)
 
+    @property
+    def record(self) -> str:
+        return os.path.join(self.root, "cluster.json")
+
+    @property
+    def tls(self) -> str:
+        """The certificate authority's directory (on the machine that ran ``up``)."""
+        return os.path.join(self.root, "tls")
+
+    def host(self, host: str) -> HostPaths:
+        return HostPaths(os.path.join(self.root, "hosts", host))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPaths:
+    """Where one host's files of a standing cluster lie (``root``: its directory)."""
+
+    root: str
+
     def _in(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
     @property
-    def record(self) -> str:
-        return self._in("cluster.json")
+    def plan(self) -> str:
+        return self._in("host.json")
 
     @property
     def tls(self) -> str:
         return self._in("tls")
-
-    @property
-    def plan(self) -> str:
-        return self._in("host.json")
 
     @property
     def run(self) -> str:

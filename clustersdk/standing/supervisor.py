@@ -1,7 +1,7 @@
 """The supervisor of a standing cluster's processes on one host.
 
-``clustersdk cluster up`` starts one per host, detached (a session of its own, its
-output to ``logs/supervisor.log``), and returns. It starts what the host's plan says
+``clustersdk cluster up`` starts one per host (:mod:`.host`), detached (a session of
+its own, its output to ``logs/supervisor.log`` of the host's directory), and returns. It starts what the host's plan says
 (``host.json``: the scheduler where it runs here, the host's workers, each a Dask nanny
 with one worker), each in a process group of its own with its output appended to
 ``logs/NAME.log``, and keeps them running:
@@ -21,7 +21,7 @@ Every start, exit, restart and give-up is a line of ``events.jsonl``, and
 but whatever started it: systemd's unit (``clustersdk cluster unit``) restarts it;
 ``clustersdk cluster up`` starts a new one where it is gone.
 
-Run as ``python -m clustersdk.standing.supervisor ROOT``.
+Run as ``python -m clustersdk.standing.supervisor HOST_ROOT`` (the host's directory).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 from ..protocol import ENV_RESTART
-from .record import HostPlan, Paths, Process, read_json, write_json
+from .record import HostPaths, HostPlan, Process, read_json, write_json
 
 GRACE_S = 20.0  # what a stopped process has to end before it (and what it started) is killed
 POLL_S = 0.2
@@ -95,7 +95,7 @@ class Running:
 class Supervisor:
     """Runs one host's plan until told to stop."""
 
-    def __init__(self, paths: Paths, plan: HostPlan):
+    def __init__(self, paths: HostPaths, plan: HostPlan):
         self.paths, self.plan = paths, plan
         self.running = [
             Running(p, Restarts(plan.max_quick_failures, plan.quick_s)) for p in plan.processes
@@ -270,13 +270,11 @@ def _exit_text(code: int | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python -m clustersdk.standing.supervisor ROOT")
-    root = os.path.abspath(args[0])
-    plan = read_json(os.path.join(root, "host.json"))
+        raise SystemExit("usage: python -m clustersdk.standing.supervisor HOST_ROOT")
+    paths = HostPaths(os.path.abspath(args[0]))
+    plan = read_json(paths.plan)
     if plan is None:
-        raise SystemExit(f"no plan at {os.path.join(root, 'host.json')}")
-    parent, name = os.path.split(root)
-    paths = Paths(os.path.dirname(parent), name)
+        raise SystemExit(f"no plan at {paths.plan}")
     Supervisor(paths, HostPlan.from_dict(plan)).run()
 
 
