@@ -66,6 +66,7 @@ class Agent(WorkerPlugin):
         self.memory_terminate = dask.config.get("distributed.worker.memory.terminate", 0.95)
         # every rank is forked from the zygote: torch and the rank runtime imported once
         self.zygote = Zygote()
+        self.closing = False  # the worker closes: its ranks' ends are the worker's loss
         warm_cuda = "1" if dask.config.get("clustersdk.warm-cuda", True) else "0"
         self._zygote_env = {**os.environ, ENV_WARM_CUDA: warm_cuda}
         self._restarting = asyncio.Lock()
@@ -103,6 +104,7 @@ class Agent(WorkerPlugin):
         if self._flush_timer is not None:
             self.worker.loop.remove_timeout(self._flush_timer)
             self._flush_timer = None
+        self.closing = True
         stop = no_words()
         stop[Word.STOP] = 1
         for rank in list(self.ranks.values()):

@@ -211,6 +211,8 @@ class Rank:
             self._kill_group()  # what it left behind (a script's children, data loaders)
             await self._read_to_the_end()
             outcome = self._outcome(code)
+            if self.agent.closing:  # its worker's loss says it, once Dask sees it gone
+                return
             if outcome.get("error"):
                 await self.agent.send(
                     self, RankEvent.FAILED, {"error": outcome.pop("error")}, final=True
@@ -226,19 +228,22 @@ class Rank:
                 "message": str(e),
                 "traceback": "",
             }
-            with contextlib.suppress(Exception):
-                await self.agent.send(self, RankEvent.FAILED, {"error": error}, final=True)
+            if not self.agent.closing:
+                with contextlib.suppress(Exception):
+                    await self.agent.send(self, RankEvent.FAILED, {"error": error}, final=True)
         finally:
             if watch is not None:
                 watch.cancel()
             self._cleanup()
             self.agent.forget(self)
-            try:
-                await self.agent.send(self, RankEvent.EXIT, outcome, final=True)
-            except Exception:  # the worker is closing: the scheduler learns it by itself
-                logger.info(
-                    "clustersdk: could not report the exit of rank %d", self.rank, exc_info=True
-                )
+            if not self.agent.closing:  # else the worker's loss, once Dask sees it gone
+                await self._report_exit(outcome)
+
+    async def _report_exit(self, outcome: dict[str, Any]) -> None:
+        try:
+            await self.agent.send(self, RankEvent.EXIT, outcome, final=True)
+        except Exception:  # the worker is closing: the scheduler learns it by itself
+            logger.info("clustersdk: could not report the exit of rank %d", self.rank, exc_info=True)
 
     async def _spawn(self) -> None:
         spec, agent = self.spec, self.agent
