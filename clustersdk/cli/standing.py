@@ -3,6 +3,8 @@
 ::
 
     clustersdk cluster up team --local 2          start it (or report it, if it runs)
+    clustersdk cluster up team --ssh a b c        ...on hosts over SSH
+    clustersdk cluster up team --slurm 4          ...its workers as Slurm jobs
     clustersdk cluster status team [--json]       each process, its restarts; slots, jobs
     clustersdk cluster logs team [PROCESS] [-n N] scheduler, worker-0, supervisor...
     clustersdk cluster down team [--now] [--keep-state]
@@ -41,10 +43,22 @@ def up(args: argparse.Namespace) -> int:
         )
         if getattr(args, k) not in (None, False)
     }
+    slurm_options = {
+        "gpus_per_job": args.gpus_per_job,
+        "cpus_per_job": args.cpus_per_job,
+        "memory": args.memory,
+        "partition": args.partition,
+        "account": args.account,
+        "walltime": args.walltime,
+        "sbatch_options": args.sbatch_option or [],
+        "python": args.python,
+    }
     record = standing.up(
         args.name,
         local=args.local,
         ssh=args.ssh,
+        slurm=args.slurm,
+        slurm_options=slurm_options,
         host=args.host,
         slots_per_host=args.slots_per_host,
         ssh_options=ssh_options,
@@ -158,10 +172,18 @@ def add_commands(inner: argparse._SubParsersAction) -> None:
         help="run it on these hosts over SSH ([user@]host[:port]): the scheduler on the first, "
         "a worker per GPU (or --slots-per-host CPU slots) on each",
     )
+    where.add_argument(
+        "--slurm",
+        type=int,
+        metavar="N",
+        help="the scheduler here and N Slurm jobs of workers (one per GPU each job is given), "
+        "kept in the queue",
+    )
     start.add_argument(
         "--host",
-        default="127.0.0.1",
-        help="--local: the address the scheduler and workers listen on (default: 127.0.0.1)",
+        default=None,
+        help="the address the scheduler listens on (--local: and the workers; default "
+        "127.0.0.1; --slurm: this host name's address)",
     )
     ssh = start.add_argument_group("over SSH (as Cluster.ssh takes them)")
     ssh.add_argument("--slots-per-host", type=int, metavar="N", help="CPU slots per GPU-less host")
@@ -177,6 +199,23 @@ def add_commands(inner: argparse._SubParsersAction) -> None:
     ssh.add_argument("--connect-timeout", type=float, help="seconds per SSH handshake (10)")
     ssh.add_argument(
         "--remote-dir", help="the state directory on the hosts (default: ~/.clustersdk)"
+    )
+    slurm = start.add_argument_group("under Slurm (each worker job's #SBATCH options)")
+    slurm.add_argument(
+        "--gpus-per-job", type=int, default=1, metavar="G", help="--gres=gpu:G (1; 0: CPU jobs)"
+    )
+    slurm.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs (1)")
+    slurm.add_argument("--memory", metavar="SIZE", help="--mem, e.g. 32GiB")
+    slurm.add_argument("--partition", help="the partition (default: Slurm's)")
+    slurm.add_argument("--account", help="the account to charge")
+    slurm.add_argument(
+        "--walltime", help="--time of each job (default: the partition's; it is resubmitted)"
+    )
+    slurm.add_argument(
+        "--sbatch-option",
+        action="append",
+        metavar="OPTION",
+        help="one more #SBATCH line, e.g. --sbatch-option=--qos=long (repeatable)",
     )
     start.add_argument("--memory-limit", metavar="SIZE", help="each worker's, e.g. '16 GiB'")
     start.add_argument(

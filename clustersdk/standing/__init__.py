@@ -55,7 +55,9 @@ def up(
     *,
     local: int | None = None,
     ssh: list[str] | None = None,
-    host: str = "127.0.0.1",
+    slurm: int | None = None,
+    slurm_options: dict[str, Any] | None = None,
+    host: str | None = None,
     slots_per_host: int | None = None,
     ssh_options: dict[str, Any] | None = None,
     state_dir: str | None = None,
@@ -74,7 +76,11 @@ def up(
     each; ``ssh_options`` as :meth:`Cluster.ssh <clustersdk.Cluster.ssh>` takes them
     (``user``, ``port``, ``key_file``, ``known_hosts``, ``accept_new_hosts``,
     ``jump_host``, ``python``, ``connect_timeout``) and ``remote_dir``: the state
-    directory on the hosts (default ``~/.clustersdk``)."""
+    directory on the hosts (default ``~/.clustersdk``). ``slurm``: that many Slurm jobs of
+    workers (:mod:`.slurm`), the scheduler here listening on ``host`` (default: this
+    host's name's address); ``slurm_options``: ``gpus_per_job`` (1; a worker per GPU),
+    ``cpus_per_job`` (1), ``memory``, ``partition``, ``account``, ``walltime``,
+    ``sbatch_options`` (more ``#SBATCH`` lines) and ``python``."""
     paths = Paths(config.state_dir(state_dir), _checked(name))
     found = read_json(paths.record)
     if found is not None:
@@ -93,9 +99,15 @@ def up(
             _close(hosts)
         _register(record, paths)
         return record
-    if (local is None) == (ssh is None) and local is not None:
-        raise SpecError("give --local N or --ssh HOST..., not both")
-    if ssh is not None:
+    if sum(x is not None for x in (local, ssh, slurm)) > 1:
+        raise SpecError("give one of --local N, --ssh HOST... and --slurm N")
+    if slurm is not None:
+        from .slurm import DEFAULTS
+
+        kind = "slurm"
+        options = {**DEFAULTS, **(slurm_options or {}), "jobs": slurm}
+        options["host"] = host or _this_host()
+    elif ssh is not None:
         if isinstance(ssh, str) or not ssh:
             raise SpecError(f"--ssh needs at least one host, got {ssh!r}")
         kind, options = "ssh", {**(ssh_options or {}), "hosts": list(ssh)}
@@ -104,7 +116,7 @@ def up(
             local = _gpus() or 2
         if isinstance(local, bool) or not isinstance(local, int) or local <= 0:
             raise SpecError(f"--local must be a positive number of workers, got {local!r}")
-        kind, options = "local", {"host": host, "workers": local}
+        kind, options = "local", {"host": host or "127.0.0.1", "workers": local}
     options.update(memory_limit=memory_limit, slots_per_host=slots_per_host)
     bind = config.get("bind-cpus", True) if bind_cpus is None else bind_cpus
     os.makedirs(os.path.dirname(paths.root), mode=0o700, exist_ok=True)
@@ -236,6 +248,10 @@ def _connect(kind: str, options: dict[str, Any], paths: Paths) -> list[Any]:
 
     if kind == "local":
         return [Here(paths.host("localhost").root, options["host"])]
+    if kind == "slurm":
+        from .slurm import SlurmJobs
+
+        return [Here(paths.host("localhost").root, options["host"]), SlurmJobs(paths, options)]
     return connect(options["hosts"], options, paths.name)
 
 
@@ -253,6 +269,11 @@ def _plan(
 
     admin = creator_name()
     authority = Authority.create(paths.tls, admin=admin, days=days, cluster=paths.name)
+    if kind == "slurm":
+        counts, address, port = _plan_slurm(paths, options, hosts[0], authority)
+        return _write_record(
+            paths, kind, options, address, port, hosts[0], counts, authority, admin
+        )
     slots = options.get("workers") if kind == "local" else options.get("slots_per_host")
     found = {h.label: h.prepare(slots, listen=h is hosts[0]) for h in hosts}
     first = hosts[0]
@@ -296,10 +317,54 @@ def _plan(
             )
         counts[h.label] = n
         roles = ["worker"] + (["scheduler"] if i == 0 else [])
-        for file in ["ca.pem", "crl.pem", *(f"{r}.pem" for r in roles)]:
-            with open(os.path.join(authority.directory, file), "rb") as f:
-                h.put(f"tls/{file}", f.read())
+        for file, data in _tls_files(authority, roles).items():
+            h.put(f"tls/{file}", data)
         h.put("host.json", json.dumps(HostPlan(paths.name, processes).as_dict()).encode())
+    return _write_record(paths, kind, options, address, port, first, counts, authority, admin)
+
+
+def _tls_files(authority: Any, roles: list[str]) -> dict[str, bytes]:
+    """What a host's processes of ``roles`` read: the CA's certificate, its revocation
+    list and their certificates (never the CA's key)."""
+    out = {}
+    for file in ["ca.pem", "crl.pem", *(f"{r}.pem" for r in roles)]:
+        with open(os.path.join(authority.directory, file), "rb") as f:
+            out[file] = f.read()
+    return out
+
+
+def _plan_slurm(
+    paths: Paths, options: dict[str, Any], here: Any, authority: Any
+) -> tuple[dict[str, int], str, int]:
+    """The scheduler and the keeper of the worker jobs here; each job's directory."""
+    from . import slurm
+
+    slurm.check_options(options)
+    facts = here.prepare(None, listen=True)
+    port = int(facts["port"])
+    address = f"tls://{_bracket(here.address)}:{port}"
+    python = options.get("python") or facts["python"]
+    for file, data in _tls_files(authority, ["worker", "scheduler"]).items():
+        here.put(f"tls/{file}", data)
+    scheduler = scheduler_process(python, here.root, here.address, port)
+    counts = slurm.plan(
+        paths, options, python, address, scheduler, _tls_files(authority, ["worker"])
+    )
+    slurm.test_submit(os.path.join(slurm.job_root(paths, 0), "job.sh"))
+    return counts, address, port
+
+
+def _write_record(
+    paths: Paths,
+    kind: str,
+    options: dict[str, Any],
+    address: str,
+    port: int,
+    first: Any,
+    counts: dict[str, int],
+    authority: Any,
+    admin: str,
+) -> Record:
     record = Record(
         name=paths.name,
         kind=kind,
@@ -485,6 +550,16 @@ def _gpus() -> int:
     from ..cluster.remote import gpu_count
 
     return gpu_count()
+
+
+def _this_host() -> str:
+    """The address this host's name resolves to (where compute nodes find it)."""
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _bracket(host: str) -> str:

@@ -95,16 +95,16 @@ def stop(root: str, remove: bool = False, wait: float = STOP_WAIT_S) -> dict[str
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and alive(pid):
             time.sleep(0.2)
     for child in {*(int(p) for p in listed if p), *family, *([pid] if pid else [])}:
-        if _alive(child):  # a supervisor killed by hand left its processes: end them
+        if alive(child):  # a supervisor killed by hand left its processes: end them
             with contextlib.suppress(OSError):
                 os.killpg(child, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.kill(child, signal.SIGKILL)
     time.sleep(0.2)
-    left = sorted(p for p in family if _alive(p))
+    left = sorted(p for p in family if alive(p))
     if remove:
         import shutil
 
@@ -129,7 +129,7 @@ def supervisor_pid(paths: HostPaths) -> int | None:
     """The host's supervisor's pid, if it runs."""
     found = read_json(paths.pid_file)
     pid = int(found.get("pid", 0)) if found else 0
-    return pid if pid and _alive(pid) else None
+    return pid if pid and alive(pid) else None
 
 
 def tail_events(paths: HostPaths, n: int) -> list[dict[str, Any]]:
@@ -158,7 +158,7 @@ def _expanded(root: str) -> str:
     return os.path.abspath(os.path.expanduser(root))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

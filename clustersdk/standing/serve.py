@@ -93,7 +93,7 @@ async def run_worker(
     from ..cluster.local import worker_config
     from ..security.tls import ClusterSecurity
 
-    env = {"CUDA_VISIBLE_DEVICES": gpu if gpu is not None else ""}
+    env = {"CUDA_VISIBLE_DEVICES": _device(gpu)}
     if cpus:
         env[cpu_shares.ENV] = cpus
     security = ClusterSecurity.in_directory(tls, "worker")
@@ -116,6 +116,23 @@ async def run_worker(
     await nanny.finished()
 
 
+def _device(gpu: str | None) -> str:
+    """The worker's CUDA_VISIBLE_DEVICES: ``--gpu 3``, or ``--gpu job:1`` (the second of
+    the GPUs a Slurm job was given, in its CUDA_VISIBLE_DEVICES); none: no GPU."""
+    if gpu is None:
+        return ""
+    if not gpu.startswith("job:"):
+        return gpu
+    given = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    index = int(gpu[4:])
+    if index >= len(given):
+        raise SystemExit(
+            f"--gpu {gpu}: the job was given {len(given)} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r})"
+        )
+    return given[index].strip()
+
+
 def _stop_on_signals(server: Any) -> None:
     """SIGTERM/SIGINT close ``server`` (a scheduler, a nanny and its worker) gracefully."""
     loop = asyncio.get_running_loop()
@@ -136,7 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--tls", required=True, help="the directory of the cluster's TLS files")
     w.add_argument("--name", required=True)
     w.add_argument("--host", default=None, help="the address to listen on")
-    w.add_argument("--gpu", default=None, help="the GPU it owns (CUDA_VISIBLE_DEVICES)")
+    w.add_argument(
+        "--gpu",
+        default=None,
+        help="the GPU it owns (CUDA_VISIBLE_DEVICES), or job:I: the I-th its Slurm job was given",
+    )
     w.add_argument("--cpus", default=None, help="its share of the host's CPUs, e.g. 0-3")
     w.add_argument("--memory-limit", default=None, help="e.g. '16 GiB'")
     args = parser.parse_args(argv)

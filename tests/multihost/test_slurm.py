@@ -12,28 +12,9 @@ import clustersdk as cs
 
 from .. import workloads
 from ..helpers import wait_for
-from . import jobs, slurmbed
+from . import jobs
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    reason = slurmbed.missing()
-    if reason:
-        if os.environ.get("CI") and os.geteuid() == 0:
-            pytest.fail(reason + "; CI installs it from .ci/apt-packages")
-        pytest.skip(reason)
-    with slurmbed.SlurmBed() as bed:
-        # sbatch and squeue (run by dask-jobqueue here) find the bed; its jobs carry the
-        # marker, so that no process of theirs can outlive the bed
-        saved = {k: os.environ.get(k) for k in ("SLURM_CONF", slurmbed.MARKER)}
-        os.environ.update({"SLURM_CONF": bed.conf, slurmbed.MARKER: bed.dir})
-        try:
-            yield bed
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.fixture(scope="module")
