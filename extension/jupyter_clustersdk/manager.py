@@ -268,8 +268,11 @@ class ClusterManager(Following, PanelQueries):
     async def _cluster(self, target: Target, *, detail: bool) -> dict[str, Any]:
         samples: dict[str, dict] = {}
         try:
-            inventory, jobs, identity = await gather_all(
-                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target)
+            inventory, jobs, identity, events = await gather_all(
+                self.call(target, "inventory"),
+                self.call(target, "jobs"),
+                self._identity(target),
+                self.call(target, "cluster_events"),
             )
             if detail:
                 busy = {s["job"] for s in inventory if s.get("job")}
@@ -288,6 +291,7 @@ class ClusterManager(Following, PanelQueries):
             samples=samples,
             workers=identity.get("workers"),
             scheduler_id=identity.get("id"),
+            events=events,
             detail=detail,
         )
 

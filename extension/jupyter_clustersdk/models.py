@@ -296,13 +296,15 @@ def cluster_model(
     samples: Mapping[str, Mapping[str, Any]] | None = None,
     workers: Mapping[str, Mapping[str, Any]] | None = None,
     scheduler_id: str | None = None,
+    events: Sequence[Mapping[str, Any]] = (),
     detail: bool = False,
 ) -> dict[str, Any]:
     """A cluster: how to reach it, its slots (GPUs or CPU slots), utilisation and job counts.
 
     ``samples`` maps a worker address to the newest telemetry sample of the
-    rank running there; ``workers`` is Dask's per-worker info. ``detail``
-    adds the per-worker and per-slot lists.
+    rank running there; ``workers`` is Dask's per-worker info; ``events`` the
+    cluster's own events (a standing cluster's processes restarted by their
+    supervisor). ``detail`` adds the per-worker and per-slot lists.
     """
     out: dict[str, Any] = {
         "id": target.id,
@@ -337,12 +339,25 @@ def cluster_model(
             },
             "jobs": {status.name: counts.get(status.name, 0) for status in JobStatus},
             "queue_length": counts.get(JobStatus.QUEUED.name, 0),
+            "restarts": restarts_model(events),
         }
     )
     if detail:
         out["slots"] = [slot_model(s, samples.get(s["worker"])) for s in slots]
         out["worker_details"] = worker_models(slots, workers or {})
     return out
+
+
+def restarts_model(events: Sequence[Mapping[str, Any]], recent: int = 3) -> dict[str, Any]:
+    """How often the cluster's processes were started again, and the newest of those."""
+    restarts = [e for e in events if e.get("kind") == "restarted"]
+    return {
+        "count": len(restarts),
+        "recent": [
+            {"time": e.get("time"), "message": str(e.get("message", ""))}
+            for e in restarts[-recent:]
+        ],
+    }
 
 
 def slot_model(slot: Mapping[str, Any], sample: Mapping[str, Any] | None) -> dict[str, Any]:

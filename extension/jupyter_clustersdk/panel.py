@@ -41,8 +41,11 @@ class PanelQueries:
         self: ClusterManager, target: Target
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         try:
-            inventory, records, identity = await _settled(
-                self.call(target, "inventory"), self.call(target, "jobs"), self._identity(target)
+            inventory, records, identity, events = await _settled(
+                self.call(target, "inventory"),
+                self.call(target, "jobs"),
+                self._identity(target),
+                self.call(target, "cluster_events"),
             )
             now = time.time()
             followed = {
@@ -74,6 +77,7 @@ class PanelQueries:
             samples=samples,
             workers=identity.get("workers"),
             scheduler_id=identity.get("id"),
+            events=events,
             detail=True,
         )
         return cluster, jobs

@@ -82,6 +82,14 @@ def palette(page, label: str) -> None:
     page.locator(".lm-CommandPalette-item", has_text=label).first.click()
 
 
+def restart_a_worker(dask_scheduler) -> None:
+    """What the scheduler does as a worker its supervisor started again comes back."""
+    from clustersdk.control.plugin import PLUGIN_NAME
+
+    restart = json.dumps({"process": "worker-1", "restarts": 1, "after": "died of SIGKILL"})
+    dask_scheduler.plugins[PLUGIN_NAME].restarted("worker", "tls://10.0.0.9:4000", restart)
+
+
 def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
     browser, jupyterlab, output_dir, tmp_path
 ):
@@ -107,6 +115,13 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
             "CPU slot 1",
         ]
         page.locator(".jp-clustersdk-status-text", has_text="0/2 slots busy").wait_for()
+        # a process of the cluster started again by its supervisor (a standing cluster's)
+        assert sidebar.locator(".jp-clustersdk-cluster-restarts").count() == 0
+        cluster.client.run_on_scheduler(restart_a_worker)
+        restarts = sidebar.locator(".jp-clustersdk-cluster-restarts")
+        restarts.wait_for()
+        assert restarts.text_content().startswith("1 restart of its processes, the last ")
+        assert "died of SIGKILL" in restarts.get_attribute("title")
 
         # hidden: no refresh at all; the status bar item shows it again, and it refreshes
         tab.click()

@@ -63,6 +63,23 @@ async def test_clusters_lists_the_registered_cluster_with_its_busy_slot(
     assert workers == {s["worker"] for s in detail["slots"]}
 
 
+async def test_a_restart_of_the_clusters_processes_shows_in_its_summary(jp_fetch, sdk_cluster):
+    (before,) = (await get(jp_fetch, "api", "clusters"))["clusters"]
+    assert before["restarts"] == {"count": 0, "recent": []}
+
+    def restarted(dask_scheduler):  # what the scheduler does as a supervised worker comes back
+        from clustersdk.control.plugin import PLUGIN_NAME
+
+        restart = json.dumps({"process": "worker-1", "restarts": 1, "after": "died of SIGKILL"})
+        dask_scheduler.plugins[PLUGIN_NAME].restarted("worker", "tls://10.0.0.9:4000", restart)
+
+    sdk_cluster.client.run_on_scheduler(restarted)
+    (after,) = (await get(jp_fetch, "api", "clusters"))["clusters"]
+    assert after["restarts"]["count"] == 1
+    (event,) = after["restarts"]["recent"]
+    assert "worker tls://10.0.0.9:4000" in event["message"] and "SIGKILL" in event["message"]
+
+
 async def test_jobs_lists_the_running_job_and_one_job_shows_its_progress(jp_fetch, spin_job):
     listed = await get(jp_fetch, "api", "jobs")
     assert listed["unreachable"] == []

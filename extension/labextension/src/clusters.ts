@@ -38,6 +38,8 @@ export interface IClusterView {
   error: string | null;
   summary: string;
   hosts: IHostView[];
+  /** "2 restarts of its processes" and the newest of them; null: none */
+  restarts: { text: string; detail: string } | null;
 }
 
 const GIB = 1024 ** 3;
@@ -133,7 +135,23 @@ export function clusterView(
     reachable: cluster.reachable,
     error: cluster.error,
     summary,
-    hosts: [...hosts].map(([host, list]) => ({ host, slots: list }))
+    hosts: [...hosts].map(([host, list]) => ({ host, slots: list })),
+    restarts: restartsView(cluster)
+  };
+}
+
+/** A standing cluster's restarts of its scheduler or workers, newest last. */
+function restartsView(cluster: IClusterJSON): IClusterView['restarts'] {
+  const restarts = cluster.restarts;
+  if (!restarts || restarts.count === 0) {
+    return null;
+  }
+  const newest = restarts.recent[restarts.recent.length - 1];
+  return {
+    text:
+      `${plural(restarts.count, 'restart')} of its processes` +
+      (newest ? `, the last ${new Date(newest.time * 1000).toLocaleString()}` : ''),
+    detail: restarts.recent.map(r => r.message).join('\n')
   };
 }
 

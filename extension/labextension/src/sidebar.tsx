@@ -116,6 +116,11 @@ function ClusterCard(props: {
         <span className="jp-clustersdk-cluster-summary">{cluster.summary}</span>
       </div>
       {!cluster.reachable && <div className="jp-clustersdk-error">{cluster.error}</div>}
+      {cluster.restarts && (
+        <div className="jp-clustersdk-cluster-restarts" title={cluster.restarts.detail}>
+          {cluster.restarts.text}
+        </div>
+      )}
       {cluster.hosts.map(host => (
         <div className="jp-clustersdk-host" key={host.host}>
           <div className="jp-clustersdk-host-name">host {host.host}</div>

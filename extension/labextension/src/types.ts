@@ -63,6 +63,8 @@ export interface IClusterJSON {
   utilisation?: { slots: number; busy: number };
   jobs?: Partial<Record<Status, number>>;
   slots?: ISlotJSON[];
+  /** a standing cluster's processes started again by their supervisor */
+  restarts?: { count: number; recent: { time: number; message: string }[] };
 }
 
 export interface IProgressJSON {

@@ -212,6 +212,25 @@ describe('clusters', () => {
     assert.equal(view.summary, 'connected · 2 hosts · 2/3 slots busy');
   });
 
+  test("a standing cluster's restarts: counted, the newest messages on hover; none: no line", () => {
+    const restarted: IClusterJSON = {
+      ...gpuCluster,
+      restarts: {
+        count: 3,
+        recent: [
+          { time: 1700000000, message: 'worker tls://a:1 (host a) started again by its supervisor (restart 1)' },
+          { time: 1700000100, message: 'scheduler tls://a:2 (host a) started again by its supervisor (restart 1)' }
+        ]
+      }
+    };
+    const view = clusterView(restarted, []);
+    assert.match(view.restarts?.text ?? '', /^3 restarts of its processes, the last /);
+    assert.equal(view.restarts?.detail.split('\n').length, 2);
+    assert.match(view.restarts?.detail ?? '', /scheduler tls:\/\/a:2/);
+    assert.equal(clusterView({ ...gpuCluster, restarts: { count: 0, recent: [] } }, []).restarts, null);
+    assert.equal(clusterView(gpuCluster, []).restarts, null); // an older server: no field
+  });
+
   test('an unreachable cluster says so', () => {
     const view = clusterView(
       { id: 'c2', address: 'tcp://x:1', kind: 'remote', source: 'config', reachable: false, error: 'no answer' },
