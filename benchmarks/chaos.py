@@ -215,17 +215,21 @@ def fill(job: Any, root: str) -> dict[str, Any]:
     it and wait for the next one to commit."""
     t = time.time()
     filler = os.path.join(os.path.dirname(root), "filler")
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-    failed = wait_for(
+    with open(filler, "wb", buffering=0) as f:
+        # megabytes, then pages: a small model's checkpoint fits in the last megabyte left
+        for chunk in (1 << 20, 1 << 12):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+    wait_for(
         lambda: job.status.terminal or job.info()["checkpoint_error"],
         "a checkpoint failing for want of space",
+    )
+    failed = (
+        job.info()["checkpoint_error"] or f"no checkpoint failed: the job ended {job.status.name}"
     )
     before = job.info()["checkpoint_step"]
     freed = time.time()
@@ -243,7 +247,7 @@ def fill(job: Any, root: str) -> dict[str, Any]:
         "time": t,
         "freed": freed,
         "committed": committed,
-        "error": str(failed)[:200],
+        "error": failed[:200],
     }
 
 

@@ -243,7 +243,9 @@ class Rank:
         try:
             await self.agent.send(self, RankEvent.EXIT, outcome, final=True)
         except Exception:  # the worker is closing: the scheduler learns it by itself
-            logger.info("clustersdk: could not report the exit of rank %d", self.rank, exc_info=True)
+            logger.info(
+                "clustersdk: could not report the exit of rank %d", self.rank, exc_info=True
+            )
 
     async def _spawn(self) -> None:
         spec, agent = self.spec, self.agent
