@@ -13,6 +13,8 @@
     clustersdk history JOB [--csv]
     clustersdk cluster up NAME --local N       a standing cluster: detached, supervised
     clustersdk cluster status|down|logs NAME   how it runs; take it down; a process's log
+    clustersdk cluster unit NAME [--out DIR]   systemd units for its processes on this host
+    clustersdk cluster kubernetes NAME --image IMAGE [--out FILE]   manifests, its own PKI
     clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
     clustersdk cluster remove-user NAME        revoke them at once
     clustersdk cluster users                   who holds credentials
@@ -141,14 +143,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     history = job_command("history", "every metric row the ranks logged", commands.history)
     history.add_argument("--csv", action="store_true", help="as CSV")
-    from . import standing, users
+    from . import deploy, standing, users
 
     cluster = sub.add_parser(
-        "cluster", help="standing clusters (up, down, status, logs) and who may use them"
+        "cluster",
+        help="standing clusters (up, down, status, logs; under systemd, on Kubernetes) and who "
+        "may use them",
     )
     inner = cluster.add_subparsers(dest="action", required=True)
     standing.add_commands(inner)
     users.add_commands(inner, common)
+    deploy.add_commands(inner)
 
     from .. import options
     from .flags import add_flags

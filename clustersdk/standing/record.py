@@ -19,7 +19,9 @@ share one)::
             events.jsonl      every start, exit, restart and give-up of a process
 
 On another host of an SSH cluster only ``hosts/HOST/`` exists, under that account's
-state directory (or the ``--remote-dir`` given to ``up``).
+state directory (or the ``--remote-dir`` given to ``up``). A ``kubernetes`` cluster
+(``clustersdk cluster kubernetes``, :mod:`.kubernetes`) has its record and its ``tls/``
+here, and no ``hosts/``: its processes are the pods of its manifests.
 
 >>> check_name("team-a")
 'team-a'
@@ -39,7 +41,7 @@ import tempfile
 from typing import Any
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
-KINDS = ("local", "ssh", "slurm")
+KINDS = ("local", "ssh", "slurm", "kubernetes")
 
 
 class RecordError(ValueError):
