@@ -188,6 +188,33 @@ def test_a_person_added_from_the_cli_uses_the_cluster_as_themselves(team, state)
         theirs.stop()
 
 
+def test_down_keeping_its_state_and_up_again_is_an_upgrade(team, state, tmp_path):
+    """What an upgrade of clustersdk does: down with its jobs suspended and its state kept,
+    up again at the same address, the job resumed from its checkpoint to the same end."""
+    kwargs = {"steps": 120, "delay": 0.05}  # long enough to be suspended, not finished
+    with connect(state) as cluster:
+        reference = cluster.launch(workloads.train_ckpt, kwargs=kwargs, world_size=2).wait(120)
+        job = cluster.launch(
+            workloads.train_ckpt,
+            kwargs=kwargs,
+            world_size=2,
+            name="long",
+            checkpoint_dir=str(tmp_path / "ck"),
+        )
+        wait_for(lambda: step_reached(job, 8), timeout=60)
+    down = cli(state, "cluster", "down", NAME, "--keep-state")
+    assert down.returncode == 0, down.stderr
+    assert "suspending job 'long'" in down.stderr and not cluster_pids(state)
+    up = cli(state, "cluster", "up", NAME, "--json")
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout)["address"] == team["record"]["address"]
+    with connect(state) as cluster:
+        again = cs.Job.attach(cluster, "long")
+        assert again.status is cs.JobStatus.SUSPENDED
+        again.resume()
+        assert_same_run(again.wait(timeout=180), reference, exact=True)
+
+
 def test_down_leaves_no_process_and_no_key(team, state):
     """Run last: it takes the module's cluster down."""
     pids = cluster_pids(state)

@@ -236,7 +236,8 @@ def add_commands(inner: argparse._SubParsersAction) -> None:
     stop.add_argument(
         "--keep-state",
         action="store_true",
-        help="keep its journal and logs (its keys go either way)",
+        help="keep its journal, keys and logs: `up NAME` brings it back as it was "
+        "(same address, same people, its suspended jobs)",
     )
     stop.set_defaults(run=down, verb="cluster down")
 

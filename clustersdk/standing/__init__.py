@@ -14,7 +14,7 @@ a notebook, a login shell or the command itself can end without touching it.
   queued and suspended jobs come back);
 - :func:`down` suspends the jobs that have a ``checkpoint_dir`` (unless ``now``), stops
   every process ``up`` started, and removes the cluster's directory: its keys, its
-  journal, its logs (``keep_state`` keeps the journal and logs);
+  journal, its logs (``keep_state`` keeps them all, for ``up`` to bring it back);
 - :func:`status` is what the supervisor says of each process (running, restarting,
   given up, how many restarts) and what the control plane says (slots, jobs, the
   cluster's events);
@@ -85,6 +85,11 @@ def up(
     found = read_json(paths.record)
     if found is not None:
         record = Record.from_dict(found)
+        if record.kind == "kubernetes":
+            raise SpecError(
+                f"{name!r} runs on Kubernetes: `clustersdk cluster kubernetes {name}` writes its "
+                "manifests, kubectl applies them"
+            )
         if _answers(record):
             say(f"{name}: running at {record.address} (up since {_when(record.created)})")
             _register(record, paths)
@@ -153,7 +158,9 @@ def down(
     """Take the standing cluster ``name`` down: its jobs with a ``checkpoint_dir`` are
     suspended first (unless ``now``; they resume when the cluster comes back with
     ``keep_state``), then every process it runs, on every host, is stopped and its
-    directories removed (``keep_state``: all but the keys)."""
+    directories removed. ``keep_state`` keeps them (its journal, its keys, its logs), so
+    that ``up`` brings it back at the same address with the same people's credentials,
+    its suspended jobs ready to resume: an upgrade of clustersdk, a move, a reboot."""
     paths = Paths(config.state_dir(state_dir), _checked(name))
     record = _record(paths)
     hosts = _hosts(record, paths)
@@ -169,8 +176,10 @@ def down(
         _close(hosts)
     registry.unregister(_registry_path(paths))
     if keep_state:
-        shutil.rmtree(paths.tls, ignore_errors=True)
-        say(f"{name}: down; its journal and logs are kept ({paths.root} and the hosts')")
+        say(
+            f"{name}: down; its journal, keys and logs are kept ({paths.root} and the hosts'): "
+            f"`clustersdk cluster up {name}` brings it back as it was"
+        )
     else:
         shutil.rmtree(paths.root, ignore_errors=True)
         say(f"{name}: down; its directories removed")
@@ -248,6 +257,8 @@ def _connect(kind: str, options: dict[str, Any], paths: Paths) -> list[Any]:
 
     if kind == "local":
         return [Here(paths.host("localhost").root, options["host"])]
+    if kind == "kubernetes":
+        return []  # its processes are pods (kubectl delete -f), not this machine's to reach
     if kind == "slurm":
         from .slurm import SlurmJobs
 

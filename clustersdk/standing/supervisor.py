@@ -17,9 +17,10 @@ with one worker), each in a process group of its own with its output appended to
   then SIGKILL to whatever of theirs is left after :data:`GRACE_S`) and ends it.
 
 Every start, exit, restart and give-up is a line of ``events.jsonl``, and
-``run/status.json`` says what runs now. The supervisor itself is watched by nothing
-but whatever started it: systemd's unit (``clustersdk cluster unit``) restarts it;
-``clustersdk cluster up`` starts a new one where it is gone.
+``run/status.json`` says what runs now. The supervisor itself is watched by nothing:
+``clustersdk cluster up`` starts a new one where it is gone. Under systemd
+(``clustersdk cluster unit``) there is no supervisor: each process is a unit of its
+own, which systemd restarts.
 
 Run as ``python -m clustersdk.standing.supervisor HOST_ROOT`` (the host's directory).
 """
