@@ -27,6 +27,8 @@ GUIDE = [
     "scripts",
     "sharing",
     "multi-node",
+    "team-cluster",
+    "deploy-systemd-kubernetes",
     "security",
     "faults",
     "live",

@@ -188,6 +188,31 @@ def test_a_person_added_from_the_cli_uses_the_cluster_as_themselves(team, state)
         theirs.stop()
 
 
+def test_the_magic_and_the_cli_find_it_by_name_too(team, state):
+    """``%cluster connect team`` and ``clustersdk jobs --cluster team`` reach the cluster
+    that Cluster.connect("team") reaches, as its admin."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "clustersdk")
+    magics = shell.magics_manager.registry["ClusterMagics"]
+    connected = shell.run_cell(f"%cluster connect {NAME} --state-dir {state}", store_history=False)
+    try:
+        assert connected.success, connected.error_in_exec
+        assert magics.current.scheduler_address == team["record"]["address"]
+        job = magics.current.launch(
+            workloads.count_to, kwargs={"steps": 2}, world_size=2, name="by-magic"
+        )
+        assert job.wait(timeout=60) == "done"
+    finally:
+        if magics.current is not None:  # disconnects: the cluster stands
+            shell.run_cell("%cluster close", store_history=False)
+    assert cli(state, "cluster", "status", NAME).returncode == 0
+    listed = cli(state, "jobs", "--all", "--cluster", NAME, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "by-magic" in [j["name"] for j in json.loads(listed.stdout)]
+
+
 def test_down_keeping_its_state_and_up_again_is_an_upgrade(team, state, tmp_path):
     """What an upgrade of clustersdk does: down with its jobs suspended and its state kept,
     up again at the same address, the job resumed from its checkpoint to the same end."""
