@@ -86,12 +86,22 @@ def check_hparams(hparams: Any) -> dict[str, Any] | None:
 
 
 def check(
-    changes: Mapping[str, Any], spec: Any, info: Mapping[int, Mapping[str, Any]] | None
+    changes: Mapping[str, Any],
+    spec: Any,
+    info: Mapping[int, Mapping[str, Any]] | None,
+    *,
+    deferred: bool = False,
 ) -> dict[str, Any]:
     """``changes`` (``job.update``'s keywords) checked and normalized, or a SpecError.
 
     ``spec`` is the job's :class:`~clustersdk.protocol.WireSpec`; ``info`` what its ranks
     reported (rank -> TUNABLE info; empty or None before any rank has finished a step).
+    ``deferred``: the job has run no step yet (QUEUED or STARTING), so what needs the
+    ranks' reports is left to the ranks, which check it before their first step.
+
+    >>> from clustersdk.protocol import WireSpec
+    >>> check({"lr": 0.01}, WireSpec(id="j", name="j", world_size=1), None, deferred=True)
+    {'lr': 0.01}
     """
     if not changes:
         raise SpecError("job.update() needs at least one change, e.g. job.update(lr=1e-3)")
@@ -99,9 +109,9 @@ def check(
     out: dict[str, Any] = {}
     for key, value in changes.items():
         if key in OPTIMIZER_KEYS:
-            out.update(_optimizer_change(key, value, info))
+            out.update(_optimizer_change(key, value, info, deferred))
         elif key in SPEC_KEYS:
-            out[key] = _SPEC_CHECKS[key](value, spec, info)
+            out[key] = _SPEC_CHECKS[key](value, spec, info, deferred)
         elif key in hparams:
             out[key] = _hparam(key, value, hparams[key])
         else:
@@ -190,9 +200,10 @@ def _optimizer_value(key: str, value: Any) -> Any:
 
 
 def _optimizer_change(
-    key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None
+    key: str, value: Any, info: Mapping[int, Mapping[str, Any]] | None, deferred: bool = False
 ) -> dict[str, Any]:
-    optimizers = _optimizers(key, value, info)
+    # deferred: no optimizer to check against yet (each rank checks its own)
+    optimizers = {} if deferred and not info else _optimizers(key, value, info)
     if isinstance(value, Mapping):  # per group: {group index: value}
         out = {}
         for group, v in value.items():
@@ -267,7 +278,7 @@ def _calls(info: Mapping[int, Mapping[str, Any]] | None) -> set[str] | None:
     return set.intersection(*(set(i.get("calls") or ()) for i in info.values()))
 
 
-def _clip(value: Any, spec: Any, info: Any) -> float | None:
+def _clip(value: Any, spec: Any, info: Any, deferred: bool = False) -> float | None:
     if value is None:
         return None
     clip = _number("clip_grad_norm", value, positive=True)
@@ -281,7 +292,7 @@ def _clip(value: Any, spec: Any, info: Any) -> float | None:
     return clip
 
 
-def _accum(value: Any, spec: Any, info: Any) -> int:
+def _accum(value: Any, spec: Any, info: Any, deferred: bool = False) -> int:
     accum = _count("grad_accum", value, "micro-batches per optimizer step")
     if spec.strategy == "pp":
         raise SpecError(
@@ -290,6 +301,8 @@ def _accum(value: Any, spec: Any, info: Any) -> int:
             "change while the job runs; launch again with grad_accum="
         )
     calls = _calls(info)
+    if calls is None and deferred:
+        return accum  # each rank checks it against its batch before its first step
     if calls is None:
         raise SpecError(
             f"{_what('grad_accum', value)}: the ranks report their batch after "
@@ -312,7 +325,7 @@ def _accum(value: Any, spec: Any, info: Any) -> int:
     return accum
 
 
-def _every(value: Any, spec: Any, info: Any) -> int | None:
+def _every(value: Any, spec: Any, info: Any, deferred: bool = False) -> int | None:
     if not spec.checkpoint_dir:
         raise SpecError(
             f"{_what('checkpoint_every', value)}: the job has no checkpoint_dir; "
@@ -323,7 +336,7 @@ def _every(value: Any, spec: Any, info: Any) -> int | None:
     return _count("checkpoint_every", value, "steps between checkpoints")
 
 
-def _interval(value: Any, spec: Any, info: Any) -> float:
+def _interval(value: Any, spec: Any, info: Any, deferred: bool = False) -> float:
     return _number("metrics_interval", value, positive=True)
 
 

@@ -31,6 +31,7 @@ import cloudpickle
 
 from . import hooks
 from .errors import (
+    ClusterClosedError,
     InvalidTransitionError,
     JobFailedError,
     JobStoppedError,
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from .diagnosis import Diagnosis
 
 WAIT_SLICE = 5.0  # seconds per server-side wait, so that Ctrl-C stays responsive
-RUN_WAITING = ("RUNNING", "PAUSED", "HUNG")  # a job.run's ranks may still answer
+# a job.run's ranks may still answer (a QUEUED or STARTING job's at its first boundary)
+RUN_WAITING = ("QUEUED", "STARTING", "RUNNING", "PAUSED", "HUNG")
 
 
 class Job:
@@ -161,8 +163,16 @@ class Job:
 
     def info(self) -> dict[str, Any]:
         """The job's record: status, reason, ranks and their workers, times, error, the newest
-        ``diagnosis`` and the durable ``events``."""
-        self._record = self.cluster.sync(self.cluster.control.job, job=self.id)
+        ``diagnosis`` and the durable ``events``. Raises
+        :class:`~clustersdk.ClusterClosedError` once its cluster is closed: what the handle
+        last saw may be stale, so it does not pass for the job's state now."""
+        try:
+            self._record = self.cluster.sync(self.cluster.control.job, job=self.id)
+        except ClusterClosedError as e:
+            seen = self._record.get("status", "?")
+            raise ClusterClosedError(
+                f"can't ask about job {self.name!r} (last seen {seen}): {e}", e.address
+            ) from None
         return self._record
 
     @property
@@ -198,6 +208,7 @@ class Job:
 
     def on_event(self, callback: Callable[[dict[str, Any]], None]) -> None:
         """Call ``callback(msg)`` for every status change and metrics batch (from Dask's loop)."""
+        self.cluster.ensure_open()  # (a handle that follows already would take it silently)
         self.watch()
         self._callbacks.append(callback)
 
@@ -330,13 +341,21 @@ class Job:
         return "".join(line["text"] + "\n" for line in self.log_lines(rank))
 
     # control -------------------------------------------------------------------
-    def pause(self, timeout: float | None = 60) -> int:
+    def pause(self, timeout: float | None = 60) -> int | None:
         """Hold every rank at the same step boundary, keeping the slots and process group.
 
-        Returns once every rank has paused, with the step they stopped before.
+        Returns once every rank has paused, with the step they stopped before. A job
+        that has not started (QUEUED) or is starting is held before its first step: a
+        STARTING job's pause returns once its ranks wait there; a QUEUED job's at once,
+        with None (``job.info()["pending"]`` shows it until the job starts and pauses).
+        ``resume()`` lets it go, also before then.
+
+        >>> job = cluster.launch(train, world_size=2)     # doctest: +SKIP
+        >>> job.pause()                                   # doctest: +SKIP
+        0
         """
         self._record = self.cluster.sync(self.cluster.control.pause, self.id, timeout=timeout)
-        return self._record["paused_at"]
+        return self._record["paused_at"] if self._record["status"] == "PAUSED" else None
 
     def resume(self, world_size: int | None = None) -> JobStatus:
         """Continue a PAUSED job, or queue a SUSPENDED one again (optionally at another
@@ -346,15 +365,22 @@ class Job:
         )
         return JobStatus[self._record["status"]]
 
-    def checkpoint(self, timeout: float | None = None) -> str:
-        """Checkpoint at the next step boundary; return the committed checkpoint's path."""
-        self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id, timeout=timeout)
-        return self._record["checkpoint"]
+    def checkpoint(self, timeout: float | None = None) -> str | None:
+        """Checkpoint at the next step boundary; return the committed checkpoint's path.
 
-    def suspend(self, timeout: float | None = None) -> str:
+        A STARTING job checkpoints at its first step boundary (before its first step); a
+        QUEUED one will, when it starts: this returns None at once, and
+        ``job.info()["pending"]`` shows the request until it is committed.
+        """
+        self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id, timeout=timeout)
+        return None if self._record["status"] == "QUEUED" else self._record["checkpoint"]
+
+    def suspend(self, timeout: float | None = None) -> str | None:
         """Checkpoint, free the slots and wait SUSPENDED; ``resume()`` continues.
 
-        Returns the path of the checkpoint the job will resume from.
+        Returns the path of the checkpoint the job will resume from. A STARTING job
+        checkpoints at its first step boundary; a QUEUED one has nothing to save: it
+        leaves the queue, SUSPENDED (None, or its newest checkpoint), until ``resume()``.
         """
         self._record = self.cluster.sync(self.cluster.control.suspend, self.id, timeout=timeout)
         return self._record["checkpoint"]
@@ -392,7 +418,8 @@ class Job:
     ) -> dict[int, Any]:
         """Run ``fn(ctx)`` on ``ranks`` (default: every rank) of a RUNNING or PAUSED job,
         in each rank's own training thread, at its next step boundary (a PAUSED job's: at
-        once); return ``{rank: result}``.
+        once; a QUEUED or STARTING job's: at its first, before its first step); return
+        ``{rank: result}``.
 
         ``fn`` sees the live job: ``ctx.model``, ``ctx.registered["optimizer"]``,
         ``ctx.exposed`` (what the training function passed to ``ctx.expose``),
@@ -471,7 +498,11 @@ class Job:
         marker on the dashboard's loss chart, and is kept by checkpoints and the job's
         spec: a resume (also at another world size) or a restart keeps it. Returns None
         if the job left RUNNING and PAUSED before its ranks applied it (its next gang
-        does, first thing).
+        does, first thing), and at once for a QUEUED job: its ranks apply it before their
+        first step (a STARTING job's: this waits for that, and returns 0 or the step it
+        resumed at). Before the ranks have reported their optimizers and batch, the
+        changes are checked as far as the launch options allow and each rank checks the
+        rest; a rank's refusal is then a durable event (``job.events()``).
 
         >>> job.update(lr=1e-4, warmup=200)                             # doctest: +SKIP
         1200
@@ -536,11 +567,21 @@ class Job:
         """
         return PostMortem(self.cluster.sync(self.cluster.control.debug, self.id, rank=rank))
 
-    def restart_from_checkpoint(self) -> JobStatus:
+    def restart(self) -> JobStatus:
         """End the hold of a HELD job: its ranks stop, and it continues from its newest
-        committed checkpoint, first in the queue (not counted against ``max_restarts``)."""
+        committed checkpoint, first in the queue (not counted against ``max_restarts``).
+        ``clustersdk restart JOB``, ``%job restart NAME`` and ``POST .../restart`` do the
+        same.
+
+        >>> job.restart()                                                  # doctest: +SKIP
+        <JobStatus.RESTARTING: 'restarting'>
+        """
         self._record = self.cluster.sync(self.cluster.control.restart_from_checkpoint, self.id)
         return JobStatus[self._record["status"]]
+
+    def restart_from_checkpoint(self) -> JobStatus:
+        """The same as :meth:`restart` (its name in earlier releases)."""
+        return self.restart()
 
     def console(self, rank: int | None = None) -> Any:
         """The notebook console of the job's ``ctx.breakpoint()`` pdb sessions (jobs

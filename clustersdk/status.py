@@ -2,8 +2,8 @@
 
 ::
 
-    QUEUED     ──> STARTING | STOPPED | FAILED
-    STARTING   ──> RUNNING | HELD | RESTARTING | STOPPING | FINISHED | FAILED
+    QUEUED     ──> STARTING | SUSPENDED (suspend: held out of the queue) | STOPPED | FAILED
+    STARTING   ──> RUNNING | HELD | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
     RUNNING    ──> PAUSED | HUNG | HELD | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
     HUNG       ──> RUNNING (a step finished after all) | HELD | RESTARTING | STOPPING | FINISHED
                    | FAILED
@@ -26,6 +26,10 @@ A job preempted for a higher-priority one (see :mod:`clustersdk.control.scheduli
 checkpoints and leaves (SUSPENDING), or without a checkpoint directory is
 stopped (STOPPING), and then queues again by itself. A job is *terminal* once
 FINISHED, FAILED or STOPPED; nothing leaves a terminal state.
+
+A job that is QUEUED or STARTING (:data:`EARLY`) has no rank at a step boundary yet: a
+pause, checkpoint, ``job.run`` or ``job.update`` asked then is kept and carried out at
+its first step boundary (see :mod:`clustersdk.control.lifecycle`).
 """
 
 from __future__ import annotations
@@ -59,12 +63,14 @@ class JobStatus(str, enum.Enum):
 
 
 TERMINAL = frozenset({JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED})
+#: No rank has reached a step boundary: requests wait for the first one.
+EARLY = frozenset({JobStatus.QUEUED, JobStatus.STARTING})
 
 _S = JobStatus
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.FAILED}),
+    _S.QUEUED: frozenset({_S.STARTING, _S.SUSPENDED, _S.STOPPED, _S.FAILED}),
     _S.STARTING: frozenset(
-        {_S.RUNNING, _S.RESTARTING, _S.STOPPING, _S.FINISHED, _S.FAILED, _S.HELD}
+        {_S.RUNNING, _S.RESTARTING, _S.SUSPENDING, _S.STOPPING, _S.FINISHED, _S.FAILED, _S.HELD}
     ),
     _S.RUNNING: frozenset(
         {

@@ -120,6 +120,7 @@ def test_a_restarted_scheduler_takes_over_the_queue_suspended_jobs_and_settings(
             for i in range(3)
         ]
         assert all(j.status is cs.JobStatus.QUEUED for j in queued)
+        assert queued[0].pause() is None  # kept, journaled, for its first step
         first.configure_scheduling({"preemption-grace": 77})
         # the scheduler dies (and its workers with it)
         dask_processes.kill(scheduler)
@@ -133,6 +134,10 @@ def test_a_restarted_scheduler_takes_over_the_queue_suspended_jobs_and_settings(
     try:
         # the queue, in its order: every queued job runs and returns what it returned before
         done = [cs.Job.attach(second, f"queued-{i}") for i in range(3)]
+        # and the pause asked of one of them: held before its first step, then let go
+        wait_for(lambda: done[0].status is cs.JobStatus.PAUSED, timeout=120)
+        assert done[0].info()["paused_at"] == 0 and done[0].history() == []
+        done[0].resume()
         assert [job.wait(timeout=120) for job in done] == ["done"] * 3
         # in their submission order (two start in one decision: their start times race)
         seqs = [job.info()["seq"] for job in done]

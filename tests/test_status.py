@@ -28,11 +28,13 @@ ALLOWED = {
     (Q, S),
     (Q, D),
     (Q, X),
+    (Q, Z),  # suspended while queued: held out of the queue
     (S, R),
     (S, G),
     (S, X),
     (S, F),
     (S, T),
+    (S, U),  # suspended before its first step: it checkpoints there
     (R, P),
     (R, U),
     (R, G),
@@ -104,7 +106,7 @@ def test_the_error_says_what_is_allowed_instead():
     ):
         check_transition("j", F, R)
     with pytest.raises(
-        InvalidTransitionError, match="allowed from QUEUED: FAILED, STARTING, STOPPED"
+        InvalidTransitionError, match="allowed from QUEUED: FAILED, STARTING, STOPPED, SUSPENDED"
     ):
         check_transition("j", Q, R)
 

@@ -370,3 +370,38 @@ def train_exact(
         if delay:
             time.sleep(delay)
     return {"state": ctx.full_state_dict(opt), "step": ctx.step}
+
+
+# --- requests asked before a job's first step (tests/test_early_requests.py) ----------------
+def final_loss(ctx, steps: int = 10) -> dict:
+    """As the README's example: the code after the loop needs a step's ``loss``."""
+    net = ctx.prepare(model())
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    ctx.register(optimizer=opt)
+    for _step, (x, y) in ctx.loop(ctx.shard(dataset(), batch_size=16), steps=steps):
+        loss = nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ctx.log(loss=loss)
+    return {"final_loss": loss.item()}
+
+
+def slow_start(delay: float | None, dask_worker=None) -> None:
+    """Make this worker start each rank ``delay`` s late (None: undo), so that a job stays
+    STARTING for that long: what a kernel's request right after launch meets."""
+    import asyncio
+
+    key = "clustersdk_start_rank"
+    original = getattr(dask_worker, "_clustersdk_start_rank", None) or dask_worker.handlers[key]
+    if delay is None:
+        dask_worker.handlers[key] = original
+        return
+    dask_worker._clustersdk_start_rank = original
+
+    async def late(comm=None, **kwargs):  # the handler, as Dask calls it (the comm first)
+        await asyncio.sleep(delay)
+        result = original(comm, **kwargs)
+        return await result if asyncio.iscoroutine(result) else result
+
+    dask_worker.handlers[key] = late

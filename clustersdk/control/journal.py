@@ -121,7 +121,17 @@ _INSERTS = {
     "steps": "INSERT OR REPLACE INTO steps (job, step, time, ranks, scalars) VALUES (?, ?, ?, ?, ?)",
 }
 
-_JSON_FIELDS = ("spec", "ranks", "error", "stacks", "profiles", "held", "diagnosis", "controls")
+_JSON_FIELDS = (
+    "spec",
+    "ranks",
+    "error",
+    "stacks",
+    "profiles",
+    "held",
+    "diagnosis",
+    "controls",
+    "pending",
+)
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {
     "restarts": "INTEGER NOT NULL DEFAULT 0",
@@ -133,8 +143,9 @@ _ADDED_COLUMNS = {
     "profiles": "TEXT",
     "held": "TEXT",
     "diagnosis": "TEXT",
-    "controls": "TEXT",
-}  # a script job's: what its ranks accept (scripts.py)
+    "controls": "TEXT",  # a script job's: what its ranks accept (scripts.py)
+    "pending": "TEXT",  # requests its ranks have not carried out yet (lifecycle.py)
+}
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")
 

@@ -33,6 +33,21 @@ The rules, by event:
 - Requests (stop, pause, resume, checkpoint, suspend, profile) check the state first
   and raise :class:`~clustersdk.errors.InvalidTransitionError` (or
   ``SpecError``) before changing anything.
+- **Early requests**: a job that is QUEUED or STARTING has no rank at a step boundary
+  yet, and what is asked then is kept for its first one. A pause raises the PAUSE word,
+  which the gang starts with (or gets, STARTING): every rank waits before its first
+  step, and the job goes RUNNING, then PAUSED (``resume`` lets it go, also before it
+  started). A checkpoint, ``job.run`` or ``job.update`` is taken at the first boundary
+  likewise (an update checked without the ranks' reports, which its ranks then check).
+  A suspend of a QUEUED job holds it out of the queue, SUSPENDED with nothing to save
+  (``resume`` queues it again); of a STARTING job, it checkpoints at the first boundary
+  and gives the slots back. A stop of a QUEUED job dequeues it, STOPPED; of a STARTING
+  one, its ranks leave at the first boundary. A script job's ranks accept pause and
+  checkpoint only once they opted in, so those wait until it runs.
+  Requests not carried out yet are the job's :attr:`Lifecycle.pending` (journaled
+  under ``pending``: ``job.info()`` shows them, and a restarted scheduler that takes a
+  queued job over asks them again); a new gang (a restart, a preemption's requeue, a
+  resume) is asked them again too.
 
 Each concern with rules of its own is an object beside this module that owns its
 state (as h11 keeps one small state machine per party): :class:`~.faults.Faults`
@@ -61,7 +76,7 @@ from typing import Any
 from ..errors import EXIT_TYPES, InvalidTransitionError, SpecError, describe
 from ..layout import Layout
 from ..protocol import ExitStatus, WireSpec, Word, no_words
-from ..status import TRANSITIONS, JobStatus, check_transition
+from ..status import EARLY, TRANSITIONS, JobStatus, check_transition
 from . import events as ev
 from .anomalies import MAX_ROLLBACKS, Anomalies
 from .breakpoints import Breakpoints
@@ -82,6 +97,8 @@ class Gang:
     started: set[int] = dataclasses.field(default_factory=set)
     exited: dict[int, ExitStatus] = dataclasses.field(default_factory=dict)
     paused: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> step it waits at
+    pause_asked: int = 0  # the PAUSE word of the owner's newest pause (not a hold's)
+    pause_taken: int = 0  # the PAUSE word the job was PAUSED at
     words: list[int] = dataclasses.field(default_factory=no_words)
     result: bytes | None = None  # rank 0's pickled return value
     accepts: dict[int, frozenset[str]] = dataclasses.field(default_factory=dict)  # script ranks
@@ -120,6 +137,7 @@ class Lifecycle:
         restarts: int = 0,
         checkpoint: str | None = None,
         checkpoint_step: int | None = None,
+        pending: Sequence[Mapping[str, Any]] | None = None,
     ):
         self._spec = spec
         self._status = status
@@ -182,6 +200,8 @@ class Lifecycle:
             ev.NonFinite: self._to(self.anomalies.nonfinite),
             ev.LossSpike: self._to(self.anomalies.spike),
         }
+        self._ask_again(pending or ())  # what an earlier scheduler had kept for it
+        self._journaled_pending = self.pending
 
     def _to(self, handler: Callable[[Lifecycle, Any], None]) -> Callable[[Any], None]:
         return lambda event: handler(self, event)
@@ -267,6 +287,36 @@ class Lifecycle:
         """Gang restarts used (of ``spec.max_restarts``)."""
         return self.faults.restarts
 
+    @property
+    def pause_pending(self) -> bool:
+        """A pause was asked (``job.pause()``, not a hold's) and the job has not been PAUSED
+        at it, nor resumed, yet."""
+        gang = self.gang
+        return not self._status.terminal and gang.pause_asked > max(
+            gang.words[Word.RESUME], gang.pause_taken
+        )
+
+    @property
+    def checkpoint_pending(self) -> int:
+        """The CHECKPOINT request not committed (nor failed) yet; 0: none."""
+        seq = self.gang.words[Word.CHECKPOINT]
+        done = max(self.checkpoint_seq, self.checkpoint_failed_seq)
+        return seq if seq > done and not self._status.terminal else 0
+
+    @property
+    def pending(self) -> list[dict[str, Any]]:
+        """The requests accepted and not carried out by the ranks yet, oldest kind first:
+        ``{"op": "pause"}``, ``{"op": "checkpoint", "seq": n}``, and job.update's and
+        job.run's (see :meth:`.live.LiveRequests.waiting`)."""
+        if self._status.terminal:
+            return []
+        out: list[dict[str, Any]] = []
+        if self.pause_pending:
+            out.append({"op": "pause"})
+        if self.checkpoint_pending:
+            out.append({"op": "checkpoint", "seq": self.checkpoint_pending})
+        return out + self.live.waiting(self.attempt)
+
     # --- the one entry point --------------------------------------------------------------
     def handle(self, event: ev.Event, now: float) -> list[ev.Action]:
         """Apply ``event`` (at time ``now``); return the actions, in order.
@@ -286,7 +336,22 @@ class Lifecycle:
             )
         self._out, self._now = [], now
         self._dispatch[type(event)](event)
+        self._note_pending()
         return self._out
+
+    def _note_pending(self) -> None:
+        """Journal :attr:`pending` when it changed (``job.info()`` shows it; a restarted
+        scheduler asks it again), with the event's own record change when it has one."""
+        pending = self.pending
+        if pending == self._journaled_pending:
+            return
+        self._journaled_pending = pending
+        for i in reversed(range(len(self._out))):
+            action = self._out[i]
+            if isinstance(action, ev.Journal):
+                self._out[i] = ev.Journal({**action.fields, "pending": pending})
+                return
+        self._out.append(ev.Journal({"pending": pending}))
 
     # --- the commands (a JobView) ------------------------------------------------------------
     def transition(self, status: JobStatus, **fields: Any) -> None:
@@ -366,13 +431,14 @@ class Lifecycle:
         step = self._checkpoint_step if self._checkpoint else 0
         if step is not None:
             self._out.append(ev.TruncateHistory(step))
+        paused = paused or self.pause_pending  # asked before the gang reached a boundary
+        checkpoint = self.checkpoint_pending
         self._new_gang()
         changes: dict[str, Any] = {"resume": resume, "attempt": self.attempt + 1}
         if world_size:
             changes.update(world_size=world_size, asked_world_size=None)
         self.replace_spec(**changes)
-        if paused:
-            self.gang.words[Word.PAUSE] = 1
+        self._carry(paused, checkpoint)
         self.transition(JobStatus.QUEUED, reason=reason)
         self._out.append(ev.Enqueue(front=front))
 
@@ -381,6 +447,24 @@ class Lifecycle:
         self.gang = Gang()
         self.faults.new_gang()
         self.holds.new_gang()
+
+    def _carry(self, paused: bool, checkpoint: int) -> None:
+        """The new gang starts with the old one's pause and checkpoint not carried out
+        (its job.run and job.update requests: see :meth:`.live.LiveRequests.gang_started`)."""
+        if paused:
+            self.gang.words[Word.PAUSE] = self.gang.pause_asked = 1
+        self.gang.words[Word.CHECKPOINT] = checkpoint
+
+    def _ask_again(self, pending: Sequence[Mapping[str, Any]]) -> None:
+        """The requests a job's record kept (:attr:`pending`), asked of its next gang: a
+        restarted scheduler took it over. A job.run's function was kept in memory only."""
+        ops = {p.get("op") for p in pending}
+        self._carry("pause" in ops and self._status is JobStatus.QUEUED, int("checkpoint" in ops))
+        for p in pending:
+            if p.get("op") == "update" and p.get("changes"):
+                self.gang.words[Word.UPDATE] = self.live.ask_update(
+                    dict(p["changes"]), now=self._now, attempt=self.attempt
+                )
 
     def _allocated(self, e: ev.Allocated) -> None:
         asked = self._spec.asked_world_size or self.world_size
@@ -405,9 +489,10 @@ class Lifecycle:
         ]
         controls = {"controls": list(SIGNALLED)} if self._spec.kind == "script" else {}
         self.transition(JobStatus.STARTING, ranks=ranks, reason="", **controls)
-        update = self.live.gang_started(self.attempt)  # job.update's changes so far go along
-        if update:
-            gang.words[Word.UPDATE] = update
+        # job.update's changes so far go along, and the job.run requests no rank took
+        run, update = self.live.gang_started(self.attempt, n)
+        gang.words[Word.RUN] = max(gang.words[Word.RUN], run)
+        gang.words[Word.UPDATE] = max(gang.words[Word.UPDATE], update)
         self._out.append(ev.StartGang(self.attempt, tuple(gang.words)))
 
     def _started(self, e: ev.Started) -> None:
@@ -415,6 +500,7 @@ class Lifecycle:
         self.anomalies.started(self, e)
         if self._status is JobStatus.STARTING and len(self.gang.started) == self.world_size:
             self.transition(JobStatus.RUNNING, started=self._now, reason="")
+            self._maybe_paused()  # a pause asked early: its ranks may all wait already
 
     def _controls(self, e: ev.Controls) -> None:
         before = self.controls
@@ -426,8 +512,13 @@ class Lifecycle:
 
     def _paused(self, e: ev.Paused) -> None:
         self.gang.paused[e.rank] = e.step
-        if self._status is JobStatus.RUNNING and len(self.gang.paused) == self.world_size:
-            self.transition(JobStatus.PAUSED, paused_at=max(self.gang.paused.values()))
+        self._maybe_paused()
+
+    def _maybe_paused(self) -> None:
+        gang = self.gang
+        if self._status is JobStatus.RUNNING and len(gang.paused) == self.world_size:
+            gang.pause_taken = gang.words[Word.PAUSE]
+            self.transition(JobStatus.PAUSED, paused_at=max(gang.paused.values()))
 
     def _resumed(self, e: ev.Resumed) -> None:
         self.gang.paused.pop(e.rank, None)
@@ -520,22 +611,19 @@ class Lifecycle:
                 self.holds.stopping(self)
 
     def _pause(self, e: ev.PauseRequested) -> None:
-        check_transition(self.name, self._status, JobStatus.PAUSED)
+        if self._status not in EARLY:  # an early one: PAUSED once its ranks wait at step one
+            check_transition(self.name, self._status, JobStatus.PAUSED)
         self._need_control("pause")
         self.pause()
+        self.gang.pause_asked = self.gang.words[Word.PAUSE]
 
     def _pause_withdrawn(self, e: ev.PauseWithdrawn) -> None:
-        if self._status is JobStatus.RUNNING:
+        if self._status in (JobStatus.STARTING, JobStatus.RUNNING) and self.pause_pending:
             self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
 
     def _resume(self, e: ev.ResumeRequested) -> None:
         if self._status is JobStatus.PAUSED:
-            if e.world_size not in (None, self.world_size):
-                raise SpecError(
-                    f"job {self.name!r} is PAUSED and keeps its process group of "
-                    f"{self.world_size} ranks; to resume at world_size={e.world_size}, suspend "
-                    "it first"
-                )
+            self._same_world_size(e.world_size)
             self.transition(JobStatus.RUNNING, reason="")
             self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
             self.breakpoints.resumed(self)  # a breakpoint's sessions continue too
@@ -544,19 +632,33 @@ class Lifecycle:
             if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
                 raise SpecError(f"world_size must be a positive int, got {ws!r}")
             Layout.resolve(self._spec.strategy, self._spec.mesh, ws)  # a mesh that fits ws
+            checkpoint = self.checkpoint_pending  # asked while QUEUED, before its suspend
             self._new_gang()
             self.replace_spec(
                 world_size=ws,
-                resume=self._checkpoint,
+                resume=self.resume_point,  # suspended while QUEUED: as it was (spec.resume)
                 attempt=self.attempt + 1,
                 asked_world_size=None,
             )
+            self._carry(False, checkpoint)  # the resume lets a pending pause go
             self.transition(JobStatus.QUEUED, reason="")
             self._out.append(ev.Enqueue())
+        elif self.pause_pending and self._status in (*EARLY, JobStatus.RUNNING):
+            # a pause not in force yet (asked before the job reached a step boundary)
+            self._same_world_size(e.world_size)
+            self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
         else:
             raise InvalidTransitionError(
                 f"job {self.name!r} is {self._status.name}; only a PAUSED or SUSPENDED job can "
-                "be resumed"
+                "be resumed (or one whose pause is still pending)"
+            )
+
+    def _same_world_size(self, world_size: int | None) -> None:
+        if world_size not in (None, self.world_size):
+            raise SpecError(
+                f"job {self.name!r} is {self._status.name} and keeps its process group of "
+                f"{self.world_size} ranks; to resume at world_size={world_size}, suspend "
+                "it first"
             )
 
     def _checkpoint_requested(self, e: ev.CheckpointRequested) -> None:
@@ -570,16 +672,25 @@ class Lifecycle:
                 )
         else:
             self._need_checkpoint_dir("checkpoint")
-        if self._status not in (JobStatus.RUNNING, JobStatus.PAUSED):
+        if self._status not in (*EARLY, JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
-                f"job {self.name!r} is {self._status.name}; a checkpoint needs a RUNNING or "
-                "PAUSED job"
+                f"job {self.name!r} is {self._status.name}; a checkpoint needs a QUEUED, "
+                "STARTING, RUNNING or PAUSED job"
             )
-        self.ask(Word.CHECKPOINT, self.gang.words[Word.CHECKPOINT] + 1)
+        # numbered on from every request so far: a new gang's words start at 0 again
+        done = max(self.checkpoint_seq, self.checkpoint_failed_seq)
+        self.ask(Word.CHECKPOINT, max(self.gang.words[Word.CHECKPOINT], done) + 1)
 
     def _suspend(self, e: ev.SuspendRequested) -> None:
         if self._spec.kind != "script":  # a script saves on SIGTERM, where it likes
             self._need_checkpoint_dir("suspend")
+        if self._status is JobStatus.QUEUED:  # nothing ran since its last checkpoint
+            self._out.append(ev.Dequeue())
+            self.gang.words[Word.RESUME] = self.gang.words[Word.PAUSE]  # resume lets it go
+            self.transition(
+                JobStatus.SUSPENDED, reason="suspended while QUEUED: resume() to queue it again"
+            )
+            return
         check_transition(self.name, self._status, JobStatus.SUSPENDING)
         self.transition(JobStatus.SUSPENDING, reason="suspend requested")
         self.ask(Word.SUSPEND, 1)
@@ -608,7 +719,15 @@ class Lifecycle:
 
     def _need_control(self, action: str) -> None:
         """A script job's ranks must have opted into ``action`` at their step boundaries."""
-        if action not in self.controls and self._status in (JobStatus.RUNNING, JobStatus.PAUSED):
+        if action in self.controls:
+            return
+        if self._status in EARLY:
+            raise InvalidTransitionError(
+                f"job {self.name!r} is {self._status.name} and runs {self._spec.fn} as a "
+                f"script, whose ranks accept {action} requests only once each has opted in "
+                "at its first clustersdk.script.step(): ask again when it is RUNNING"
+            )
+        if self._status in (JobStatus.RUNNING, JobStatus.PAUSED):
             raise InvalidTransitionError(
                 f"job {self.name!r} runs {self._spec.fn} as a script that does not accept "
                 f"{action} requests: every rank must call clustersdk.script.step()"

@@ -12,10 +12,15 @@ arrives between their questions.
 
 - A **run** holds the pickled function (in memory only: never journaled),
   the ranks chosen, and per rank its pickled result or its error. A gang
-  that ends before a chosen rank ran it (a restart, a suspend) closes it with
-  an error for that rank: a new gang never runs an earlier gang's function.
+  that ends after a chosen rank took it, before every chosen rank ran it (a
+  restart, a suspend), closes it with an error for each rank left: a new gang
+  never runs a function an earlier gang began. One that no rank took yet (asked
+  while the job was QUEUED or STARTING, or just before its gang ended) is the new
+  gang's to run, at its first boundary.
 - An **update** holds the checked changes (:mod:`.hparams`), the step its ranks
-  applied it before, and their old values. A new gang (restart, resume) starts
+  applied it before, and their old values. One asked before any rank reported
+  what the checks need (a QUEUED or STARTING job's) is checked as far as the job's
+  spec allows, and by every rank before its first step. A new gang (restart, resume) starts
   with one *carried* update: every change asked so far, merged, which its ranks
   apply at their first boundary. Values already in place (restored from a
   checkpoint taken after the change, or in the spec) are left as they are, so a
@@ -35,7 +40,7 @@ from typing import Any, Literal, TypedDict
 from .. import hparams
 from ..errors import InvalidTransitionError, SpecError
 from ..protocol import Word
-from ..status import JobStatus
+from ..status import EARLY, JobStatus
 from . import events as ev
 from .view import JobView
 
@@ -44,6 +49,8 @@ LIVE_STATES = frozenset({JobStatus.RUNNING, JobStatus.PAUSED})
 #: ... and job.run: also a HELD job, whose held ranks run it while they wait (they agree
 #: on nothing, so a function there must not use collectives).
 RUN_STATES = LIVE_STATES | {JobStatus.HELD}
+#: ... and what a job may be asked before its first step boundary, where its ranks take it.
+ASK_STATES = LIVE_STATES | EARLY
 KEEP_RESULTS = 16  # run requests whose results are kept for a (late) reader
 
 
@@ -55,6 +62,7 @@ class RunEntry(TypedDict):
     ranks: list[int]  # the ranks chosen to run it
     requested: float
     attempt: int  # the gang asked
+    carries: bool  # a new gang runs it if no rank took it (not a HELD job's: its post-mortem)
     limit: int  # the most bytes of a pickled result
     fn: bytes | None  # pickled; None once every chosen rank has it
     fetched: set[int]  # the ranks that took it
@@ -97,7 +105,16 @@ class LiveRequests:
         self.carry: Carry | None = None  # the current gang's carried update
 
     # --- runs ------------------------------------------------------------------------
-    def ask_run(self, fn: bytes, ranks: list[int], *, now: float, attempt: int, limit: int) -> int:
+    def ask_run(
+        self,
+        fn: bytes,
+        ranks: list[int],
+        *,
+        now: float,
+        attempt: int,
+        limit: int,
+        carries: bool = True,
+    ) -> int:
         self.seq += 1
         self.runs[self.seq] = {
             "seq": self.seq,
@@ -105,6 +122,7 @@ class LiveRequests:
             "ranks": list(ranks),
             "requested": now,
             "attempt": attempt,
+            "carries": carries,
             "limit": limit,
             "fn": fn,
             "fetched": set(),
@@ -214,27 +232,62 @@ class LiveRequests:
                     "carried": True,
                 }
             )
+        carried = set(carry["seqs"]) if carry is not None and carry["attempt"] == attempt else ()
         for seq in range(updates[0] + 1, updates[1] + 1):
             update = self.updates.get(seq)  # of this gang: an earlier one's come carried
-            if update is not None and update["attempt"] == attempt and update["error"] is None:
+            if (
+                update is not None
+                and update["attempt"] == attempt
+                and update["error"] is None
+                and seq not in carried  # asked before the gang started: in its carry
+            ):
                 out.append({"seq": seq, "kind": "update", "changes": update["changes"]})
         return sorted(out, key=lambda e: e["seq"])
 
+    # --- what waits for the ranks -----------------------------------------------------------
+    def waiting(self, attempt: int) -> list[dict[str, Any]]:
+        """The updates no rank applied yet, and the runs of gang ``attempt`` (or carried to
+        it) no rank took yet, oldest first, as the job's record shows them."""
+        out: list[dict[str, Any]] = [
+            {"op": "update", "seq": seq, "changes": u["changes"]}
+            for seq, u in self.updates.items()
+            if u["step"] is None and u["error"] is None
+        ]
+        out += [
+            {"op": "run", "seq": seq, "ranks": list(r["ranks"])}
+            for seq, r in self.runs.items()
+            if not r["complete"] and not r["fetched"] and (r["attempt"] == attempt or r["carries"])
+        ]
+        return sorted(out, key=lambda p: p["seq"])
+
     # --- a new gang ----------------------------------------------------------------------------
-    def gang_started(self, attempt: int) -> int:
-        """Gang ``attempt`` starts: close the runs of earlier gangs and carry every change so
-        far; the UPDATE word it starts with (0: nothing to carry)."""
-        for entry in self.runs.values():
-            if entry["attempt"] < attempt and not entry["complete"]:
-                for rank in entry["ranks"]:
-                    if rank not in entry["results"] and rank not in entry["errors"]:
-                        entry["errors"][rank] = {
-                            "type": "GangEnded",
-                            "traceback": "",
-                            "message": f"the job's ranks stopped (a restart or a suspend) before "
-                            f"rank {rank} ran the function; it was not run",
-                        }
-                entry["complete"], entry["fn"] = True, None
+    def gang_started(self, attempt: int, world_size: int) -> tuple[int, int]:
+        """Gang ``attempt`` of ``world_size`` ranks starts: it takes the runs no rank took
+        (closing the others of earlier gangs) and every change so far; the RUN and UPDATE
+        words it starts with (0: nothing to run or carry)."""
+        run = 0
+        for seq, entry in self.runs.items():
+            if entry["complete"]:
+                continue
+            untouched = not (entry["fetched"] or entry["results"] or entry["errors"])
+            fits = all(r < world_size for r in entry["ranks"])
+            if entry["attempt"] == attempt and fits:
+                continue  # asked while it was QUEUED: its word is the gang's already
+            if untouched and fits and entry["carries"]:
+                entry["attempt"], run = attempt, seq
+                continue
+            for rank in entry["ranks"]:
+                if rank not in entry["results"] and rank not in entry["errors"]:
+                    entry["errors"][rank] = {
+                        "type": "GangEnded",
+                        "traceback": "",
+                        "message": f"the job's ranks stopped (a restart or a suspend) before "
+                        f"rank {rank} ran the function; it was not run"
+                        if fits
+                        else f"the job started on {world_size} rank(s): it has no rank {rank} "
+                        "to run the function",
+                    }
+            entry["complete"], entry["fn"] = True, None
         net: dict[str, Any] = {}
         seqs = []
         for seq in sorted(self.updates):
@@ -246,15 +299,16 @@ class LiveRequests:
         self.info = {}  # a new gang: its batch, perhaps its world size, differ
         if not seqs:
             self.carry = None
-            return 0
+            return run, 0
         self.carry = {"seq": self.seq, "attempt": attempt, "changes": net, "seqs": seqs}
-        return self.seq
+        return run, self.seq
 
     # --- events ---------------------------------------------------------------------------
     def run_requested(self, job: JobView, e: ev.RunRequested) -> None:
         """A function for ``e.ranks`` (None: every rank; of a HELD job, its held ranks), at
-        their next agreed boundary (a held rank: at once)."""
-        _check_live(job, "job.run", RUN_STATES)
+        their next agreed boundary (a held rank: at once; a QUEUED or STARTING job's: at its
+        first)."""
+        _check_live(job, "job.run", RUN_STATES | EARLY)
         if e.ranks is None and job.status is JobStatus.HELD:
             ranks = job.held_ranks
         else:
@@ -270,7 +324,14 @@ class LiveRequests:
                 f"{job.world_size - 1} (job {job.name!r} has {job.world_size}), or "
                 "None for every rank"
             )
-        seq = self.ask_run(e.fn, sorted(ranks), now=job.now, attempt=job.attempt, limit=e.limit)
+        seq = self.ask_run(
+            e.fn,
+            sorted(ranks),
+            now=job.now,
+            attempt=job.attempt,
+            limit=e.limit,
+            carries=job.status is not JobStatus.HELD,
+        )
         job.ask(Word.RUN, seq)
 
     def ran(self, job: JobView, e: ev.Ran) -> None:
@@ -278,16 +339,26 @@ class LiveRequests:
 
     def update_requested(self, job: JobView, e: ev.UpdateRequested) -> None:
         """Changes for every rank, applied before one step (checked first: see
-        :mod:`clustersdk.hparams`)."""
-        _check_live(job, "job.update")
-        changes = hparams.check(e.changes, job.spec, self.info)
+        :mod:`clustersdk.hparams`; before any rank reported, as far as the spec allows: its
+        ranks check the rest before their first step)."""
+        _check_live(job, "job.update", ASK_STATES)
+        deferred = not self.info  # no rank has run a step yet (QUEUED, STARTING, paused at 0)
+        changes = hparams.check(e.changes, job.spec, self.info, deferred=deferred)
         seq = self.ask_update(changes, now=job.now, attempt=job.attempt)
         job.ask(Word.UPDATE, seq)
 
     def updated(self, job: JobView, e: ev.Updated) -> None:
         """A rank applied (or refused) an update; the first report of a change is its
         durable event, its loss-chart marker and, for launch options, the spec's new
-        value."""
+        value; the rank's reason of a refusal is one too (nobody may be waiting for it)."""
+        if e.error is not None and e.error.get("cause"):
+            job.record(
+                "update_refused",
+                f"rank {e.rank} refused job.update #{e.seq}: {e.error.get('message')}",
+                seq=e.seq,
+                rank=e.rank,
+                error=e.error,
+            )
         for entry in self.updated_by(e.seq, e.rank, e.step, e.changes, e.error):
             old_new = {
                 k: [entry["old"][k][0] if k in entry["old"] else None, v]
@@ -326,6 +397,11 @@ def _check_live(job: JobView, what: str, states: frozenset[JobStatus] = LIVE_STA
             s.name for s in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HELD) if s in states
         ]
         allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        early = f", {NOT_STARTED}" if EARLY <= states else ""
         raise InvalidTransitionError(
-            f"job {job.name!r} is {job.status.name}; {what} needs a {allowed} job"
+            f"job {job.name!r} is {job.status.name}; {what} needs a {allowed} job{early}"
         )
+
+
+#: How the states of :data:`~clustersdk.status.EARLY` read in a refusal's message.
+NOT_STARTED = "or one not started yet (QUEUED or STARTING)"

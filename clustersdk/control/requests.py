@@ -5,6 +5,11 @@ clash), feeds the request to the job's lifecycle, and, for the requests that
 return once the ranks have acted (pause, checkpoint, suspend, wait), waits for
 the job to get there. Records go back as plain dicts (the journal's rows).
 
+A QUEUED job's pause, checkpoint or update is kept for its first step boundary
+(see :mod:`.lifecycle`) and answered at once, with the request under the record's
+``pending``: waiting for it would hold the caller until the cluster has room. A
+STARTING job's is waited for, as a RUNNING job's: its ranks are on their way.
+
 Every handler is reached through :meth:`Requests.guarded`: the identity of the
 connection a request came on (its TLS certificate) is checked against the rules of
 :mod:`.access` before anything happens, a job's owner is that identity, and each
@@ -33,13 +38,13 @@ from ..errors import (
 )
 from ..protocol import Op, WireSpec, Word, WorkerOp
 from ..security.identity import Identity
-from ..status import JobStatus
+from ..status import EARLY, JobStatus
 from . import events as ev
 from . import policy
 from .access import JOURNALED, Access, Job
 from .gate import Gate
 from .journal import PRIVATE, Journal
-from .live import RUN_STATES
+from .live import NOT_STARTED, RUN_STATES
 from .placement import Placement
 from .plane import Plane, Run
 from .watchdog import Watchdog
@@ -287,14 +292,20 @@ class Requests:
         run = self._active(job, "pause")
         machine = run.machine
         self.plane.feed(run, ev.PauseRequested())
+        if machine.status is JobStatus.QUEUED:  # it starts paused, before its first step
+            return self._record(job)
         if not await self.plane.until(
-            run, lambda: machine.status is not JobStatus.RUNNING, timeout
+            run,
+            lambda: machine.status not in _REACHING or not machine.pause_pending,
+            timeout,
         ):
             self.plane.feed(run, ev.PauseWithdrawn())
             raise JobTimeoutError(
                 f"job {machine.name!r} did not pause within {timeout} s: its ranks reach no step "
                 "boundary (does the training function iterate over ctx.loop?)"
             )
+        if machine.pause_pending:  # its gang restarts: the next one is held before step one
+            return self._record(job)
         if machine.status is not JobStatus.PAUSED:
             raise InvalidTransitionError(
                 f"job {machine.name!r} became {machine.status.name} before it could pause"
@@ -315,6 +326,8 @@ class Requests:
         machine = run.machine
         self.plane.feed(run, ev.CheckpointRequested())
         seq = machine.words[Word.CHECKPOINT]
+        if machine.status is JobStatus.QUEUED:  # taken at its first step boundary
+            return self._record(job)
         done = await self.plane.until(
             run,
             lambda: (
@@ -464,7 +477,9 @@ class Requests:
     def run(self, job: str, fn: bytes, ranks: list[int] | None = None) -> dict:
         """Ask the ranks (all, or ``ranks``) to run the pickled ``fn`` at their next boundary;
         the request, with its ``seq`` (then :meth:`run_wait` for the results)."""
-        run = self._active(job, "run", "job.run needs a RUNNING, PAUSED or HELD job")
+        run = self._active(
+            job, "run", f"job.run needs a RUNNING, PAUSED or HELD job, {NOT_STARTED}"
+        )
         limit = parse_bytes(config.get("run-result-limit"))
         self.plane.feed(run, ev.RunRequested(fn, None if ranks is None else tuple(ranks), limit))
         return self._run_view(job, run.machine.live.seq)
@@ -509,7 +524,9 @@ class Requests:
     async def update(self, job: str, changes: dict, timeout: float | None = None) -> dict:
         """Check ``changes`` and have every rank apply them before one step; the request,
         with ``step`` once applied (None: not yet, see ``status`` and ``timed_out``)."""
-        run = self._active(job, "update", "job.update needs a RUNNING or PAUSED job")
+        run = self._active(
+            job, "update", f"job.update needs a RUNNING or PAUSED job, {NOT_STARTED}"
+        )
         machine = run.machine
         if (
             hparams.needs_ranks(changes)
@@ -523,7 +540,8 @@ class Requests:
             )
         self.plane.feed(run, ev.UpdateRequested(changes))
         seq, attempt = machine.live.seq, machine.attempt
-        done = await self.plane.until(
+        queued = machine.status is JobStatus.QUEUED  # applied before its first step
+        done = queued or await self.plane.until(
             run,
             lambda: (
                 machine.live.done(seq, machine.world_size)
@@ -571,7 +589,9 @@ class Requests:
 
 
 # while a job is in these states, its ranks may still answer a job.run or job.update
-_WAITING = RUN_STATES | {JobStatus.HUNG}
+_WAITING = RUN_STATES | EARLY | {JobStatus.HUNG}
+# ... and reach the step boundary a pause waits for
+_REACHING = (JobStatus.STARTING, JobStatus.RUNNING)
 
 
 def _public(record: dict) -> dict:

@@ -7,7 +7,10 @@ payloads: the queue is rebuilt (in its order) and a suspended job can be
 resumed from its checkpoint. A job it died running (its ranks went with its
 workers) restarts from its newest committed checkpoint (from the start without
 one) when it has restarts left (``max_restarts``), first in the queue, as after a
-lost worker; without, it is FAILED, saying why.
+lost worker; without, it is FAILED, saying why. The requests a job's ranks had not
+carried out (its record's ``pending``: a pause, a checkpoint, job.update's changes)
+are asked of its next gang, as after a lost worker; a job.run's function was kept
+in memory only, and is gone (an event says so).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
             restarts=int(record.get("restarts") or 0),
             checkpoint=record.get("checkpoint"),
             checkpoint_step=record.get("checkpoint_step"),
+            pending=_pending(plane, record),
         )
         adopted.append(record["id"])
     if adopted:
@@ -132,5 +136,24 @@ def _restart(plane: Plane, placement: Placement, record: dict) -> bool:
         restarts=restarts + 1,
         checkpoint=checkpoint,
         checkpoint_step=step,
+        pending=_pending(plane, record),
     )
     return True
+
+
+def _pending(plane: Plane, record: dict) -> list[dict]:
+    """The requests the job's ranks had not carried out, to ask of its next gang; a
+    job.run among them is gone with the scheduler that held its function."""
+    pending = list(record.get("pending") or ())
+    lost = [p for p in pending if p.get("op") == "run"]
+    if lost:
+        plane.journal.add_event(
+            record["id"],
+            time.time(),
+            None,
+            "run_lost",
+            f"{len(lost)} job.run request(s) not run yet were lost with the scheduler that "
+            "held their function (#" + ", #".join(str(p.get("seq")) for p in lost) + ")",
+            {"seqs": [p.get("seq") for p in lost]},
+        )
+    return [p for p in pending if p.get("op") != "run"]

@@ -41,7 +41,7 @@ from .anomalies import NanGuard
 from .breakpoints import Breakpoints, Console
 from .checkpoint.export import full_state_dict
 from .checkpoint.saver import Saver
-from .control_words import Control, ControlCheck, JobSuspended
+from .control_words import Control, ControlCheck, JobStopped, JobSuspended
 from .data import make_loader
 from .holds import Hold
 from .live import HPARAMS_KEY, INTERNAL, HParams, Live
@@ -154,6 +154,7 @@ class TrainContext:
         self._paused = False
         self._checkpoints_done = 0  # the newest CHECKPOINT request acted on
         self._nonfinite_done = 0  # the newest NONFINITE word acted on (on_nan)
+        self._stop_agreed = False  # the ranks agreed on a stop
         self._begun = False
         options = checkpoint or {}
         self._every = options.get("every")
@@ -472,7 +473,10 @@ class TrainContext:
         the control vector (see :mod:`.control_words`), so that they all pause,
         checkpoint, suspend or stop at the same step. On the first call of a
         resumed job, everything that was registered is restored from the
-        checkpoint before the first step.
+        checkpoint before the first step. What was asked before the job ran
+        (a pause, a checkpoint, ``job.run``, ``job.update``) is taken at the
+        first boundary, before the first step; a stop there ends the training
+        function (``JobStopped``), as no code after the loop could run on no step.
         """
         _epochs.check_target(data, steps, epochs)
         if self._on_loop is not None:
@@ -506,7 +510,7 @@ class TrainContext:
                 if guard is not None and check.due(self.step):  # a NaN step is never saved
                     self._phase = "control"
                     if not self._act(check, check.agree(self.step), self.step):
-                        self.stopped = True
+                        self._leave(first and self.step == start)
                         return
                 if self._every and self.step % self._every == 0 and self.step != start:
                     self._phase = "checkpoint"
@@ -514,7 +518,7 @@ class TrainContext:
                 if check.due(self.step):
                     self._phase = "control"
                     if not self._act(check, check.boundary(self.step), self.step):
-                        self.stopped = True
+                        self._leave(first and self.step == start)
                         return
                 clock.before_data()
                 batch = None
@@ -635,6 +639,14 @@ class TrainContext:
                 print(note)
         self._rebinder.notes.clear()
 
+    def _leave(self, before_any_step: bool) -> None:
+        """The agreed vector ends the loop: a stop before the rank's first step raises
+        :class:`JobStopped` (no code after the loop runs), else the loop returns."""
+        stop = self._stop_agreed  # not a NaN's rollback, which the control plane takes on
+        self.stopped = True
+        if stop and before_any_step:
+            raise JobStopped(f"stopped before step {self.step}, its first")
+
     def _act(
         self, check: ControlCheck, words: list[int], at: int, evaluating: bool = False
     ) -> bool:
@@ -650,6 +662,7 @@ class TrainContext:
     def _act_on(self, check: ControlCheck, words: list[int], at: int, evaluating: bool) -> bool:
         while True:
             if words[Word.STOP]:
+                self._stop_agreed = True
                 return False
             if words[Word.NONFINITE] > self._nonfinite_done:  # a rank saw a NaN or Inf
                 self._nonfinite_done = words[Word.NONFINITE]

@@ -28,6 +28,14 @@ class JobSuspended(BaseException):
     """
 
 
+class JobStopped(BaseException):
+    """Raised out of ``ctx.loop`` by a stop agreed before the rank's first step (a job
+    stopped while QUEUED or STARTING): the code after the loop expects at least one step
+    (its loss, its metrics), so the rank leaves the training function there, STOPPED.
+    A later stop ends the loop, and the code after it runs.
+    """
+
+
 class Control:
     """One rank's copy of the control vector, written by the worker's event loop."""
 

@@ -44,7 +44,7 @@ from ..protocol import NOTICES, ExitStatus, RankEvent, WireSpec, Word
 from .anomalies import failure_facts
 from .breakpoints import Console
 from .channel import TIMEOUT, Channel
-from .control_words import Control, JobSuspended
+from .control_words import Control, JobStopped, JobSuspended
 from .environ import ENV_WARM_CUDA
 
 logger = logging.getLogger(__name__)
@@ -215,6 +215,8 @@ class Inside:
                 outcome["result"] = cloudpickle.dumps(result)
         except JobSuspended:
             outcome = {"status": ExitStatus.SUSPENDED.value}
+        except JobStopped:  # stopped before its first step: nothing after the loop ran
+            outcome = {"status": ExitStatus.STOPPED.value}
         except BaseException as e:  # noqa: BLE001 - every failure must reach the user
             outcome = {"status": ExitStatus.FAILED.value}
             error = {

@@ -121,6 +121,8 @@ def test_restart_from_checkpoint_continues_from_the_newest_checkpoint_without_a_
         "restarted from its checkpoint (job.restart_from_checkpoint()): from checkpoint /ck/step-8"
     ]
     assert job.holds.ranks == [] and job.faults.cause is None  # the new gang starts clean
+    # the hold's pause of the other ranks was no one's pause request: it is not carried
+    assert job.words[Word.PAUSE] == 0 and job.pending == []
 
 
 def test_restart_needs_a_held_job_and_a_checkpoint_and_a_refusal_changes_nothing():

@@ -69,6 +69,7 @@ def test_checkpoint_requests_count_up_and_commits_are_journaled():
         "checkpoint": "/ck/step-9",
         "checkpoint_step": 9,
         "checkpoint_error": None,
+        "pending": [],  # the request is answered
     }
 
 
@@ -293,7 +294,6 @@ def test_closing_the_scheduler_fails_active_jobs_but_keeps_suspended_ones():
 @pytest.mark.parametrize(
     "request_, match",
     [
-        (ev.PauseRequested(), "is QUEUED; it cannot become PAUSED"),
         (ev.ResumeRequested(), "only a PAUSED or SUSPENDED job can be resumed"),
         (ev.CheckpointRequested(), "has no checkpoint_dir, so it cannot checkpoint"),
         (ev.SuspendRequested(), "has no checkpoint_dir, so it cannot suspend"),
@@ -489,3 +489,136 @@ def test_a_peers_broken_link_on_the_way_out_does_not_fail_a_stopped_job():
     own.handle(ev.StopRequested(), 1.0)
     actions = own.handle(ev.Failed(1, 0, {**OWN, "rank": 1}), 1.1)  # its own error still counts
     assert statuses(actions) == ["FAILED"]
+
+
+# --- requests asked before the first step boundary ------------------------------------------
+def test_a_queued_jobs_pause_goes_with_its_gang_and_holds_it_before_step_one():
+    job = make(2)
+    assert job.handle(ev.PauseRequested(), 0.5) == [ev.Journal({"pending": [{"op": "pause"}]})]
+    actions = job.handle(gang(2), 1.0)
+    assert of(actions, ev.StartGang) == [ev.StartGang(0, vector(pause=1))]
+    job.handle(ev.Started(0, 0), 1.1)
+    job.handle(ev.Paused(0, 0, step=0), 1.2)  # a rank may wait before its peer said it started
+    assert statuses(job.handle(ev.Started(1, 0), 1.3)) == ["RUNNING"]
+    actions = job.handle(ev.Paused(1, 0, step=0), 1.4)
+    assert statuses(actions) == ["PAUSED"] and of(actions, ev.Journal)[0].fields == {
+        "status": "PAUSED",
+        "paused_at": 0,
+        "pending": [],
+    }
+
+
+def test_a_starting_jobs_pause_reaches_its_ranks_and_a_resume_lets_it_go_before_then():
+    job = make(2)
+    job.handle(gang(2), 0.0)
+    actions = job.handle(ev.PauseRequested(), 0.5)
+    assert of(actions, ev.SendControl) == [ev.SendControl(vector(pause=1), 0, ("w0", "w1"))]
+    assert job.status is S.STARTING and job.pause_pending
+    actions = job.handle(ev.ResumeRequested(), 0.6)
+    assert of(actions, ev.SendControl)[0].words == vector(pause=1, resume=1)
+    assert not job.pause_pending and job.pending == []
+    with pytest.raises(InvalidTransitionError, match="only a PAUSED or SUSPENDED job can be"):
+        job.handle(ev.ResumeRequested(), 0.7)  # nothing to let go any more
+
+
+def test_a_pause_withdrawn_at_its_timeout_lets_a_starting_job_go():
+    job = make(2)
+    job.handle(gang(2), 0.0)
+    job.handle(ev.PauseRequested(), 0.5)
+    actions = job.handle(ev.PauseWithdrawn(), 9.0)
+    assert of(actions, ev.SendControl)[0].words == vector(pause=1, resume=1)
+
+
+def test_early_checkpoints_are_pending_until_committed_and_numbered_across_gangs():
+    job = make(2, checkpoint_dir="/ck", max_restarts=1)
+    job.handle(ev.CheckpointRequested(), 0.5)
+    assert job.pending == [{"op": "checkpoint", "seq": 1}]
+    assert of(job.handle(gang(2), 1.0), ev.StartGang)[0].words == vector(checkpoint=1)
+    job.handle(ev.CheckpointCommitted(0, 0, seq=1, step=0, path="/ck/step-0"), 2.0)
+    assert job.pending == [] and job.checkpoint_step == 0
+    job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 3.0)
+    exit_all(job, ExitStatus.STOPPED, ranks=[0])
+    assert job.status is S.QUEUED and job.words[Word.CHECKPOINT] == 0  # nothing pending
+    job.handle(ev.CheckpointRequested(), 4.0)
+    assert job.words[Word.CHECKPOINT] == 2  # not 1: that one is answered already
+
+
+def test_a_restart_carries_the_pause_and_checkpoint_its_gang_never_reached():
+    job = make(2, checkpoint_dir="/ck", max_restarts=1)
+    job.handle(gang(2), 0.0)
+    job.handle(ev.PauseRequested(), 0.5)
+    job.handle(ev.CheckpointRequested(), 0.5)
+    job.handle(ev.WorkerLost(0, 0, "w0", "h0"), 1.0)  # while STARTING
+    exit_all(job, ExitStatus.STOPPED, ranks=[1])
+    assert job.status is S.QUEUED and job.attempt == 1
+    assert job.pending == [{"op": "pause"}, {"op": "checkpoint", "seq": 1}]
+    assert of(job.handle(gang(2), 2.0), ev.StartGang) == [
+        ev.StartGang(1, vector(pause=1, checkpoint=1))
+    ]
+
+
+def test_a_pause_in_force_is_not_pending():
+    job = running(2, checkpoint_dir="/ck")
+    job.handle(ev.PauseRequested(), 1.0)
+    for rank in (0, 1):
+        job.handle(ev.Paused(rank, 0, step=4), 1.1)
+    assert job.status is S.PAUSED and not job.pause_pending  # in force: not pending
+
+
+def test_a_queued_job_is_suspended_out_of_the_queue_and_resumed_back_into_it():
+    job = make(2, checkpoint_dir="/ck", resume="/old/step-3")
+    job.handle(ev.PauseRequested(), 0.5)
+    actions = job.handle(ev.SuspendRequested(), 1.0)
+    assert kinds(actions)[0] == "Dequeue" and statuses(actions) == ["SUSPENDED"]
+    assert job.pending == []  # a resume lets the pause go
+    actions = job.handle(ev.ResumeRequested(), 2.0)
+    assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue)
+    assert job.spec.resume == "/old/step-3"  # nothing was saved: as it was launched
+    with pytest.raises(SpecError, match="has no checkpoint_dir, so it cannot suspend"):
+        make(2).handle(ev.SuspendRequested(), 0.0)
+
+
+def test_a_starting_job_suspends_at_its_first_boundary():
+    job = make(2, checkpoint_dir="/ck")
+    job.handle(gang(2), 0.0)
+    actions = job.handle(ev.SuspendRequested(), 0.5)
+    assert statuses(actions) == ["SUSPENDING"]
+    assert of(actions, ev.SendControl)[0].words == vector(suspend=1)
+
+
+def test_a_stopped_queued_job_forgets_what_it_was_asked():
+    job = make(2, checkpoint_dir="/ck")
+    job.handle(ev.PauseRequested(), 0.5)
+    actions = job.handle(ev.StopRequested(), 1.0)
+    assert statuses(actions) == ["STOPPED"] and of(actions, ev.Journal)[-1].fields["pending"] == []
+
+
+def test_a_takeover_asks_the_journaled_requests_again():
+    pending = [
+        {"op": "pause"},
+        {"op": "checkpoint", "seq": 3},
+        {"op": "update", "seq": 4, "changes": {"lr": 0.01}},
+    ]
+    job = make(2, checkpoint_dir="/ck")
+    job = type(job)(job.spec, failure_grace=3.0, pending=pending)
+    assert [p["op"] for p in job.pending] == ["pause", "checkpoint", "update"]
+    (start,) = of(job.handle(gang(2), 0.0), ev.StartGang)
+    assert start.words[Word.PAUSE] == start.words[Word.CHECKPOINT] == 1
+    assert job.live.carry is not None and job.live.carry["changes"] == {"lr": 0.01}
+
+
+def test_what_no_gang_will_take_is_still_refused():
+    # (a FINISHED job's: the control plane refuses, it has no lifecycle any more)
+    job = running(2, checkpoint_dir="/ck", max_restarts=1)
+    job.handle(ev.WorkerLost(0, 0, "w0", "h0"), 1.0)
+    assert job.status is S.RESTARTING
+    for request, match in [
+        (ev.PauseRequested(), "is RESTARTING; it cannot become PAUSED"),
+        (ev.CheckpointRequested(), "is RESTARTING; a checkpoint needs a QUEUED, STARTING"),
+        (ev.SuspendRequested(), "is RESTARTING; it cannot become SUSPENDING"),
+    ]:
+        with pytest.raises(InvalidTransitionError, match=match):
+            job.handle(request, 5.0)
+    script = make(2, script="/work/train.py", fn="train.py")
+    with pytest.raises(InvalidTransitionError, match="opted in at its first clustersdk.script"):
+        script.handle(ev.PauseRequested(), 0.0)

@@ -89,13 +89,21 @@ def test_a_run_on_ranks_the_job_does_not_have_is_refused_before_anything(ranks):
     assert job.live.seq == 0 and job.words[Word.RUN] == 0
 
 
-def test_run_and_update_need_a_running_or_paused_job():
-    job = Lifecycle(WireSpec(id="j1", name="j", world_size=1), failure_grace=3.0)
+def test_run_and_update_need_a_job_that_runs_or_will():
+    job = Lifecycle(
+        WireSpec(id="j1", name="j", world_size=1, checkpoint_dir="/c"), failure_grace=3.0
+    )
+    job.handle(ev.SuspendRequested(), 0.0)  # QUEUED: held out of the queue
+    assert job.status is S.SUSPENDED
     with pytest.raises(
-        InvalidTransitionError, match="is QUEUED; job.run needs a RUNNING, PAUSED or HELD job"
+        InvalidTransitionError,
+        match=r"is SUSPENDED; job.run needs a RUNNING, PAUSED or HELD job, or one not started yet \(QUEUED or STARTING\)",
     ):
         job.handle(ev.RunRequested(b"fn", None, 1000), 0.0)
-    with pytest.raises(InvalidTransitionError, match="is QUEUED; job.update needs"):
+    with pytest.raises(
+        InvalidTransitionError,
+        match=r"is SUSPENDED; job.update needs a RUNNING or PAUSED job, or one not started",
+    ):
         job.handle(ev.UpdateRequested({"lr": 0.1}), 0.0)
 
 
@@ -372,3 +380,72 @@ def test_reports_of_an_earlier_gang_are_ignored():
     job.handle(ev.Allocated((ev.RankSlot("w0", "h0", "cpu"), ev.RankSlot("w2", "h2", "cpu"))), 4.0)
     assert job.handle(ev.Updated(0, 0, 1, 9, {"lr": [0.01, 1e-3]}), 4.1) == []
     assert job.live.updates[1]["step"] is None
+
+
+# --- asked before the first step boundary ---------------------------------------------------
+def queued(world_size=2, **options) -> Lifecycle:
+    return Lifecycle(
+        WireSpec(id="j1", name="j", world_size=world_size, **options), failure_grace=3.0
+    )
+
+
+def start(job: Lifecycle, world_size: int = 2) -> ev.StartGang:
+    slots = tuple(ev.RankSlot(f"w{i}", f"h{i}", "cpu") for i in range(world_size))
+    (action,) = [a for a in job.handle(ev.Allocated(slots), 1.0) if isinstance(a, ev.StartGang)]
+    return action
+
+
+def test_a_queued_jobs_update_is_checked_as_far_as_its_spec_allows_and_goes_with_its_gang():
+    job = queued(hparams={"warmup": 10})
+    with pytest.raises(SpecError, match="lr must be a finite number"):
+        job.handle(ev.UpdateRequested({"lr": -1}), 0.0)
+    with pytest.raises(SpecError, match=r"ctx.hparams\['warmup'\] is a int"):
+        job.handle(ev.UpdateRequested({"warmup": 2.5}), 0.0)
+    job.handle(ev.UpdateRequested({"lr": 0.01, "grad_accum": 2}), 0.0)  # the ranks check the rest
+    assert job.pending == [{"op": "update", "seq": 1, "changes": {"lr": 0.01, "grad_accum": 2}}]
+    assert start(job).words[Word.UPDATE] == 1
+    # once, as the gang's carried update: not a second time as the request itself
+    assert job.live.pending(0, 1, runs=(0, 0), updates=(0, 1)) == [
+        {"seq": 1, "kind": "update", "changes": {"lr": 0.01, "grad_accum": 2}, "carried": True}
+    ]
+    job.handle(ev.Updated(0, 0, 1, step=0, changes={"lr": [0.1, 0.01]}), 2.0)
+    job.handle(ev.Updated(1, 0, 1, step=0, changes={"lr": [0.1, 0.01]}), 2.0)
+    assert job.live.done(1, 2) and job.pending == []
+
+
+def test_a_rank_that_refuses_an_early_update_says_why_in_a_durable_event():
+    job = queued()
+    job.handle(ev.UpdateRequested({"betas": (0.8, 0.9)}), 0.0)
+    start(job)
+    error = {
+        "rank": 0,
+        "type": "SpecError",
+        "message": "no 'betas' in param group 0",
+        "cause": True,
+    }
+    actions = job.handle(ev.Updated(0, 0, 1, step=0, error=error), 2.0)
+    (record,) = [a for a in actions if isinstance(a, ev.Record)]
+    assert record.kind == "update_refused" and "no 'betas'" in record.message
+    assert job.pending == []  # refused: nothing waits any more
+
+
+def test_a_queued_jobs_run_goes_with_its_gang_and_one_no_rank_took_survives_a_restart():
+    job = queued(max_restarts=1)
+    job.handle(ev.RunRequested(b"early", None, 1000), 0.0)
+    assert job.pending == [{"op": "run", "seq": 1, "ranks": [0, 1]}]
+    assert start(job).words[Word.RUN] == 1
+    assert [e["fn"] for e in job.live.pending(0, 0, runs=(0, 1), updates=(0, 0))] == [b"early"]
+    job.handle(ev.RunRequested(b"late", None, 1000), 2.0)  # no rank took it yet ...
+    job.handle(ev.WorkerLost(1, 0, "w1", "h1"), 3.0)
+    job.handle(ev.Exited(0, 0, ExitStatus.STOPPED), 3.1)
+    assert start(job).words[Word.RUN] == 2  # ... the next gang runs it, at its first boundary
+    assert [e["fn"] for e in job.live.pending(1, 1, runs=(0, 2), updates=(0, 0))] == [b"late"]
+    assert job.live.runs[1]["errors"][1]["type"] == "GangEnded"  # rank 0 had taken this one
+
+
+def test_a_run_for_a_rank_a_smaller_gang_lacks_is_closed_saying_so():
+    job = queued(min_world_size=1)
+    job.handle(ev.RunRequested(b"fn", [1], 1000), 0.0)
+    start(job, world_size=1)
+    assert job.live.pending(0, 0, runs=(0, 1), updates=(0, 0)) == [] and job.pending == []
+    assert "started on 1 rank(s): it has no rank 1" in job.live.runs[1]["errors"][1]["message"]
