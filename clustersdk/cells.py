@@ -27,6 +27,9 @@ class RemoteFailure(Exception):
         super().__init__(f"rank {error.rank} raised {error.exc_type}: {error.message}")
         self.error = error
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.error,)  # rebuilt from the error (its text is derived)
+
     def _render_traceback_(self) -> list[str]:  # IPython shows this instead of our frames
         e = self.error
         return [
@@ -42,6 +45,9 @@ class RemoteRunFailure(Exception):
     def __init__(self, error: cs.RunError):
         super().__init__(str(error).splitlines()[0])
         self.error = error
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (self.error,)  # rebuilt from the error (its text is derived)
 
     def _render_traceback_(self) -> list[str]:
         return str(self.error).splitlines()

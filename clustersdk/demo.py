@@ -57,9 +57,9 @@ def train(ctx, steps: int = 400, batch_size: int = 64, lr: float = 3e-3) -> dict
 
 
 def run(workers: int = 2, steps: int = 2000, state_dir: str | None = None) -> dict[str, Any]:
-    """Bring up a local cluster, train with a live progress bar, print a summary."""
+    """Bring up a local cluster, train with a live progress bar, print a summary (a plain
+    progress line where tqdm, the ``demo`` extra, is not installed)."""
     import dask.config
-    from tqdm.auto import tqdm
 
     import clustersdk as cs
 
@@ -69,7 +69,7 @@ def run(workers: int = 2, steps: int = 2000, state_dir: str | None = None) -> di
         t0 = time.perf_counter()
         with cs.Cluster.local(workers=workers, state_dir=state_dir or tmp) as cluster:
             print(f"  {cluster!r} up in {time.perf_counter() - t0:.1f} s", flush=True)
-            bar = tqdm(total=steps, desc=f"DDP on {workers} ranks", unit="step", dynamic_ncols=True)
+            bar = _bar(total=steps, desc=f"DDP on {workers} ranks")
             launched = time.time()
             job = cluster.launch(train, kwargs={"steps": steps}, world_size=workers, name="demo")
             job.on_event(lambda msg: _progress(bar, msg, launched))
@@ -81,6 +81,38 @@ def run(workers: int = 2, steps: int = 2000, state_dir: str | None = None) -> di
     for key, value in summary.items():
         print(f"  {key:<22} {value}")
     return summary
+
+
+def _bar(total: int, desc: str) -> Any:
+    """tqdm's progress bar, or a :class:`_Line` and the hint to install tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        print("  (pip install 'clustersdk[demo]' for a progress bar)", flush=True)
+        return _Line(total, desc)
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+
+class _Line:
+    """What the demo uses of a tqdm bar, printed as a line at most every 2 s."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n = total, desc, 0
+        self.postfix: dict[str, Any] = {}
+        self._shown = 0.0
+
+    def set_postfix(self, refresh: bool = True, **values: Any) -> None:
+        self.postfix = values
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._shown >= 2.0 or self.n >= self.total:
+            self._shown = time.monotonic()
+            extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
+            print(f"  {self.desc}: step {self.n}/{self.total}{extra}", flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 def _progress(bar: Any, msg: dict[str, Any], launched: float) -> None:

@@ -7,19 +7,22 @@
      ├── CapacityError (also ValueError)    asks for more slots than the cluster can ever hold
      ├── PluginMissingError                  the scheduler has no clustersdk control plane
      ├── ProtocolError                       a peer speaks another version of the wire protocol
+     ├── ClusterClosedError (also RuntimeError)  a call on a Cluster after its close()
      ├── JobNotFoundError (also KeyError)    no job by that name or id
      ├── InvalidTransitionError              an action that makes no sense in the job's state
- ├── AccessDeniedError                   the identity that asked may not do this to this job
+     ├── AccessDeniedError                   the identity that asked may not do this to this job
      ├── JobTimeoutError (also TimeoutError) wait() ran out of time; the job goes on
      ├── JobStoppedError                     the job was stopped before it produced a result
-     ├── CheckpointError                      a checkpoint can't be written, found or loaded
+     ├── CheckpointError                     a checkpoint can't be written, found or loaded
      ├── StartError                          a cluster's hosts or batch jobs could not be started
      │    └── HostKeyError                   an SSH host key is unknown or has changed: refused
+     ├── RunError                            job.run's function failed on some ranks
      └── JobFailedError                      a rank failed (raised, or its process died);
                                              carries rank, type, message, traceback
 
 Every message names the bad value and what was expected, so that a user can
-fix the call without reading our code.
+fix the call without reading our code. Every error pickles and comes back whole
+(its message and its fields): the control plane's errors cross the wire that way.
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ class PluginMissingError(ClusterSDKError):
 
 class ProtocolError(ClusterSDKError):
     """A message or spec from a peer running another clustersdk release."""
+
+
+class ClusterClosedError(ClusterSDKError, RuntimeError):
+    """A call on a :class:`~clustersdk.Cluster` (or one of its jobs) after
+    ``cluster.close()``: the handle reaches nothing any more. ``address`` is the
+    scheduler it was connected to; the message says how to get a working handle.
+
+    >>> str(ClusterClosedError("the Cluster is closed: start a new one", "tcp://10.0.0.5:8786"))
+    'the Cluster is closed: start a new one'
+    """
+
+    def __init__(self, message: str, address: str | None = None):
+        super().__init__(message)
+        self.address = address
 
 
 class JobNotFoundError(ClusterSDKError, KeyError):
@@ -164,6 +181,10 @@ class RunError(ClusterSDKError):
                 text += f"\n\nRemote traceback (rank {rank}):\n{tb}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        # built from its fields again (Exception's default passes the text as one argument)
+        return type(self), (self.job, self.results, self.errors), dict(self.__dict__)
+
 
 class JobFailedError(ClusterSDKError):
     """A rank raised: the job is FAILED.
@@ -212,11 +233,12 @@ class JobFailedError(ClusterSDKError):
             text += f"\n\nRemote traceback (rank {rank}):\n{traceback}"
         super().__init__(text)
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # built from its fields again (Exception's default passes the text as one argument)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        # built from its fields again (Exception's default passes the text as one argument);
+        # the state keeps what was added after (a note)
         diagnosis = self.diagnosis.as_dict() if self.diagnosis is not None else None
         fields = (self.rank, self.exc_type, self.message, self.traceback, self.consequences)
-        return type(self), (self.job, *fields, diagnosis, self.where)
+        return type(self), (self.job, *fields, diagnosis, self.where), dict(self.__dict__)
 
     @classmethod
     def from_record(cls, job: str, error: dict[str, Any]) -> JobFailedError:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import inspect
 import os
 import re
+import reprlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -306,20 +308,22 @@ def _check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     """Refuse a training function that cannot be called as ``fn(ctx, *args, **kwargs)``:
     one with no positional parameter for the context, one whose first parameter has a
     default (``def f(lr=1e-3)`` would silently get the context as ``lr``), one that does
-    not take these ``args`` and ``kwargs``. A callable whose signature Python can't tell
+    not take these ``args`` and ``kwargs``. Each message is one line that names the
+    function and the form it should have. A callable whose signature Python can't tell
     (a builtin, some extension types) is let through.
 
     >>> _check_call(lambda ctx, lr=1e-3: None, (), {"lr": 0.1})
-    >>> _check_call(lambda lr=1e-3: None, (), {})
+    >>> def train(lr=1e-3): ...
+    >>> _check_call(train, (), {})
     Traceback (most recent call last):
     ...
-    clustersdk.errors.SpecError: the training function <lambda>(lr=0.001) must take the job's context as its first argument, but its first parameter 'lr' has a default (0.001): write <lambda>(ctx, lr=0.001)
+    clustersdk.errors.SpecError: the training function train(lr=0.001) must take the job's context as its first argument, but its first parameter 'lr' has a default (0.001): write def train(ctx, lr=0.001)
     """
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    name = _function_name(fn)
     shown = f"{name}{signature}"
     params = list(signature.parameters.values())
     positional = [
@@ -330,24 +334,53 @@ def _check_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     must = f"the training function {shown} must take the job's context as its first argument"
     if not positional and not varargs:
-        rest = ", ".join(str(p) for p in params if p.name not in CONTEXT_NAMES)
-        fixed = f"{name}(ctx{', ' + rest if rest else ''})"
-        raise SpecError(f"{must}, but it takes no positional argument: write {fixed}")
+        rest = [str(p) for p in params if p.name not in CONTEXT_NAMES]
+        raise SpecError(
+            f"{must}, but it takes no positional argument: write {_form(name, ['ctx', *rest])}"
+        )
     first = positional[0] if positional else None
     if (
         first is not None
         and first.default is not inspect.Parameter.empty
         and first.name not in CONTEXT_NAMES
     ):
-        rest = ", ".join(str(p) for p in params)
         raise SpecError(
             f"{must}, but its first parameter {first.name!r} has a default "
-            f"({first.default!r}): write {name}(ctx, {rest})"
+            f"({first.default!r}): write {_form(name, ['ctx', *map(str, params)])}"
         )
     try:
         signature.bind(object(), *args, **kwargs)
     except TypeError as e:
+        given = [reprlib.repr(a) for a in args] + [
+            f"{k}={reprlib.repr(v)}" for k, v in kwargs.items()
+        ]
+        fix = "give args= and kwargs= that fit it"
+        unknown = [k for k in kwargs if k not in signature.parameters]
+        if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            wanted = [str(p) for p in params] + [f"{k}=..." for k in unknown]
+            fix = f"leave {', '.join(unknown)} out of kwargs=, or write {_form(name, wanted)}"
         raise SpecError(
             f"the training function {shown} is called as fn(ctx, *args, **kwargs), and "
-            f"args={tuple(args)!r}, kwargs={dict(kwargs)!r} do not fit it: {e}"
+            f"{name}({', '.join(['ctx', *given])}) does not fit it: {e}; {fix}"
         ) from None
+
+
+def _function_name(fn: Callable[..., Any]) -> str:
+    """How a message names a training function: ``train``, ``Trainer.fit``,
+    ``partial(train)``, ``Trainer()`` (an instance with ``__call__``)."""
+    if isinstance(fn, functools.partial):
+        return f"partial({_function_name(fn.func)})"
+    found = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if found is None:
+        return f"{type(fn).__qualname__}()"
+    return str(found).rsplit("<locals>.", 1)[-1]  # a function defined in a function
+
+
+def _form(name: str, params: list[str]) -> str:
+    """The signature a training function should have: ``def train(ctx, lr=0.001)``."""
+    taking = ", ".join(params)
+    if name.endswith("<lambda>"):
+        return f"lambda {taking}: ..."
+    if not name.isidentifier() and "." not in name:  # partial(train), Trainer()
+        return f"a callable taking ({taking})"
+    return f"def {name.rsplit('.', 1)[-1]}({taking})"

@@ -100,3 +100,104 @@ def test_what_cannot_be_rebound_fails_at_the_first_step_naming_the_fix(idle, whe
         job.wait(timeout=120)
     assert info.value.exc_type == "SpecError"
     assert not [r for r in job.history() if r["step"] >= 1]  # no second step ran
+
+
+def no_context(lr=1e-3):
+    return lr
+
+
+def needs_lr(ctx, *, lr):
+    return lr
+
+
+def takes_lr(ctx, lr=1e-3):
+    return lr
+
+
+def nothing():
+    return None
+
+
+@pytest.mark.parametrize(
+    "fn, kwargs, said",
+    [
+        (
+            no_context,
+            {},
+            "its first parameter 'lr' has a default (0.001): write def no_context(ctx, lr=0.001)",
+        ),
+        (nothing, {}, "takes no positional argument: write def nothing(ctx)"),
+        (needs_lr, {}, "needs_lr(ctx) does not fit it: missing a required argument: 'lr'"),
+        (
+            takes_lr,
+            {"lr": 0.1, "epochs": 3},
+            "got an unexpected keyword argument 'epochs'; leave epochs out of kwargs=, "
+            "or write def takes_lr(ctx, lr=0.001, epochs=...)",
+        ),
+    ],
+    ids=["first-has-default", "no-parameter", "missing-kwarg", "unknown-kwarg"],
+)
+def test_a_function_that_cannot_be_called_so_is_refused_at_launch_in_one_line(
+    idle, fn, kwargs, said
+):
+    before = len(idle.job_records())
+    with pytest.raises(cs.SpecError) as info:
+        idle.launch(fn, kwargs=kwargs, world_size=1)
+    message = str(info.value)
+    assert "\n" not in message and f"the training function {fn.__name__}(" in message
+    assert said in message
+    assert len(idle.job_records()) == before  # nothing was queued
+
+
+def test_a_closed_cluster_says_so_and_what_to_do(tmp_path):
+    cluster = cs.Cluster.local(workers=1, state_dir=str(tmp_path / "state"))
+    address = cluster.scheduler_address
+    job = cluster.launch(W.three_ranks_report, kwargs={"batches": 2}, world_size=1, name="done")
+    job.wait(timeout=120)
+    cluster.close()
+
+    calls = {
+        "cluster.launch": lambda: cluster.launch(takes_lr, world_size=1),
+        "cluster.jobs": cluster.jobs,
+        "cluster.job": lambda: cluster.job("done"),
+        "cluster.slots": cluster.slots,
+        "cluster.queue": cluster.queue,
+        "job.pause": job.pause,
+        "job.stop": job.stop,
+        "job.wait": job.wait,
+        "job.history": job.history,
+        "job.on_event": lambda: job.on_event(print),
+    }
+    for call, run in calls.items():
+        with pytest.raises(cs.ClusterClosedError) as info:
+            run()
+            pytest.fail(f"{call} on a closed cluster did not raise")
+        message = str(info.value)
+        assert message.startswith(
+            "the Cluster is closed: cluster.close() shut the local cluster"
+        ), call
+        assert address in message and "start a new one with cs.Cluster.local(...)" in message, call
+        assert info.value.address == address and isinstance(info.value, RuntimeError)
+    # a job's state is not guessed from what its handle last saw: it says that too
+    for ask in (lambda: job.status, job.info):
+        with pytest.raises(
+            cs.ClusterClosedError,
+            match="can't ask about job 'done' \\(last seen FINISHED\\): the Cluster is closed",
+        ):
+            ask()
+    # what needs no cluster still answers
+    assert cluster.closed and cluster.scheduler_address == address
+    assert repr(cluster) == "<Cluster local (closed)>" and "'done' FINISHED" in repr(job)
+    cluster.close()  # again: nothing happens
+
+
+def test_a_closed_handle_on_a_cluster_that_goes_on_says_connect_again(idle):
+    handle = cs.Cluster.connect(idle.client)
+    handle.close()
+    with pytest.raises(cs.ClusterClosedError) as info:
+        handle.job_records()
+    assert str(info.value) == (
+        f"the Cluster is closed: cluster.close() let go of {idle.scheduler_address}, whose jobs "
+        f"go on; connect again with cs.Cluster.connect({idle.scheduler_address!r})"
+    )
+    assert idle.slots()  # the cluster itself is untouched

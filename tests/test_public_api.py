@@ -10,6 +10,7 @@ PUBLIC = [
     "CapacityError",
     "CheckpointError",
     "Cluster",
+    "ClusterClosedError",
     "ClusterSDKError",
     "Diagnosis",
     "HostKeyError",

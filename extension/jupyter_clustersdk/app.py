@@ -18,7 +18,7 @@ from __future__ import annotations
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Float, List, Unicode, default
 
-from .handlers import ROUTES
+from .handlers import METRICS_MISSING, ROUTES, prometheus
 from .manager import ClusterManager
 
 
@@ -80,6 +80,8 @@ class ClusterSDKApp(ExtensionApp):
             len(self.manager.targets()),
             self.serverapp.base_url,
         )
+        if prometheus() is None:
+            self.log.warning(METRICS_MISSING)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(ROUTES)

@@ -22,10 +22,9 @@ import yaml
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
-from prometheus_client.exposition import choose_encoder
 from tornado import web
 
-from . import doctor, metrics
+from . import doctor
 from .acting import JUPYTER_USER
 from .errors import KNOWN_ERRORS, BadRequestError, http_status
 from .manager import ACTIONS, ClusterManager
@@ -35,6 +34,24 @@ JOBS, CLUSTERS, METRICS = "clustersdk:jobs", "clustersdk:clusters", "clustersdk:
 MAX_LIMIT = 10_000
 _KIND_NAMES = {str: "a string", bool: "true or false", int: "an integer"}
 _CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+#: what /clustersdk/metrics answers (503), and the server logs once, without prometheus_client
+METRICS_MISSING = (
+    "clustersdk: /clustersdk/metrics is off: prometheus_client is not installed "
+    "(pip install 'clustersdk[server]', or pip install prometheus_client, and restart the server)"
+)
+
+
+def prometheus() -> tuple[Any, Callable[..., Any]] | None:
+    """The metrics renderer (:mod:`.metrics`) and prometheus_client's ``choose_encoder``;
+    None where prometheus_client is missing (the ``server`` extra installs it; Jupyter
+    Server does too, today), so that the rest of the extension loads without it."""
+    try:
+        from prometheus_client.exposition import choose_encoder
+    except ImportError:
+        return None
+    from . import metrics
+
+    return metrics, choose_encoder
 
 
 def _json(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[None]]:
@@ -342,6 +359,12 @@ class MetricsHandler(ClusterSDKHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
+        found = prometheus()
+        if found is None:
+            self.set_status(503)
+            self.finish(json.dumps(error_model("metrics_unavailable", METRICS_MISSING)))
+            return
+        metrics, choose_encoder = found
         snapshot = await self.manager.snapshot()
         encoder, content_type = choose_encoder(self.request.headers.get("Accept", ""))
         self.finish(metrics.render(snapshot, encoder), set_content_type=content_type)

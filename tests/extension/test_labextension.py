@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tornado.httpclient import HTTPClientError
 
 from clustersdk.version import __version__
 
@@ -170,6 +171,7 @@ def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(buil
         entry_points = zf.read(f"clustersdk-{__version__}.dist-info/entry_points.txt").decode()
         config = json.loads(zf.read(data + SERVER_CONFIG))
         package = json.loads(zf.read(f"{data}{DATA}/package.json"))
+        licence = zf.read(f"clustersdk-{__version__}.dist-info/licenses/LICENSE")
 
     # every file of both packages (modules, clustersdk.yaml, the widgets' templates,
     # openapi.yaml...), and nothing else: not a second copy of the lab extension's build
@@ -186,6 +188,7 @@ def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(buil
         "clustersdk/widgets/templates/job.html.j2",
         "jupyter_clustersdk/openapi.yaml",
         "jupyter_clustersdk/app.py",
+        "clustersdk/py.typed",  # PEP 561: type checkers read the package's hints
     ):
         assert name in shipped
 
@@ -200,22 +203,109 @@ def test_the_wheel_holds_both_packages_with_their_files_and_both_extensions(buil
     assert f"{DATA}/install.json" in shared  # "(python, clustersdk)" in the listing
     assert config == {"ServerApp": {"jpserver_extensions": {"jupyter_clustersdk": True}}}
 
-    # the metadata: an SPDX licence, the version of clustersdk/version.py (the lab
-    # extension's too), the command
+    # the metadata: an SPDX licence and its file (the Apache License's text), classifiers,
+    # tqdm only in an extra, the version of clustersdk/version.py (the lab extension's
+    # too), the command
     assert metadata["License-Expression"] == "Apache-2.0" and "License" not in metadata
+    assert metadata["License-File"] == "LICENSE"
+    assert licence == (ROOT / "LICENSE").read_bytes() and b"Apache License" in licence
+    assert b"Version 2.0, January 2004" in licence
+    classifiers = metadata.get_all("Classifier")
+    assert "Programming Language :: Python :: 3.10" in classifiers
+    assert "Typing :: Typed" in classifiers
+    assert not [
+        r for r in metadata.get_all("Requires-Dist") if r.startswith("tqdm") and "extra" not in r
+    ]
     assert metadata["Version"] == package["version"] == __version__
     assert any(r.startswith("torch") for r in metadata.get_all("Requires-Dist"))
     assert "clustersdk = clustersdk.__main__:main" in entry_points
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_installed_in_a_fresh_venv_both_extensions_are_listed_enabled(built, tmp_path):
-    venv = tmp_path / "venv"
+@dataclass
+class Venv:
+    """A fresh venv with the built wheel installed, its dependencies from this environment."""
+
+    path: Path
+    site: Path  # its site-packages, where the wheel went
+    home: Path  # its HOME: no user-level Jupyter config or extensions
+    hidden: list[str]  # the modules that only extras install: hidden with run(..., bare=True)
+
+    def run(self, *args: str, bare: bool = False, timeout: float = 120) -> str:
+        """``python *args`` there (``bare``: as if installed without extras); its output."""
+        out = subprocess.run(
+            [str(self.path / "bin" / "python"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env(bare),
+            cwd=self.home,
+        )  # (not the checkout: `python -c` imports from cwd)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
+
+    def env(self, bare: bool = False) -> dict[str, str]:
+        return _clean_env(HOME=str(self.home), **({HIDE: ",".join(self.hidden)} if bare else {}))
+
+
+HIDE = "CLUSTERSDK_TEST_HIDE"
+# a .pth line runs this at start-up: the modules named in $CLUSTERSDK_TEST_HIDE can't be imported
+HIDER = f"""import os, sys
+class _Hidden:
+    names = set(filter(None, os.environ.get({HIDE!r}, "").split(",")))
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (hidden by the test)", name=name)
+sys.meta_path.insert(0, _Hidden())
+"""
+
+
+def _extras_only(wheel: Path) -> list[str]:
+    """The top-level modules of the distributions that only the wheel's extras require:
+    neither a dependency nor Jupyter Server (which a user installs for JupyterLab) needs
+    them, directly or not. (prometheus_client is not among them: Jupyter Server requires it.)"""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = email.message_from_bytes(zf.read(f"clustersdk-{__version__}.dist-info/METADATA"))
+    wants = [Requirement(r) for r in meta.get_all("Requires-Dist")]
+    core = [r.name for r in wants if not r.marker]
+    extras = {canonicalize_name(r.name) for r in wants if r.marker} - {"clustersdk"}
+
+    def closure(names: list[str]) -> set[str]:
+        seen: set[str] = set()
+        while names:
+            name = canonicalize_name(names.pop())
+            if name in seen:
+                continue
+            seen.add(name)
+            try:
+                requires = metadata.requires(name) or []
+            except metadata.PackageNotFoundError:
+                continue
+            wanted = map(Requirement, requires)
+            names += [r.name for r in wanted if not r.marker or r.marker.evaluate({"extra": ""})]
+        return seen
+
+    needed = closure([*core, "jupyter_server"])
+    modules = {
+        module
+        for module, dists in metadata.packages_distributions().items()
+        if all(canonicalize_name(d) in extras - needed for d in dists)
+    }
+    return sorted(m for m in modules if m.isidentifier())
+
+
+@pytest.fixture(scope="module")
+def venv(built, tmp_path_factory) -> Venv:
+    root = tmp_path_factory.mktemp("venv")
+    path = root / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120
     )
-    python = str(venv / "bin" / "python")
+    python = str(path / "bin" / "python")
     subprocess.run(
         [
             sys.executable,
@@ -244,36 +334,95 @@ def test_installed_in_a_fresh_venv_both_extensions_are_listed_enabled(built, tmp
     ).stdout.strip()
     ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
     (Path(site) / "_test_dependencies.pth").write_text("\n".join(ours) + "\n")
-    env = _clean_env(HOME=str(tmp_path))  # no user-level Jupyter config or extensions
+    (Path(site) / "_test_hider.py").write_text(HIDER)
+    (Path(site) / "_test_hider.pth").write_text("import _test_hider\n")
+    home = root / "home"
+    home.mkdir()
+    return Venv(path, Path(site), home, _extras_only(built.wheel))
 
-    def run(*args: str) -> str:
-        out = subprocess.run(
-            [python, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
-        )  # (not the checkout: `python -c` imports from cwd)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no colour codes
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_installed_in_a_fresh_venv_both_extensions_are_listed_enabled(venv):
     # both packages come from the wheel
-    where = run(
+    where = venv.run(
         "-c",
         "import clustersdk, jupyter_clustersdk as j; print(clustersdk.__file__)\nprint(j.__file__)",
     )
-    assert all(path.startswith(site) for path in where.split()), where
+    assert all(path.startswith(str(venv.site)) for path in where.split()), where
 
     # `jupyter labextension list` (the module it runs, in the fresh venv's Python)
-    listing = run("-m", "jupyterlab.labextensions", "list")
-    section = listing.split(f"{venv / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
+    listing = venv.run("-m", "jupyterlab.labextensions", "list")
+    section = listing.split(f"{venv.path / 'share' / 'jupyter' / 'labextensions'}\n", 1)[1]
     assert re.search(
         rf"^\s+{NAME} v{re.escape(__version__)} enabled\s+OK \(python, clustersdk\)$", section, re.M
     ), listing
 
     # `jupyter server extension list`: enabled by the wheel's config file, and importable
-    listing = run("-m", "jupyter_server.extension.serverextension", "list")
-    section = listing.split(f"Config dir: {venv / 'etc' / 'jupyter'}\n", 1)[1]
+    listing = venv.run("-m", "jupyter_server.extension.serverextension", "list")
+    section = listing.split(f"Config dir: {venv.path / 'etc' / 'jupyter'}\n", 1)[1]
     section = section.split("Config dir:")[0]
     assert re.search(r"^\s+jupyter_clustersdk enabled$", section, re.M), listing
     version = re.escape(__version__)
     assert re.search(rf"^\s+jupyter_clustersdk {version} OK$", section, re.M), listing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_installed_without_extras_it_imports_and_a_jupyter_server_loads_it_cleanly(venv):
+    """A plain ``pip install clustersdk`` (the extras' modules hidden) beside a Jupyter Server
+    the user installed: the SDK imports, the demo's progress degrades, the server
+    extension loads without an error or a traceback."""
+    assert "tqdm" in venv.hidden and "paramiko" in venv.hidden and "ipywidgets" in venv.hidden
+    out = venv.run(
+        "-c",
+        "import clustersdk as cs, clustersdk.demo as d\n"
+        "try:\n    import tqdm\nexcept ImportError:\n    print('no tqdm')\n"
+        "print(cs.Cluster.__name__, cs.JobSpec.__name__)\n"
+        "bar = d._bar(total=3, desc='demo'); bar.update(3); bar.close()",
+        bare=True,
+    )
+    assert "no tqdm\nCluster JobSpec" in out, out
+    assert "pip install 'clustersdk[demo]' for a progress bar" in out and "step 3/3" in out
+
+    server = subprocess.Popen(
+        [
+            str(venv.path / "bin" / "python"),
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--allow-root",  # (a container's CI runs as root)
+            "--ServerApp.port=0",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.root_dir={venv.home}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=venv.env(bare=True),
+        cwd=venv.home,
+    )
+    lines = []
+    try:
+        for line in server.stdout:  # until it serves (or ends)
+            lines.append(line)
+            if "is running at" in line or "http://127.0.0.1:" in line:
+                break
+    finally:
+        server.terminate()
+        rest, _ = server.communicate(timeout=60)
+    log = "".join(lines) + rest
+    assert "jupyter_clustersdk | extension was successfully loaded" in log, log
+    assert "clustersdk: serving" in log, log
+    # (Jupyter logs its URL banner and a SIGTERM at level C: not errors)
+    bad = [
+        line
+        for line in log.splitlines()
+        if line.startswith("[E ")
+        or "Traceback" in line
+        or (line.startswith("[W ") and "clustersdk" in line)
+    ]
+    assert not bad, log
 
 
 def test_the_dev_environment_shows_both_extensions_enabled():
@@ -290,3 +439,26 @@ def test_the_dev_environment_shows_both_extensions_enabled():
     section = listing.split(f"Config dir: {Path(sys.prefix) / 'etc' / 'jupyter'}\n", 1)[1]
     section = section.split("Config dir:")[0]
     assert re.search(r"^\s+jupyter_clustersdk enabled$", section, re.M), listing
+
+
+@pytest.fixture
+def without_prometheus(monkeypatch):
+    """prometheus_client as if it were not installed, for the extension: Jupyter Server
+    itself imports it (it requires it), so only what the extension imports is hidden."""
+    monkeypatch.setitem(sys.modules, "prometheus_client.exposition", None)
+
+
+async def test_without_prometheus_client_only_the_metrics_route_is_off(
+    without_prometheus, capfd, jp_fetch
+):
+    said = capfd.readouterr().err
+    hint = "pip install 'clustersdk[server]'"
+    [line] = [line for line in said.splitlines() if "prometheus_client is not installed" in line]
+    assert "/clustersdk/metrics is off" in line and hint in line and "Traceback" not in said
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("clustersdk", "metrics")
+    assert info.value.code == 503
+    body = json.loads(info.value.response.body)
+    assert body["error"] == "metrics_unavailable" and hint in body["message"]
+    overview = json.loads((await jp_fetch("clustersdk", "api", "overview")).body)  # the rest works
+    assert "clusters" in overview
