@@ -575,8 +575,9 @@ def loss_spike(
     ranks: int = 1,
     scale: float | None = None,
 ) -> Diagnosis:
-    """The loss at ``step`` (``mean`` over ``ranks`` ranks) is far above its recent scale
-    (``scale``: the highest loss of the last ``window`` steps); ``rank``'s slice of the
+    """The loss at ``step`` (``mean`` over ``ranks`` ranks) is far above its recent scale:
+    ``median``, that of the last ``window`` steps, and ``scale``, how high the steps before
+    went over their medians, at this one (see :mod:`.signals`); ``rank``'s slice of the
     batch had the highest loss, ``value``."""
     then = "the job pauses (on_spike='pause')" if paused else "the job goes on"
     mean = value if mean is None else mean
@@ -586,11 +587,12 @@ def loss_spike(
         else f"{value:.4g}{_on(rank)}"
     )
     against = (
-        f"{mean / scale:.0f}x the highest loss of the last {window} steps ({scale:.4g}; "
-        f"median {median:.4g})"
-        if scale
+        f"{mean / median:.0f}x the median of the last {window} steps ({median:.4g})"
+        if median > 0
         else f"a median of {median:.4g} over the last {window} steps"
     )
+    if scale and median > 0:
+        against += f"; lately no step came to more than {scale / median:.2g}x its median"
     return Diagnosis(
         "loss_spike",
         f"loss spike at step {step}: {where}, {against}",

@@ -322,6 +322,36 @@ def test_the_newest_diagnosis_is_shown_with_its_advice_and_spikes_are_marked():
     assert render.diagnosis_html([]) == ""
 
 
+def test_chart_axes_never_zoom_into_a_sliver_and_a_line_starts_at_the_second_point():
+    """The reported chart: one throughput point drawn on an axis from 33.815 to 33.820."""
+    from clustersdk.widgets.charts import LineChart
+
+    rate = LineChart("Throughput (steps/s)", x_label="time (s)", x_min=0.0, legend=False)
+    rate.set(0, [0.9], [33.8175])
+    line = rate.lines[0]
+    assert line.marker == "circle"  # one point: a dot, on an axis from 0
+    assert (rate.y_scale.min, rate.y_scale.max) == (0.0, 33.8175)
+    assert (rate.x_scale.min, rate.x_scale.max) == (0.0, 0.9)
+    assert list(rate.y_axis.tick_values) == [0.0, 10.0, 20.0, 30.0]
+    rate.set(0, [0.9, 1.9], [33.8175, 33.82])
+    assert line.marker is None  # two points: a line, still from 0
+    assert (rate.y_scale.min, rate.y_scale.max) == (0.0, 33.82)
+    assert (rate.x_scale.min, rate.x_scale.max) == (0.0, 1.9)
+
+    loss = LineChart("loss", x_label="step", x_min=0.0)
+    loss.set(0, [0.0], [2.5])  # step 0: no x range, no y range of its own
+    assert loss.lines[0].marker == "circle"
+    assert (loss.x_scale.min, loss.x_scale.max) == (0.0, 1.0)
+    assert (loss.y_scale.min, loss.y_scale.max) == (2.25, 2.75)  # +-10% of the level
+    loss.set(0, [0.0, 1.0], [2.5, 2.5001])
+    assert loss.lines[0].marker is None
+    assert (loss.y_scale.min, loss.y_scale.max) == pytest.approx((2.25004, 2.75006))
+    loss.set(0, [0.0, 1.0, 2.0], [2.5, 2.5001, 0.4])  # a real drop: the data's own range
+    assert (loss.y_scale.min, loss.y_scale.max) == (0.4, 2.5001)
+    loss.retitle("tokens_per_s")  # another metric, a throughput: from 0
+    assert (loss.y_scale.min, loss.y_scale.max) == (0.0, 2.5001)
+
+
 def test_cluster_model_bars_and_text():
     slots = [
         {"worker": "tcp://a:1", "host": "a", "kind": "cuda", "index": 0, "job": "j1"},
@@ -421,6 +451,20 @@ def test_stop_button_stops_the_job_and_greys_out_the_controls(idle):
     wait_for(lambda: "STOPPED" in dash.header.value)
     assert all(b.disabled for b in dash.buttons.values())
     assert "stop requested" in dash.message.value
+
+
+def test_the_header_links_the_clusters_dask_dashboard(idle):
+    job = idle.launch(workloads.spin, world_size=1, name="dask-dashboard-link")
+    try:
+        dash = JobDashboard(job)
+        link = idle.dashboard_link
+        assert link is not None  # Cluster.local serves one by default
+        assert f'href="{link}"' in dash.header.value and ">Dask dashboard</a>" in dash.header.value
+        wait_for(lambda: "RUNNING" in dash.header.value)
+        assert f'href="{link}"' in dash.header.value  # still there as the status changes
+    finally:
+        job.stop()
+    dash.close()
 
 
 def test_pause_and_resume_buttons(idle):

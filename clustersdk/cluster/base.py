@@ -17,12 +17,17 @@ from distributed.utils import silence_logging_cmgr
 
 from .. import config, hooks, options, registry
 from ..client import ControlClient
-from ..errors import PluginMissingError, SpecError
+from ..errors import ClusterClosedError, PluginMissingError, SpecError
 from ..job import Job
 from ..options import check_env, default
 from ..protocol import topic
 from ..spec import JobSpec
 from . import shipping
+from .connect import connect as _connect
+from .dashboard import DashboardFinder
+from .local import local as _local
+from .slurm import slurm as _slurm
+from .ssh import ssh as _ssh
 
 if TYPE_CHECKING:
     from ..security.tls import Prepared
@@ -39,49 +44,12 @@ class Cluster:
     ...     job.wait()
     """
 
-    @classmethod
-    def local(cls, workers: int | None = None, **options: Any) -> Cluster:
-        """Start a local Dask cluster: one worker per GPU, or ``workers`` CPU slots.
-
-        See :func:`clustersdk.cluster.local.local` for the options.
-        """
-        from .local import local
-
-        return local(cls, workers, **options)
-
-    @classmethod
-    def ssh(cls, hosts: Sequence[str], **options: Any) -> Cluster:
-        """Start a scheduler and one worker per GPU (or CPU slot) on each host, over SSH.
-
-        See :func:`clustersdk.cluster.ssh.ssh` for the options.
-
-        >>> cluster = Cluster.ssh(["node1", "node2"], gpus_per_host=8)   # doctest: +SKIP
-        """
-        from .ssh import ssh
-
-        return ssh(cls, hosts, **options)
-
-    @classmethod
-    def slurm(cls, **options: Any) -> Cluster:
-        """A scheduler here and workers as Slurm jobs, one per GPU, as launches need them.
-
-        See :func:`clustersdk.cluster.slurm.slurm` for the options.
-
-        >>> cluster = Cluster.slurm(gpus_per_worker=1, partition="gpu")   # doctest: +SKIP
-        """
-        from .slurm import slurm
-
-        return slurm(cls, **options)
-
-    @classmethod
-    def connect(cls, target: Any, **options: Any) -> Cluster:
-        """Attach to a scheduler address, a Dask ``Cluster`` or a ``Client``.
-
-        See :func:`clustersdk.cluster.connect.connect` for the options.
-        """
-        from .connect import connect
-
-        return connect(cls, target, **options)
+    # The ways to make one: each is its module's function bound to the class, so that
+    # help(), the docs and a notebook's completion show every keyword it takes.
+    local = classmethod(_local)
+    ssh = classmethod(_ssh)
+    slurm = classmethod(_slurm)
+    connect = classmethod(_connect)
 
     def __init__(
         self,
@@ -114,7 +82,9 @@ class Cluster:
         self._subscriptions: dict[str, list[Subscription]] = {}
         self._subscribe_lock = threading.Lock()
         self._closed = False
+        self._address = client.scheduler.address  # still named once closed (the client forgets)
         self._whoami: dict[str, Any] | None = None
+        self._dashboard = DashboardFinder()  # asks the scheduler's HTTP server once
         self._silence_logs = silence_logs  # Dask's log lines hidden while closing
         # a cluster this process did not make has its plugins already, or gets them once
         install(client, self.state_dir, probe=kind in ("connect", "standing"))
@@ -135,14 +105,35 @@ class Cluster:
     # properties ----------------------------------------------------------------
     @property
     def scheduler_address(self) -> str:
-        """The Dask scheduler's address (``tcp://host:port``): what ``Cluster.connect``
+        """The Dask scheduler's address (``tls://host:port``): what ``Cluster.connect``
         and ``clustersdk jobs ADDRESS`` take."""
-        return self.client.scheduler.address
+        return self._address
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called (the handle then reaches nothing)."""
         return self._closed
+
+    def ensure_open(self) -> None:
+        """Raise :class:`~clustersdk.ClusterClosedError`, saying how to get a working
+        handle, once :meth:`close` was called (or the Dask client was closed under it):
+        every call that reaches the cluster asks this first."""
+        if not self._closed and self.client.status != "closed":
+            return
+        address = self.scheduler_address
+        if not self._closed:  # someone closed the Dask client under this handle
+            what = f"its Dask client was closed; connect again with cs.Cluster.connect({address!r})"
+        elif self.dask_cluster is not None:  # close() shut the cluster down, with its jobs
+            what = (
+                f"cluster.close() shut the {self.kind} cluster at {address} down, with its "
+                f"jobs; start a new one with cs.Cluster.{self.kind}(...)"
+            )
+        else:  # only this handle went: the cluster and its jobs go on
+            what = (
+                f"cluster.close() let go of {address}, whose jobs go on; connect again with "
+                f"cs.Cluster.connect({address!r})"
+            )
+        raise ClusterClosedError(f"the Cluster is closed: {what}", address)
 
     def sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run the coroutine function ``fn`` (e.g. a :attr:`control` operation) on the
@@ -150,7 +141,23 @@ class Cluster:
 
         >>> cluster.sync(cluster.control.history, job.id, since=0)   # doctest: +SKIP
         """
+        self.ensure_open()
         return self.client.sync(fn, *args, **kwargs)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The URL of the cluster's Dask dashboard, as Dask's ``Cluster.dashboard_link``;
+        None where its scheduler serves none (``Cluster.local(dashboard=False)``, no
+        bokeh there) or the handle is closed. Dask's ``distributed.dashboard.link``
+        template shapes it (e.g. ``{JUPYTERHUB_SERVICE_PREFIX}proxy/{port}/status``).
+
+        >>> cluster.dashboard_link                 # doctest: +SKIP
+        'http://127.0.0.1:40503/status'
+        """
+        if self.closed:
+            return None
+        info = self.client.scheduler_info(n_workers=0)
+        return self.sync(self._dashboard.link, self.scheduler_address, info)
 
     def slots(self) -> list[dict[str, Any]]:
         """Every slot (GPU or CPU) in rank order: worker, host, kind, index, uuid, the CPU
@@ -333,6 +340,7 @@ class Cluster:
 
     def _submit(self, spec: JobSpec) -> Job:
         """Check what only the cluster can check, ship the code, submit; the job's handle."""
+        self.ensure_open()
         if spec.precision == "fp16":
             self._check_fp16(spec.world_size)
         if spec.checkpoint_dir and self.kind == "local":
@@ -405,6 +413,7 @@ class Cluster:
 
         >>> print(cluster.doctor(checkpoint_dir="/shared/runs"))   # doctest: +SKIP
         """
+        self.ensure_open()
         return hooks.call(
             "doctor",
             self.client,
@@ -521,6 +530,7 @@ class Cluster:
         control plane publishes about job id ``job``: status changes, metrics,
         checkpoints (see :data:`clustersdk.protocol.Message`), until the returned
         :class:`Subscription` is closed. The scheduler is asked once per job."""
+        self.ensure_open()
         subscription = Subscription(self, job, callback)
         with self._subscribe_lock:
             first = job not in self._subscriptions

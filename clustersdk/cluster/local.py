@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -18,9 +19,10 @@ def local(
     cls: type[Cluster],
     workers: int | None = None,
     *,
+    n_workers: int | None = None,
     gpus: bool | None = None,
     state_dir: str | None = None,
-    dashboard: bool = False,
+    dashboard: bool = True,
     silence_logs: int | bool = logging.WARNING,
     memory_limit: str | int | None = None,
     security: Any = "auto",
@@ -28,6 +30,7 @@ def local(
 ) -> Cluster:
     """Start a local Dask cluster whose workers each own one GPU or one CPU slot.
 
+    ``n_workers`` is ``workers`` as Dask's ``LocalCluster`` spells it (give one of them).
     ``gpus=None`` uses GPUs when there are any. With GPUs, worker ``i`` sees only
     GPU ``i`` (``CUDA_VISIBLE_DEVICES``), so two ranks never share a device.
     Every worker has one thread, and when it starts, a zygote that imports torch: each
@@ -48,6 +51,11 @@ def local(
     worker's share. With fewer CPUs, a job with more ranks than CPUs runs each rank on
     one core, round robin; ``bind_cpus=False`` binds neither.
 
+    ``dashboard=True`` (the default) serves Dask's dashboard on a free port of 127.0.0.1:
+    ``cluster.dashboard_link`` is its URL (plain HTTP, read-only, seen by anyone on this
+    machine); it needs bokeh (``pip install 'clustersdk[dashboard]'``), without which the
+    cluster starts without it, with a warning that says so. ``dashboard=False`` serves none.
+
     In a script, call it under ``if __name__ == "__main__":`` (the workers
     import the script again); without the guard this fails at once, saying so.
 
@@ -59,6 +67,13 @@ def local(
     import torch
     from distributed import Client, Nanny, Scheduler
 
+    if n_workers is not None:
+        if workers is not None:
+            raise SpecError(
+                f"give workers= or n_workers= (the same thing, as Dask spells it), "
+                f"not both: got workers={workers!r} and n_workers={n_workers!r}"
+            )
+        workers = n_workers
     n_gpus = torch.cuda.device_count() if gpus is not False else 0
     if gpus and not n_gpus:
         raise SpecError("gpus=True but this machine has no CUDA device visible to torch")
@@ -82,7 +97,7 @@ def local(
         "options": {
             "host": "127.0.0.1",
             "port": 0,
-            "dashboard": dashboard,
+            "dashboard": dashboard and _bokeh(),
             "dashboard_address": "127.0.0.1:0",  # Dask's HTTP routes; the Bokeh UI only with dashboard=True
             **tls,
             "security": prepared.scheduler,
@@ -159,6 +174,21 @@ def _memory_limit(value: str | int | None) -> int | None:
             f"'4 GiB', got {value!r}"
         )
     return limit
+
+
+def _bokeh() -> bool:
+    """Whether Dask's dashboard can be served here; without bokeh, a warning says so
+    (shown once, as Python shows a warning)."""
+    try:
+        import distributed.dashboard.scheduler  # noqa: F401 - what Dask's scheduler imports
+    except ImportError as e:
+        warnings.warn(
+            f"no Dask dashboard for this local cluster: it needs bokeh ({e}); "
+            "pip install 'clustersdk[dashboard]', or pass dashboard=False",
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 @functools.cache

@@ -198,7 +198,7 @@ class LossSpike(RankEventBase):
     window: int
     mean: float | None = None
     ranks: int = 1
-    scale: float | None = None  # the highest loss of the window (see clustersdk.signals)
+    scale: float | None = None  # how high the steps before went (clustersdk.signals)
 
 
 @dataclasses.dataclass(frozen=True)

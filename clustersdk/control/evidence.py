@@ -194,4 +194,6 @@ def _detector() -> SpikeDetector:
         min_steps=int(get("diagnosis.spike-min-steps")),
         threshold=float(get("diagnosis.spike-threshold")),
         ratio=float(get("diagnosis.spike-ratio")),
+        reach=float(get("diagnosis.spike-reach")),
+        memory=int(get("diagnosis.spike-memory")),
     )

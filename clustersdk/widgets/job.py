@@ -75,6 +75,7 @@ class JobDashboard:
         )  # ctx.log -> plot, seconds
         # someone else's job (a TLS cluster): every button greyed out, saying whose it is
         self._refusal = job.cluster.refusal(job.owner)
+        self._dashboard_link = _dashboard_link(job.cluster)  # Dask's, linked in the header
         self._build()
         job.on_event(self._on_event)  # first, so that nothing between the read and now is lost
         self.view = JobView.from_record(job.info())
@@ -284,11 +285,18 @@ class JobDashboard:
             f'<div style="color:#6b7280;font-size:12px;">{html.escape(line)}</div>'
             for line in event_lines(v.events)
         )
+        link = (
+            f'<a class="clustersdk-dask-dashboard" href="{html.escape(self._dashboard_link)}" '
+            f'target="_blank" rel="noopener noreferrer" title="Dask\'s dashboard of the cluster" '
+            f'style="font-size:12px;margin-left:auto;">Dask dashboard</a>'
+            if self._dashboard_link
+            else ""
+        )
         self.header.value = (
             f'<div style="display:flex;align-items:center;gap:8px;font-size:13px;">'
             f'<strong style="font-size:14px;">Job {html.escape(v.name)}</strong> {badge(v.status)}'
             f'<span style="color:#6b7280;">{html.escape(v.strategy)} · {ranks}{device}{reason}</span>'
-            f"</div>{events}"
+            f"{link}</div>{events}"
         )
 
     def _render_progress(self) -> None:
@@ -379,7 +387,7 @@ class JobDashboard:
             finally:
                 self._syncing = False
             self.metric.layout.display = "" if len(names) > 1 else "none"
-        self.charts["loss"].figure.title = self._metric
+        self.charts["loss"].retitle(self._metric)
 
     def _on_metric(self, change: dict) -> None:
         if self._syncing:
@@ -388,7 +396,7 @@ class JobDashboard:
             if change["new"] and change["new"] != self._metric:
                 self._metric = change["new"]
                 self.charts["loss"].clear()
-                self.charts["loss"].figure.title = self._metric
+                self.charts["loss"].retitle(self._metric)
                 self._render_scalars()
                 self.charts["loss"].set_markers(*self.view.markers(self._metric))
 
@@ -495,3 +503,13 @@ def _short_path(path: str, keep: int = 2) -> str:
     """The last ``keep`` parts of a path: enough to tell checkpoints apart."""
     parts = path.rstrip("/").split("/")
     return "/".join(parts[-keep:]) if len(parts) > keep else path
+
+
+def _dashboard_link(cluster: Any) -> str | None:
+    """The cluster's Dask dashboard URL; None where there is none or it can't be asked
+    (a dashboard without the link is still a dashboard)."""
+    try:
+        return cluster.dashboard_link
+    except Exception:  # noqa: BLE001 - the scheduler did not answer: no link
+        logger.debug("clustersdk: no dashboard link", exc_info=True)
+        return None

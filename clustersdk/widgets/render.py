@@ -8,6 +8,7 @@ a kernel without ipywidgets. Every function here is pure: it reads a
 from __future__ import annotations
 
 import html
+import math
 import os
 import time
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from markupsafe import Markup, escape
 
 from ..errors import describe
 from ..protocol import what_runs
+from .charts import axis_range, is_throughput
 from .format import fmt_bytes, fmt_duration, fmt_number, progress_text, rank_color
 from .model import GIB, STATUS_COLORS, SYSTEM_CHARTS, JobView, diagnosis_line, event_lines
 from .straggler import phases_html
@@ -200,12 +202,14 @@ def sparkline(
     if not lines:
         return None
     xs = [x for px, _ in lines.values() for x in px]
-    ys = [y for _, py in lines.values() for y in py if y == y]  # NaN-free
+    ys = [y for _, py in lines.values() for y in py if math.isfinite(y)]
     if not ys:
         return None
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    x0, x1, low, high = min(xs), max(xs), min(ys), max(ys)
+    # the dashboard's axis rule: no sliver of an axis that makes noise look like a cliff
+    y0, y1 = axis_range(low, high, start=0.0 if is_throughput(title) else None)
     sx = (width - 8) / ((x1 - x0) or 1.0)
-    sy = (height - 8) / ((y1 - y0) or 1.0)
+    sy = (height - 8) / (y1 - y0)
     out = []
     for rank in sorted(lines):
         px, py = lines[rank]
@@ -225,8 +229,8 @@ def sparkline(
         "width": width,
         "height": height,
         "lines": out,
-        "ymin": fmt_number(y0),
-        "ymax": fmt_number(y1),
+        "ymin": fmt_number(low),
+        "ymax": fmt_number(high),
         "markers": dots,
     }
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from clustersdk import registry
 from clustersdk.client import ControlClient
+from clustersdk.cluster.dashboard import DashboardFinder
 from clustersdk.control.access import may_change, refusal
 from clustersdk.errors import AccessDeniedError, ClusterSDKError, JobNotFoundError, SpecError
 from clustersdk.protocol import Op
@@ -80,6 +81,7 @@ class ClusterManager(Following, PanelQueries):
         self._down: dict[tuple[str, str | None], tuple[float, str]] = {}  # (retry after, why)
         self._progress: dict[str, Progress] = {}
         self._located: dict[str, str] = {}  # job id -> cluster id
+        self._dashboards = DashboardFinder()  # each scheduler's Dask dashboard, asked once
 
     # discovery ---------------------------------------------------------------------
     def targets(self) -> list[Target]:
@@ -292,8 +294,14 @@ class ClusterManager(Following, PanelQueries):
             workers=identity.get("workers"),
             scheduler_id=identity.get("id"),
             events=events,
+            dashboard_link=await self.dashboard_link(target, identity),
             detail=detail,
         )
+
+    async def dashboard_link(self, target: Target, identity: dict[str, Any]) -> str | None:
+        """The URL of the cluster's Dask dashboard (its scheduler's ``identity`` names
+        the HTTP port), or None where it serves none."""
+        return await self._dashboards.link(target.address, identity)
 
     async def _identity(self, target: Target) -> dict[str, Any]:
         client = await self._client(target)

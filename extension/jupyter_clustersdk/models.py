@@ -297,6 +297,7 @@ def cluster_model(
     workers: Mapping[str, Mapping[str, Any]] | None = None,
     scheduler_id: str | None = None,
     events: Sequence[Mapping[str, Any]] = (),
+    dashboard_link: str | None = None,
     detail: bool = False,
 ) -> dict[str, Any]:
     """A cluster: how to reach it, its slots (GPUs or CPU slots), utilisation and job counts.
@@ -304,7 +305,8 @@ def cluster_model(
     ``samples`` maps a worker address to the newest telemetry sample of the
     rank running there; ``workers`` is Dask's per-worker info; ``events`` the
     cluster's own events (a standing cluster's processes restarted by their
-    supervisor). ``detail`` adds the per-worker and per-slot lists.
+    supervisor); ``dashboard_link`` the URL of its Dask dashboard (None: none).
+    ``detail`` adds the per-worker and per-slot lists.
     """
     out: dict[str, Any] = {
         "id": target.id,
@@ -340,6 +342,7 @@ def cluster_model(
             "jobs": {status.name: counts.get(status.name, 0) for status in JobStatus},
             "queue_length": counts.get(JobStatus.QUEUED.name, 0),
             "restarts": restarts_model(events),
+            "dashboard_link": dashboard_link,
         }
     )
     if detail:

@@ -78,6 +78,7 @@ class PanelQueries:
             workers=identity.get("workers"),
             scheduler_id=identity.get("id"),
             events=events,
+            dashboard_link=await self.dashboard_link(target, identity),
             detail=True,
         )
         return cluster, jobs

@@ -80,6 +80,16 @@ async def test_a_restart_of_the_clusters_processes_shows_in_its_summary(jp_fetch
     assert "worker tls://10.0.0.9:4000" in event["message"] and "SIGKILL" in event["message"]
 
 
+async def test_a_clusters_summary_links_its_dask_dashboard(jp_fetch, sdk_cluster):
+    link = sdk_cluster.dashboard_link
+    assert link is not None  # Cluster.local serves one by default
+    (summary,) = (await get(jp_fetch, "api", "clusters"))["clusters"]
+    assert summary["dashboard_link"] == link
+    assert (await get(jp_fetch, "api", "clusters", summary["id"]))["dashboard_link"] == link
+    (shown,) = (await get(jp_fetch, "api", "overview"))["clusters"]  # what the lab panel reads
+    assert shown["dashboard_link"] == link
+
+
 async def test_jobs_lists_the_running_job_and_one_job_shows_its_progress(jp_fetch, spin_job):
     listed = await get(jp_fetch, "api", "jobs")
     assert listed["unreachable"] == []

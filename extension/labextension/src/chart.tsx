@@ -5,7 +5,17 @@
 
 import * as React from 'react';
 
-import { bandPath, chart, Series, svgPath, tickLabel, ticks } from './series';
+import {
+  BAND_BINS,
+  bandPath,
+  chart,
+  isThroughput,
+  MAX_LINES,
+  Series,
+  svgPath,
+  tickLabel,
+  ticks
+} from './series';
 
 const WIDTH = 460;
 const HEIGHT = 170;
@@ -19,7 +29,9 @@ export function RankChart(props: {
   byRank: Map<number, Series> | undefined;
   unit?: string;
 }): JSX.Element {
-  const c = chart(props.byRank);
+  // a throughput's axis starts at 0: steady steps/s is a flat line, not a cliff
+  const zero = isThroughput(props.title) || isThroughput(props.unit ?? '');
+  const c = chart(props.byRank, MAX_LINES, BAND_BINS, zero ? 0 : null);
   const w = WIDTH - MARGIN.left - MARGIN.right;
   const h = HEIGHT - MARGIN.top - MARGIN.bottom;
   const sx = (v: number) => ((v - c.x[0]) / (c.x[1] - c.x[0] || 1)) * w;

@@ -40,6 +40,8 @@ export interface IClusterView {
   hosts: IHostView[];
   /** "2 restarts of its processes" and the newest of them; null: none */
   restarts: { text: string; detail: string } | null;
+  /** the URL of its Dask dashboard; null: it serves none (or an older server) */
+  dashboard: string | null;
 }
 
 const GIB = 1024 ** 3;
@@ -136,7 +138,8 @@ export function clusterView(
     error: cluster.error,
     summary,
     hosts: [...hosts].map(([host, list]) => ({ host, slots: list })),
-    restarts: restartsView(cluster)
+    restarts: restartsView(cluster),
+    dashboard: cluster.dashboard_link ?? null
   };
 }
 

@@ -142,11 +142,45 @@ export interface IChart {
   y: [number, number];
 }
 
-/** What to draw for per-rank series: lines up to `maxLines` ranks, else a band. */
+/** A y axis spans at least +-10% of its values' level. */
+export const MIN_SPAN = 0.1;
+
+/** Whether a chart's title (or unit) names a throughput, whose axis starts at 0. */
+export function isThroughput(title: string): boolean {
+  return /(throughput|per_s|per_sec|per_second|\/s)\)?$/i.test(title.trim());
+}
+
+/**
+ * The range of an axis that shows values from `lo` to `hi`: never a sliver (one
+ * point, or a throughput steady to four digits, would zoom into 33.815..33.820 and
+ * make noise look like a collapse). An axis with a `start` (a throughput: 0) runs from
+ * it to `hi` (to start + 1 when every value is at it); a free axis is the values'
+ * range, but at least +-10% of their level (the largest magnitude) around its middle,
+ * and -1..1 when every value is 0. The same rule as the notebook dashboard's
+ * (clustersdk/widgets/charts.py).
+ */
+export function axisRange(lo: number, hi: number, start: number | null = null): [number, number] {
+  if (start !== null) {
+    const low = Math.min(lo, start);
+    return hi > low ? [low, hi] : [low, low + 1];
+  }
+  const half = MIN_SPAN * Math.max(Math.abs(lo), Math.abs(hi)) || 1;
+  if (hi - lo >= 2 * half) {
+    return [lo, hi];
+  }
+  const middle = (lo + hi) / 2;
+  return [middle - half, middle + half];
+}
+
+/**
+ * What to draw for per-rank series: lines up to `maxLines` ranks, else a band; the y
+ * axis by axisRange (`yStart`: 0 for a throughput).
+ */
 export function chart(
   byRank: Map<number, Series> | undefined,
   maxLines: number = MAX_LINES,
-  bins: number = BAND_BINS
+  bins: number = BAND_BINS,
+  yStart: number | null = null
 ): IChart {
   const lines: ILine[] = [...(byRank ?? new Map<number, Series>())]
     .map(([rank, s]) => ({ rank, points: s.all() }))
@@ -155,13 +189,17 @@ export function chart(
   if (lines.length === 0) {
     return { mode: 'empty', lines: [], band: null, x: [0, 1], y: [0, 1] };
   }
-  const x = extent(lines.flatMap(l => l.points.map(p => p[0])));
+  const x = xExtent(lines.flatMap(l => l.points.map(p => p[0])));
+  const yRange = (values: number[]) => {
+    const [lo, hi] = extent(values);
+    return axisRange(lo, hi, yStart);
+  };
   if (lines.length <= maxLines) {
-    const y = extent(lines.flatMap(l => l.points.map(p => p[1])));
+    const y = yRange(lines.flatMap(l => l.points.map(p => p[1])));
     return { mode: 'lines', lines, band: null, x, y };
   }
   const band = bandOf(lines, x, bins);
-  const y = extent(band.rows.flatMap(r => [r[1], r[3]]));
+  const y = yRange(band.rows.flatMap(r => [r[1], r[3]]));
   return { mode: 'band', lines: [], band, x, y };
 }
 
@@ -204,9 +242,12 @@ function extent(values: number[]): [number, number] {
     lo = Math.min(lo, v);
     hi = Math.max(hi, v);
   }
-  if (!Number.isFinite(lo)) {
-    return [0, 1];
-  }
+  return Number.isFinite(lo) ? [lo, hi] : [0, 1];
+}
+
+/** The x axis: the steps' range, widened around a lone one. */
+function xExtent(values: number[]): [number, number] {
+  const [lo, hi] = extent(values);
   if (lo === hi) {
     const pad = Math.abs(lo) * 0.05 || 0.5;
     return [lo - pad, hi + pad];

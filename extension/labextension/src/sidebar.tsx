@@ -114,6 +114,17 @@ function ClusterCard(props: {
       <div className="jp-clustersdk-cluster-title" title={cluster.address}>
         <span className="jp-clustersdk-cluster-address">{cluster.title}</span>
         <span className="jp-clustersdk-cluster-summary">{cluster.summary}</span>
+        {cluster.dashboard && (
+          <a
+            className="jp-clustersdk-cluster-dashboard"
+            href={cluster.dashboard}
+            target="_blank"
+            rel="noopener noreferrer"
+            title="Dask's dashboard of this cluster"
+          >
+            Dask dashboard
+          </a>
+        )}
       </div>
       {!cluster.reachable && <div className="jp-clustersdk-error">{cluster.error}</div>}
       {cluster.restarts && (

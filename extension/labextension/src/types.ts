@@ -65,6 +65,8 @@ export interface IClusterJSON {
   slots?: ISlotJSON[];
   /** a standing cluster's processes started again by their supervisor */
   restarts?: { count: number; recent: { time: number; message: string }[] };
+  /** the URL of its Dask dashboard; null: its scheduler serves none */
+  dashboard_link?: string | null;
 }
 
 export interface IProgressJSON {

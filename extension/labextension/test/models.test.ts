@@ -22,7 +22,18 @@ import {
   sortJobs,
   statusText
 } from '../src/models';
-import { bandOf, chart, median, RunSeries, Series, svgPath, tickLabel, ticks } from '../src/series';
+import {
+  axisRange,
+  bandOf,
+  chart,
+  isThroughput,
+  median,
+  RunSeries,
+  Series,
+  svgPath,
+  tickLabel,
+  ticks
+} from '../src/series';
 
 function job(fields: Partial<IJobJSON> = {}): IJobJSON {
   return {
@@ -231,6 +242,13 @@ describe('clusters', () => {
     assert.equal(clusterView(gpuCluster, []).restarts, null); // an older server: no field
   });
 
+  test("the cluster's Dask dashboard: its link where it serves one, none otherwise", () => {
+    const link = 'http://127.0.0.1:40503/status';
+    assert.equal(clusterView({ ...gpuCluster, dashboard_link: link }, []).dashboard, link);
+    assert.equal(clusterView({ ...gpuCluster, dashboard_link: null }, []).dashboard, null);
+    assert.equal(clusterView(gpuCluster, []).dashboard, null); // an older server: no field
+  });
+
   test('an unreachable cluster says so', () => {
     const view = clusterView(
       { id: 'c2', address: 'tcp://x:1', kind: 'remote', source: 'config', reachable: false, error: 'no answer' },
@@ -368,6 +386,44 @@ describe('series and charts', () => {
     );
     assert.deepEqual(band.rows, [[1, 2, 3, 5]]); // rank 0's last value in the bin is 2
     assert.equal(median([1, 2, 3, 4]), 2.5);
+  });
+
+  test('a throughput axis starts at zero, however steady the rate', () => {
+    // the reported chart: one point on an axis from 33.815 to 33.820
+    assert.deepEqual(axisRange(33.815, 33.82, 0), [0, 33.82]);
+    assert.deepEqual(axisRange(33.8175, 33.8175, 0), [0, 33.8175]);
+    assert.deepEqual(axisRange(0, 0, 0), [0, 1]); // a stalled job: a flat line at the bottom
+    assert.ok(['throughput', 'steps/s', 'tokens_per_s', 'samples_per_sec'].every(isThroughput));
+    assert.ok(!['loss', 'lr', 'grad_norm', 'val_loss'].some(isThroughput));
+  });
+
+  test('other axes span at least +-10% of their level, and -1..1 around zero', () => {
+    assert.deepEqual(axisRange(5, 5), [4.5, 5.5]); // one point, or a flat line
+    const near = (got: [number, number], want: [number, number]) =>
+      assert.ok(got.every((v, i) => Math.abs(v - want[i]) < 1e-9), `${got} != ${want}`);
+    near(axisRange(2.0001, 2.0002), [1.80013, 2.20017]); // noise in the fourth decimal
+    near(axisRange(-3, -3), [-3.3, -2.7]);
+    assert.deepEqual(axisRange(0, 0), [-1, 1]);
+    assert.deepEqual(axisRange(0.2, 2.5), [0.2, 2.5]); // a wide range is the data's
+    assert.deepEqual(axisRange(-1e-3, 1e-3), [-1e-3, 1e-3]);
+  });
+
+  test('a chart of one point has a sane axis; its line starts at the second', () => {
+    const rate = new Map([[0, new Series()]]);
+    rate.get(0)!.add(10, 33.8175);
+    const one = chart(rate, 8, 200, 0);
+    assert.equal(one.mode, 'lines');
+    assert.deepEqual(one.y, [0, 33.8175]);
+    assert.ok(one.x[1] > one.x[0]);
+    assert.doesNotMatch(svgPath(one.lines[0].points, one.x, one.y, 100, 50), /L/); // no line
+    rate.get(0)!.add(20, 33.82);
+    const two = chart(rate, 8, 200, 0);
+    assert.deepEqual([two.x, two.y], [[10, 20], [0, 33.82]]);
+    assert.match(svgPath(two.lines[0].points, two.x, two.y, 100, 50), /^M0\.0,[\d.]+L100\.0,/);
+
+    const loss = new Map([[0, new Series()]]);
+    loss.get(0)!.add(0, 2.5);
+    assert.deepEqual(chart(loss).y, [2.25, 2.75]);
   });
 
   test('paths, ticks and their labels', () => {
