@@ -1,4 +1,5 @@
-"""Command line: ``python -m clustersdk demo|doctor|jobs|show|pause|resume|...``."""
+"""Command line: ``clustersdk jobs|queue|show|pause|resume|...|submit|doctor|demo``
+(or ``python -m clustersdk ...``); ``clustersdk COMMAND --help`` tells more."""
 
 from __future__ import annotations
 
@@ -8,21 +9,44 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="clustersdk", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from . import cli
+
+    args = parser().parse_args(argv)
+    if args.command == "demo":
+        from .demo import run
+
+        run(workers=args.workers, steps=args.steps)
+        return 0
+    return cli.run(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``clustersdk`` command's parser, every subcommand in it."""
+    from . import cli
+    from .cli.render import unmarked
+    from .version import __version__
+
+    top = argparse.ArgumentParser(prog="clustersdk", description=unmarked(__doc__ or ""))
+    top.add_argument("--version", action="version", version=f"clustersdk {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="train a small model with DDP on a local cluster")
     demo.add_argument("--workers", type=int, default=2, help="ranks (default: 2)")
     demo.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
 
-    from . import cli
-
     cli.add_commands(sub)  # jobs, show, pause, resume, checkpoint, suspend, stop, logs, history
 
     doctor = sub.add_parser(
-        "doctor", help="pre-flight checks of a running cluster; exit 1 on any problem"
+        "doctor",
+        parents=[cli.cluster_flags(cli.ONE)],
+        help="pre-flight checks of a running cluster; exit 1 on any problem",
     )
-    doctor.add_argument("scheduler", help="the Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    doctor.add_argument(
+        "scheduler",
+        nargs="?",
+        metavar="NAME|ADDRESS",
+        help="the cluster, as --cluster takes it, e.g. tls://10.0.0.5:8786",
+    )
     doctor.add_argument(
         "--checkpoint-dir", default=None, help="check free space, writes and sharing there"
     )
@@ -34,16 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         help="largest all-reduce, e.g. 64MiB (default 256MiB)",
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-
-    args = parser.parse_args(argv)
-    if args.command == "doctor":
-        return _doctor(args)
-    if args.command == "demo":
-        from .demo import run
-
-        run(workers=args.workers, steps=args.steps)
-        return 0
-    return cli.run(args)
+    doctor.set_defaults(run=_doctor)
+    return top
 
 
 def _bytes(text: str) -> int:
@@ -59,10 +75,13 @@ def _bytes(text: str) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     import json
 
-    import clustersdk as cs
+    from .cli.commands import Clusters
+    from .errors import SpecError
 
-    with cs.Cluster.connect(args.scheduler) as cluster:
-        report = cluster.doctor(
+    if args.scheduler and args.cluster and args.scheduler != args.cluster:
+        raise SpecError(f"doctor: {args.scheduler} or --cluster {args.cluster}, not both")
+    with Clusters(args.scheduler or args.cluster, args.credentials) as clusters:
+        report = clusters.one("doctor").doctor(
             checkpoint_dir=args.checkpoint_dir,
             bandwidth=not args.no_bandwidth,
             max_size=args.max_size,

@@ -390,7 +390,8 @@ class ClusterMagics(Magics):
         "action",
         nargs="?",
         help="pause | resume | checkpoint | suspend | stop | show | logs | run | update | "
-        "debug | console | restart (a HELD job, from its checkpoint)",
+        "debug | console | restart (a HELD job, from its checkpoint) | stacks (where "
+        "every rank is now) | history (every metric row)",
     )
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
     @argument(
@@ -436,6 +437,8 @@ class ClusterMagics(Magics):
             "debug",
             "console",
             "restart",
+            "stacks",
+            "history",
         )
         if args.action not in actions or not args.name:
             raise UsageError(
@@ -473,8 +476,14 @@ class ClusterMagics(Magics):
             if args.action == "console":
                 return job.console()
             if args.action == "restart":
-                print(f"job {job.name!r}: now {job.restart_from_checkpoint()}")
+                print(f"job {job.name!r}: now {job.restart()}")
                 return None
+            if args.action == "stacks":
+                found = job.stacks()
+                print("\n\n".join(found.values()) or f"job {job.name!r}: no rank is running")
+                return None
+            if args.action == "history":
+                return job.history()
             if not callable(getattr(job, args.action, None)):
                 raise UsageError(f"this clustersdk has no Job.{args.action}() yet")
             if args.action == "update":

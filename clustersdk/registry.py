@@ -4,7 +4,7 @@ Every :class:`~clustersdk.Cluster` writes one JSON file when it comes up and
 removes it when it closes::
 
     <state_dir>/clusters/<scheduler address, made safe>-<pid>.json
-    {"address": "tcp://127.0.0.1:40123", "kind": "local", "local": true,
+    {"address": "tls://127.0.0.1:40123", "kind": "local", "local": true,
      "pid": 4242, "host": "node1", "created": 1767225600.0}
 
 The Jupyter server extension reads it to find schedulers without being told.
@@ -13,9 +13,9 @@ wrote it (``Cluster.local``): once that pid is gone, :func:`entries` drops the
 entry and deletes its file. An entry for a cluster that was only connected to
 stays until its process closes it, since the jobs on it outlive the kernel.
 
->>> path = register("tcp://10.0.0.5:8786", kind="connect", local=False)  # doctest: +SKIP
+>>> path = register("tls://10.0.0.5:8786", kind="connect", local=False)  # doctest: +SKIP
 >>> [e["address"] for e in entries()]                                    # doctest: +SKIP
-['tcp://10.0.0.5:8786']
+['tls://10.0.0.5:8786']
 >>> unregister(path)                                                     # doctest: +SKIP
 """
 
@@ -51,7 +51,7 @@ def clusters_dir(state_dir: str | os.PathLike | None = None) -> str:
 
 
 def safe_name(address: str) -> str:
-    """A file-name-safe form of an address: ``tcp://1.2.3.4:8786`` -> ``tcp-1.2.3.4-8786``."""
+    """A file-name-safe form of an address: ``tls://1.2.3.4:8786`` -> ``tls-1.2.3.4-8786``."""
     return re.sub(r"[^A-Za-z0-9_.]+", "-", address).strip("-") or "cluster"
 
 

@@ -4,6 +4,7 @@ finds through the registry, as a user's terminal would."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -17,6 +18,7 @@ import cloudpickle
 import pytest
 
 import clustersdk as cs
+from clustersdk import registry
 
 from . import workloads_debug, workloads_live
 from .helpers import checkpointed_at, wait_for
@@ -257,3 +259,97 @@ def test_usage_errors_exit_2_and_a_missing_job_exits_1(cluster, state):
     missing = run(state, "show", "no-such-job")
     assert missing.returncode == 1
     assert "no job with id or name 'no-such-job'" in missing.stderr
+
+
+# the command line itself: version, help, queue, which cluster, credentials --------------------
+# the commands that take their cluster as NAME (a standing cluster's processes and files on
+# this host) or make one: every other command talks to a cluster, so takes these two flags
+NAMED_OR_OWN = {
+    "demo",
+    "cluster up",
+    "cluster down",
+    "cluster status",
+    "cluster logs",
+    "cluster unit",
+    "cluster kubernetes",
+}
+
+
+def commands(parser, path=()):
+    """Every command of the parser, as (``"cluster up"``, its parser)."""
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not nested:
+        yield " ".join(path), parser
+        return
+    for name, child in nested[0].choices.items():
+        yield from commands(child, (*path, name))
+
+
+def test_every_command_that_talks_to_a_cluster_takes_cluster_and_credentials():
+    from clustersdk.__main__ import parser
+
+    found = dict(commands(parser()))
+    assert {"jobs", "queue", "submit", "doctor", "restart", "cluster users"} <= set(found)
+    for name, command in found.items():
+        flags = {o for action in command._actions for o in action.option_strings}
+        if name not in NAMED_OR_OWN:
+            assert {"--cluster", "--credentials"} <= flags, name
+        assert "``" not in command.format_help(), name  # no reStructuredText on a terminal
+
+
+def test_version_and_help_read_as_plain_text(tmp_path):
+    assert ok(run(tmp_path, "--version")).strip() == f"clustersdk {cs.__version__}"
+    text = ok(run(tmp_path, "--help"))
+    assert "``" not in text and "clustersdk COMMAND --help" in text
+
+
+def test_queue_lists_a_queued_job(running, state):
+    waiting = running.cluster.launch(count_to, world_size=2, name="cli-waiting")
+    assert waiting.status is cs.JobStatus.QUEUED
+    found = json.loads(ok(run(state, "queue", "--json")))
+    assert found["unreachable"] == []
+    (view,) = found["clusters"]
+    assert view["cluster"] == running.cluster.scheduler_address
+    assert (view["slots"], view["free"]) == (2, 0)
+    (queue,) = view["queues"]
+    assert [j["name"] for j in queue["holding"]] == ["cli-tick"]
+    assert [j["name"] for j in queue["waiting"]] == ["cli-waiting"]
+    # the text is cluster.queue()'s, as %queue shows it
+    text = ok(run(state, "queue"))
+    assert text.startswith(f"cluster {running.cluster.scheduler_address}\n2 slots, 0 free")
+    row = next(line.split() for line in text.splitlines() if "cli-waiting" in line)
+    assert row[0] == "cli-waiting" and row[3:5] == ["2", "QUEUED"], text
+    waiting.stop()
+    running.stop()
+
+
+def test_submit_uses_every_slot_and_cluster_takes_a_name_or_an_address(idle, state, tmp_path):
+    script = tmp_path / "size.py"
+    script.write_text("import os\nprint('world size', os.environ['WORLD_SIZE'])\n")
+    # no -n and no --cluster: every slot of the registry's only cluster
+    out = ok(run(state, "submit", "--name", "cli-every", "--follow", str(script)))
+    assert out.splitlines()[0] == "cli-every"
+    assert out.count("world size 2") == 2, out
+    assert cs.Job.attach(idle, "cli-every").world_size == 2
+
+    # by name: a standing cluster of this account's registry
+    named = tmp_path / "named"
+    registry.register(
+        idle.scheduler_address,
+        kind="standing",
+        local=False,
+        state_dir=str(named),
+        credentials=idle.credentials,
+        name="cli-team",
+    )
+    shown = json.loads(ok(run(named, "show", "cli-every", "--cluster", "cli-team", "--json")))
+    assert (shown["cluster"], shown["status"]) == (idle.scheduler_address, "FINISHED")
+
+    # by address, from an account whose registry knows nothing: --credentials
+    nobody = tmp_path / "nobody"
+    address = ["--cluster", idle.scheduler_address]
+    refused = run(nobody, "show", "cli-every", *address)
+    assert refused.returncode == 1 and "wants credentials" in refused.stderr
+    mine = [*address, "--credentials", idle.credentials]
+    assert "cli-every" in ok(run(nobody, "jobs", "--all", *mine))
+    assert json.loads(ok(run(nobody, "queue", "--json", *mine)))["clusters"][0]["free"] == 2

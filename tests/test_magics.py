@@ -72,7 +72,7 @@ def test_every_magic_has_help(shell, capsys, magic):
         (
             "%job frob x",
             "usage: %job {pause|resume|checkpoint|suspend|stop|show|logs|run|update|"
-            "debug|console|restart} NAME",
+            "debug|console|restart|stacks|history} NAME",
         ),
         ("%%distributed -n 5\npass", "world_size=5 is more than this cluster can ever hold"),
         ("%%distributed --strategy zero\npass", "unknown strategy 'zero'"),
@@ -160,6 +160,12 @@ def test_no_wait_then_job_magics_and_jobs_table(ip, capsys):
     assert job.priority == 100 and job.queue == "default"
     queues = run(ip, "%queue").result
     assert [h["name"] for h in queues.data["queues"][0]["holding"]] == ["magic-spin"]
+    while not job.history() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "value" in run(ip, "%job history magic-spin").result[0]
+    capsys.readouterr()
+    assert run(ip, "%job stacks magic-spin").success
+    assert capsys.readouterr().out.startswith("rank 0 on ")
     assert run(ip, "%job pause magic-spin").success
     assert job.status is cs.JobStatus.PAUSED
     assert run(ip, "%job resume magic-spin").success

@@ -1,6 +1,7 @@
 """The job commands of ``clustersdk`` on a terminal, as ``sky``, ``det`` or ``ray job`` offer::
 
     clustersdk jobs [ADDRESS] [--all]          every cluster in the registry without ADDRESS
+    clustersdk queue                           who holds which slots, what waits and why
     clustersdk show JOB
     clustersdk pause|checkpoint|suspend JOB [--timeout S]
     clustersdk resume JOB [--world-size N]
@@ -18,12 +19,15 @@
     clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
     clustersdk cluster remove-user NAME        revoke them at once
     clustersdk cluster users                   who holds credentials
-    clustersdk submit --address ADDR -n N [options] script.py [-- ARGS]   a script job
-    clustersdk submit --address ADDR -n N [options] -m pkg.train [-- ARGS] (or --command C)
+    clustersdk submit [-n N] [options] script.py [-- ARGS]   a script job (every slot without -n)
+    clustersdk submit [-n N] [options] -m pkg.train [-- ARGS] (or --command C)
+    clustersdk doctor                          pre-flight checks of a running cluster
 
-Every command takes ``--cluster ADDRESS`` (default: every cluster in this
-machine's registry) and ``--json``. Exit codes: 0 done, 1 refused or failed
-(the message on stderr names the job and why), 2 usage.
+Every command that talks to a cluster takes ``--cluster NAME|ADDRESS`` (a standing
+cluster's name or a scheduler address; default: every cluster in this machine's
+registry, or its only one for submit and doctor) and ``--credentials FILE`` (for a
+``tls://`` cluster, as ``Cluster.connect`` takes it); most take ``--json``. Exit codes:
+0 done, 1 refused or failed (the message on stderr names the job and why), 2 usage.
 """
 
 from __future__ import annotations
@@ -41,22 +45,55 @@ USAGE = 2
 INTERRUPTED = 130
 
 
+EVERY = "every cluster in the registry"
+ONE = "the registry's only cluster"
+
+
+def cluster_flags(default: str = EVERY) -> argparse.ArgumentParser:
+    """The flags that say which cluster a command talks to, and how: a parent parser
+    of every such command (``clustersdk doctor`` included)."""
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument(
+        "--cluster",
+        metavar="NAME|ADDRESS",
+        help=f"a standing cluster's name or a scheduler address, e.g. tls://10.0.0.5:8786 "
+        f"(default: {default})",
+    )
+    # submit's --address of earlier releases: the same, kept out of the help
+    flags.add_argument("--address", dest="cluster", help=argparse.SUPPRESS)
+    flags.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="the credentials file of a tls:// cluster, from `clustersdk cluster add-user` "
+        "(default: the registry's, or the clustersdk.credentials setting)",
+    )
+    return flags
+
+
+def _common(default: str = EVERY) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False, parents=[cluster_flags(default)])
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return common
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Add the job commands to the ``clustersdk`` parser's subcommands."""
     from . import commands
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--cluster",
-        metavar="ADDRESS",
-        help="the Dask scheduler address (default: every cluster in the registry)",
-    )
-    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    common = _common()
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs (of every registered cluster)")
-    jobs.add_argument("address", nargs="?", help="a scheduler address, e.g. tcp://10.0.0.5:8786")
+    jobs.add_argument(
+        "address", nargs="?", metavar="NAME|ADDRESS", help="the same as --cluster NAME|ADDRESS"
+    )
     jobs.add_argument("--all", action="store_true", help="also jobs that have ended")
     jobs.set_defaults(run=commands.jobs)
+    queue = sub.add_parser(
+        "queue",
+        parents=[common],
+        help="the queues: who holds which slots, what waits, why, and when it should start",
+    )
+    queue.set_defaults(run=commands.queue)
 
     def job_command(name: str, help: str, run) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, parents=[common], help=help)
@@ -152,7 +189,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     inner = cluster.add_subparsers(dest="action", required=True)
     standing.add_commands(inner)
-    users.add_commands(inner, common)
+    users.add_commands(inner, _common("the one TLS cluster this account created"))
     deploy.add_commands(inner)
 
     from .. import options
@@ -160,10 +197,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     submit = sub.add_parser(
         "submit",
-        parents=[common],
+        parents=[_common(ONE)],
         help="run a script on N ranks, as torchrun would",
         description="Run `python -u SCRIPT ARGS` (or -m MODULE, or --command C) on N ranks "
-        "of a cluster as a script job (cluster.launch_script); print the job's "
+        "(-n; default: every slot of the cluster, as %run_distributed does) of a cluster "
+        "as a script job (cluster.launch_script); print the job's "
         "name, then with --follow every rank's lines until it ends. The script's "
         "own arguments go after `--`.",
     )
@@ -175,9 +213,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     submit.add_argument(
         "script_args", nargs="*", metavar="ARGS", help="the script's arguments (after --)"
-    )
-    submit.add_argument(
-        "--address", metavar="ADDRESS", help="the Dask scheduler address (same as --cluster)"
     )
     submit.add_argument(
         "-f",

@@ -1,8 +1,11 @@
 """What each job command does, through the public ``Cluster`` and ``Job`` API only.
 
-A command looks at the cluster named by ``--cluster ADDRESS``, or else at every
-cluster in this machine's registry (the clusters the SDK here created or
-connected to, as the Jupyter server extension finds them). A job is named by its
+A command looks at the cluster named by ``--cluster NAME|ADDRESS`` (a standing
+cluster's name, or a scheduler address), or else at every cluster in this
+machine's registry (the clusters the SDK here created or connected to, as the
+Jupyter server extension finds them); ``--credentials FILE`` is the file a
+``tls://`` cluster wants, as ``Cluster.connect(address, credentials=...)`` takes it
+(default: the registry's, or the ``clustersdk.credentials`` setting). A job is named by its
 id or its name (the newest job of that name, on whichever cluster has it).
 Each command returns its exit code: 0 done, 1 refused or failed.
 """
@@ -31,35 +34,80 @@ CONNECT_TIMEOUT = 5.0  # seconds per cluster: a stale registry entry must not ha
 FOLLOW_EVERY = 0.25  # seconds between reads of new log lines with logs -f
 
 
+def address(target: str | None) -> str | None:
+    """The scheduler address ``--cluster`` names (a standing cluster's name in this
+    account's registry, or an address already); None when it names none.
+
+    >>> address("tls://10.0.0.5:8786")
+    'tls://10.0.0.5:8786'
+    """
+    if target is None:
+        return None
+    try:
+        return registry.resolve(target)
+    except KeyError as e:
+        raise SpecError(str(e.args[0])) from None
+
+
+def connect(where: str, credentials: str | None = None) -> Cluster:
+    """The cluster at ``where`` (a name or an address), connected with ``credentials``
+    (a file for a ``tls://`` cluster; None: the registry's, or the setting's)."""
+    from ..cluster.base import Cluster
+
+    return Cluster.connect(where, timeout=CONNECT_TIMEOUT, credentials=credentials)
+
+
 class Clusters:
-    """The clusters a command looks at, connected for the command's duration.
+    """The clusters a command looks at, connected for the command's duration: the one
+    ``--cluster`` names, or every cluster of the registry.
 
     >>> with Clusters(None) as clusters:          # doctest: +SKIP
     ...     [c.scheduler_address for c in clusters]
     """
 
-    def __init__(self, address: str | None):
-        self.address = address
+    def __init__(self, target: str | None, credentials: str | None = None):
+        self.address = address(target)
+        self.credentials = credentials
         self.connected: list[Cluster] = []
         self.unreachable: list[tuple[str, str]] = []  # (address, why)
         self._stack = ExitStack()
 
-    def __enter__(self) -> Clusters:
-        from ..cluster.base import Cluster
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Clusters:
+        """The clusters of a command's ``--cluster`` and ``--credentials``."""
+        return cls(args.cluster, args.credentials)
 
+    def __enter__(self) -> Clusters:
         if self.address is not None:  # named: failing to reach it fails the command
             self.connected.append(
-                self._stack.enter_context(Cluster.connect(self.address, timeout=CONNECT_TIMEOUT))
+                self._stack.enter_context(connect(self.address, self.credentials))
             )
             return self
         for entry in registry.entries():
+            where = entry["address"]
+            # --credentials without --cluster: for the registry's tls:// clusters
+            mine = self.credentials if where.startswith("tls://") else None
             try:
-                cluster = Cluster.connect(entry["address"], timeout=CONNECT_TIMEOUT)
+                cluster = connect(where, mine)
             except ClusterSDKError as e:
-                self.unreachable.append((entry["address"], str(e)))
+                self.unreachable.append((where, str(e)))
                 continue
             self.connected.append(self._stack.enter_context(cluster))
         return self
+
+    def one(self, what: str) -> Cluster:
+        """The one cluster a command that starts something (``what``) acts on: the one
+        ``--cluster`` names, or the registry's only one."""
+        if len(self.connected) == 1:
+            return self.connected[0]
+        self.warn_unreachable()
+        found = (
+            f"the registry has {len(self.connected)}: "
+            + ", ".join(c.scheduler_address for c in self.connected)
+            if self.connected
+            else "none in the registry is reachable"
+        )
+        raise SpecError(f"{what} needs one cluster: give --cluster NAME|ADDRESS ({found})")
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
@@ -73,7 +121,7 @@ class Clusters:
         return (
             f"any of the {len(self.connected)} cluster(s) in the registry"
             if self.connected
-            else "any cluster (none is in the registry: give --cluster ADDRESS)"
+            else "any cluster (none is in the registry: give --cluster NAME|ADDRESS)"
         )
 
     def warn_unreachable(self) -> None:
@@ -102,7 +150,7 @@ def _out(text: str) -> None:
 # commands ---------------------------------------------------------------------------------
 def jobs(args: argparse.Namespace) -> int:
     """List the jobs of every cluster (live ones; all with --all)."""
-    with Clusters(args.address or args.cluster) as clusters:
+    with Clusters(args.address or args.cluster, args.credentials) as clusters:
         clusters.warn_unreachable()
         found = [
             (cluster.scheduler_address, job.info())
@@ -121,9 +169,34 @@ def jobs(args: argparse.Namespace) -> int:
     return FAILED if everything_failed else OK
 
 
+def queue(args: argparse.Namespace) -> int:
+    """The queues of every cluster, as ``cluster.queue()`` and ``%queue`` show them: who
+    holds which slots, what waits, why, and when it should start (with --json, as
+    ``GET /clustersdk/api/queue`` answers, each cluster named by its address)."""
+    with Clusters.of(args) as clusters:
+        clusters.warn_unreachable()
+        found = [(cluster.scheduler_address, cluster.queue()) for cluster in clusters]
+        if args.json:
+            _out(
+                render.to_json(
+                    {
+                        "clusters": [{"cluster": a, **view.data} for a, view in found],
+                        "unreachable": [a for a, _ in clusters.unreachable],
+                    }
+                )
+            )
+        else:
+            _out(
+                "\n\n".join(f"cluster {a}\n{view!r}" for a, view in found)
+                or "no clusters (none in the registry: give --cluster NAME|ADDRESS)"
+            )
+        everything_failed = clusters.unreachable and not clusters.connected
+    return FAILED if everything_failed else OK
+
+
 def show(args: argparse.Namespace) -> int:
     """One job: status, progress, ranks, checkpoint, error."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         record = job.info()
         done = render.progress(job.history(), record.get("total_steps"))
@@ -137,7 +210,7 @@ def show(args: argparse.Namespace) -> int:
 
 def act(args: argparse.Namespace) -> int:
     """pause | resume | checkpoint | suspend | stop; refusals raise (exit code 1)."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         message = _ACTIONS[args.command](job, args)
         if args.json:
@@ -171,7 +244,7 @@ def _stop(job: Job, args: argparse.Namespace) -> str:
 
 
 def _restart(job: Job, args: argparse.Namespace) -> str:
-    status = job.restart_from_checkpoint()
+    status = job.restart()
     return (
         f"job {job.name!r} is {status.name}: its hold ended, and it continues from step "
         f"{job.info().get('checkpoint_step')}"
@@ -198,7 +271,7 @@ def update(args: argparse.Namespace) -> int:
             raise SpecError(f"update: {key}= and {key}[{group}]= together; give one or the other")
         else:
             changes[key][group] = value
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         step = job.update(changes, timeout=args.timeout)
         row = next(
@@ -231,7 +304,7 @@ def update(args: argparse.Namespace) -> int:
 
 def debug(args: argparse.Namespace) -> int:
     """The failing stack of a held rank, each frame with its locals."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         post = clusters.find(args.job).debug(args.rank)
         _out(render.to_json(post.as_dict()) if args.json else post.text)
     return OK
@@ -239,7 +312,7 @@ def debug(args: argparse.Namespace) -> int:
 
 def stacks(args: argparse.Namespace) -> int:
     """Where every rank is now: its step, phase and the stack of its training thread."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         found = job.stacks(all_threads=args.all_threads)
         if args.json:
@@ -256,11 +329,6 @@ def submit(args: argparse.Namespace) -> int:
     from ..options import SCRIPT
     from .flags import flag_names
 
-    address = args.address or args.cluster
-    if address is None:
-        raise SpecError("submit needs the cluster: --address tcp://HOST:8786")
-    if args.world_size is None:
-        raise SpecError("submit needs -n/--world-size N: how many ranks")
     given = {
         name: getattr(args, name)
         for name in flag_names(SCRIPT)
@@ -269,8 +337,10 @@ def submit(args: argparse.Namespace) -> int:
     script, script_args = args.script, list(args.script_args)
     if script is not None and (args.module or args.command):  # -m M -- ARGS: all arguments
         script, script_args = None, [script, *script_args]
-    with Clusters(address) as clusters:
-        cluster = next(iter(clusters))
+    with Clusters.of(args) as clusters:
+        cluster = clusters.one("submit")
+        if "world_size" not in given:  # as %%distributed and %run_distributed: every slot
+            given["world_size"] = len(cluster.slots())
         job = cluster.launch_script(script, script_args, **given)
         _out(job.id if args.json else job.name)
         if not args.follow:
@@ -299,7 +369,7 @@ def follow(job: Job, rank: int | None, *, json: bool = False, keep: bool = True)
 
 def logs(args: argparse.Namespace) -> int:
     """What the ranks printed; with -f, follow until the job ends (exit 1 if it failed)."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         if args.rank is not None and not 0 <= args.rank < job.world_size:
             raise SpecError(
@@ -311,7 +381,7 @@ def logs(args: argparse.Namespace) -> int:
 
 def history(args: argparse.Namespace) -> int:
     """Every metric row the ranks logged (as CSV with --csv)."""
-    with Clusters(args.cluster) as clusters:
+    with Clusters.of(args) as clusters:
         rows = clusters.find(args.job).history()
         if args.json:
             _out(render.to_json(rows))

@@ -16,7 +16,7 @@ _FLAG_NAMES = {
     "preemptible": ("--not-preemptible",),
     "module": ("-m", "--module"),
 }
-_FLAG_HELP = {"world_size": "ranks (default: every slot)"}
+_FLAG_HELP = {"world_size": "ranks (default: every slot of the cluster)"}
 
 
 def _int_or_str(text: str) -> int | str:

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -181,6 +182,18 @@ def history_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def log_line(line: Mapping[str, Any], prefix: bool) -> str:
     """One log line, as the rank wrote it, with ``[rank N]`` in front when several ranks mix."""
     return f"[rank {line['rank']}] {line['text']}" if prefix else str(line["text"])
+
+
+def unmarked(text: str) -> str:
+    """A docstring as a terminal shows it: without reStructuredText's markup (double
+    backquotes around literals, roles such as :class:, a paragraph's closing ::).
+
+    >>> unmarked("Run ``clustersdk jobs`` (see :class:`~clustersdk.Job`)::")
+    'Run clustersdk jobs (see clustersdk.Job):'
+    """
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.DOTALL)
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"::$", ":", text, flags=re.MULTILINE)
 
 
 def to_json(value: Any) -> str:

@@ -3,9 +3,9 @@
 The cluster's certificate authority lies in the state directory of the account
 that created it (its registry entry names it); these commands run there::
 
-    clustersdk cluster add-user bob [--admin] [--out bob.pem] [--cluster ADDRESS]
-    clustersdk cluster remove-user bob [--cluster ADDRESS]
-    clustersdk cluster users [--cluster ADDRESS] [--json]
+    clustersdk cluster add-user bob [--admin] [--out bob.pem] [--cluster NAME|ADDRESS]
+    clustersdk cluster remove-user bob [--cluster NAME|ADDRESS] [--credentials FILE]
+    clustersdk cluster users [--cluster NAME|ADDRESS] [--json]
 
 ``add-user`` writes a credentials file (0600) and prints its path: hand it to the
 person privately. ``remove-user`` revokes it on the running cluster at once.
@@ -18,7 +18,7 @@ import datetime
 
 from .. import registry
 from ..errors import SpecError
-from . import render
+from . import commands, render
 
 OK = 0
 
@@ -26,11 +26,9 @@ OK = 0
 def _address(args: argparse.Namespace) -> str:
     """The cluster named by --cluster (an address, or a standing cluster's name), or the
     one cluster of the registry whose authority this account holds."""
-    if args.cluster:
-        try:
-            return registry.resolve(args.cluster)
-        except KeyError as e:
-            raise SpecError(str(e.args[0])) from None
+    named = commands.address(args.cluster)
+    if named is not None:
+        return named
     mine = [e["address"] for e in registry.entries() if e.get("authority")]
     if len(mine) != 1:
         raise SpecError(
@@ -75,11 +73,9 @@ def add_user(args: argparse.Namespace) -> int:
 
 def remove_user(args: argparse.Namespace) -> int:
     """Revoke a person's credentials on the running cluster."""
-    from ..cluster.base import Cluster
-
     address = _address(args)
     _authority(address)  # a clear refusal before connecting
-    with Cluster.connect(address, timeout=5.0) as cluster:
+    with commands.connect(address, args.credentials) as cluster:
         cluster.remove_user(args.name)
     print(f"revoked the credentials of {args.name!r} on {address}: refused from now on")
     return OK
