@@ -3,8 +3,9 @@
 Pages are MyST Markdown; the tutorials are ``notebooks/*.ipynb``, rendered by myst-nb
 with the outputs they were saved with (nbval executes them in the test suite); the API
 reference comes from the docstrings (autodoc); the REST reference and the table of
-launch options are rendered by the small extensions in ``_ext/`` from
-``extension/jupyter_clustersdk/openapi.yaml`` and ``clustersdk/options.py``.
+launch options, the REST routes, the job states, the magics and the errors are rendered
+by the small extensions in ``_ext/`` from ``extension/jupyter_clustersdk/openapi.yaml``,
+``clustersdk/options.py``, ``status.py``, ``magics.py`` and ``errors.py``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "openapi_pages",
     "launch_options",
+    "sdk_tables",
 ]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}
 exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store", "**/.ipynb_checkpoints"]

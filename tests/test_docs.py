@@ -38,6 +38,16 @@ GUIDE = [
     "monitoring",
 ]
 API = ["client", "context", "script", "errors", "options", "models", "integrations", "rest"]
+PAGES = [
+    "index",
+    "getting-started",
+    "install",
+    "concepts",
+    "coming-from",
+    "troubleshooting",
+    "architecture",
+    "benchmarks",
+]
 
 
 class Page(HTMLParser):
@@ -111,10 +121,10 @@ def test_the_site_has_the_guide_the_api_reference_and_every_tutorial(site):
         assert (site / "guide" / f"{name}.html").is_file(), name
     for name in API:
         assert (site / "api" / f"{name}.html").is_file(), name
-    for name in ("index", "getting-started", "architecture", "benchmarks"):
+    for name in PAGES:
         assert (site / f"{name}.html").is_file(), name
     notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert len(notebooks) >= 4
+    assert len(notebooks) >= 9
     for stem in notebooks:
         html = (site / "tutorials" / f"{stem}.html").read_text(encoding="utf-8")
         assert 'class="cell_output' in html, f"{stem}: rendered without its outputs"
@@ -171,3 +181,59 @@ def test_the_readme_is_short_and_its_commands_exist():
     assert "./dev docs" in readme
     for picture in re.findall(r"\]\((docs/[^)]+\.png)\)", readme):
         assert (ROOT / picture).is_file(), picture
+
+
+@pytest.mark.slow
+def test_the_lists_the_docs_show_are_the_codes(site):
+    """The errors, magics, job states and REST routes are rendered from the code (docs/_ext/):
+    each page shows every one of them."""
+    import inspect
+
+    import yaml
+
+    import clustersdk
+    from clustersdk import errors, status
+    from clustersdk.magics import ClusterMagics
+
+    errors_page = (site / "api" / "errors.html").read_text(encoding="utf-8")
+    for name, value in vars(errors).items():
+        if inspect.isclass(value) and issubclass(value, errors.ClusterSDKError):
+            assert name in clustersdk.__all__, f"clustersdk does not export {name}"
+            assert f'id="clustersdk.{name}"' in errors_page, name
+    magics = (site / "guide" / "jupyterlab.html").read_text(encoding="utf-8")
+    for kind, prefix in (("line", "%"), ("cell", "%%")):
+        for name in ClusterMagics.magics[kind]:
+            assert f'<span class="pre">{prefix}{name}</span>' in magics, prefix + name
+    concepts = (site / "concepts.html").read_text(encoding="utf-8")
+    for state in status.JobStatus:
+        assert f'<span class="pre">{state.name}</span>' in concepts, state.name
+    routes = (site / "guide" / "rest-api.html").read_text(encoding="utf-8")
+    spec = yaml.safe_load((ROOT / "extension" / "jupyter_clustersdk" / "openapi.yaml").read_text())
+    for route, item in spec["paths"].items():
+        for method in ("get", "post"):
+            if method in item:
+                assert f"{method.upper()} {route}" in routes, (method, route)
+
+
+def test_user_pages_do_not_narrate_the_tests():
+    """How a feature is tested belongs in architecture.md (and benchmarks.md, which says
+    how to measure again), not in the pages a user reads."""
+    developer = {DOCS / "architecture.md", DOCS / "benchmarks.md"}
+    found = []
+    for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        if page in developer or "_build" in page.parts:
+            continue
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"`tests/|browser test|How it is tested", line):
+                found.append(f"{page.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_install_page_lists_every_extra():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    table = (DOCS / "install.md").read_text(encoding="utf-8")
+    missing = [name for name in extras if f"| `{name}` |" not in table]
+    assert not missing, f"docs/install.md's table of extras lacks {missing}"

@@ -3,7 +3,8 @@
 Each operation becomes a section (method and path as its title, summary, description,
 parameters, request body, responses) grouped by tag, then each schema of
 ``components.schemas`` a section with its properties; a ``$ref`` is a link to the
-schema's section. ``:tag:`` shows only the operations whose first tag it is, ``:schemas:`` the schemas.
+schema's section. ``:tag:`` shows only the operations whose first tag it is, ``:schemas:`` the schemas,
+``:routes:`` instead a table of every operation with its summary, each linked to its section.
 
 Why this and not sphinxcontrib-openapi or redoc: the first renders through
 sphinxcontrib-httpdomain and has not followed Sphinx's recent majors (it is a risk under
@@ -104,7 +105,11 @@ class OpenAPI(Directive):
     """Render an OpenAPI description (path relative to the page's source file)."""
 
     required_arguments = 1
-    option_spec = {"tag": directives.unchanged, "schemas": directives.flag}
+    option_spec = {
+        "tag": directives.unchanged,
+        "schemas": directives.flag,
+        "routes": directives.flag,
+    }
 
     def run(self) -> list[nodes.Node]:
         env = self.state.document.settings.env
@@ -112,19 +117,34 @@ class OpenAPI(Directive):
         path = (source / self.arguments[0]).resolve()
         env.note_dependency(str(path))
         spec = Spec(path, "openapi")
-        lines: list[str] = []
+        lines: list[str] = self.routes(spec) if "routes" in self.options else []
         tag = self.options.get("tag")
         for route, item in spec.doc.get("paths", {}).items():
             shared = item.get("parameters", [])
             for method in METHODS:
                 # an operation is shown once, under its first tag
-                if method in item and (tag is None or item[method].get("tags", [None])[0] == tag):
+                if "routes" in self.options or method not in item:
+                    continue
+                if tag is None or item[method].get("tags", [None])[0] == tag:
                     lines += self.operation(spec, route, method, item[method], shared)
         if "schemas" in self.options:
             lines += self.schemas(spec)
         container = nodes.container(classes=["openapi"])
         nested_parse_with_titles(self.state, StringList(lines, source=str(path)), container)
         return container.children
+
+    def routes(self, spec: Spec) -> list[str]:
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 40 60", ""]
+        lines += ["   * - route", "     - what"]
+        for route, item in spec.doc.get("paths", {}).items():
+            for method in METHODS:
+                if method in item:
+                    op = item[method]
+                    title = f"{method.upper()} {route}"
+                    label = spec.label("op", op.get("operationId", title))
+                    summary = _text(op.get("summary", ""))
+                    lines += [f"   * - :ref:`{title} <{label}>`", f"     - {summary}"]
+        return lines + [""]
 
     def operation(
         self, spec: Spec, route: str, method: str, op: dict[str, Any], shared: list[dict[str, Any]]
