@@ -115,10 +115,10 @@ class JobSpec:
             raise SpecError(f"kwargs must be a dict, got {type(self.kwargs).__name__}")
         if self.fn is not None:
             _check_call(self.fn, self.args, self.kwargs)
-        if self.name is None:
-            self.name = self.default_name()
         for name, value in options.check(self.options()).items():
             setattr(self, name, value)
+        if self.name is None:  # after the checks: a script, module or command is a str
+            self.name = self.default_name()
         if self.script is not None:
             self.script = _script_file(self.script, self.working_dir)
         if self.checkpoint_dir is not None:

@@ -8,7 +8,7 @@
     HUNG       ──> RUNNING (a step finished after all) | HELD | RESTARTING | STOPPING | FINISHED
                    | FAILED
     PAUSED     ──> RUNNING | HELD | RESTARTING | SUSPENDING | STOPPING | FINISHED | FAILED
-    HELD       ──> STOPPING (job.stop(); then FAILED) | RESTARTING (restart_from_checkpoint)
+    HELD       ──> STOPPING (job.stop(); then FAILED) | RESTARTING (job.restart())
                    | FAILED (the hold timed out)
     RESTARTING ──> QUEUED (again, from the newest checkpoint) | STOPPING | FAILED
     SUSPENDING ──> SUSPENDED | QUEUED (preempted) | STOPPING | FINISHED | FAILED

@@ -3,7 +3,7 @@ the safe rendering of the failing frames' locals: ``tests/runtime/test_holds.py`
 
 A rank that raises under hold keeps the job HELD: ``job.debug(rank)`` shows its failing
 stack with its locals, ``job.stop()`` ends it (FAILED with the original error) and frees
-every slot, ``job.restart_from_checkpoint()`` continues from the checkpoint, and the hold
+every slot, ``job.restart()`` continues from the checkpoint, and the hold
 timeout fails it. The module has a cluster of its own: a rank that never gets out of a
 collective has its worker restarted.
 """
@@ -69,7 +69,7 @@ def test_a_rank_that_raises_is_held_with_its_frames_and_stop_frees_every_slot(he
 
     # bad input changes nothing: the job stays HELD, its cause and step kept
     with pytest.raises(cs.SpecError, match="has no committed checkpoint to restart from"):
-        job.restart_from_checkpoint()
+        job.restart()
     with pytest.raises(cs.SpecError, match=r"rank 7 of job 'held' is not held; held rank\(s\): 1"):
         job.debug(7)
     with pytest.raises(cs.InvalidTransitionError, match="is HELD; it cannot become PAUSED"):
@@ -168,7 +168,7 @@ def test_restart_from_checkpoint_continues_from_the_checkpoint_and_finishes(heal
     )
     wait_for(lambda: job.status is cs.JobStatus.HELD, timeout=90)
     wait_for(lambda: checkpointed_at(job, 4), timeout=30)
-    assert job.restart_from_checkpoint() is cs.JobStatus.RESTARTING
+    assert job.restart() is cs.JobStatus.RESTARTING
     result = job.wait(timeout=120)
     assert_same_run(result, plain, exact=True)  # bitwise: 2 ranks
     assert job.restarts == 0  # the owner's restart does not use max_restarts
@@ -176,7 +176,7 @@ def test_restart_from_checkpoint_continues_from_the_checkpoint_and_finishes(heal
     assert sorted(losses(job, 0)) == list(range(12))  # each step once
     events = [e for e in job.events() if e["kind"] != "request"]
     assert [e["kind"] for e in events] == ["held", "released"], events
-    assert "job.restart_from_checkpoint()" in events[1]["message"]
+    assert "job.restart()" in events[1]["message"]
 
 
 def test_the_hold_timeout_fails_the_job(healed):

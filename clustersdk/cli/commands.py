@@ -221,7 +221,10 @@ def act(args: argparse.Namespace) -> int:
 
 
 def _pause(job: Job, args: argparse.Namespace) -> str:
-    return f"paused job {job.name!r} before step {job.pause(timeout=args.timeout)}"
+    step = job.pause(timeout=args.timeout)
+    if step is None:  # a QUEUED job: the request waits for its start
+        return f"job {job.name!r} is {job.status.name}: it will pause before its first step"
+    return f"paused job {job.name!r} before step {step}"
 
 
 def _resume(job: Job, args: argparse.Namespace) -> str:
@@ -230,7 +233,10 @@ def _resume(job: Job, args: argparse.Namespace) -> str:
 
 
 def _checkpoint(job: Job, args: argparse.Namespace) -> str:
-    return f"job {job.name!r} checkpointed: {job.checkpoint(timeout=args.timeout)}"
+    path = job.checkpoint(timeout=args.timeout)
+    if path is None:  # a QUEUED job: the request waits for its start
+        return f"job {job.name!r} is {job.status.name}: it will checkpoint at its first step"
+    return f"job {job.name!r} checkpointed: {path}"
 
 
 def _suspend(job: Job, args: argparse.Namespace) -> str:

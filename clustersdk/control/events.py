@@ -245,7 +245,7 @@ class ProfileRequested:
 
 @dataclasses.dataclass(frozen=True)
 class RestartRequested:
-    """``job.restart_from_checkpoint()`` of a HELD job."""
+    """``job.restart()`` of a HELD job."""
 
 
 @dataclasses.dataclass(frozen=True)

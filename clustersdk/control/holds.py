@@ -18,7 +18,7 @@ its process group and its slot, until it is told to stop. The rules:
 - **StopRequested** on a HELD job (``job.stop()``): the ranks are told to stop; once
   out, the job ends **FAILED** with the original error (it did fail; the stop only
   ends the wait) and a durable event says the hold was ended by the stop.
-- **RestartRequested** (``job.restart_from_checkpoint()``): HELD -> RESTARTING, then
+- **RestartRequested** (``job.restart()``): HELD -> RESTARTING, then
   QUEUED first in line to continue from the newest committed checkpoint (as a
   restart after a lost worker, :meth:`.Faults.restart`). It does not count against
   ``max_restarts`` (the owner asked for it, as for a resume); a job without a
@@ -121,7 +121,7 @@ class Holds:
         return (
             f"held: rank {rank} raised {err.get('type')}{at}: {message}; job.debug({rank}) "
             f"shows its stack, job.run(fn, ranks=[{rank}]) inspects it; job.stop() or "
-            "job.restart_from_checkpoint() ends the hold (it fails by itself after "
+            "job.restart() ends the hold (it fails by itself after "
             f"hold_timeout={job.spec.hold_timeout:g} s)"
         )
 
@@ -172,7 +172,7 @@ class Holds:
         self.hangs.stopping(job)  # a peer stuck in a collective is ended after the grace
 
     def restart(self, job: JobView, e: ev.RestartRequested) -> None:
-        """``job.restart_from_checkpoint()``: leave the hold for the newest checkpoint."""
+        """``job.restart()``: leave the hold for the newest checkpoint."""
         if job.status is not JobStatus.HELD:
             raise InvalidTransitionError(
                 f"job {job.name!r} is {job.status.name}; only a HELD job can be restarted from "
@@ -185,9 +185,9 @@ class Holds:
                 "checkpoint_dir= and a checkpoint taken before it failed); job.stop() ends the "
                 "hold"
             )
-        self._end(job, f"job.restart_from_checkpoint(): it continues from {resume}")
+        self._end(job, f"job.restart(): it continues from {resume}")
         self.faults.new_gang()  # nothing held back: the restart is the owner's choice
-        self.faults.note_restart("restarted from its checkpoint (job.restart_from_checkpoint())")
+        self.faults.note_restart("restarted from its checkpoint (job.restart())")
         job.transition(
             JobStatus.RESTARTING,
             reason=(f"restart from checkpoint {resume}, asked while HELD: the ranks stop first"),

@@ -429,7 +429,7 @@ class Requests:
         }
 
     def restart(self, job: str) -> dict:
-        """``job.restart_from_checkpoint()`` of a HELD job."""
+        """``job.restart()`` of a HELD job."""
         run = self._active(job, "restart", "only a HELD job can be restarted from its checkpoint")
         self.plane.feed(run, ev.RestartRequested())
         return self._record(job)

@@ -69,10 +69,11 @@ TERMINAL = frozenset({"FINISHED", "FAILED", "STOPPED"})
 
 #: Which controls make sense in which state (the rest are greyed out).
 ACTIONS: dict[str, frozenset[str]] = {
-    "pause": frozenset({"RUNNING"}),
+    # QUEUED and STARTING: taken at the job's first step boundary
+    "pause": frozenset({"QUEUED", "STARTING", "RUNNING"}),
     "resume": frozenset({"PAUSED", "SUSPENDED"}),
-    "checkpoint": frozenset({"RUNNING", "PAUSED"}),
-    "suspend": frozenset({"RUNNING", "PAUSED"}),
+    "checkpoint": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED"}),
+    "suspend": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED"}),
     "stop": frozenset(
         {
             "QUEUED",

@@ -6,7 +6,9 @@ notebook, and refused actions say why. Screenshots go to test-output/browser/.""
 from __future__ import annotations
 
 import json
+import pathlib
 import re
+import tempfile
 import time
 
 import pytest
@@ -90,8 +92,15 @@ def restart_a_worker(dask_scheduler) -> None:
     dask_scheduler.plugins[PLUGIN_NAME].restarted("worker", "tls://10.0.0.9:4000", restart)
 
 
+@pytest.fixture
+def runs():
+    """A short directory for checkpoints: its paths show in the docs' screenshot."""
+    with tempfile.TemporaryDirectory(prefix="runs-") as path:
+        yield pathlib.Path(path)
+
+
 def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
-    browser, jupyterlab, output_dir, tmp_path
+    browser, jupyterlab, output_dir, runs
 ):
     page = browser
     page.set_default_timeout(60_000)
@@ -135,7 +144,7 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         assert schema["properties"]["refreshInterval"]["default"] == 750
 
         job = cluster.launch(
-            ticker, world_size=2, name="lab-job", checkpoint_dir=str(tmp_path / "ck")
+            ticker, world_size=2, name="lab-job", checkpoint_dir=str(runs / "lab-job")
         )
         launched = time.monotonic()
         row = sidebar.locator('.jp-clustersdk-job[data-name="lab-job"]')

@@ -49,7 +49,7 @@ def test_a_rank_that_raises_holds_the_job_pauses_the_others_and_starts_the_timer
     (reason,) = journaled(actions, "reason")
     assert reason.startswith("held: rank 1 raised ValueError at step 12: bad batch at step 12;")
     assert "job.debug(1)" in reason and "job.run(fn, ranks=[1])" in reason
-    assert "job.stop() or job.restart_from_checkpoint() ends the hold" in reason
+    assert "job.stop() or job.restart() ends the hold" in reason
     (record,) = journaled(actions, "held")[-1:]
     assert record["cause"] == 1 and record["ranks"]["1"]["frames"] == FRAMES
     assert [r.kind for r in of(actions, ev.Record)] == ["held"]
@@ -118,7 +118,7 @@ def test_restart_from_checkpoint_continues_from_the_newest_checkpoint_without_a_
     assert statuses(actions) == ["QUEUED"] and of(actions, ev.Enqueue) == [ev.Enqueue(front=True)]
     assert job.spec.resume == "/ck/step-8" and job.attempt == 1
     assert journaled(actions, "reason") == [
-        "restarted from its checkpoint (job.restart_from_checkpoint()): from checkpoint /ck/step-8"
+        "restarted from its checkpoint (job.restart()): from checkpoint /ck/step-8"
     ]
     assert job.holds.ranks == [] and job.faults.cause is None  # the new gang starts clean
     # the hold's pause of the other ranks was no one's pause request: it is not carried

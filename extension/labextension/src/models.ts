@@ -39,10 +39,11 @@ export function isTerminal(status: string): boolean {
 
 /** From which states each action is allowed (as the control plane decides). */
 const ALLOWED: Record<Action, string[]> = {
-  pause: ['RUNNING'],
+  // QUEUED and STARTING: taken at the job's first step boundary
+  pause: ['QUEUED', 'STARTING', 'RUNNING'],
   resume: ['PAUSED', 'SUSPENDED'],
-  checkpoint: ['RUNNING', 'PAUSED'],
-  suspend: ['RUNNING', 'PAUSED'],
+  checkpoint: ['QUEUED', 'STARTING', 'RUNNING', 'PAUSED'],
+  suspend: ['QUEUED', 'STARTING', 'RUNNING', 'PAUSED'],
   stop: [
     'QUEUED',
     'STARTING',

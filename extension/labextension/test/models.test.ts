@@ -73,7 +73,20 @@ describe('actionStates', () => {
     const s = actionStates(job({ status: 'PAUSED' }));
     assert.equal(s.resume.enabled, true);
     assert.equal(s.pause.enabled, false);
-    assert.equal(s.pause.reason, 'Job train is PAUSED; only a RUNNING job can pause');
+    assert.equal(
+      s.pause.reason,
+      'Job train is PAUSED; only a QUEUED, STARTING or RUNNING job can pause'
+    );
+  });
+
+  test('a queued or starting job can pause, checkpoint and suspend already', () => {
+    for (const status of ['QUEUED', 'STARTING']) {
+      const s = actionStates(job({ status }));
+      assert.deepEqual(
+        Object.fromEntries(Object.entries(s).map(([k, v]) => [k, v.enabled])),
+        { pause: true, resume: false, checkpoint: true, suspend: true, stop: true }
+      );
+    }
   });
 
   test('without checkpoint_dir, checkpoint and suspend say so', () => {
