@@ -146,6 +146,8 @@ async def test_a_jobs_diagnosis_is_served_with_the_job(jp_fetch, free_slot):
     cloudpickle.register_pickle_by_value(workloads_diag)
     job = free_slot.launch(workloads_diag.nan_at, world_size=1)
     job.wait(timeout=60)
+    # the diagnosis is made from the last rows, which may land a moment after the end
+    await asyncio.to_thread(wait_for, lambda: job.diagnosis is not None, 15)
     served = await get(jp_fetch, "api", "jobs", job.id)
     assert served["diagnosis"]["kind"] == "nonfinite" and served["diagnosis"]["step"] == 2
     assert served["diagnosis"]["advice"] == job.diagnosis.advice
