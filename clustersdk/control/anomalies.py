@@ -105,9 +105,11 @@ class Anomalies:
 
     def nonfinite(self, job: JobView, e: ev.NonFinite) -> None:
         book = self._of(job.attempt)
-        if job.status not in LIVE or e.step in book.nonfinite_steps:
-            return
         policy = job.spec.on_nan
+        # a short job's last rows may land after its end: a report is still its diagnosis
+        late_report = policy == "report" and job.status is JobStatus.FINISHED
+        if (job.status not in LIVE and not late_report) or e.step in book.nonfinite_steps:
+            return
         book.nonfinite_steps.add(e.step)
         if policy == "report":
             # once a loss is NaN the next ones usually are too: say it once, unless the rows
