@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -145,3 +147,15 @@ def cluster_processes(cluster) -> dict[str, dict]:
         return out
 
     return cluster.client.run(seen)
+
+
+def cli(state: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``clustersdk ARGS`` in a process of its own, with ``state`` as its state directory."""
+    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
+    return subprocess.run(
+        [sys.executable, "-m", "clustersdk", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )

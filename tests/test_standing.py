@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -22,23 +21,11 @@ from clustersdk.standing.record import HostPaths, HostPlan, Paths, Process, read
 from clustersdk.standing.supervisor import Supervisor
 
 from . import workloads
-from .helpers import assert_same_run, step_reached, wait_for
+from .helpers import assert_same_run, cli, step_reached, wait_for
 
 pytestmark = pytest.mark.slow
 
 NAME = "team"
-
-
-def cli(state: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """``clustersdk ARGS`` in a process of its own, with ``state`` as its state directory."""
-    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
-    return subprocess.run(
-        [sys.executable, "-m", "clustersdk", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
 
 
 def cluster_pids(state: str) -> set[int]:

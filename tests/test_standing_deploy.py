@@ -43,7 +43,7 @@ from clustersdk.standing.record import HostPlan, Paths, Process, read_json
 from clustersdk.standing.units import exec_line, render_units
 
 from . import workloads
-from .helpers import free_port, wait_for
+from .helpers import cli, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -51,18 +51,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "kubernetes" / "clustersdk.yaml"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 IMAGE = "registry.example.com/ml/clustersdk:1"
-
-
-def cli(state: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``clustersdk ARGS`` in a process of its own, with ``state`` as its state directory."""
-    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
-    return subprocess.run(
-        [sys.executable, "-m", "clustersdk", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture
