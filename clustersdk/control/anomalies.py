@@ -37,7 +37,8 @@ from .view import JobView
 
 MAX_ROLLBACKS = 3  # the default of clustersdk.diagnosis.max-rollbacks
 KEPT = 100  # diagnoses a lifecycle keeps in memory (the journal keeps them all)
-LIVE = frozenset({JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
+# STARTING too: a rank's first rows can come before the message that its gang started
+LIVE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.HUNG})
 
 
 class Anomalies:
@@ -119,7 +120,7 @@ class Anomalies:
                 self.diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
         elif policy == "pause":
             self.diagnosed(job, dx.nonfinite(e.rank, e.step, e.values, policy))
-            if job.status is JobStatus.RUNNING:
+            if job.status in (JobStatus.STARTING, JobStatus.RUNNING):
                 job.pause()
         elif policy == "fail":
             self._fail(job, e, dx.nonfinite(e.rank, e.step, e.values, policy), "")

@@ -25,7 +25,7 @@ from clustersdk.signals import (
 from clustersdk.spec import JobSpec
 from clustersdk.status import JobStatus
 
-from .helpers import exit_all, of, running, statuses
+from .helpers import exit_all, gang, make, of, running, statuses
 
 S = JobStatus
 GIB = 2**30
@@ -477,6 +477,17 @@ def test_report_diagnoses_the_first_non_finite_step_and_the_job_goes_on():
     earlier = diagnosed(nan(job, 6, rank=0))  # its rows came late: that one is the first
     assert [(d["step"], d["rank"]) for d in earlier] == [(6, 0)]
     assert job.status is S.RUNNING
+
+
+def test_a_nan_in_rows_that_come_before_the_gangs_start_message_is_diagnosed():
+    """A rank's first rows can reach the scheduler before its start does (a short job)."""
+    for policy in ("report", "pause"):
+        job = make(2, on_nan=policy)
+        job.handle(gang(2), 0.0)
+        job.handle(ev.Started(0, job.attempt), 1.0)
+        assert job.status is S.STARTING
+        assert [(d["kind"], d["step"]) for d in diagnosed(nan(job, 2))] == [("nonfinite", 2)]
+        assert job.words[Word.PAUSE] == (policy == "pause")  # held at the next step
 
 
 def test_pause_holds_every_rank_before_the_next_step_and_resume_goes_on():
