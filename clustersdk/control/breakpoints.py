@@ -9,7 +9,9 @@ asked). The rules:
 
 - **BreakpointHit** on a RUNNING job: PAUSED (``reason``: where), a session opens for
   that rank; a second chosen rank of the same breakpoint opens its own session. On a
-  job in any other state (stopping, suspending, ...) nobody waits for a console:
+  STARTING job (a rank can reach an early step before the scheduler has heard that
+  every rank started) the session opens at once and the job is PAUSED as soon as it is
+  RUNNING (:meth:`Breakpoints.started`). On a job in any other state (stopping, suspending, ...) nobody waits for a console:
   ``RELEASE`` is raised at once and the rank's session ends by itself.
 - **ConsoleOutput**: what the session printed, kept in a bounded transcript and
   published on the job's topic as ``{"kind": "console", "seq", "rank", "k", "text",
@@ -51,6 +53,7 @@ class Breakpoints:
         self.open: dict[int, dict[str, int]] = {}  # rank -> k, step
         self.k = 0  # the newest breakpoint reported
         self.pausing = False  # the job is PAUSED by a breakpoint
+        self.early: ev.BreakpointHit | None = None  # hit while STARTING: pauses once RUNNING
         self.seq = 0
         self.chunks: collections.deque[ConsoleMessage] = collections.deque(maxlen=MAX_CHUNKS)
 
@@ -79,6 +82,7 @@ class Breakpoints:
         breakpoints from 0 again (the transcript and its numbering go on)."""
         if self.attempt != attempt:
             self.attempt, self.open, self.k, self.pausing = attempt, {}, 0, False
+            self.early = None
         return self
 
     # --- events ---------------------------------------------------------------------------
@@ -87,15 +91,9 @@ class Breakpoints:
         self.of(job.attempt)
         self.k = max(self.k, e.k)
         if job.status is JobStatus.RUNNING:
-            job.transition(
-                JobStatus.PAUSED,
-                paused_at=e.step,
-                reason=(
-                    f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
-                    "(job.console()); 'c' or job.resume() continues"
-                ),
-            )
-            self.pausing = True
+            self._pause(job, e)
+        elif job.status is JobStatus.STARTING:
+            self.early = self.early or e
         elif not (job.status is JobStatus.PAUSED and self.pausing):
             self.pausing = False
             job.emit(
@@ -123,6 +121,24 @@ class Breakpoints:
                 )
             )
         )
+
+    def started(self, job: JobView) -> None:
+        """The job is RUNNING: a breakpoint hit while it was STARTING pauses it now, if
+        its session is still open."""
+        early, self.early = self.early, None
+        if early is not None and any(s["k"] == early.k for s in self.open.values()):
+            self._pause(job, early)
+
+    def _pause(self, job: JobView, e: ev.BreakpointHit) -> None:
+        job.transition(
+            JobStatus.PAUSED,
+            paused_at=e.step,
+            reason=(
+                f"at ctx.breakpoint() on rank {e.rank}, step {e.step}: its pdb console is open "
+                "(job.console()); 'c' or job.resume() continues"
+            ),
+        )
+        self.pausing = True
 
     def output(self, job: JobView, e: ev.ConsoleOutput) -> None:
         """What a session printed; its end releases the breakpoint once no session is left."""

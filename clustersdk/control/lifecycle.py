@@ -500,6 +500,7 @@ class Lifecycle:
         self.anomalies.started(self, e)
         if self._status is JobStatus.STARTING and len(self.gang.started) == self.world_size:
             self.transition(JobStatus.RUNNING, started=self._now, reason="")
+            self.breakpoints.started(self)  # a breakpoint a rank reached already
             self._maybe_paused()  # a pause asked early: its ranks may all wait already
 
     def _controls(self, e: ev.Controls) -> None:

@@ -10,7 +10,7 @@ from clustersdk.errors import InvalidTransitionError, SpecError
 from clustersdk.protocol import ExitStatus, Word
 from clustersdk.status import JobStatus
 
-from .helpers import exit_all, of, running, statuses
+from .helpers import exit_all, gang, make, of, running, statuses
 
 S = JobStatus
 OWN = {"rank": 1, "type": "ValueError", "message": "bad batch at step 12", "traceback": "tb"}
@@ -192,6 +192,25 @@ def test_a_breakpoint_pauses_the_job_and_continue_releases_every_rank():
     assert statuses(actions) == ["RUNNING"]
     assert of(actions, ev.SendControl)[-1].words[Word.RELEASE] == 1
     assert [c["seq"] for c in job.breakpoints.state()["chunks"]] == [1, 2, 3]
+
+
+def test_a_breakpoint_reached_before_the_scheduler_heard_every_rank_start_pauses_then():
+    job = make(2, debug=True)
+    job.handle(gang(2), 0.0)
+    job.handle(ev.Started(1, 0), 1.0)
+    actions = job.handle(ev.BreakpointHit(0, 0, k=1, step=3), 1.1)  # rank 0's start is late
+    assert job.status is S.STARTING and console(actions)[0]["open"] and job.words[Word.RELEASE] == 0
+    assert statuses(job.handle(ev.Started(0, 0), 1.2)) == ["RUNNING", "PAUSED"]
+    assert journaled(job.handle(ev.ResumeRequested(), 2.0), "status") == ["RUNNING"]
+    assert job.words[Word.RELEASE] == 1
+    done = make(2, debug=True)  # the session ended before the start was heard: no pause
+    done.handle(gang(2), 0.0)
+    done.handle(ev.BreakpointHit(0, 0, k=1, step=3), 1.1)
+    done.handle(ev.ConsoleOutput(0, 0, k=1, text="c\n", closed=True), 1.2)
+    assert done.words[Word.RELEASE] == 1
+    for rank in (0, 1):
+        done.handle(ev.Started(rank, 0), 1.3)
+    assert done.status is S.RUNNING
 
 
 def test_two_chosen_ranks_release_once_both_sessions_end_and_resume_ends_them_all():
