@@ -4,11 +4,13 @@ Each option of a launch is one :class:`Option` in :data:`OPTIONS`: its name, typ
 default, group, a one-line doc and its check. Everything else derives from the
 table or is checked against it by ``tests/test_options.py``:
 
-- :class:`clustersdk.JobSpec` has one field per option (same name, order and type)
-  and runs :func:`check` in ``__post_init__``; ``JobSpec.to_wire`` copies every
-  option that crosses the wire (``Option.wire``).
-- :meth:`clustersdk.Cluster.launch` has one keyword per option, with the same default
-  semantics; its docstring lists them by group.
+- written from the table by ``python -m clustersdk.codegen`` (:mod:`clustersdk.codegen`;
+  the test suite fails while it would change anything): the typed keywords of
+  :meth:`clustersdk.Cluster.launch` and :meth:`~clustersdk.Cluster.launch_script` and
+  the dict of what each was given, and :class:`clustersdk.JobSpec`'s fields (same
+  name, order and type), so ``help()``, IDEs and mypy see them. ``JobSpec`` runs
+  :func:`check` in ``__post_init__``; ``JobSpec.to_wire`` copies every option that
+  crosses the wire (``Option.wire``). Launch's docstring lists them by group.
 - :class:`clustersdk.protocol.WireSpec` has one field per wire option; its defaults
   are :func:`spec_field`'s, so a journal written by an older release (a field
   missing) reads with today's default.

@@ -20,7 +20,6 @@ from . import (
     options,
 )
 from .errors import SpecError
-from .options import default
 from .protocol import WireSpec
 
 
@@ -50,21 +49,22 @@ class JobSpec:
     world_size: int
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    # the options, in the order of clustersdk.options.OPTIONS (tests/test_options.py)
-    strategy: str = default("strategy")
+    # the options, as clustersdk.options.OPTIONS has them
+    # >>> generated: jobspec-fields (python -m clustersdk.codegen)
+    strategy: str = "ddp"
     name: str | None = None
     timeout: float | None = None
     metrics_interval: float | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
-    keep: int = default("keep")
-    async_checkpoint: bool = default("async_checkpoint")
+    keep: int = 3
+    async_checkpoint: bool = True
     resume: str | None = None
     tensorboard_dir: str | None = None
     max_restarts: int | None = None
     mesh: dict[str, int] | None = None
-    precision: str = default("precision")
-    grad_accum: int = default("grad_accum")
+    precision: str = "fp32"
+    grad_accum: int = 1
     clip_grad_norm: float | None = None
     microbatches: int | None = None
     schedule: str | None = None
@@ -78,21 +78,22 @@ class JobSpec:
     py_modules: list[Any] | None = None
     queue: str | None = None
     priority: int | str | None = None
-    preemptible: bool = default("preemptible")
+    preemptible: bool = True
     time_limit: float | None = None
     min_world_size: int | None = None
     hang_timeout: float | None = None
-    on_hang: str = default("on_hang")
-    on_error: str = default("on_error")
+    on_hang: str = "report"
+    on_error: str = "fail"
     hold_timeout: float | None = None
-    debug: bool = default("debug")
+    debug: bool = False
     hparams: dict[str, Any] | None = None
-    on_nan: str = default("on_nan")
-    on_spike: str = default("on_spike")
+    on_nan: str = "report"
+    on_spike: str = "report"
     script: str | None = None
     module: str | None = None
     command: str | None = None
     grace: float | None = None
+    # <<< generated
     id: str = dataclasses.field(default_factory=new_id)
 
     def __post_init__(self) -> None:

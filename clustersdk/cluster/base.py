@@ -19,7 +19,7 @@ from .. import config, hooks, options, registry
 from ..client import ControlClient
 from ..errors import ClusterClosedError, PluginMissingError, SpecError
 from ..job import Job
-from ..options import check_env, default
+from ..options import check_env
 from ..protocol import topic
 from ..spec import JobSpec
 from . import shipping
@@ -171,21 +171,22 @@ class Cluster:
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         *,
+        # >>> generated: launch-keywords (python -m clustersdk.codegen)
         world_size: int | None = None,
-        strategy: str = default("strategy"),
+        strategy: str = "ddp",
         name: str | None = None,
         timeout: float | None = None,
         metrics_interval: float | None = None,
         checkpoint_dir: str | None = None,
         checkpoint_every: int | None = None,
-        keep: int = default("keep"),
-        async_checkpoint: bool = default("async_checkpoint"),
+        keep: int = 3,
+        async_checkpoint: bool = True,
         resume: str | None = None,
         tensorboard_dir: str | None = None,
         max_restarts: int | None = None,
         mesh: dict[str, int] | None = None,
-        precision: str = default("precision"),
-        grad_accum: int = default("grad_accum"),
+        precision: str = "fp32",
+        grad_accum: int = 1,
         clip_grad_norm: float | None = None,
         microbatches: int | None = None,
         schedule: str | None = None,
@@ -199,17 +200,18 @@ class Cluster:
         py_modules: list[Any] | None = None,
         queue: str | None = None,
         priority: int | str | None = None,
-        preemptible: bool = default("preemptible"),
+        preemptible: bool = True,
         time_limit: float | None = None,
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
-        on_hang: str = default("on_hang"),
-        on_error: str = default("on_error"),
+        on_hang: str = "report",
+        on_error: str = "fail",
         hold_timeout: float | None = None,
-        debug: bool = default("debug"),
+        debug: bool = False,
         hparams: dict[str, Any] | None = None,
-        on_nan: str = default("on_nan"),
-        on_spike: str = default("on_spike"),
+        on_nan: str = "report",
+        on_spike: str = "report",
+        # <<< generated
     ) -> Job:
         """Run ``fn(ctx, *args, **kwargs)`` on ``world_size`` ranks; return its :class:`Job`.
 
@@ -248,8 +250,49 @@ class Cluster:
         >>> spec = cs.JobSpec(train, world_size=2, checkpoint_dir="runs/a")  # doctest: +SKIP
         >>> first, second = cluster.launch(spec), cluster.launch(spec)     # doctest: +SKIP
         """
-        # every option as given, by name: the signature above is where they are spelled
-        given = {k: v for k, v in locals().items() if k in options.OPTIONS_BY_NAME}
+        # >>> generated: launch-given (python -m clustersdk.codegen)
+        given = {
+            "world_size": world_size,
+            "strategy": strategy,
+            "name": name,
+            "timeout": timeout,
+            "metrics_interval": metrics_interval,
+            "checkpoint_dir": checkpoint_dir,
+            "checkpoint_every": checkpoint_every,
+            "keep": keep,
+            "async_checkpoint": async_checkpoint,
+            "resume": resume,
+            "tensorboard_dir": tensorboard_dir,
+            "max_restarts": max_restarts,
+            "mesh": mesh,
+            "precision": precision,
+            "grad_accum": grad_accum,
+            "clip_grad_norm": clip_grad_norm,
+            "microbatches": microbatches,
+            "schedule": schedule,
+            "split": split,
+            "reshard_after_forward": reshard_after_forward,
+            "cpu_offload": cpu_offload,
+            "model": model,
+            "plan": plan,
+            "env": env,
+            "working_dir": working_dir,
+            "py_modules": py_modules,
+            "queue": queue,
+            "priority": priority,
+            "preemptible": preemptible,
+            "time_limit": time_limit,
+            "min_world_size": min_world_size,
+            "hang_timeout": hang_timeout,
+            "on_hang": on_hang,
+            "on_error": on_error,
+            "hold_timeout": hold_timeout,
+            "debug": debug,
+            "hparams": hparams,
+            "on_nan": on_nan,
+            "on_spike": on_spike,
+        }
+        # <<< generated
         if isinstance(fn, JobSpec):
             spec = self._renewed(fn, args, kwargs, given)
         else:
@@ -270,6 +313,7 @@ class Cluster:
         script: str | None = None,
         args: Sequence[Any] = (),
         *,
+        # >>> generated: launch-script-keywords (python -m clustersdk.codegen)
         world_size: int | None = None,
         name: str | None = None,
         timeout: float | None = None,
@@ -282,14 +326,15 @@ class Cluster:
         py_modules: list[Any] | None = None,
         queue: str | None = None,
         priority: int | str | None = None,
-        preemptible: bool = default("preemptible"),
+        preemptible: bool = True,
         time_limit: float | None = None,
         min_world_size: int | None = None,
         hang_timeout: float | None = None,
-        on_hang: str = default("on_hang"),
+        on_hang: str = "report",
         module: str | None = None,
         command: str | None = None,
         grace: float | None = None,
+        # <<< generated
     ) -> Job:
         """Run ``python -u script *args`` (or ``-m module``, or a console ``command``) on
         ``world_size`` ranks, as ``torchrun`` would; return its :class:`Job`.
@@ -324,7 +369,31 @@ class Cluster:
         ...                             working_dir=".", max_restarts=2)
         >>> cluster.launch_script(module="pkg.train", world_size=2)                     # doctest: +SKIP
         """
-        given = {k: v for k, v in locals().items() if k in options.OPTIONS_BY_NAME}
+        # >>> generated: launch-script-given (python -m clustersdk.codegen)
+        given = {
+            "world_size": world_size,
+            "name": name,
+            "timeout": timeout,
+            "metrics_interval": metrics_interval,
+            "checkpoint_dir": checkpoint_dir,
+            "tensorboard_dir": tensorboard_dir,
+            "max_restarts": max_restarts,
+            "env": env,
+            "working_dir": working_dir,
+            "py_modules": py_modules,
+            "queue": queue,
+            "priority": priority,
+            "preemptible": preemptible,
+            "time_limit": time_limit,
+            "min_world_size": min_world_size,
+            "hang_timeout": hang_timeout,
+            "on_hang": on_hang,
+            "script": script,
+            "module": module,
+            "command": command,
+            "grace": grace,
+        }
+        # <<< generated
         if world_size is None:
             raise TypeError(
                 "Cluster.launch_script() missing 1 required keyword-only argument: 'world_size'"
