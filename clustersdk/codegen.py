@@ -3,8 +3,10 @@
 :data:`clustersdk.options.OPTIONS` is the one definition of every launch option. Python
 needs some of it spelled out statically, so that ``help()``, IDEs and mypy see real
 typed keywords: ``Cluster.launch``'s and ``Cluster.launch_script``'s keyword-only
-parameters and the dict of what was given (no ``locals()``), and ``JobSpec``'s fields.
-This module writes those regions of the source from the table; each sits between
+parameters and the dict of what was given (no ``locals()``), ``JobSpec``'s and
+``WireSpec``'s fields; and the REST API's description of a spec (``Spec`` in the
+server extension's ``openapi.yaml``) is the table's too. This module writes those
+regions of a checkout from the table; each sits between
 
 .. code-block:: python
 
@@ -34,6 +36,7 @@ from . import options
 from .options import FUNCTION, SCRIPT, Config, Option
 
 PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent  # a checkout: the server extension's package sits beside this one
 REGION = re.compile(
     r"^(?P<indent>[ \t]*)# >>> generated: (?P<name>[\w-]+) \(python -m clustersdk\.codegen\)\n"
     r"(?P<body>.*?)"
@@ -80,15 +83,129 @@ def fields() -> list[str]:
     ]
 
 
-#: file (under the package) -> region name -> what the region holds
+# WireSpec's fields before (required: id, name, world_size) and after its options
+WIRE_FIRST = ("name", "world_size")
+#: the REST description of WireSpec's fields that are not launch options (protocol.py)
+CONTROL_FIELDS: dict[str, dict[str, object]] = {
+    "id": {"type": "string"},
+    "fn": {
+        "type": "string",
+        "description": "The training function's qualified name, or what a script job runs "
+        "(train.py, -m pkg.train, a command)",
+    },
+    "owner": {
+        "type": "string",
+        "nullable": True,
+        "description": "Who launched it: the name on the certificate it was launched with "
+        "(on a cluster without TLS: the login name)",
+    },
+    "attempt": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Gang starts after the first (restarts, resumes)",
+    },
+    "asked_world_size": {
+        "type": "integer",
+        "nullable": True,
+        "description": "Running on fewer ranks than asked: the size to grow back to",
+    },
+    "profile_dir": {"type": "string", "nullable": True},
+    "args": {
+        "type": "array",
+        "nullable": True,
+        "items": {"type": "string"},
+        "description": "A script job's arguments",
+    },
+    "skip_steps": {
+        "type": "array",
+        "nullable": True,
+        "items": {"type": "integer"},
+        "description": "Steps whose batch is dropped (rollbacks)",
+    },
+    "version": {"type": "integer"},
+}
+JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+
+
+def wire_options() -> list[Option]:
+    return [o for o in options.OPTIONS if o.wire is not None and o.name not in WIRE_FIRST]
+
+
+def wire_fields() -> list[str]:
+    """``WireSpec``'s option fields, each with its default from the table (or setting)."""
+    return [f'{o.name}: {o.wire_type or o.type} = spec_field("{o.name}")' for o in wire_options()]
+
+
+def json_schema(annotation: str) -> dict[str, object]:
+    """The JSON schema of a Python annotation of the table (``list[str] | None``...)."""
+    base = annotation.removesuffix(" | None")
+    if base == "int | str":  # priority: a class's name, an int once admitted
+        base = "int"
+    out: dict[str, object]
+    if base.startswith("list["):
+        out = {"type": "array", "items": json_schema(base[5:-1])}
+    elif base.startswith("dict[str, "):
+        value = base[10:-1]
+        out = {
+            "type": "object",
+            "additionalProperties": (
+                {"description": "a number, string or boolean"}
+                if value == "Any"
+                else json_schema(value)
+            ),
+        }
+    else:
+        out = {"type": JSON_TYPES[base]}
+    if annotation.endswith(" | None"):
+        out["nullable"] = True
+    return out
+
+
+def option_schema(option: Option) -> dict[str, object]:
+    out = json_schema(option.wire_type or option.type)
+    if option.choices and not out.get("nullable"):
+        out["enum"] = list(option.choices)
+    return {**out, **option.schema, "description": option.doc}
+
+
+def spec_properties() -> list[str]:
+    """The ``Spec`` schema's properties, in ``WireSpec``'s order, one flow mapping each."""
+    by_name = options.OPTIONS_BY_NAME
+    described = {
+        "id": CONTROL_FIELDS["id"],
+        **{name: option_schema(by_name[name]) for name in WIRE_FIRST},
+        "fn": CONTROL_FIELDS["fn"],
+        "owner": CONTROL_FIELDS["owner"],
+        **{o.name: option_schema(o) for o in wire_options()},
+        **{k: v for k, v in CONTROL_FIELDS.items() if k not in ("id", "fn", "owner")},
+    }
+    return [f"{name}: {flow(schema)}" for name, schema in described.items()]
+
+
+def flow(value: object) -> str:
+    """``value`` as YAML flow style (JSON's quoting where a plain scalar would not do)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(flow(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]*", value):
+        return json.dumps(value)
+    return str(value)
+
+
+#: file (in a checkout) -> region name -> what the region holds
 REGIONS: dict[str, dict[str, Callable[[], list[str]]]] = {
-    "cluster/base.py": {
+    "clustersdk/cluster/base.py": {
         "launch-keywords": lambda: keywords(FUNCTION),
         "launch-given": lambda: given(FUNCTION),
         "launch-script-keywords": lambda: keywords(SCRIPT, skip=("script",)),
         "launch-script-given": lambda: given(SCRIPT),
     },
-    "spec.py": {"jobspec-fields": fields},
+    "clustersdk/spec.py": {"jobspec-fields": fields},
+    "clustersdk/protocol.py": {"wirespec-fields": wire_fields},
+    "extension/jupyter_clustersdk/openapi.yaml": {"spec-properties": spec_properties},
 }
 
 
@@ -113,7 +230,7 @@ def render(text: str, regions: dict[str, Callable[[], list[str]]], where: str = 
     return out
 
 
-def stale(root: Path = PACKAGE) -> dict[str, str]:
+def stale(root: Path = ROOT) -> dict[str, str]:
     """Each file whose generated regions differ from the table: its unified diff."""
     diffs = {}
     for name, regions in REGIONS.items():
@@ -129,7 +246,7 @@ def stale(root: Path = PACKAGE) -> dict[str, str]:
     return diffs
 
 
-def write(root: Path = PACKAGE) -> list[str]:
+def write(root: Path = ROOT) -> list[str]:
     """Rewrite the stale files; return their names."""
     written = []
     for name, regions in REGIONS.items():
@@ -158,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return 1 if diffs else 0
     for name in write():
-        print(f"wrote {PACKAGE.name}/{name}")
+        print(f"wrote {name}")
     return 0
 
 

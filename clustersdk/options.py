@@ -1,23 +1,23 @@
 """The launch options: one table, read by every entry point.
 
 Each option of a launch is one :class:`Option` in :data:`OPTIONS`: its name, type,
-default, group, a one-line doc and its check. Everything else derives from the
-table or is checked against it by ``tests/test_options.py``:
+default, group, a one-line doc and its check. Everything else derives from the table:
 
-- written from the table by ``python -m clustersdk.codegen`` (:mod:`clustersdk.codegen`;
-  the test suite fails while it would change anything): the typed keywords of
+- written from it by ``python -m clustersdk.codegen`` (:mod:`clustersdk.codegen`; the
+  test suite fails while that would change a line): the typed keywords of
   :meth:`clustersdk.Cluster.launch` and :meth:`~clustersdk.Cluster.launch_script` and
-  the dict of what each was given, and :class:`clustersdk.JobSpec`'s fields (same
-  name, order and type), so ``help()``, IDEs and mypy see them. ``JobSpec`` runs
-  :func:`check` in ``__post_init__``; ``JobSpec.to_wire`` copies every option that
-  crosses the wire (``Option.wire``). Launch's docstring lists them by group.
-- :class:`clustersdk.protocol.WireSpec` has one field per wire option; its defaults
-  are :func:`spec_field`'s, so a journal written by an older release (a field
-  missing) reads with today's default.
-- ``%%distributed`` (:mod:`clustersdk.magics`) makes one flag per option a command
-  line can spell (a number, a string or a flag; not a dict, a list or a Python object).
-- The REST API's job record shows the wire spec (``Spec`` in the extension's
-  ``openapi.yaml``): one property per WireSpec field.
+  the dict of what each was given; :class:`clustersdk.JobSpec`'s fields (same name,
+  order and type), so ``help()``, IDEs and mypy see them;
+  :class:`clustersdk.protocol.WireSpec`'s field per option that crosses the wire,
+  whose defaults are :func:`spec_field`'s (a journal written by an older release, a
+  field missing, reads with today's default); and the REST API's description of a
+  spec (``Spec`` in the server extension's ``openapi.yaml``).
+- made from it when they run: ``%%distributed``'s and the CLI's flags, one per option
+  a command line can spell (a number, a string or a flag; not a dict, a list or a
+  Python object: :mod:`clustersdk.cli.flags`); :func:`describe` and the docs' table.
+- checked against it by ``tests/test_options.py``: launch's docstring, which lists the
+  options by group. ``JobSpec`` runs :func:`check` in ``__post_init__``;
+  ``JobSpec.to_wire`` copies every option that crosses the wire (``Option.wire``).
 
 Defaults. An option whose default is a setting (:class:`Config`: ``timeout``,
 ``metrics_interval``, ``max_restarts``, ``hold_timeout``) has its value in
@@ -136,6 +136,12 @@ class Config:
 REQUIRED = Config("")  # no default: launch(fn) must be given it (world_size)
 
 
+# what the REST API's description of a spec says of a number's bounds (Option.schema)
+AT_LEAST_0: Mapping[str, Any] = {"minimum": 0}
+AT_LEAST_1: Mapping[str, Any] = {"minimum": 1}
+POSITIVE: Mapping[str, Any] = {"minimum": 0, "exclusiveMinimum": True}
+
+
 def _same(value: Any) -> Any:
     return value
 
@@ -150,7 +156,10 @@ class Option:
     it normalized, or raises :class:`SpecError` naming it; checks across options are
     :func:`check`'s. ``wire`` turns the checked value into its :class:`WireSpec`
     form; None: it does not cross the wire (a Python object, pickled with the
-    function in the payload).
+    function in the payload). ``wire_type`` is the annotation of its ``WireSpec``
+    field when that is not ``type`` (module objects travel as their names), and
+    ``schema`` what the REST API's description of a spec adds to the JSON type that
+    ``type`` gives and the ``doc`` (a number's bounds): :mod:`clustersdk.codegen` writes both.
     """
 
     name: str
@@ -162,6 +171,8 @@ class Option:
     wire: Callable[[Any], Any] | None = _same
     choices: tuple[str, ...] = ()
     kinds: tuple[str, ...] = BOTH  # which kinds of job take it (launch, launch_script)
+    wire_type: str | None = None
+    schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def setting(self) -> str | None:
@@ -396,6 +407,7 @@ OPTIONS: tuple[Option, ...] = (
         "core",
         "how many ranks (one slot each) the job runs on",
         _world_size,
+        schema=AT_LEAST_1,
     ),
     Option(
         "strategy",
@@ -414,6 +426,7 @@ OPTIONS: tuple[Option, ...] = (
         "core",
         "the job's name (default: the function's name and the start of the job's id)",
         _name,
+        wire_type="str",  # made from the function when not given
     ),
     Option(
         "timeout",
@@ -422,6 +435,7 @@ OPTIONS: tuple[Option, ...] = (
         "core",
         "seconds a collective may wait for a peer",
         _seconds("timeout"),
+        schema=POSITIVE,
     ),
     Option(
         "metrics_interval",
@@ -430,6 +444,7 @@ OPTIONS: tuple[Option, ...] = (
         "core",
         "seconds between each rank's shipments of metrics and log lines",
         _seconds("metrics_interval"),
+        schema=POSITIVE,
     ),
     Option(
         "checkpoint_dir",
@@ -447,6 +462,7 @@ OPTIONS: tuple[Option, ...] = (
         "steps between periodic checkpoints (needs checkpoint_dir)",
         _optional(_positive_int("checkpoint_every", " (steps)")),
         kinds=(FUNCTION,),
+        schema=AT_LEAST_1,
     ),
     Option(
         "keep",
@@ -456,6 +472,7 @@ OPTIONS: tuple[Option, ...] = (
         "how many committed checkpoints are kept",
         _keep,
         kinds=(FUNCTION,),
+        schema=AT_LEAST_1,
     ),
     Option(
         "async_checkpoint",
@@ -490,6 +507,7 @@ OPTIONS: tuple[Option, ...] = (
         "faults",
         "how many times the gang restarts after a lost worker (or a hang, a rollback)",
         _max_restarts,
+        schema=AT_LEAST_0,
     ),
     Option(
         "mesh",
@@ -518,6 +536,7 @@ OPTIONS: tuple[Option, ...] = (
         "micro-batches per optimizer step",
         _positive_int("grad_accum", ""),
         kinds=(FUNCTION,),
+        schema=AT_LEAST_1,
     ),
     Option(
         "clip_grad_norm",
@@ -527,6 +546,7 @@ OPTIONS: tuple[Option, ...] = (
         "clip the whole model's gradient norm to this",
         _clip,
         kinds=(FUNCTION,),
+        schema=POSITIVE,
     ),
     Option(
         "microbatches",
@@ -536,6 +556,7 @@ OPTIONS: tuple[Option, ...] = (
         "pp or a 3-D mesh: micro-batches per schedule step (default: the stages)",
         _optional(_positive_int("microbatches", "")),
         kinds=(FUNCTION,),
+        schema=AT_LEAST_1,
     ),
     Option(
         "schedule",
@@ -619,6 +640,7 @@ OPTIONS: tuple[Option, ...] = (
         "modules (or their names) shipped to every worker; a package goes whole",
         _py_modules,
         _module_names,
+        wire_type="list[str] | None",
     ),
     Option(
         "queue",
@@ -653,6 +675,7 @@ OPTIONS: tuple[Option, ...] = (
         "sharing",
         "an estimate of its run time in seconds: lets backfill plan around it",
         _optional(_seconds("time_limit")),
+        schema=POSITIVE,
     ),
     Option(
         "min_world_size",
@@ -660,6 +683,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "sharing",
         "it may start (or resume) on this many ranks or more, up to world_size",
+        schema=AT_LEAST_1,
     ),
     Option(
         "hang_timeout",
@@ -669,6 +693,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds without a finished step before the job is HUNG (default: max(60 s, 20x "
         "the slowest recent step))",
         _optional(_seconds("hang_timeout")),
+        schema=POSITIVE,
     ),
     Option(
         "on_hang",
@@ -697,6 +722,7 @@ OPTIONS: tuple[Option, ...] = (
         "seconds a HELD job waits for you before it fails",
         _seconds("hold_timeout", " (how long a HELD job waits for you before it fails)"),
         kinds=(FUNCTION,),
+        schema=POSITIVE,
     ),
     Option(
         "debug",
@@ -775,6 +801,7 @@ OPTIONS: tuple[Option, ...] = (
         "before SIGKILL",
         _seconds("grace"),
         kinds=(SCRIPT,),
+        schema=POSITIVE,
     ),
 )
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -385,18 +385,18 @@ class WireSpec:
     world_size: int
     fn: str = "job"  # the training function's qualified name
     owner: str | None = None  # who launched it (login name)
-    # the launch options that cross the wire, their defaults clustersdk.options's
+    # the launch options that cross the wire (each one's doc: clustersdk.options)
+    # >>> generated: wirespec-fields (python -m clustersdk.codegen)
     strategy: str = spec_field("strategy")
-    timeout: float = spec_field("timeout")  # process-group timeout, seconds
-    metrics_interval: float = spec_field("metrics_interval")  # ranks ship metrics, logs
+    timeout: float = spec_field("timeout")
+    metrics_interval: float = spec_field("metrics_interval")
     checkpoint_dir: str | None = spec_field("checkpoint_dir")
     checkpoint_every: int | None = spec_field("checkpoint_every")
-    keep: int = spec_field("keep")  # committed checkpoints kept
+    keep: int = spec_field("keep")
     async_checkpoint: bool = spec_field("async_checkpoint")
-    resume: str | None = spec_field("resume")  # "auto" or a checkpoint path
+    resume: str | None = spec_field("resume")
     tensorboard_dir: str | None = spec_field("tensorboard_dir")
-    max_restarts: int = spec_field("max_restarts")  # gang restarts after a lost worker
-    attempt: int = 0  # gang starts after the first (restarts, resumes)
+    max_restarts: int = spec_field("max_restarts")
     mesh: dict[str, int] | None = spec_field("mesh")
     precision: str = spec_field("precision")
     grad_accum: int = spec_field("grad_accum")
@@ -406,31 +406,32 @@ class WireSpec:
     split: list[str] | None = spec_field("split")
     reshard_after_forward: bool | None = spec_field("reshard_after_forward")
     cpu_offload: bool | None = spec_field("cpu_offload")
-    env: dict[str, str] | None = spec_field("env")  # each rank's environment (NCCL_*...)
-    working_dir: str | None = spec_field("working_dir")  # shipped code: the ranks' cwd
-    py_modules: list[str] | None = spec_field("py_modules")  # shipped code: module names
-    # sharing the cluster (control/scheduling): resolved by the control plane at submit
-    queue: str | None = spec_field("queue")  # None: the default queue
-    priority: int | str | None = spec_field("priority")  # an int once admitted
+    env: dict[str, str] | None = spec_field("env")
+    working_dir: str | None = spec_field("working_dir")
+    py_modules: list[str] | None = spec_field("py_modules")
+    queue: str | None = spec_field("queue")
+    priority: int | str | None = spec_field("priority")
     preemptible: bool = spec_field("preemptible")
-    time_limit: float | None = spec_field("time_limit")  # the owner's estimate, seconds
-    min_world_size: int | None = spec_field("min_world_size")  # fewest ranks to run on
+    time_limit: float | None = spec_field("time_limit")
+    min_world_size: int | None = spec_field("min_world_size")
+    hang_timeout: float | None = spec_field("hang_timeout")
+    on_hang: str = spec_field("on_hang")
+    on_error: str = spec_field("on_error")
+    hold_timeout: float = spec_field("hold_timeout")
+    debug: bool = spec_field("debug")
+    hparams: dict[str, Any] | None = spec_field("hparams")
+    on_nan: str = spec_field("on_nan")
+    on_spike: str = spec_field("on_spike")
+    script: str | None = spec_field("script")
+    module: str | None = spec_field("module")
+    command: str | None = spec_field("command")
+    grace: float = spec_field("grace")
+    # <<< generated
+    # what the control plane adds
+    attempt: int = 0  # gang starts after the first (restarts, resumes)
     asked_world_size: int | None = None  # running on fewer than asked: the size to regain
-    hang_timeout: float | None = spec_field("hang_timeout")  # None: derived from step times
-    on_hang: str = spec_field("on_hang")  # "report", "restart" or "fail"
     profile_dir: str | None = None  # the control plane's state dir (profile traces)
-    on_error: str = spec_field("on_error")  # "fail", or "hold": a rank that raises waits (HELD)
-    hold_timeout: float = spec_field("hold_timeout")  # seconds a HELD job waits before it fails
-    debug: bool = spec_field("debug")  # ctx.breakpoint() opens a pdb console (else a no-op)
-    hparams: dict[str, Any] | None = spec_field("hparams")  # JSON scalars job.update may change
-    on_nan: str = spec_field("on_nan")  # "report", "pause", "rollback" or "fail"
-    on_spike: str = spec_field("on_spike")  # "report" or "pause"
-    # a script job (launch_script): what each rank runs as a child process of its worker
-    script: str | None = spec_field("script")  # python -u script *args
-    module: str | None = spec_field("module")  # python -u -m module *args
-    command: str | None = spec_field("command")  # command *args
     args: list[str] | None = None  # the script's arguments
-    grace: float = spec_field("grace")  # seconds from SIGTERM to SIGKILL
     skip_steps: list[int] | None = None  # steps whose batch is drawn and dropped (rollbacks)
     version: int = VERSION
 

@@ -1,8 +1,8 @@
 """The launch options table writes the typed signatures: ``python -m clustersdk.codegen``.
 
 The generated regions are fresh; an option added to the table alone appears in launch's
-and launch_script's keywords, the dict of what was given, JobSpec's fields, the CLI's
-flags and the option docs; and mypy, on a user's script, sees launch's keywords and types.
+and launch_script's keywords, the dict of what was given, JobSpec's and WireSpec's
+fields, the REST description of a spec, the CLI's flags and the option docs; and mypy, on a user's script, sees launch's keywords and types.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clustersdk import codegen, options
 from clustersdk.cli.flags import flag_names
@@ -28,19 +29,17 @@ def test_the_generated_code_is_what_the_table_says(capsys):
     assert codegen.main(["--bogus"]) == 2 and "usage" in capsys.readouterr().err
 
 
-def test_a_stale_region_is_shown_as_a_diff_and_rewritten(tmp_path, capsys):
+def test_a_stale_region_is_shown_as_a_diff_and_rewritten(tmp_path):
     copy = package_copy(tmp_path)
-    spec = copy / "spec.py"
+    spec = copy / "clustersdk" / "spec.py"
     spec.write_text(spec.read_text().replace("    keep: int = 3\n", "    keep: int = 4\n"))
     diffs = codegen.stale(copy)
-    assert (
-        list(diffs) == ["spec.py"]
-        and "-    keep: int = 4\n+    keep: int = 3\n" in diffs["spec.py"]
-    )
-    assert codegen.write(copy) == ["spec.py"] and codegen.stale(copy) == {}
+    assert list(diffs) == ["clustersdk/spec.py"]
+    assert "-    keep: int = 4\n+    keep: int = 3\n" in diffs["clustersdk/spec.py"]
+    assert codegen.write(copy) == ["clustersdk/spec.py"] and codegen.stale(copy) == {}
     spec.write_text(spec.read_text().replace("# <<< generated\n", "", 1))
     with pytest.raises(
-        ValueError, match=r"spec.py: generated regions missing \['jobspec-fields'\]"
+        ValueError, match=r"clustersdk/spec.py: generated regions missing \['jobspec-fields'\]"
     ):
         codegen.stale(copy)
 
@@ -48,7 +47,7 @@ def test_a_stale_region_is_shown_as_a_diff_and_rewritten(tmp_path, capsys):
 def package_copy(tmp_path: Path) -> Path:
     for name in codegen.REGIONS:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(codegen.PACKAGE / name, tmp_path / name)
+        shutil.copyfile(codegen.ROOT / name, tmp_path / name)
     return tmp_path
 
 
@@ -72,6 +71,13 @@ def keywords(fn: ast.FunctionDef) -> dict[str, tuple[str, object]]:
     }
 
 
+def dataclass_fields(path: Path, cls: str) -> list[str]:
+    (found,) = [
+        c for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef) and c.name == cls
+    ]
+    return [f.target.id for f in found.body if isinstance(f, ast.AnnAssign)]
+
+
 def given(fn: ast.FunctionDef) -> list[str]:
     (assign,) = [
         n
@@ -89,9 +95,9 @@ def test_an_option_added_to_the_table_alone_appears_everywhere(tmp_path, monkeyp
     monkeypatch.setattr(options, "OPTIONS_BY_NAME", {o.name: o for o in table})
     monkeypatch.setattr(options, "NAMES", tuple(o.name for o in table))
     copy = package_copy(tmp_path)
-    assert sorted(codegen.write(copy)) == ["cluster/base.py", "spec.py"]
+    assert sorted(codegen.write(copy)) == sorted(codegen.REGIONS)  # every file has options
 
-    base = ast.parse((copy / "cluster" / "base.py").read_text())
+    base = ast.parse((copy / "clustersdk" / "cluster" / "base.py").read_text())
     launch = function(base, "Cluster", "launch")
     assert list(keywords(launch)) == list(options.names(FUNCTION))
     assert keywords(launch)["warmup_steps"] == ("int", 0)
@@ -100,10 +106,20 @@ def test_an_option_added_to_the_table_alone_appears_everywhere(tmp_path, monkeyp
     assert list(keywords(script))[-1] == "warmup_steps" and "warmup_steps" in given(script)
     assert given(script) == list(options.names(SCRIPT))
 
-    spec = ast.parse((copy / "spec.py").read_text())
-    (jobspec,) = [c for c in spec.body if isinstance(c, ast.ClassDef) and c.name == "JobSpec"]
-    fields = [f.target.id for f in jobspec.body if isinstance(f, ast.AnnAssign)]
-    assert fields[fields.index("grace") + 1] == "warmup_steps"
+    for module, cls in (("spec.py", "JobSpec"), ("protocol.py", "WireSpec")):
+        fields = dataclass_fields(copy / "clustersdk" / module, cls)
+        assert fields[fields.index("grace") + 1] == "warmup_steps", cls
+    assert dataclass_fields(copy / "clustersdk" / "protocol.py", "WireSpec")[-1] == "version"
+
+    schemas = yaml.safe_load(
+        (copy / "extension" / "jupyter_clustersdk" / "openapi.yaml").read_text()
+    )
+    spec = schemas["components"]["schemas"]["Spec"]["properties"]
+    assert spec["warmup_steps"] == {
+        "type": "integer",
+        "description": "steps of learning-rate warmup",
+    }
+    assert list(spec).index("warmup_steps") == list(spec).index("grace") + 1
 
     assert "warmup_steps" in flag_names(FUNCTION) and "warmup_steps" in flag_names(SCRIPT)
     assert "warmup_steps" in options.describe("training")
