@@ -645,3 +645,17 @@ def test_closing_a_dashboard_closes_its_widgets_and_no_others(idle):
     assert bystander.comm is not None
     dash._on_event({"kind": "status", "status": "RUNNING"})  # late events are ignored
     dash.flush()
+
+
+def test_the_static_summary_draws_a_lone_point_as_a_dot_and_a_line_once_there_are_two():
+    view = JobView(name="j", world_size=2, strategy="ddp", status="RUNNING")
+    view.add_rows(
+        [{"rank": r, "step": 0, "time": 1.0, "scalars": {"loss": 2.0 - r}} for r in (0, 1)]
+    )
+    html = render.job_html(view)
+    assert html.count('r="2.5"') == 2  # a dot per rank: a polyline of one point is invisible
+    view.add_rows([{"rank": 0, "step": 1, "time": 2.0, "scalars": {"loss": 1.5}}])
+    html = render.job_html(view)
+    assert html.count('r="2.5"') == 1  # rank 0 has a line now; rank 1 still one point
+    (line,) = [line for line in render.sparkline("loss", view.scalars["loss"])["lines"][:1]]
+    assert len(line["points"].split()) == 2 and line["dot"] is None

@@ -196,8 +196,8 @@ def sparkline(
     height: int = 80,
     markers: tuple[list[float], list[float]] = ([], []),
 ) -> dict | None:
-    """SVG polylines for one metric, one per rank, sharing the axes; ``markers`` (steps
-    and values: the loss spikes) as red dots."""
+    """SVG polylines for one metric, one per rank, sharing the axes (a rank with one
+    point so far: a dot); ``markers`` (steps and values: the loss spikes) as red rings."""
     lines = {rank: s.points() for rank, s in series.items() if len(s)}
     if not lines:
         return None
@@ -213,12 +213,19 @@ def sparkline(
     out = []
     for rank in sorted(lines):
         px, py = lines[rank]
-        points = " ".join(
-            f"{4 + (x - x0) * sx:.1f},{height - 4 - (y - y0) * sy:.1f}"
+        points = [
+            (f"{4 + (x - x0) * sx:.1f}", f"{height - 4 - (y - y0) * sy:.1f}")
             for x, y in zip(px, py)
             if y == y
+        ]
+        out.append(
+            {
+                "color": rank_color(rank),
+                "points": " ".join(f"{x},{y}" for x, y in points),
+                # a line of one point draws nothing: that point is a dot until the next
+                "dot": {"x": points[0][0], "y": points[0][1]} if len(points) == 1 else None,
+            }
         )
-        out.append({"color": rank_color(rank), "points": points})
     dots = [
         {"x": round(4 + (x - x0) * sx, 1), "y": round(height - 4 - (min(y, y1) - y0) * sy, 1)}
         for x, y in zip(*markers)
