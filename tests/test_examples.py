@@ -1,4 +1,5 @@
-"""Every ```python block of the README and the documentation runs as written.
+"""Every ```python block of the README and the documentation runs as written, and every
+``clustersdk ...`` command line of their shell blocks is one the CLI's parser takes.
 
 A page's blocks run in order, as a notebook's cells would (IPython, so magics and a
 cell's last expression work), in a fresh process with a working directory and a
@@ -162,3 +163,53 @@ def test_the_readme_and_getting_started_examples_run_here():
     # the first example a newcomer meets is never one of the skipped
     for page in ("README.md", "docs/getting-started.md"):
         assert page in RUN, f"{page} has no python block that runs"
+
+
+# --- the command lines ----------------------------------------------------------------------
+SHELL_FENCE = re.compile(r"^(`{3,})(bash|console|sh|shell)\s*$")
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """Every ``clustersdk ...`` command of the README's and the docs' shell blocks: (where,
+    the command); a console block's commands are its ``$`` lines."""
+    found = []
+    for path in pages():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        page = str(path.relative_to(ROOT))
+        fence = None
+        for i, line in enumerate(lines):
+            if fence is None:
+                opening = SHELL_FENCE.match(line)
+                fence = opening.groups() if opening else None
+                continue
+            if line.startswith(fence[0]):
+                fence = None
+                continue
+            text = line.removeprefix("$ ") if fence[1] == "console" else line
+            if fence[1] == "console" and not line.startswith("$ "):
+                continue
+            if text.startswith("clustersdk "):
+                found.append((f"{page}:{i + 1}", text))
+    return found
+
+
+COMMANDS = command_lines()
+
+
+def test_the_docs_show_the_command_line():
+    assert len(COMMANDS) >= 30  # the CLI page, the team-cluster guide, scripts, deployment
+
+
+@pytest.mark.parametrize("where,command", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_every_command_line_in_the_docs_is_one_the_cli_takes(where, command, capsys):
+    import shlex
+
+    from clustersdk.__main__ import parser
+
+    words = shlex.split(command, comments=True)
+    if ">" in words:  # a redirection: not the command's
+        words = words[: words.index(">")]
+    try:
+        parser().parse_args(words[1:])
+    except SystemExit as e:
+        assert e.code == 0, f"{where}: {command}\n{capsys.readouterr().err}"  # --version, --help
