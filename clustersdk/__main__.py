@@ -11,13 +11,29 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from . import cli
 
-    args = parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     if args.command == "demo":
         from .demo import run
 
         run(workers=args.workers, steps=args.steps)
         return 0
     return cli.run(args)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed. What follows ``--`` is a submitted script's own arguments, also
+    when flags of ``submit`` come after the script's name (``train.py --follow -- --lr 1``)."""
+    top = parser()
+    rest: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1 :]
+    args = top.parse_args(argv)
+    if rest:
+        if getattr(args, "script_args", None) is None:
+            top.error("only `clustersdk submit` takes arguments after --: the script's own")
+        args.script_args = [*args.script_args, *rest]
+    return args
 
 
 def parser() -> argparse.ArgumentParser:

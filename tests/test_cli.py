@@ -353,3 +353,16 @@ def test_submit_uses_every_slot_and_cluster_takes_a_name_or_an_address(idle, sta
     mine = [*address, "--credentials", idle.credentials]
     assert "cli-every" in ok(run(nobody, "jobs", "--all", *mine))
     assert json.loads(ok(run(nobody, "queue", "--json", *mine)))["clusters"][0]["free"] == 2
+
+
+def test_what_follows_double_dash_is_the_scripts_own_wherever_submits_flags_are(capsys):
+    from clustersdk.__main__ import parse
+
+    late = parse(["submit", "-n", "2", "train.py", "--follow", "--", "--lr", "1e-3"])
+    assert (late.script, late.follow, late.script_args) == ("train.py", True, ["--lr", "1e-3"])
+    early = parse(["submit", "-n", "2", "--follow", "train.py", "a", "--", "--follow"])
+    assert (early.follow, early.script_args) == (True, ["a", "--follow"])
+    with pytest.raises(SystemExit) as refused:
+        parse(["jobs", "--", "x"])
+    assert refused.value.code == 2
+    assert "only `clustersdk submit` takes arguments after --" in capsys.readouterr().err

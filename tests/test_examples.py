@@ -204,12 +204,12 @@ def test_the_docs_show_the_command_line():
 def test_every_command_line_in_the_docs_is_one_the_cli_takes(where, command, capsys):
     import shlex
 
-    from clustersdk.__main__ import parser
+    from clustersdk.__main__ import parse
 
     words = shlex.split(command, comments=True)
     if ">" in words:  # a redirection: not the command's
         words = words[: words.index(">")]
     try:
-        parser().parse_args(words[1:])
+        parse(words[1:])
     except SystemExit as e:
         assert e.code == 0, f"{where}: {command}\n{capsys.readouterr().err}"  # --version, --help
