@@ -140,7 +140,8 @@ class ControlClient:
         """A held rank's error and failing frames with their locals (see job.debug)."""
         return await self.call(Op.DEBUG, job=job, rank=rank)
 
-    async def restart_from_checkpoint(self, job: str) -> dict[str, Any]:
+    async def restart(self, job: str) -> dict[str, Any]:
+        """End a HELD job's hold: it continues from its newest checkpoint."""
         return await self.call(Op.RESTART, job=job)
 
     async def console(

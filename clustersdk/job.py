@@ -576,7 +576,7 @@ class Job:
         >>> job.restart()                                                  # doctest: +SKIP
         <JobStatus.RESTARTING: 'restarting'>
         """
-        self._record = self.cluster.sync(self.cluster.control.restart_from_checkpoint, self.id)
+        self._record = self.cluster.sync(self.cluster.control.restart, self.id)
         return JobStatus[self._record["status"]]
 
     def restart_from_checkpoint(self) -> JobStatus:

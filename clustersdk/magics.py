@@ -44,6 +44,7 @@ from IPython.core.magic_arguments import (
 import clustersdk as cs
 
 from . import options
+from .actions import VERBS
 from .cells import (  # noqa: F401 - cell_function, RemoteFailure: also imported from here
     RemoteFailure,
     RemoteRunFailure,
@@ -389,9 +390,9 @@ class ClusterMagics(Magics):
     @argument(
         "action",
         nargs="?",
-        help="pause | resume | checkpoint | suspend | stop | show | logs | run | update | "
-        "debug | console | restart (a HELD job, from its checkpoint) | stacks (where "
-        "every rank is now) | history (every metric row)",
+        help=" | ".join(VERBS) + " (restart: a HELD job, from its checkpoint) | show | logs | "
+        "run | update | debug | console | stacks (where every rank is now) | history (every "
+        "metric row)",
     )
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
     @argument(
@@ -424,22 +425,7 @@ class ClusterMagics(Magics):
         args = parse_argstring(self.job, line)
         if _help(self.job, args):
             return None
-        actions = (
-            "pause",
-            "resume",
-            "checkpoint",
-            "suspend",
-            "stop",
-            "show",
-            "logs",
-            "run",
-            "update",
-            "debug",
-            "console",
-            "restart",
-            "stacks",
-            "history",
-        )
+        actions = (*VERBS, "show", "logs", "run", "update", "debug", "console", "stacks", "history")
         if args.action not in actions or not args.name:
             raise UsageError(
                 f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; %job --help)"

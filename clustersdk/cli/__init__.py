@@ -39,6 +39,7 @@ import re
 import sys
 from typing import Any
 
+from ..actions import JOB_ACTIONS, WAITING
 from ..errors import ClusterSDKError
 
 USAGE = 2
@@ -102,28 +103,22 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         return parser
 
     job_command("show", "a job's status, progress, ranks, checkpoint and error", commands.show)
-    for name, help in (
-        ("pause", "hold every rank at the next step boundary"),
-        ("checkpoint", "checkpoint at the next step boundary"),
-        ("suspend", "checkpoint, free the slots, wait for resume"),
-    ):
-        job_command(name, help, commands.act).add_argument(
+    acting = {a.verb: job_command(a.verb, a.help, commands.act) for a in JOB_ACTIONS}
+    for verb in WAITING:
+        acting[verb].add_argument(
             "--timeout",
             type=_positive(float),
             default=120.0,
             metavar="S",
             help="seconds to wait for the ranks (default: 120)",
         )
-    resume = job_command(
-        "resume", "continue a paused job, or queue a suspended one again", commands.act
-    )
-    resume.add_argument(
+    acting["resume"].add_argument(
         "--world-size",
         type=_positive(int),
         metavar="N",
         help="resume a suspended job on N ranks (resharding its checkpoint)",
     )
-    stop = job_command("stop", "stop at the next step boundary (or dequeue)", commands.act)
+    stop = acting["stop"]
     stop.add_argument("--no-wait", action="store_true", help="return once the stop is asked")
     stop.add_argument(
         "--timeout",
@@ -149,9 +144,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=60.0,
         metavar="S",
         help="seconds to wait for the ranks to apply it (default: 60)",
-    )
-    job_command(
-        "restart", "end the hold of a HELD job: continue from its newest checkpoint", commands.act
     )
     debug = job_command(
         "debug", "the failing stack of a HELD rank, with its locals", commands.debug

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..actions import BUTTONS
 from ..protocol import what_runs
 from .phases import PhaseView
 from .series import MAX_POINTS, Band, Cutoff, RateMeter, Series  # noqa: F401 - re-exported
@@ -68,26 +69,7 @@ STATUS_COLORS = {
 TERMINAL = frozenset({"FINISHED", "FAILED", "STOPPED"})
 
 #: Which controls make sense in which state (the rest are greyed out).
-ACTIONS: dict[str, frozenset[str]] = {
-    # QUEUED and STARTING: taken at the job's first step boundary
-    "pause": frozenset({"QUEUED", "STARTING", "RUNNING"}),
-    "resume": frozenset({"PAUSED", "SUSPENDED"}),
-    "checkpoint": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED"}),
-    "suspend": frozenset({"QUEUED", "STARTING", "RUNNING", "PAUSED"}),
-    "stop": frozenset(
-        {
-            "QUEUED",
-            "STARTING",
-            "RUNNING",
-            "PAUSED",
-            "HUNG",
-            "RESTARTING",
-            "SUSPENDING",
-            "SUSPENDED",
-            "HELD",
-        }
-    ),
-}
+ACTIONS: dict[str, frozenset[str]] = BUTTONS
 
 
 class JobView:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from clustersdk import registry
+from clustersdk.actions import VERBS, WAITING
 from clustersdk.client import ControlClient
 from clustersdk.cluster.dashboard import DashboardFinder
 from clustersdk.control.access import may_change, refusal
@@ -46,8 +47,8 @@ from .panel import PanelQueries
 
 logger = logging.getLogger(__name__)
 
-ACTIONS = ("pause", "resume", "checkpoint", "suspend", "stop", "restart")
-WAITING_ACTIONS = ("pause", "checkpoint", "suspend")  # return once the ranks have done it
+ACTIONS = VERBS  # POST .../jobs/{job}/VERB
+WAITING_ACTIONS = WAITING  # they return once the ranks have done it
 RECONNECT_AFTER = 5.0  # how long a scheduler that refused a connection is not tried again
 
 
