@@ -230,7 +230,13 @@ def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else check(value)
 
 
-def _world_size(value: Any) -> int:
+def check_world_size(value: Any) -> int:
+    """A world size (a launch's, a resume's), or a :class:`SpecError` saying what it is.
+
+    >>> check_world_size(0)
+    Traceback (most recent call last):
+    clustersdk.errors.SpecError: world_size must be at least 1, got 0
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise SpecError(f"world_size must be an int, got {value!r} of type {type(value).__name__}")
     if value <= 0:
@@ -406,7 +412,7 @@ OPTIONS: tuple[Option, ...] = (
         REQUIRED,
         "core",
         "how many ranks (one slot each) the job runs on",
-        _world_size,
+        check_world_size,
         schema=AT_LEAST_1,
     ),
     Option(

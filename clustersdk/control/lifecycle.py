@@ -75,6 +75,7 @@ from typing import Any
 
 from ..errors import EXIT_TYPES, InvalidTransitionError, SpecError, describe
 from ..layout import Layout
+from ..options import check_world_size
 from ..protocol import ExitStatus, WireSpec, Word, no_words
 from ..status import EARLY, TRANSITIONS, JobStatus, check_transition
 from . import events as ev
@@ -629,9 +630,7 @@ class Lifecycle:
             self.ask(Word.RESUME, self.gang.words[Word.PAUSE])
             self.breakpoints.resumed(self)  # a breakpoint's sessions continue too
         elif self._status is JobStatus.SUSPENDED:
-            ws = self.world_size if e.world_size is None else e.world_size
-            if isinstance(ws, bool) or not isinstance(ws, int) or ws <= 0:
-                raise SpecError(f"world_size must be a positive int, got {ws!r}")
+            ws = check_world_size(self.world_size if e.world_size is None else e.world_size)
             Layout.resolve(self._spec.strategy, self._spec.mesh, ws)  # a mesh that fits ws
             checkpoint = self.checkpoint_pending  # asked while QUEUED, before its suspend
             self._new_gang()

@@ -312,7 +312,7 @@ def test_resume_of_a_suspended_job_checks_the_world_size_and_the_mesh():
     job = running(4, checkpoint_dir="/ck", strategy="fsdp", mesh={"dp": -1, "tp": 2})
     job.handle(ev.SuspendRequested(), 1.0)
     exit_all(job, ExitStatus.SUSPENDED)
-    with pytest.raises(SpecError, match="world_size must be a positive int, got 0"):
+    with pytest.raises(SpecError, match="world_size must be at least 1, got 0"):
         job.handle(ev.ResumeRequested(world_size=0), 2.0)
     with pytest.raises(SpecError):
         job.handle(ev.ResumeRequested(world_size=3), 2.0)  # tp=2 does not divide 3
