@@ -60,6 +60,14 @@ class ControlClient:
         cluster's scheduler or worker that its supervisor started again, and why."""
         return await self.call(Op.CLUSTER_EVENTS)
 
+    async def drain(self, target: str, reason: str = "") -> dict[str, Any]:
+        """Take a host (or a worker) out: its jobs move, it takes no new ranks (admins)."""
+        return await self.call(Op.DRAIN, target=target, reason=reason)
+
+    async def undrain(self, target: str) -> dict[str, Any]:
+        """Give a drained host (or worker) back (admins)."""
+        return await self.call(Op.UNDRAIN, target=target)
+
     async def revoke(self, crl: str) -> dict[str, Any]:
         """An admin's new revocation list (:meth:`Cluster.remove_user` sends it)."""
         return await self.call(Op.REVOKE, crl=crl)

@@ -123,6 +123,8 @@ class Op(str, enum.Enum):
     WHOAMI = "whoami"  # the identity a request comes from, and what it may do
     CLUSTER_EVENTS = "cluster_events"  # a standing cluster's restarts of its processes
     REVOKE = "revoke"  # an admin's new revocation list: refused from now on
+    DRAIN = "drain"  # an admin takes a host (or a worker) out: its jobs move, no new ranks
+    UNDRAIN = "undrain"  # ... and gives it back
 
     @property
     def handler(self) -> str:

@@ -19,6 +19,7 @@
     clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
     clustersdk cluster remove-user NAME        revoke them at once
     clustersdk cluster users                   who holds credentials
+    clustersdk drain|undrain HOST [--reason R]   an admin takes a host out (its jobs move)
     clustersdk submit [-n N] [options] script.py [-- ARGS]   a script job (every slot without -n)
     clustersdk submit [-n N] [options] -m pkg.train [-- ARGS] (or --command C)
     clustersdk doctor                          pre-flight checks of a running cluster
@@ -101,6 +102,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         parser.add_argument("job", metavar="JOB", help="a job id, or a job name (the newest)")
         parser.set_defaults(run=run)
         return parser
+
+    for verb, help in (
+        ("drain", "take a host (or worker) out: its jobs move, it takes no new ranks"),
+        ("undrain", "give a drained host (or worker) back"),
+    ):
+        draining = sub.add_parser(verb, parents=[_common(ONE)], help=help)
+        draining.add_argument("target", metavar="HOST", help="a host, or a worker's address")
+        if verb == "drain":
+            draining.add_argument("--reason", help="why (shown in the jobs' events)")
+        draining.set_defaults(run=commands.drain)
 
     job_command("show", "a job's status, progress, ranks, checkpoint and error", commands.show)
     acting = {a.verb: job_command(a.verb, a.help, commands.act) for a in JOB_ACTIONS}

@@ -194,6 +194,26 @@ def queue(args: argparse.Namespace) -> int:
     return FAILED if everything_failed else OK
 
 
+def drain(args: argparse.Namespace) -> int:
+    """Take a host (or a worker) out: its jobs move at their next step boundary
+    (``cluster.drain``); ``undrain`` gives it back."""
+    with Clusters.of(args) as clusters:
+        cluster = clusters.one(args.command)
+        if args.command == "drain":
+            done = cluster.drain(args.target, reason=args.reason or "")
+            moved = ", ".join(repr(j) for j in done["jobs"]) or "no job"
+            message = (
+                f"drained {args.target} ({len(done['workers'])} worker(s)): it takes no new "
+                f"ranks; {moved} checkpoint(s) at the next step boundary and continue(s) "
+                "on other slots"
+            )
+        else:
+            done = cluster.undrain(args.target)
+            message = f"{args.target} takes ranks again ({len(done['workers'])} worker(s))"
+        _out(render.to_json(done) if args.json else message)
+    return OK
+
+
 def show(args: argparse.Namespace) -> int:
     """One job: status, progress, ranks, checkpoint, error."""
     with Clusters.of(args) as clusters:

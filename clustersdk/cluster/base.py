@@ -161,8 +161,26 @@ class Cluster:
 
     def slots(self) -> list[dict[str, Any]]:
         """Every slot (GPU or CPU) in rank order: worker, host, kind, index, uuid, the CPU
-        cores its worker is bound to (``cpus``, a CPU list; "" unbound) and its job."""
+        cores its worker is bound to (``cpus``, a CPU list; "" unbound), its job, and why
+        it takes no new ranks (``drained``; None when it does)."""
         return list(self.sync(self.control.inventory))
+
+    def drain(self, target: str, reason: str = "") -> dict[str, Any]:
+        """Take a host (or one worker, by address) out of service, an admin's call: it
+        takes no new ranks, and every job with a rank there checkpoints at its next step
+        boundary (the just-in-time checkpoint of a preemption), leaves, and queues again
+        to continue on other slots, bitwise where it has a ``checkpoint_dir`` (without
+        one it starts again). :meth:`undrain` gives it back. Returns the workers drained
+        and the jobs that move.
+
+        >>> cluster.drain("gpu3", reason="fan replacement")               # doctest: +SKIP
+        {'target': 'gpu3', 'workers': ['tls://10.0.0.3:40211'], 'jobs': ['bert'], ...}
+        """
+        return self.sync(self.control.drain, target, reason)
+
+    def undrain(self, target: str) -> dict[str, Any]:
+        """Give a drained host (or worker) back: its slots take ranks again."""
+        return self.sync(self.control.undrain, target)
 
     # jobs ------------------------------------------------------------------------
     def launch(

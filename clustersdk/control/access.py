@@ -76,6 +76,8 @@ KINDS: dict[Op, str] = {
     Op.CONSOLE: CHANGE,
     Op.CONFIGURE: ADMIN,
     Op.REVOKE: ADMIN,
+    Op.DRAIN: ADMIN,
+    Op.UNDRAIN: ADMIN,
     Op.SET_CAPACITY: ADMIN,  # an autoscaling deployer: the creator's own client
     Op.WORKER_READY: CLUSTER,
     Op.RANK_EVENT: CLUSTER,
@@ -296,5 +298,7 @@ def _verb(op: Op) -> str:
         Op.CONSOLE: "use the debugger console of",
         Op.CONFIGURE: "change the scheduling settings",
         Op.REVOKE: "revoke credentials",
+        Op.DRAIN: "drain hosts of",
+        Op.UNDRAIN: "undrain hosts of",
         Op.SET_CAPACITY: "set the cluster's capacity",
     }.get(op, op.value)

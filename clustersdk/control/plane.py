@@ -116,5 +116,8 @@ class Plane(Protocol):
     ) -> Awaitable[bool]:
         """Wait until ``predicate()`` holds (checked after every event of the job)."""
 
+    def drained_why(self, worker: str) -> str | None:
+        """Why ``worker`` takes no new ranks (its host or itself drained), or None."""
+
     def worker_pid(self, worker: str) -> int | None:
         """The process id Dask knows for ``worker``."""

@@ -27,7 +27,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import config
-from ..errors import ClusterSDKError
+from ..errors import ClusterSDKError, SpecError
 from ..protocol import (
     ExitStatus,
     Message,
@@ -81,6 +81,8 @@ class ControlPlane(SchedulerPlugin):
         self.journal = Journal(os.path.join(self.state_dir, "journal.sqlite"))
         self.slots: dict[str, policy.Slot] = {}
         self.busy: dict[str, str] = {}  # worker address -> job id
+        # drained by an admin (cluster.drain): host or worker address -> why; no new ranks
+        self.drained: dict[str, str] = {}
         self.runs: dict[str, Run] = {}  # jobs not released yet
         # an autoscaling cluster (Cluster.slurm): the most slots it can grow to, and what
         # queued jobs wait for besides free slots (e.g. Slurm's pending reason)
@@ -103,6 +105,8 @@ class ControlPlane(SchedulerPlugin):
             Op.WORKER_READY: self._worker_ready,
             Op.RANK_EVENT: self._rank_event,
             Op.SET_CAPACITY: self._set_capacity,
+            Op.DRAIN: self._drain,
+            Op.UNDRAIN: self._undrain,
             Op.CLUSTER_EVENTS: lambda: self.journal.events(CLUSTER),
             Op.LIVE_PENDING: self.requests.live_pending,
         }
@@ -220,6 +224,61 @@ class ControlPlane(SchedulerPlugin):
         self.capacity, self.note = int(slots), str(note)
         self.schedule()  # rewrites the queued jobs' reasons
 
+    # --- drains: an admin takes hosts out -----------------------------------------------
+    def drained_why(self, worker: str) -> str | None:
+        """Why ``worker`` takes no new ranks (its address or its host drained), or None."""
+        slot = self.slots.get(worker)
+        return self.drained.get(worker) or (self.drained.get(slot.host) if slot else None)
+
+    def _targets(self, target: str) -> list[str]:
+        workers = sorted(w for w, s in self.slots.items() if target in (w, s.host))
+        if not workers:
+            hosts = sorted({s.host for s in self.slots.values()})
+            raise SpecError(
+                f"no host or worker {target!r} in this cluster; its hosts: {', '.join(hosts)}"
+            )
+        return workers
+
+    def _drain(self, target: str, reason: str = "") -> dict[str, Any]:
+        """Take ``target`` (a host, or one worker's address) out: no new ranks land there,
+        and each job with a rank there checkpoints at its next step boundary (as for a
+        preemption), leaves, and queues again to continue on other slots. Without a
+        checkpoint_dir a job stops and queues again from its newest checkpoint (or start)."""
+        workers = self._targets(target)
+        why = reason or "drained by an admin"
+        self.drained[target] = why
+        for worker in workers:
+            self.placement.scheduler.remove_slot(worker)
+        moved = []
+        for job in dict.fromkeys(self.busy[w] for w in workers if w in self.busy):
+            run = self.runs.get(job)
+            if run is None:
+                continue
+            self.feed(
+                run,
+                ev.Preempted(
+                    "suspend", f"{target} is drained ({why}): it continues on other slots"
+                ),
+            )
+            moved.append(run.machine.name)
+        self.journal.add_event(CLUSTER, time.time(), None, "drained", f"{target}: {why}", {})
+        self.schedule()
+        return {"target": target, "workers": workers, "jobs": moved, "reason": why}
+
+    def _undrain(self, target: str) -> dict[str, Any]:
+        """Give a drained host (or worker) back: its slots take ranks again."""
+        if target not in self.drained:
+            raise SpecError(
+                f"{target!r} is not drained; drained: {', '.join(sorted(self.drained)) or 'none'}"
+            )
+        del self.drained[target]
+        workers = [w for w in self._targets(target) if self.drained_why(w) is None]
+        for worker in workers:
+            self.placement.scheduler.add_slot(self.slots[worker])
+        self.journal.add_event(CLUSTER, time.time(), None, "undrained", target, {})
+        self.schedule()
+        return {"target": target, "workers": workers}
+
     def can_hold(self) -> tuple[int, str]:
         now = time.time()
         memory = float(config.get("left-slot-memory"))
@@ -263,7 +322,8 @@ class ControlPlane(SchedulerPlugin):
                 del self.left[worker]
                 break
         self.slots[slot["worker"]] = policy.Slot(**slot)
-        self.placement.scheduler.add_slot(self.slots[slot["worker"]])
+        if self.drained_why(slot["worker"]) is None:  # a drained host's new worker: none
+            self.placement.scheduler.add_slot(self.slots[slot["worker"]])
         self.schedule()
         return {"crl": self.gate.crl}  # a worker started by other means learns revocations
 

@@ -145,7 +145,11 @@ class Requests:
     def inventory(self) -> list[dict]:
         plane = self.plane
         return [
-            {**dataclasses.asdict(s), "job": plane.busy.get(s.worker)}
+            {
+                **dataclasses.asdict(s),
+                "job": plane.busy.get(s.worker),
+                "drained": plane.drained_why(s.worker),
+            }
             for s in policy.rank_order(plane.slots.values())
         ]
 
