@@ -125,6 +125,7 @@ class Op(str, enum.Enum):
     REVOKE = "revoke"  # an admin's new revocation list: refused from now on
     DRAIN = "drain"  # an admin takes a host (or a worker) out: its jobs move, no new ranks
     UNDRAIN = "undrain"  # ... and gives it back
+    NOTICE = "notice"  # from a worker: it goes away soon (SIGTERM); its jobs move first
 
     @property
     def handler(self) -> str:

@@ -5,6 +5,8 @@ bitwise equal to the run nobody moved; the drained slot takes no rank until undr
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -84,3 +86,35 @@ def test_drain_and_undrain_on_the_command_line(idle4):
     )
     again = cli(idle4.state_dir, "undrain", target, "--cluster", address)
     assert again.returncode == 1 and f"{target!r} is not drained" in again.stderr
+
+
+def test_a_sigterm_to_a_worker_moves_its_job_first_and_loses_no_step(idle4, tmp_path):
+    want = idle4.launch(workloads.train_exact, kwargs=KW, world_size=2)
+    want_state, want_rows = want.wait(timeout=120), rows(want)
+
+    job = idle4.launch(
+        workloads.train_exact,
+        kwargs={**KW, "delay": 0.05},
+        world_size=2,
+        name="noticed",
+        checkpoint_dir=str(tmp_path),
+    )
+    seen = Statuses(job)
+    wait_for(lambda: step_reached(job, 4), timeout=60)
+    leaving = workers_of(idle4, job)[1]
+    pid = idle4.client.run(os.getpid, workers=[leaving])[leaving]
+    os.kill(pid, signal.SIGTERM)  # as Kubernetes' eviction or scancel would
+    at = max(r["step"] for r in job.history())
+
+    got = job.wait(timeout=120)
+    assert seen.after("RUNNING")[:3] == ["RUNNING", "SUSPENDING", "QUEUED"]
+    (notice,) = [e for e in job.events() if e["kind"] == "preempted"]
+    assert (
+        f"worker {leaving} (host " in notice["message"] and "received SIGTERM" in notice["message"]
+    )
+    # it checkpointed at the next step boundary: no step since the notice is done twice
+    assert job.info()["checkpoint_step"] >= at
+    assert job.restarts == 0
+    assert_bitwise(got, want_state, KW["steps"])
+    assert rows(job) == want_rows
+    wait_for(lambda: len(idle4.slots()) == 4, timeout=60)  # its nanny started it again

@@ -82,6 +82,7 @@ KINDS: dict[Op, str] = {
     Op.WORKER_READY: CLUSTER,
     Op.RANK_EVENT: CLUSTER,
     Op.LIVE_PENDING: CLUSTER,
+    Op.NOTICE: CLUSTER,
 }
 
 #: the requests that change a job, journaled with who made them (``job.events()``); reading

@@ -107,6 +107,7 @@ class ControlPlane(SchedulerPlugin):
             Op.SET_CAPACITY: self._set_capacity,
             Op.DRAIN: self._drain,
             Op.UNDRAIN: self._undrain,
+            Op.NOTICE: self._notice,
             Op.CLUSTER_EVENTS: lambda: self.journal.events(CLUSTER),
             Op.LIVE_PENDING: self.requests.live_pending,
         }
@@ -264,6 +265,25 @@ class ControlPlane(SchedulerPlugin):
         self.journal.add_event(CLUSTER, time.time(), None, "drained", f"{target}: {why}", {})
         self.schedule()
         return {"target": target, "workers": workers, "jobs": moved, "reason": why}
+
+    def _notice(self, worker: str, leaves_in: float, why: str) -> dict[str, Any]:
+        """``worker`` goes away within ``leaves_in`` seconds (it received ``why``, e.g.
+        SIGTERM): it takes no new ranks, and its job checkpoints at its next step boundary
+        and moves, as for a drain; the worker exits once its rank is gone."""
+        slot = self.slots.get(worker)
+        if slot is None:
+            return {"jobs": []}
+        self.placement.scheduler.remove_slot(worker)
+        message = (
+            f"worker {worker} (host {slot.host}) received {why}, leaving within {leaves_in:.0f} s"
+        )
+        logger.warning("clustersdk: %s", message)
+        self.journal.add_event(CLUSTER, time.time(), None, "notice", message, {"worker": worker})
+        run = self.runs.get(self.busy.get(worker, ""))
+        if run is not None:
+            self.feed(run, ev.Preempted("suspend", f"{message}: it continues on other slots"))
+        self.schedule()
+        return {"jobs": [run.machine.name] if run is not None else []}
 
     def _undrain(self, target: str) -> dict[str, Any]:
         """Give a drained host (or worker) back: its slots take ranks again."""

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -94,6 +96,10 @@ class Agent(WorkerPlugin):
         self._schedule_flush(FLUSH_IDLE_S)
         slot.update(worker=worker.address, host=_host_of(worker.address), cpus=bound)
         self.slot = slot
+        self._noticed = False
+        if worker.nanny and threading.current_thread() is threading.main_thread():
+            # SIGTERM (an eviction, scancel, systemd stop): move the jobs, then leave
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         # started again by a standing cluster's supervisor: how its predecessor ended
         restart = os.environ.get(ENV_RESTART)
         ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot, restart=restart)
@@ -114,6 +120,42 @@ class Agent(WorkerPlugin):
             self._spare.cancel()
         self.zygote.close()  # and with it every rank process still there
         self.stores.clear()
+
+    # notices ---------------------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._noticed or self.closing or not self.ranks:  # nothing to move: leave now
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self._noticed = True
+        asyncio.get_event_loop().call_soon_threadsafe(
+            lambda: asyncio.ensure_future(self._leave("SIGTERM"))
+        )
+
+    async def _leave(self, why: str) -> None:
+        """Tell the scheduler (its jobs here checkpoint and move), wait until this
+        worker's ranks are gone or the grace is up, then exit as SIGTERM asked."""
+        grace = float(dask.config.get("clustersdk.notice-grace"))
+        deadline = time.monotonic() + grace
+        logger.warning(
+            "clustersdk: worker %s received %s: leaving within %.0f s",
+            self.worker.address,
+            why,
+            grace,
+        )
+        try:
+            await asyncio.wait_for(
+                op(self.worker.scheduler, Op.NOTICE)(
+                    worker=self.worker.address, leaves_in=grace, why=why
+                ),
+                max(1.0, grace / 2),
+            )
+        except Exception as e:  # noqa: BLE001 - no scheduler to tell: leave all the same
+            logger.warning("clustersdk: the scheduler did not take the notice (%r)", e)
+        while self.ranks and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     # handlers ------------------------------------------------------------------
     def revoke(self, crl: str) -> bool:
