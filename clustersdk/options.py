@@ -625,7 +625,7 @@ OPTIONS: tuple[Option, ...] = (
         "dict[str, str] | None",
         None,
         "code",
-        "environment variables of each rank, on top of the cluster's env (NCCL_*...; "
+        "environment variables of each rank, on top of the cluster's env (NCCL settings...; "
         'docs: guide/multi-node, "Network settings")',
         check_env,
         _copy_or_none,
