@@ -98,7 +98,8 @@ class Agent(WorkerPlugin):
         self.slot = slot
         self._noticed = False
         if worker.nanny and threading.current_thread() is threading.main_thread():
-            # SIGTERM (an eviction, scancel, systemd stop): move the jobs, then leave
+            # SIGTERM to this process: move its job first, then leave (its nanny's own
+            # SIGTERM still closes it at once: not handled yet)
             signal.signal(signal.SIGTERM, self._on_sigterm)
         # started again by a standing cluster's supervisor: how its predecessor ended
         restart = os.environ.get(ENV_RESTART)
