@@ -24,19 +24,25 @@ def workers_of(cluster: cs.Cluster, job: cs.Job) -> list[str]:
     return [s["worker"] for s in cluster.slots() if s["job"] == job.id]
 
 
-def test_a_drained_workers_job_moves_to_other_slots_and_ends_bitwise(idle4, tmp_path):
-    want = idle4.launch(workloads.train_exact, kwargs=KW, world_size=2)
-    want_state, want_rows = want.wait(timeout=120), rows(want)
-
-    job = idle4.launch(
+def running_beside_a_reference(cluster: cs.Cluster, name: str, tmp_path):
+    """The uninterrupted run's state and rows; then the same job with a checkpoint_dir,
+    slowed down, running past step 4 on two of the slots (and its status changes)."""
+    want = cluster.launch(workloads.train_exact, kwargs=KW, world_size=2)
+    reference = want.wait(timeout=120), rows(want)
+    job = cluster.launch(
         workloads.train_exact,
         kwargs={**KW, "delay": 0.05},
         world_size=2,
-        name="moving",
+        name=name,
         checkpoint_dir=str(tmp_path),
     )
     seen = Statuses(job)
     wait_for(lambda: step_reached(job, 4), timeout=60)
+    return reference, job, seen
+
+
+def test_a_drained_workers_job_moves_to_other_slots_and_ends_bitwise(idle4, tmp_path):
+    (want_state, want_rows), job, seen = running_beside_a_reference(idle4, "moving", tmp_path)
     leaving = workers_of(idle4, job)[1]
     try:
         moved = idle4.drain(leaving, reason="fan replacement")
@@ -89,18 +95,7 @@ def test_drain_and_undrain_on_the_command_line(idle4):
 
 
 def test_a_sigterm_to_a_worker_moves_its_job_first_and_loses_no_step(idle4, tmp_path):
-    want = idle4.launch(workloads.train_exact, kwargs=KW, world_size=2)
-    want_state, want_rows = want.wait(timeout=120), rows(want)
-
-    job = idle4.launch(
-        workloads.train_exact,
-        kwargs={**KW, "delay": 0.05},
-        world_size=2,
-        name="noticed",
-        checkpoint_dir=str(tmp_path),
-    )
-    seen = Statuses(job)
-    wait_for(lambda: step_reached(job, 4), timeout=60)
+    (want_state, want_rows), job, seen = running_beside_a_reference(idle4, "noticed", tmp_path)
     leaving = workers_of(idle4, job)[1]
     pid = idle4.client.run(os.getpid, workers=[leaving])[leaving]
     os.kill(pid, signal.SIGTERM)  # as Kubernetes' eviction or scancel would

@@ -6,11 +6,10 @@ process of it behind."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import psutil
 import pytest
@@ -18,6 +17,7 @@ import pytest
 import clustersdk as cs
 from clustersdk.standing.record import Paths, read_json
 
+from .. import helpers as common
 from .. import workloads
 from ..helpers import wait_for
 
@@ -26,15 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 NAME = "hpc"
 
 
-def cli(state: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
-    return subprocess.run(
-        [sys.executable, "-m", "clustersdk", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
+cli = functools.partial(common.cli, timeout=240)  # a command on several hosts
 
 
 def cluster_jobs(slurm) -> dict[str, tuple[str, str]]:

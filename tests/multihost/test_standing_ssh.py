@@ -4,15 +4,15 @@ on every host, and ``down`` leaves nothing on any of them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import clustersdk as cs
 
+from .. import helpers as common
 from .. import workloads
 from ..helpers import wait_for
 from . import jobs
@@ -21,15 +21,7 @@ from .helpers import addresses, gone, python, started_on
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def cli(state: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DASK_CLUSTERSDK__STATE_DIR": state}
-    return subprocess.run(
-        [sys.executable, "-m", "clustersdk", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-    )
+cli = functools.partial(common.cli, timeout=240)  # a command on several hosts
 
 
 def test_up_over_ssh_runs_a_job_on_three_hosts_and_down_leaves_nothing(bed, tmp_path):
