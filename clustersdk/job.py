@@ -192,6 +192,19 @@ class Job:
         return int(self.info().get("restarts") or 0)
 
     @property
+    def goodput(self) -> dict[str, Any]:
+        """Where the job's wall time went: ``goodput`` (the share in steps that stand,
+        None for a job without ``ctx.loop`` steps), ``wall`` and ``seconds`` per bucket
+        (adding up to ``wall``: ``productive``, ``checkpoint``, ``lost``, ``startup``,
+        ``hung``, ``queued``, ``paused``), ``steps`` that stand and ``lost_steps`` that a
+        restart threw away. Wall time runs from the job's first start, not its submission.
+
+        >>> job.goodput["goodput"], job.goodput["lost_steps"]      # doctest: +SKIP
+        (0.93, 0)
+        """
+        return dict(self.info().get("goodput") or {})
+
+    @property
     def latest(self) -> dict[int, dict[str, Any]]:
         """The last row each rank of the job's current world size logged, kept current by
         the event stream (a handle follows the stream from its launch, or from the first

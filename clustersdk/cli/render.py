@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..control import goodput
 from ..protocol import what_runs
 
 _ROW_KEYS = ("seq", "rank", "step", "time")
@@ -146,6 +147,9 @@ def _fields(
         )
     if record.get("checkpoint_error"):
         fields.append(("checkpoint error", record["checkpoint_error"]))
+    where = goodput.describe(record.get("goodput"))
+    if where:
+        fields.append(("goodput", where.removeprefix("goodput ")))
     return fields
 
 

@@ -131,6 +131,7 @@ _JSON_FIELDS = (
     "diagnosis",
     "controls",
     "pending",
+    "goodput",
 )
 # columns added since the first release, with their declarations
 _ADDED_COLUMNS = {
@@ -145,6 +146,7 @@ _ADDED_COLUMNS = {
     "diagnosis": "TEXT",
     "controls": "TEXT",  # a script job's: what its ranks accept (scripts.py)
     "pending": "TEXT",  # requests its ranks have not carried out yet (lifecycle.py)
+    "goodput": "TEXT",  # where its wall time went (goodput.py)
 }
 # what a job record leaves out when it goes to a client (big, or only for the control plane)
 PRIVATE = ("result", "payload")

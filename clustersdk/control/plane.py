@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from ..protocol import Message, WireSpec, WorkerOp
 from . import events as ev
+from .goodput import Goodput
 from .hangs import Watch
 from .journal import Journal
 from .lifecycle import Lifecycle
@@ -44,6 +45,7 @@ class Run:
     losses: Any = None  # each step's mean loss over the ranks (signals.StepMeans) ...
     detector: Any = None  # ... and its SpikeDetector, made on the first rows
     digest: Any = None  # per-step summaries; a big job's bands for kernels (digest.Digest)
+    goodput: Goodput = dataclasses.field(default_factory=Goodput)  # where its time went
 
     @property
     def id(self) -> str:
@@ -97,7 +99,14 @@ class Plane(Protocol):
     def feed(self, run: Run, event: ev.Event) -> list[ev.Action]:
         """Give ``event`` to the job's lifecycle and carry out the actions it returns."""
 
-    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None, **state: Any) -> Run:
+    def follow(
+        self,
+        spec: WireSpec,
+        payload: bytes,
+        seq: int | None = None,
+        goodput: dict[str, Any] | None = None,
+        **state: Any,
+    ) -> Run:
         """A job the plane follows from now on (queued if its ``state`` says QUEUED)."""
 
     def schedule(self) -> None:

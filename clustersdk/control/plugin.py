@@ -46,6 +46,7 @@ from .access import Access
 from .digest import Digest
 from .evidence import Evidence
 from .gate import Gate
+from .goodput import Goodput
 from .journal import Journal
 from .lifecycle import Lifecycle
 from .placement import Placement
@@ -152,15 +153,24 @@ class ControlPlane(SchedulerPlugin):
     def address(self) -> str:
         return self.scheduler.address
 
-    def follow(self, spec: WireSpec, payload: bytes, seq: int | None = None, **state: Any) -> Run:
-        """A job the plane follows from now on; queued if its lifecycle says so."""
+    def follow(
+        self,
+        spec: WireSpec,
+        payload: bytes,
+        seq: int | None = None,
+        goodput: dict[str, Any] | None = None,
+        **state: Any,
+    ) -> Run:
+        """A job the plane follows from now on; queued if its lifecycle says so (a
+        restarted scheduler's job goes on with the ``goodput`` its record kept)."""
         machine = Lifecycle(
             spec,
             failure_grace=float(config.get("failure-grace")),
             max_rollbacks=int(config.get("diagnosis.max-rollbacks")),
             **state,
         )
-        run = self.runs[machine.id] = Run(machine, payload)
+        run = self.runs[machine.id] = Run(machine, payload, goodput=Goodput(goodput))
+        run.goodput.status(machine.status.name, time.time())
         if machine.status is JobStatus.QUEUED:
             self.placement.submit(machine.spec, time.time(), seq)
         self.schedule()
@@ -373,6 +383,11 @@ class ControlPlane(SchedulerPlugin):
         system = data.pop("system", None) or []
         beacon = data.pop("beacon", None)
         phases = data.pop("phases", None) or []
+        if rank == 0 and phases:  # its step times: where the job's time went
+            if attempt == run.machine.attempt:
+                run.goodput.steps(phases, time.time())
+            elif attempt < run.machine.attempt:
+                run.goodput.late(phases)
         if attempt != run.machine.attempt:
             rows, phases, beacon = [], [], None
         self.watchdog.heard(run, rank, beacon)
@@ -453,7 +468,12 @@ class ControlPlane(SchedulerPlugin):
 
     # --- carrying out actions ------------------------------------------------------------
     def _journal(self, run: Run, action: ev.Journal) -> None:
-        self.journal.update(run.id, **action.fields)
+        fields = action.fields
+        if "status" in fields:
+            now = time.time()
+            run.goodput.status(fields["status"], now)
+            fields = {**fields, "goodput": run.goodput.summary(now)}
+        self.journal.update(run.id, **fields)
 
     def _publish(self, run: Run, action: ev.Publish) -> None:
         self.publish(run.id, action.message)
@@ -488,6 +508,7 @@ class ControlPlane(SchedulerPlugin):
         if run.digest is not None:
             run.digest.truncate(action.step)
         self.journal.truncate_history(run.id, action.step)
+        run.goodput.rollback(action.step)
         run.step = None if run.step is None else min(run.step, action.step)
         self.publish(run.id, {"kind": "rollback", "step": action.step})
 
@@ -507,7 +528,8 @@ class ControlPlane(SchedulerPlugin):
 
     def _release(self, run: Run, action: ev.Release) -> None:
         self._publish_digest(run)  # its last bands and step summaries
-        self.journal.update(run.id, result=action.result, payload=None)
+        goodput = run.goodput.summary(time.time())
+        self.journal.update(run.id, result=action.result, payload=None, goodput=goodput)
         self.runs.pop(run.id, None)
         self.placement.forget(run.id)
         run.done.set()

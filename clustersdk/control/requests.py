@@ -212,7 +212,11 @@ class Requests:
         return {**self._record(job), "events": self.journal.events(job)}
 
     def jobs(self) -> list[dict]:
-        return [_public(r) for r in self.journal.jobs(self.plane.id)]
+        now, runs = time.time(), self.plane.runs
+        return [
+            _public({**r, "goodput": runs[r["id"]].goodput.summary(now)} if r["id"] in runs else r)
+            for r in self.journal.jobs(self.plane.id)
+        ]
 
     async def wait(self, job: str, timeout: float | None = None) -> dict:
         run = self.plane.runs.get(job)
@@ -587,6 +591,9 @@ class Requests:
         record = self.journal.get(job)
         if record is None:
             raise JobNotFoundError(f"no job with id {job!r} on this cluster")
+        run = self.plane.runs.get(job)
+        if run is not None:  # its goodput up to now (the journal's is of its last change)
+            record["goodput"] = run.goodput.summary(time.time())
         if with_result:
             return {k: v for k, v in record.items() if k != "payload"}
         return _public(record)
@@ -599,4 +606,7 @@ _REACHING = (JobStatus.STARTING, JobStatus.RUNNING)
 
 
 def _public(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k not in PRIVATE}
+    public = {k: v for k, v in record.items() if k not in PRIVATE}
+    if public.get("goodput"):  # without what only a restarted scheduler goes on from
+        public["goodput"] = {k: v for k, v in public["goodput"].items() if k != "carry"}
+    return public

@@ -20,8 +20,9 @@ import time
 
 from .. import config
 from ..errors import ProtocolError
-from ..protocol import WireSpec
+from ..protocol import PHASES, WireSpec
 from ..status import JobStatus
+from .goodput import Goodput
 from .journal import Journal
 from .placement import Placement
 from .plane import Plane
@@ -84,6 +85,7 @@ def adopt(plane: Plane, placement: Placement) -> list[str]:
             spec,
             record["payload"],
             seq=record.get("seq"),
+            goodput=record.get("goodput"),
             status=status,
             restarts=int(record.get("restarts") or 0),
             checkpoint=record.get("checkpoint"),
@@ -123,7 +125,17 @@ def _restart(plane: Plane, placement: Placement, record: dict) -> bool:
         f"{restarts + 1} of {spec.max_restarts}, {where}"
     )
     journal = plane.journal
-    journal.truncate_history(record["id"], step if checkpoint and step is not None else 0)
+    since = step if checkpoint and step is not None else 0
+    goodput = Goodput(record.get("goodput"))  # the steps since its checkpoint were lost
+    goodput.discard(
+        [
+            [r["step"], *(r[p] for p in PHASES)]
+            for r in journal.phases(record["id"])
+            if r["rank"] == 0 and r["step"] >= since
+        ]
+    )
+    goodput.status(JobStatus.QUEUED.name, time.time())
+    journal.truncate_history(record["id"], since)
     journal.add_event(
         record["id"], time.time(), step, "restarted", message, {"attempt": spec.attempt}
     )
@@ -132,6 +144,7 @@ def _restart(plane: Plane, placement: Placement, record: dict) -> bool:
         spec,
         record["payload"],
         seq=record.get("seq"),
+        goodput=goodput.summary(time.time()),
         status=JobStatus.QUEUED,
         restarts=restarts + 1,
         checkpoint=checkpoint,

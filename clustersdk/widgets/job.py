@@ -25,7 +25,15 @@ from .charts import LineChart
 from .format import progress_text
 from .model import ACTIONS, SYSTEM_CHARTS, JobView, event_lines
 from .pump import Pump, pump
-from .render import badge, diagnosis_html, held_html, job_html, job_text, stacks_html
+from .render import (
+    badge,
+    diagnosis_html,
+    goodput_html,
+    held_html,
+    job_html,
+    job_text,
+    stacks_html,
+)
 from .straggler import phases_html
 from .tree import close_tree
 
@@ -35,6 +43,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOG_TAIL = 120  # lines shown in the log panel
+RECORD_EVERY_S = 5.0  # how often a running job's record (its goodput) is read again
+LIVE = frozenset({"STARTING", "RUNNING", "HUNG", "SUSPENDING", "STOPPING", "RESTARTING"})
 BUTTONS = (  # action, label, icon, style, tooltip
     (
         "pause",
@@ -69,6 +79,7 @@ class JobDashboard:
         self._busy: str | None = None
         self._syncing = False
         self._rank_picked = False
+        self._record_read = time.monotonic()
         self.received: collections.deque = collections.deque(maxlen=10_000)
         self.delays: collections.deque = collections.deque(
             maxlen=10_000
@@ -82,7 +93,7 @@ class JobDashboard:
         source.load_into(self.view, job)
         with self._lock:
             self._ready = True
-            self._render(self.view.take_dirty() | {"status", "ranks", "diagnosis"})
+            self._render(self.view.take_dirty() | {"status", "ranks", "diagnosis", "goodput"})
             if self.view.status == "PAUSED" and "ctx.breakpoint()" in self.view.reason:
                 self._show_console()  # displayed while a session is open
         if self._pending:
@@ -96,6 +107,7 @@ class JobDashboard:
             value=0.0, min=0.0, max=1.0, layout=w.Layout(width="320px", display="none")
         )
         self.progress_label = w.HTML()
+        self.goodput = w.HTML()  # where the wall time went, refreshed with the record
         self.buttons: dict[str, w.Button] = {}
         for action, label, icon, style, tip in BUTTONS:
             button = w.Button(
@@ -143,6 +155,7 @@ class JobDashboard:
                 self.header,
                 self.diagnosis,
                 w.HBox([self.progress, self.progress_label], layout=w.Layout(align_items="center")),
+                self.goodput,
                 w.HBox(
                     [*self.buttons.values(), self.message],
                     layout=w.Layout(align_items="center", flex_flow="row wrap"),
@@ -209,7 +222,9 @@ class JobDashboard:
                     logger.warning(
                         "clustersdk: dashboard skipped a malformed event %.200r", msg, exc_info=True
                     )
-            if status_seen:
+            # the record on a status change, and its goodput now and then while it runs
+            stale = time.monotonic() - self._record_read > RECORD_EVERY_S
+            if status_seen or (stale and self.view.status in LIVE):
                 self._refresh_record()
             if console_seen:
                 self._show_console()
@@ -224,6 +239,7 @@ class JobDashboard:
         job = self._job()
         if job is None:
             return
+        self._record_read = time.monotonic()
         try:
             record = job.info()
         except Exception:  # the cluster went away: keep what we know
@@ -255,6 +271,8 @@ class JobDashboard:
                     self._syncing = False
         if "diagnosis" in dirty:
             self.diagnosis.value = diagnosis_html(view.diagnoses)
+        if "goodput" in dirty:
+            self.goodput.value = goodput_html(view.goodput)
         if "scalars" in dirty:
             self._render_metric_choice()
             self._render_scalars()

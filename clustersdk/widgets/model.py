@@ -109,6 +109,7 @@ class JobView:
         self.held: dict[str, Any] = {}  # the held ranks' failing frames (on_error="hold")
         self.updates: dict[int, dict[str, Any]] = {}  # job.update's changes: seq -> step, changes
         self.diagnoses: list[dict[str, Any]] = []  # what went wrong, what to do (oldest first)
+        self.goodput: dict[str, Any] | None = None  # where its wall time went (as of the record)
         self.cap, self.log_lines = cap, log_lines
         self.ranks: set[int] = set()
         self.scalars: dict[str, dict[int, Series]] = {}
@@ -154,6 +155,7 @@ class JobView:
         view.held = dict(record.get("held") or {})
         view.add_updates(e for e in view.events if e.get("kind") == "updated")
         view.diagnoses = diagnoses_of(record)
+        view.goodput = record.get("goodput")
         return view
 
     # feeding -------------------------------------------------------------------
@@ -265,6 +267,9 @@ class JobView:
             self.dirty.update(("status", "phases"))
             self._drop_gone_ranks()
             self.phases.drop_ranks(self.world_size)
+        if record.get("goodput") and record["goodput"] != self.goodput:
+            self.goodput = record["goodput"]
+            self.dirty.add("goodput")
         if record.get("controls") != self.controls:  # a script's ranks opted in
             self.controls = record.get("controls")
             self.dirty.add("status")

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from ..control import goodput
 from ..errors import describe
 from ..protocol import what_runs
 from .charts import axis_range, is_throughput
@@ -90,6 +91,7 @@ def job_html(view: JobView) -> str:
         if metrics
         else None,
         diagnosis=Markup(diagnosis_html(view.diagnoses)),
+        goodput=Markup(goodput_html(view.goodput)),
         error=view.error if view.status == "FAILED" else None,
         events=event_lines(view.events),
         stacks=Markup(
@@ -124,6 +126,39 @@ def diagnosis_html(diagnoses: list[dict[str, Any]]) -> str:
         f'background:{background};padding:4px 10px;margin:4px 0;font-size:12px;">'
         f"<strong>Diagnosis:</strong> {html.escape(at + str(d.get('summary', '')))}{more}"
         f"<br><strong>What to do:</strong> {html.escape(str(d.get('advice', '')))}</div>"
+    )
+
+
+#: Each goodput bucket's colour (the lab panel's bar uses the same).
+GOODPUT_COLORS = {
+    "productive": "#16a34a",
+    "checkpoint": "#2563eb",
+    "lost": "#dc2626",
+    "startup": "#9ca3af",
+    "hung": "#f59e0b",
+    "queued": "#a78bfa",
+    "paused": "#fcd34d",
+}
+
+
+def goodput_html(summary: dict[str, Any] | None) -> str:
+    """Where the job's wall time went: a bar of its buckets, and the line that says it."""
+    if not summary or not summary.get("wall"):
+        return ""
+    wall = float(summary["wall"])
+    seconds = summary.get("seconds") or {}
+    segments = "".join(
+        f'<div class="clustersdk-goodput-{bucket}" title="{html.escape(goodput.LABELS[bucket])}'
+        f' {seconds[bucket]:.1f} s" style="width:{100 * seconds[bucket] / wall:.2f}%;'
+        f'background:{GOODPUT_COLORS[bucket]};"></div>'
+        for bucket in goodput.BUCKETS
+        if seconds.get(bucket, 0) > 0
+    )
+    return (
+        '<div class="clustersdk-goodput" style="margin:4px 0;font-size:12px;color:#374151;">'
+        '<div style="display:flex;height:8px;max-width:420px;border-radius:3px;'
+        f'overflow:hidden;background:#e5e7eb;">{segments}</div>'
+        f"<div>{html.escape(goodput.describe(summary))}</div></div>"
     )
 
 

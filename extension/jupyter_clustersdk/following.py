@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from clustersdk.control import goodput
 from clustersdk.errors import AccessDeniedError
 
 from . import models
@@ -156,6 +157,7 @@ class Following:
             "slots": inventory,
             "jobs": jobs,
             "counts": _counts(records),
+            "goodput": goodput.overall(r.get("goodput") for r in records),
         }
 
 

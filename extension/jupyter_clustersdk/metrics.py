@@ -17,6 +17,11 @@ Every family carries a ``cluster`` label (the cluster id); job families add
 ``clustersdk_job_steps_per_second``         rank 0's pace over the last 30 s
 ``clustersdk_job_world_size``               ranks
 ``clustersdk_job_restarts_total``           gang restarts after a worker loss
+``clustersdk_job_goodput_ratio``            the share of its wall time in steps that stand
+``clustersdk_job_time_seconds``             its wall time per ``bucket`` (they add up to it)
+``clustersdk_job_lost_steps_total``         steps a restart threw away
+``clustersdk_goodput_ratio``                the same over every job of the cluster's journal
+``clustersdk_time_seconds``                 and its seconds per ``bucket``
 ``clustersdk_gpu_utilization_percent``      NVML utilisation of the GPU a rank runs on
 ``clustersdk_gpu_memory_used_bytes``        and ``_total_bytes``
 ``clustersdk_gpu_temperature_celsius``      where the board reports it
@@ -120,6 +125,19 @@ def _cluster_families(f: dict, gauge: Callable, cid: str, cluster: Mapping[str, 
         gauge("clustersdk_slots_busy", "Slots running a job, per kind", ["cluster", "kind"])(
             [cid, kind], float(sum(1 for s in mine if s.get("job")))
         )
+    overall = cluster.get("goodput") or {}
+    if overall.get("goodput") is not None:
+        gauge(
+            "clustersdk_goodput_ratio",
+            "Share of the jobs' wall time in steps that stand (every job in the journal)",
+            ["cluster"],
+        )([cid], float(overall["goodput"]))
+    for bucket, value in (overall.get("seconds") or {}).items():
+        gauge(
+            "clustersdk_time_seconds",
+            "The jobs' wall time per goodput bucket, seconds",
+            ["cluster", "bucket"],
+        )([cid, bucket], float(value))
     counts = cluster.get("counts", {})
     gauge("clustersdk_queue_length", "Jobs waiting for a gang of free slots", ["cluster"])(
         [cid], float(counts.get(JobStatus.QUEUED.name, 0))
@@ -181,6 +199,30 @@ def _job_families(f: dict, gauge: Callable, cid: str, job: Mapping[str, Any]) ->
             "clustersdk_job_restarts", "Gang restarts of the job after a lost worker", labels=JOB
         )
     f["clustersdk_job_restarts"].add_metric(labels, float(record.get("restarts") or 0))
+    _goodput_families(f, gauge, labels, record.get("goodput") or {})
+
+
+def _goodput_families(
+    f: dict, gauge: Callable, labels: list[str], summary: Mapping[str, Any]
+) -> None:
+    """Where the job's wall time went (see :mod:`clustersdk.control.goodput`)."""
+    if not summary:
+        return
+    if summary.get("goodput") is not None:
+        gauge(
+            "clustersdk_job_goodput_ratio", "Share of the job's wall time in steps that stand", JOB
+        )(labels, float(summary["goodput"]))
+    for bucket, value in (summary.get("seconds") or {}).items():
+        gauge(
+            "clustersdk_job_time_seconds",
+            "The job's wall time per goodput bucket, seconds (they add up to its wall time)",
+            [*JOB, "bucket"],
+        )([*labels, bucket], float(value))
+    if "clustersdk_job_lost_steps" not in f:
+        f["clustersdk_job_lost_steps"] = CounterMetricFamily(
+            "clustersdk_job_lost_steps", "Steps of the job that a restart threw away", labels=JOB
+        )
+    f["clustersdk_job_lost_steps"].add_metric(labels, float(summary.get("lost_steps") or 0))
 
 
 def _telemetry_families(

@@ -95,6 +95,11 @@ def test_quickstart_runs_in_jupyterlab_and_pause_works(browser, jupyterlab, outp
     paused_at = last_step_on_chart(dashboard)
     assert dashboard.get_by_role("button", name="Resume").is_enabled()
     assert not dashboard.get_by_role("button", name="Pause").is_enabled()
+    # where its time went, the pause included
+    goodput = dashboard.locator(".clustersdk-goodput")
+    wait_until(lambda: "paused" in goodput.text_content(), 30, "the pause in the goodput line")
+    assert goodput.text_content().startswith("goodput ")
+    assert dashboard.locator(".clustersdk-goodput-productive").count() == 1
 
     dashboard.scroll_into_view_if_needed()
     page.mouse.move(1, 1)  # no chart toolbar from a hovering pointer in the picture

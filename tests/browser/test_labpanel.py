@@ -200,6 +200,11 @@ def test_sidebar_follows_and_controls_a_job_launched_outside_jupyterlab(
         step = job.info()["checkpoint_step"]
         panel.locator(".jp-clustersdk-checkpoints td", has_text=re.compile(rf"^{step}$")).wait_for()
         panel.locator(".jp-clustersdk-events li", has_text=f"checkpoint at step {step}").wait_for()
+        # where its time went: mostly steps, and the pause it had
+        goodput = panel.locator(".jp-clustersdk-goodput-text")
+        wait_for(lambda: "paused" in goodput.text_content(), 30)
+        assert re.match(r"goodput \d+% of \d+\.\d s", goodput.text_content())
+        assert panel.locator(".jp-clustersdk-goodput-productive").count() == 1
         page.mouse.move(1, 1)
         sidebar.screenshot(path=str(output_dir / "labpanel-sidebar.png"))
         panel.screenshot(path=str(output_dir / "labpanel-job.png"))

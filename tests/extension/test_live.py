@@ -247,7 +247,7 @@ def test_reads_of_the_running_job_and_its_cluster_conform(
 
 
 # Prometheus -------------------------------------------------------------------------------
-def test_prometheus_scrapes_the_running_jobs_step(live_server, spin_job):
+def test_prometheus_scrapes_the_running_jobs_step_and_goodput(live_server, spin_job):
     binary = shutil.which("prometheus")
     if binary is None:
         message = "Debian's prometheus is not installed (apt-get install prometheus)"
@@ -289,12 +289,22 @@ def test_prometheus_scrapes_the_running_jobs_step(live_server, spin_job):
                 cwd=root,
                 start_new_session=True,
             )
+        base = f"http://127.0.0.1:{port}"
         try:
-            step = _query_step(f"http://127.0.0.1:{port}", spin_job.id, proc, log_path)
-            target = _target_health(f"http://127.0.0.1:{port}")
+            step = _query(base, f'clustersdk_job_step{{job="{spin_job.id}"}}', proc, log_path)
+            # where its time went: a share, and seconds per bucket that add up to its wall
+            ratio = _query(
+                base, f'clustersdk_job_goodput_ratio{{job="{spin_job.id}"}}', proc, log_path
+            )
+            buckets = _query(
+                base, f'count(clustersdk_job_time_seconds{{job="{spin_job.id}"}})', proc, log_path
+            )
+            target = _target_health(base)
         finally:
             stop_process(proc)
     assert target == "up"
+    assert 0.5 < ratio <= 1.0  # a job that has done nothing but steps since it started
+    assert buckets == 7
     now = requests.get(
         f"{live_server.url}/clustersdk/api/jobs/{spin_job.id}",
         headers=live_server.headers,
@@ -303,10 +313,9 @@ def test_prometheus_scrapes_the_running_jobs_step(live_server, spin_job):
     assert 0 < step <= now
 
 
-def _query_step(
-    base: str, job: str, proc: subprocess.Popen, log_path: str, timeout: float = 60.0
+def _query(
+    base: str, query: str, proc: subprocess.Popen, log_path: str, timeout: float = 60.0
 ) -> float:
-    query = f'clustersdk_job_step{{job="{job}"}}'
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

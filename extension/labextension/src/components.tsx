@@ -9,6 +9,7 @@ import {
   Action,
   ACTIONS,
   actionStates,
+  goodputView,
   IBar,
   IJobJSON,
   progressView,
@@ -43,6 +44,29 @@ export function ProgressBar(props: { job: IJobJSON }): JSX.Element {
         />
       </div>
       <div className="jp-clustersdk-progress-text">{text}</div>
+    </div>
+  );
+}
+
+/** Where the job's wall time went: one bar of its buckets, and the line that says it. */
+export function GoodputBar(props: { job: IJobJSON }): JSX.Element | null {
+  const view = goodputView(props.job);
+  if (!view) {
+    return null;
+  }
+  return (
+    <div className="jp-clustersdk-goodput">
+      <div className="jp-clustersdk-goodput-track">
+        {view.segments.map(s => (
+          <div
+            key={s.bucket}
+            className={`jp-clustersdk-goodput-${s.bucket}`}
+            title={`${s.label} ${s.seconds.toFixed(1)} s`}
+            style={{ width: `${s.percent}%`, background: s.color }}
+          />
+        ))}
+      </div>
+      <div className="jp-clustersdk-goodput-text">{view.text}</div>
     </div>
   );
 }

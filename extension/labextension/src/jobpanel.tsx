@@ -12,7 +12,7 @@ import * as React from 'react';
 
 import { requestAPI } from './api';
 import { RankChart } from './chart';
-import { ActionButtons, Badge, clock, ProgressBar } from './components';
+import { ActionButtons, Badge, clock, GoodputBar, ProgressBar } from './components';
 import {
   Action,
   formatBytes,
@@ -170,6 +170,7 @@ export class JobPanel extends ReactWidget {
         {job.reason && <div className="jp-clustersdk-job-reason">{job.reason}</div>}
         {this.error && <div className="jp-clustersdk-error">{this.error}</div>}
         <ProgressBar job={job} />
+        <GoodputBar job={job} />
         <div className="jp-clustersdk-job-tools">
           <ActionButtons job={job} busy={this.state.busy.has(job.id)} onAction={act} />
           <button className="jp-clustersdk-insert" onClick={() => this.insertCode(job)}>

@@ -169,6 +169,53 @@ export function progressView(job: IJobJSON): IProgressView {
   };
 }
 
+/** Each goodput bucket: how it reads and its colour (as clustersdk.control.goodput and
+ *  the notebook dashboard have them). */
+export const GOODPUT_BUCKETS: [string, string, string][] = [
+  ['productive', 'steps that stand', '#16a34a'],
+  ['checkpoint', 'checkpoint stalls', '#2563eb'],
+  ['lost', 'lost', '#dc2626'],
+  ['startup', 'start-up and exit', '#9ca3af'],
+  ['hung', 'hung', '#f59e0b'],
+  ['queued', 'queued again', '#a78bfa'],
+  ['paused', 'paused', '#fcd34d']
+];
+
+export interface IGoodputView {
+  segments: { bucket: string; label: string; color: string; percent: number; seconds: number }[];
+  text: string;
+}
+
+/** The goodput bar's segments and its line ("goodput 73% of 6.6 s · lost 0.9 s (8 steps)
+ *  · ..."), or null before the job started. */
+export function goodputView(job: IJobJSON): IGoodputView | null {
+  const g = job.goodput;
+  if (!g || !(g.wall > 0)) {
+    return null;
+  }
+  const seconds = (s: number) => (s < 100 ? `${s.toFixed(1)} s` : formatDuration(s));
+  const segments = GOODPUT_BUCKETS.filter(([bucket]) => (g.seconds[bucket] ?? 0) > 0).map(
+    ([bucket, label, color]) => ({
+      bucket,
+      label,
+      color,
+      seconds: g.seconds[bucket],
+      percent: (100 * g.seconds[bucket]) / g.wall
+    })
+  );
+  const head =
+    g.goodput === null ? 'goodput unmeasured (no ctx.loop steps)' : `goodput ${Math.round(g.goodput * 100)}%`;
+  const rest = segments
+    .filter(s => s.bucket !== 'productive' && s.seconds >= 0.05)
+    .sort((a, b) => b.seconds - a.seconds)
+    .map(
+      s =>
+        `${s.label} ${seconds(s.seconds)}` +
+        (s.bucket === 'lost' && g.lost_steps ? ` (${g.lost_steps} steps)` : '')
+    );
+  return { segments, text: [`${head} of ${seconds(g.wall)}`, ...rest].join(' · ') };
+}
+
 function positive(value: unknown): number | null {
   return typeof value === 'number' && Number.isFinite(value) && value > 0
     ? value

@@ -89,6 +89,15 @@ export interface IJobEventJSON {
   [key: string]: unknown;
 }
 
+/** Where a job's wall time went (clustersdk.control.goodput): seconds per bucket, adding up to wall. */
+export interface IGoodputJSON {
+  goodput: number | null;
+  wall: number;
+  seconds: Record<string, number>;
+  steps: number;
+  lost_steps: number;
+}
+
 export interface IJobJSON {
   id: string;
   name: string;
@@ -119,6 +128,7 @@ export interface IJobJSON {
   total_steps?: number | null;
   progress?: IProgressJSON | null;
   events?: IJobEventJSON[];
+  goodput?: IGoodputJSON | null;
   /** A script job's: what its ranks accept ("stop", "suspend", and "pause", "checkpoint"
    * when the script opted in); absent for a function job (which accepts everything). */
   controls?: string[] | null;

@@ -13,6 +13,7 @@ import {
   clusterView,
   formatBytes,
   formatDuration,
+  goodputView,
   IClusterJSON,
   IHistoryRow,
   IJobJSON,
@@ -446,5 +447,44 @@ describe('series and charts', () => {
     assert.equal(tickLabel(21.55, 0.05), '21.55');
     assert.equal(tickLabel(2000, 500), '2000');
     assert.equal(chart(undefined).mode, 'empty');
+  });
+});
+
+describe('goodputView', () => {
+  const withGoodput = (goodput: IJobJSON['goodput']) => job({ goodput });
+
+  test('the bar and the line of a job with a restart', () => {
+    const view = goodputView(
+      withGoodput({
+        goodput: 0.5,
+        wall: 10,
+        steps: 20,
+        lost_steps: 3,
+        seconds: { productive: 5, checkpoint: 0, lost: 4, startup: 1, hung: 0, queued: 0, paused: 0 }
+      })
+    );
+    assert.deepEqual(
+      view?.segments.map(s => [s.bucket, s.percent]),
+      [
+        ['productive', 50],
+        ['lost', 40],
+        ['startup', 10]
+      ]
+    );
+    assert.equal(view?.text, 'goodput 50% of 10.0 s · lost 4.0 s (3 steps) · start-up and exit 1.0 s');
+  });
+
+  test('nothing before the job started; unmeasured without ctx.loop steps', () => {
+    assert.equal(goodputView(withGoodput(null)), null);
+    const view = goodputView(
+      withGoodput({
+        goodput: null,
+        wall: 2,
+        steps: 0,
+        lost_steps: 0,
+        seconds: { productive: 0, checkpoint: 0, lost: 0, startup: 2, hung: 0, queued: 0, paused: 0 }
+      })
+    );
+    assert.equal(view?.text, 'goodput unmeasured (no ctx.loop steps) of 2.0 s · start-up and exit 2.0 s');
   });
 });
