@@ -359,3 +359,18 @@ def test_gpu_check_hides_the_uuid_once_when_dask_imports_its_preload_twice():
         "assert torch.cuda.get_device_properties.original is orig\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_preemption_benchmark_smoke(tmp_path):
+    out = tmp_path / "preemption.json"
+    proc = run_benchmark(
+        "preemption.py",
+        *("--repeats", 1, "--steps", 120, "--every", 50, "--at", 90, "--json", out),
+        timeout=300,  # ~35 s
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "bitwise    ok" in proc.stdout
+    medians = json.loads(out.read_text())["medians"]
+    assert medians["notice"]["lost_steps"] == 0  # checkpointed at the next step boundary
+    assert medians["no notice"]["lost_steps"] >= 90 - 50  # back to the checkpoint of step 50
