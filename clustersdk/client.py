@@ -60,9 +60,10 @@ class ControlClient:
         cluster's scheduler or worker that its supervisor started again, and why."""
         return await self.call(Op.CLUSTER_EVENTS)
 
-    async def drain(self, target: str, reason: str = "") -> dict[str, Any]:
-        """Take a host (or a worker) out: its jobs move, it takes no new ranks (admins)."""
-        return await self.call(Op.DRAIN, target=target, reason=reason)
+    async def drain(self, target: str, reason: str = "", by: float | None = None) -> dict[str, Any]:
+        """Take a host (or a worker) out: its jobs move (by ``by``, a time), it takes no
+        new ranks (admins)."""
+        return await self.call(Op.DRAIN, target=target, reason=reason, by=by)
 
     async def undrain(self, target: str) -> dict[str, Any]:
         """Give a drained host (or worker) back (admins)."""

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from . import workloads
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for a server a test starts)."""
@@ -134,6 +136,33 @@ class Statuses:
         """The statuses from the first ``status`` on (none if it never came)."""
         with self._lock:
             return self.seen[self.seen.index(status) :] if status in self.seen else []
+
+
+# What the tests of a job that moves (a drain, a SIGTERM or cloud notice) run: a small
+# exact job, the same with a checkpoint_dir and slowed down, compared bitwise.
+MOVING_KW = {"kind": "mlp", "steps": 20, "global_batch": 24}
+
+
+def workers_of(cluster: Any, job: Any) -> list[str]:
+    """The workers whose slots ``job`` holds now."""
+    return [s["worker"] for s in cluster.slots() if s["job"] == job.id]
+
+
+def running_beside_a_reference(cluster: Any, name: str, tmp_path: Any) -> tuple:
+    """The uninterrupted run's state and rows; then the same job with a checkpoint_dir,
+    slowed down, running past step 4 on two of the slots (and its status changes)."""
+    want = cluster.launch(workloads.train_exact, kwargs=MOVING_KW, world_size=2)
+    reference = want.wait(timeout=120), rows(want)
+    job = cluster.launch(
+        workloads.train_exact,
+        kwargs={**MOVING_KW, "delay": 0.05},
+        world_size=2,
+        name=name,
+        checkpoint_dir=str(tmp_path),
+    )
+    seen = Statuses(job)
+    wait_for(lambda: step_reached(job, 4), timeout=60)
+    return reference, job, seen
 
 
 def cluster_processes(cluster) -> dict[str, dict]:

@@ -15,30 +15,17 @@ import clustersdk as cs
 from clustersdk.errors import SpecError
 
 from . import workloads
-from .helpers import Statuses, assert_bitwise, cli, rows, step_reached, wait_for
+from .helpers import (
+    MOVING_KW,
+    assert_bitwise,
+    cli,
+    rows,
+    running_beside_a_reference,
+    wait_for,
+    workers_of,
+)
 
-KW = {"kind": "mlp", "steps": 20, "global_batch": 24}
-
-
-def workers_of(cluster: cs.Cluster, job: cs.Job) -> list[str]:
-    return [s["worker"] for s in cluster.slots() if s["job"] == job.id]
-
-
-def running_beside_a_reference(cluster: cs.Cluster, name: str, tmp_path):
-    """The uninterrupted run's state and rows; then the same job with a checkpoint_dir,
-    slowed down, running past step 4 on two of the slots (and its status changes)."""
-    want = cluster.launch(workloads.train_exact, kwargs=KW, world_size=2)
-    reference = want.wait(timeout=120), rows(want)
-    job = cluster.launch(
-        workloads.train_exact,
-        kwargs={**KW, "delay": 0.05},
-        world_size=2,
-        name=name,
-        checkpoint_dir=str(tmp_path),
-    )
-    seen = Statuses(job)
-    wait_for(lambda: step_reached(job, 4), timeout=60)
-    return reference, job, seen
+KW = MOVING_KW
 
 
 def test_a_drained_workers_job_moves_to_other_slots_and_ends_bitwise(idle4, tmp_path):

@@ -21,7 +21,16 @@ from clustersdk.standing.record import HostPaths, HostPlan, Paths, Process, read
 from clustersdk.standing.supervisor import Supervisor
 
 from . import workloads
-from .helpers import assert_same_run, cli, step_reached, wait_for
+from .helpers import (
+    MOVING_KW,
+    assert_bitwise,
+    assert_same_run,
+    cli,
+    rows,
+    running_beside_a_reference,
+    step_reached,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -158,6 +167,50 @@ def test_a_killed_worker_is_back_within_ten_seconds(team, state):
         assert any("died of SIGKILL" in e["message"] for e in events if e["kind"] == "restarted")
 
 
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("to_the_worker_too", [False, True], ids=["systemd", "scancel"])
+def test_a_sigterm_to_a_nanny_moves_its_job_first_and_the_nanny_goes(
+    team, state, tmp_path, to_the_worker_too
+):
+    """What systemd or Kubernetes do to a worker's service: SIGTERM to the process they
+    started, its nanny (scancel: to every process of the step, its worker too, whose
+    agent takes the nanny's SIGTERM after its own for the same one). The job
+    checkpoints, moves (to the worker the supervisor starts again) and loses no step;
+    the nanny and its worker are gone."""
+    wait_for(lambda: all(p["state"] == "running" for p in supervised(state).values()), timeout=60)
+    with connect(state) as cluster:
+        wait_for(lambda: len(cluster.slots()) == 2, timeout=30)
+        (want_state, want_rows), job, seen = running_beside_a_reference(
+            cluster, "nanny-noticed", tmp_path
+        )
+        nanny = psutil.Process(supervised(state)["worker-1"]["pid"])
+        its = {p.pid for p in nanny.children(recursive=True)}
+        ((leaving, worker),) = [
+            (w, p) for w, p in cluster.client.run(os.getpid).items() if p in its
+        ]
+        at = max(r["step"] for r in job.history())
+        nanny.send_signal(signal.SIGTERM)
+        if to_the_worker_too:
+            os.kill(worker, signal.SIGTERM)
+
+        got = job.wait(timeout=120)
+        assert seen.after("RUNNING")[:3] == ["RUNNING", "SUSPENDING", "QUEUED"]
+        (notice,) = [e for e in job.events() if e["kind"] == "preempted"]
+        assert f"worker {leaving} (host " in notice["message"]
+        assert "received SIGTERM" in notice["message"]
+        assert job.info()["checkpoint_step"] >= at and job.restarts == 0
+        assert_bitwise(got, want_state, MOVING_KW["steps"])
+        assert rows(job) == want_rows  # no step lost, none done twice
+        assert gone(nanny.pid) and gone(worker)
+        wait_for(lambda: len(cluster.slots()) == 2, timeout=60)  # its supervisor's new one
+
+
 def test_a_person_added_from_the_cli_uses_the_cluster_as_themselves(team, state):
     added = cli(state, "cluster", "add-user", "bob", "--cluster", NAME, "--json")
     assert added.returncode == 0, added.stderr
@@ -227,12 +280,20 @@ def test_down_keeping_its_state_and_up_again_is_an_upgrade(team, state, tmp_path
         assert_same_run(again.wait(timeout=180), reference, exact=True)
 
 
-def test_down_leaves_no_process_and_no_key(team, state):
-    """Run last: it takes the module's cluster down."""
+def test_down_now_is_quick_and_leaves_no_process_and_no_key(team, state):
+    """Run last: it takes the module's cluster down, a job still running."""
+    with connect(state) as cluster:
+        # steps of a minute: a SIGTERM's notice would wait for it to reach a boundary
+        job = cluster.launch(workloads.spin, kwargs={"sleep": 60}, world_size=2, name="slow")
+        wait_for(lambda: job.status is cs.JobStatus.RUNNING, timeout=60)
     pids = cluster_pids(state)
     assert len(pids) >= 4  # a supervisor, a scheduler, two nannies (and their workers...)
-    down = cli(state, "cluster", "down", NAME)
+    started = time.monotonic()
+    down = cli(state, "cluster", "down", NAME, "--now")
     assert down.returncode == 0, down.stderr
+    # its nannies close at once (SIGINT); a SIGTERM would let their workers wait for the
+    # scheduler and the steps (about 8 s here, against 2.5 s)
+    assert time.monotonic() - started < 5
     wait_for(
         lambda: (
             not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)

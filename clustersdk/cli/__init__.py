@@ -19,7 +19,7 @@
     clustersdk cluster add-user NAME [--admin] [--out PATH]   credentials for a TLS cluster
     clustersdk cluster remove-user NAME        revoke them at once
     clustersdk cluster users                   who holds credentials
-    clustersdk drain|undrain HOST [--reason R]   an admin takes a host out (its jobs move)
+    clustersdk drain|undrain HOST [--reason R] [--by TIME]   an admin takes a host out
     clustersdk submit [-n N] [options] script.py [-- ARGS]   a script job (every slot without -n)
     clustersdk submit [-n N] [options] -m pkg.train [-- ARGS] (or --command C)
     clustersdk doctor                          pre-flight checks of a running cluster
@@ -34,6 +34,7 @@ registry, or its only one for submit and doctor) and ``--credentials FILE`` (for
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import re
@@ -111,6 +112,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         draining.add_argument("target", metavar="HOST", help="a host, or a worker's address")
         if verb == "drain":
             draining.add_argument("--reason", help="why (shown in the jobs' events)")
+            draining.add_argument(
+                "--by",
+                type=_when,
+                metavar="TIME",
+                help="free it by then (14:00, 2026-12-08T09:30 or +2h): its jobs run on "
+                "until clustersdk.notice-grace before it (default: they move now)",
+            )
         draining.set_defaults(run=commands.drain)
 
     job_command("show", "a job's status, progress, ranks, checkpoint and error", commands.show)
@@ -262,6 +270,40 @@ def _assignment(text: str) -> tuple[str, int | None, Any]:
     except ValueError:
         value = raw
     return found.group(1), None if found.group(2) is None else int(found.group(2)), value
+
+
+_IN = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _when(text: str, now: datetime.datetime | None = None) -> datetime.datetime:
+    """``--by``: a time today (the next one: ``14:00``), a date and time (ISO 8601), or
+    how long from now (``+90s``, ``+15m``, ``+2h``, ``+1d``), in this machine's time zone.
+
+    >>> now = datetime.datetime(2026, 12, 7, 15, 0)
+    >>> [str(_when(t, now)) for t in ("+2h", "16:30", "09:00", "2026-12-24T08:00")]
+    ['2026-12-07 17:00:00', '2026-12-07 16:30:00', '2026-12-08 09:00:00', '2026-12-24 08:00:00']
+    """
+    now = now or datetime.datetime.now()
+    found = _IN.match(text.strip())
+    if found:
+        return now + datetime.timedelta(seconds=float(found[1]) * _UNIT_S[found[2]])
+    try:
+        clock = datetime.time.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        at = datetime.datetime.combine(now.date(), clock)
+        return at if at > now else at + datetime.timedelta(days=1)
+    try:
+        at = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: say 14:00, 2026-12-08T09:30 or +2h (also +90s, +15m, +1d)"
+        ) from None
+    if at <= now:
+        raise argparse.ArgumentTypeError(f"{text!r} is already past")
+    return at
 
 
 def _positive(kind: type) -> type:

@@ -200,12 +200,16 @@ def drain(args: argparse.Namespace) -> int:
     with Clusters.of(args) as clusters:
         cluster = clusters.one(args.command)
         if args.command == "drain":
-            done = cluster.drain(args.target, reason=args.reason or "")
+            done = cluster.drain(args.target, reason=args.reason or "", by=args.by)
             moved = ", ".join(repr(j) for j in done["jobs"]) or "no job"
+            when = (
+                "at the next step boundary"
+                if done.get("moves_at") is None
+                else f"at {render.moment(done['moves_at'])} (if still running)"
+            )
             message = (
                 f"drained {args.target} ({len(done['workers'])} worker(s)): it takes no new "
-                f"ranks; {moved} checkpoint(s) at the next step boundary and continue(s) "
-                "on other slots"
+                f"ranks; {moved} checkpoint(s) {when} and continue(s) on other slots"
             )
         else:
             done = cluster.undrain(args.target)

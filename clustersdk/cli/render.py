@@ -127,9 +127,9 @@ def _fields(
         ("owner", spec.get("owner") or "-"),
         ("strategy", f"{what_runs(spec)} on {spec.get('world_size')} rank(s)"),
         ("steps", steps + (f"  {scalars}" if scalars else "")),
-        ("submitted", _when(record.get("submitted"))),
-        ("started", _when(record.get("started"))),
-        ("ended", _when(record.get("ended"))),
+        ("submitted", moment(record.get("submitted"))),
+        ("started", moment(record.get("started"))),
+        ("ended", moment(record.get("ended"))),
     ]
     if record.get("paused_at") is not None and record["status"] == "PAUSED":
         fields.append(("paused", f"before step {record['paused_at']}"))
@@ -227,7 +227,7 @@ def _number(value: Any) -> str:
     return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def _when(t: float | None) -> str:
+def moment(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 

@@ -7,6 +7,7 @@ from the hooks that :mod:`clustersdk` provides (see :mod:`clustersdk.hooks`).
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -165,18 +166,29 @@ class Cluster:
         it takes no new ranks (``drained``; None when it does)."""
         return list(self.sync(self.control.inventory))
 
-    def drain(self, target: str, reason: str = "") -> dict[str, Any]:
+    def drain(
+        self,
+        target: str,
+        reason: str = "",
+        by: datetime.datetime | datetime.timedelta | None = None,
+    ) -> dict[str, Any]:
         """Take a host (or one worker, by address) out of service, an admin's call: it
         takes no new ranks, and every job with a rank there checkpoints at its next step
         boundary (the just-in-time checkpoint of a preemption), leaves, and queues again
         to continue on other slots, bitwise where it has a ``checkpoint_dir`` (without
-        one it starts again). :meth:`undrain` gives it back. Returns the workers drained
-        and the jobs that move.
+        one it starts again). With ``by`` (a time, or how long from now) its jobs run on
+        until ``clustersdk.notice-grace`` (30 s) before it and move then; one that ends
+        sooner is not disturbed. :meth:`undrain` gives it back. Returns the workers
+        drained, the jobs that move and when (``moves_at``; None: now).
 
         >>> cluster.drain("gpu3", reason="fan replacement")               # doctest: +SKIP
         {'target': 'gpu3', 'workers': ['tls://10.0.0.3:40211'], 'jobs': ['bert'], ...}
+        >>> cluster.drain("gpu4", by=datetime.timedelta(hours=2))        # doctest: +SKIP
         """
-        return self.sync(self.control.drain, target, reason)
+        if isinstance(by, datetime.timedelta):
+            by = datetime.datetime.now() + by
+        when = None if by is None else by.timestamp()
+        return self.sync(self.control.drain, target, reason, when)
 
     def undrain(self, target: str) -> dict[str, Any]:
         """Give a drained host (or worker) back: its slots take ranks again."""

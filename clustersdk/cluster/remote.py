@@ -17,9 +17,11 @@ With ``--security`` (the paths of the host's TLS files, as JSON) every server it
 starts listens on ``tls://`` and checks the cluster's revocation list.
 
 It leads its own process group. When its stdin closes (``cluster.close()``, or
-the SSH connection dying with the notebook), on SIGTERM/SIGHUP, or when its
+the SSH connection dying with the notebook), on SIGHUP or SIGINT, or when its
 servers end, it closes them and then kills its whole process group: nothing
-it started outlives it.
+it started outlives it. A SIGTERM (the host shutting down, ``scancel``) lets the
+workers' jobs checkpoint and move first (``clustersdk.runtime.nannies``); a second
+one stops it at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 HARD_STOP_S = 20.0  # after a stop request, the group is killed at the latest this much later
@@ -146,12 +149,17 @@ class Control:
         if not self.go.done():
             self.go.set_result(json.loads(line))
 
-    async def until_stopped(self, *finished: Any) -> None:
-        """Until a stop request, or one of the servers ends by itself; then a hard deadline."""
+    async def until_stopped(
+        self, *finished: Any, leaving: Callable[[], bool] = lambda: False
+    ) -> None:
+        """Until a stop request, or one of the servers ends by itself (not while they are
+        ``leaving()`` on SIGTERM, one by one); then a hard deadline."""
         tasks = [asyncio.ensure_future(self.stop.wait())] + [
             asyncio.ensure_future(f) for f in finished
         ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if leaving():
+            await self.stop.wait()
         self.stop.set()
         timer = threading.Timer(HARD_STOP_S, _kill_group)
         timer.daemon = True
@@ -222,8 +230,13 @@ async def run_workers(args: argparse.Namespace, control: Control) -> None:
         for i in range(len(envs))
     ]
     await asyncio.gather(*(nanny.start() for nanny in nannies))
+    from clustersdk.runtime.nannies import NannySignals  # light: no torch
+
+    signals = NannySignals(nannies, stop=control.stop.set)  # SIGTERM: the workers leave first
     emit({"ready": [nanny.worker_address for nanny in nannies]})
-    await control.until_stopped(*(nanny.finished() for nanny in nannies))
+    await control.until_stopped(
+        *(nanny.finished() for nanny in nannies), leaving=lambda: signals.leaving
+    )
     await asyncio.wait_for(
         asyncio.gather(*(n.close(timeout=5) for n in nannies), return_exceptions=True),
         HARD_STOP_S / 2,

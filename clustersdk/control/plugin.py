@@ -250,16 +250,43 @@ class ControlPlane(SchedulerPlugin):
             )
         return workers
 
-    def _drain(self, target: str, reason: str = "") -> dict[str, Any]:
+    def _drain(self, target: str, reason: str = "", by: float | None = None) -> dict[str, Any]:
         """Take ``target`` (a host, or one worker's address) out: no new ranks land there,
         and each job with a rank there checkpoints at its next step boundary (as for a
         preemption), leaves, and queues again to continue on other slots. Without a
-        checkpoint_dir a job stops and queues again from its newest checkpoint (or start)."""
+        checkpoint_dir a job stops and queues again from its newest checkpoint (or start).
+        With ``by`` (a time), its jobs run on until ``clustersdk.notice-grace`` before it,
+        then move: a job that ends before then is not disturbed."""
         workers = self._targets(target)
         why = reason or "drained by an admin"
         self.drained[target] = why
         for worker in workers:
             self.placement.scheduler.remove_slot(worker)
+        now = time.time()
+        moves_at = None if by is None else by - float(config.get("notice-grace"))
+        until = "" if by is None else f" by {time.strftime('%H:%M:%S', time.localtime(by))}"
+        self.journal.add_event(CLUSTER, now, None, "drained", f"{target}{until}: {why}", {})
+        if moves_at is not None and moves_at > now:
+            self.call_later(moves_at - now, self._move_off, target, why, until)
+            found = dict.fromkeys(self.busy[w] for w in workers if w in self.busy)
+            jobs = [self.runs[job].machine.name for job in found if job in self.runs]
+            self.schedule()
+        else:
+            jobs = self._move_off(target, why, until)
+        return {
+            "target": target,
+            "workers": workers,
+            "jobs": jobs,
+            "reason": why,
+            "moves_at": moves_at if moves_at is not None and moves_at > now else None,
+        }
+
+    def _move_off(self, target: str, why: str, until: str = "") -> list[str]:
+        """The jobs with a rank on drained ``target`` checkpoint and move (unless it was
+        undrained, or drained again for another reason, meanwhile)."""
+        if self.drained.get(target) != why:
+            return []
+        workers = [w for w, slot in self.slots.items() if target in (w, slot.host)]
         moved = []
         for job in dict.fromkeys(self.busy[w] for w in workers if w in self.busy):
             run = self.runs.get(job)
@@ -268,18 +295,20 @@ class ControlPlane(SchedulerPlugin):
             self.feed(
                 run,
                 ev.Preempted(
-                    "suspend", f"{target} is drained ({why}): it continues on other slots"
+                    "suspend", f"{target} is drained{until} ({why}): it continues on other slots"
                 ),
             )
             moved.append(run.machine.name)
-        self.journal.add_event(CLUSTER, time.time(), None, "drained", f"{target}: {why}", {})
         self.schedule()
-        return {"target": target, "workers": workers, "jobs": moved, "reason": why}
+        return moved
 
     def _notice(self, worker: str, leaves_in: float, why: str) -> dict[str, Any]:
         """``worker`` goes away within ``leaves_in`` seconds (it received ``why``, e.g.
         SIGTERM): it takes no new ranks, and its job checkpoints at its next step boundary
-        and moves, as for a drain; the worker exits once its rank is gone."""
+        and moves, as for a drain; the worker exits once its rank is gone (a cloud's
+        notice: the VM goes by itself). A notice shorter than two of the job's slowest
+        recent steps (one to reach the boundary, about one more to save) may be too short:
+        its events say so."""
         slot = self.slots.get(worker)
         if slot is None:
             return {"jobs": []}
@@ -291,7 +320,16 @@ class ControlPlane(SchedulerPlugin):
         self.journal.add_event(CLUSTER, time.time(), None, "notice", message, {"worker": worker})
         run = self.runs.get(self.busy.get(worker, ""))
         if run is not None:
-            self.feed(run, ev.Preempted("suspend", f"{message}: it continues on other slots"))
+            step = max(run.watch.durations, default=0.0)
+            short = (
+                f" (a notice of {leaves_in:.0f} s may be too short: its steps take up to "
+                f"{step:.1f} s, and it must finish one and save)"
+                if leaves_in < 2 * step
+                else ""
+            )
+            self.feed(
+                run, ev.Preempted("suspend", f"{message}: it continues on other slots{short}")
+            )
         self.schedule()
         return {"jobs": [run.machine.name] if run is not None else []}
 

@@ -27,8 +27,10 @@ from distributed.core import rpc
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import cpus
+from ..errors import SpecError
 from ..protocol import ENV_RESTART, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
 from ..security.tls import apply_crl, cluster_only
+from .cloud import Notice, Poller
 from .control_words import Control
 from .environ import ENV_WARM_CUDA
 from .rank import Forked, Rank, fork
@@ -42,6 +44,9 @@ AGENT_NAME = "clustersdk-agent"
 FLUSH_MIN_S = 0.05
 FLUSH_IDLE_S = 0.5  # ...and at most this long (no rank, or only slow rates)
 HEARTBEAT_S = 1.0  # a rank with nothing to ship still says where it is this often (hangs)
+# a SIGTERM this soon after the first is the same stop twice, not a second one: its nanny
+# passes on what reached every process at once (scancel, a host's shutdown)
+REPEAT_S = 2.0
 
 
 class Agent(WorkerPlugin):
@@ -96,22 +101,34 @@ class Agent(WorkerPlugin):
         self._schedule_flush(FLUSH_IDLE_S)
         slot.update(worker=worker.address, host=_host_of(worker.address), cpus=bound)
         self.slot = slot
-        self._noticed = False
-        if worker.nanny and threading.current_thread() is threading.main_thread():
-            # SIGTERM to this process: move its job first, then leave (its nanny's own
-            # SIGTERM still closes it at once: not handled yet)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._noticed: float | None = None  # when the first SIGTERM came
+        self._sigterm: Any = None  # the handler before ours
+        self.cloud: Poller | None = None
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM to this process (or to its nanny, which passes it on): move its job
+            # first, then leave
+            self._sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         # started again by a standing cluster's supervisor: how its predecessor ended
         restart = os.environ.get(ENV_RESTART)
         ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot, restart=restart)
         if isinstance(ready, dict) and ready.get("crl"):  # revocations so far
             self.revoke(ready["crl"])
+        try:  # a spot or preemptible VM: the cloud's notice moves the job, as SIGTERM does
+            self.cloud = Poller.from_config(
+                self._cloud_notice, f"clustersdk-agent ({worker.address})"
+            )
+        except SpecError as e:  # a worker without the notices, not one that fails to start
+            logger.error("clustersdk: no cloud notices on %s: %s", worker.address, e)
 
     def teardown(self, worker) -> None:
         if self._flush_timer is not None:
             self.worker.loop.remove_timeout(self._flush_timer)
             self._flush_timer = None
         self.closing = True
+        if self.cloud is not None:
+            self.cloud.stop()
+        if self._sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, self._sigterm)
         stop = no_words()
         stop[Word.STOP] = 1
         for rank in list(self.ranks.values()):
@@ -124,11 +141,14 @@ class Agent(WorkerPlugin):
 
     # notices ---------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self._noticed or self.closing or not self.ranks:  # nothing to move: leave now
+        first = self._noticed
+        if first is not None and time.monotonic() - first < REPEAT_S:
+            return
+        if first is not None or self.closing or not self.ranks:  # again, or nothing to move
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        self._noticed = True
+        self._noticed = time.monotonic()
         asyncio.get_event_loop().call_soon_threadsafe(
             lambda: asyncio.ensure_future(self._leave("SIGTERM"))
         )
@@ -157,6 +177,17 @@ class Agent(WorkerPlugin):
             await asyncio.sleep(0.1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _cloud_notice(self, notice: Notice) -> None:
+        """The cloud takes this VM away at ``notice.at``: the scheduler moves the job here
+        and gives the slot no new rank. The worker stays: the VM goes by itself."""
+        leaves_in = max(0.0, notice.at - time.time())
+        logger.warning(
+            "clustersdk: worker %s: %s, in %.0f s", self.worker.address, notice.why, leaves_in
+        )
+        await op(self.worker.scheduler, Op.NOTICE)(
+            worker=self.worker.address, leaves_in=leaves_in, why=notice.why
+        )
 
     # handlers ------------------------------------------------------------------
     def revoke(self, crl: str) -> bool:

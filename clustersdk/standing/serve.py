@@ -13,6 +13,10 @@ worker at once. Both listen on ``tls://`` with the cluster's certificates in ``-
 (``ca.pem``, ``crl.pem`` and the role's ``scheduler.pem`` or ``worker.pem``), and check
 its revocation list.
 
+A worker's SIGTERM (systemd's stop, ``scancel``, a Kubernetes eviction) lets its job
+checkpoint and move before the nanny closes (:mod:`clustersdk.runtime.nannies`); SIGINT,
+or a second SIGTERM, closes it at once.
+
 A process restarted by its supervisor finds what happened to its predecessor in
 ``CLUSTERSDK_RESTART``: the scheduler journals it as a cluster event as it starts; a
 worker's agent sends it with its slot (the control plane journals it).
@@ -91,6 +95,7 @@ async def run_worker(
 
     from .. import cpus as cpu_shares
     from ..cluster.local import worker_config
+    from ..runtime.nannies import NannySignals
     from ..security.tls import ClusterSecurity
 
     env = {"CUDA_VISIBLE_DEVICES": _device(gpu)}
@@ -112,7 +117,8 @@ async def run_worker(
             **options,
         )
         await nanny
-    _stop_on_signals(nanny)
+    # SIGTERM (systemd, scancel, Kubernetes): the worker's job moves first; SIGINT: at once
+    NannySignals([nanny], stop=lambda: asyncio.ensure_future(nanny.close()))
     await nanny.finished()
 
 
@@ -134,7 +140,7 @@ def _device(gpu: str | None) -> str:
 
 
 def _stop_on_signals(server: Any) -> None:
-    """SIGTERM/SIGINT close ``server`` (a scheduler, a nanny and its worker) gracefully."""
+    """SIGTERM/SIGINT close ``server`` (a scheduler) gracefully."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.close()))

@@ -13,8 +13,10 @@ with one worker), each in a process group of its own with its output appended to
   cluster status`` and the lab panel;
 - one that fails ``max_quick_failures`` times in a row, each within ``quick_s`` of
   its start, is given up on, saying so (its last lines are in its log);
-- SIGTERM (``clustersdk cluster down``, systemd's stop) stops every process (SIGTERM,
-  then SIGKILL to whatever of theirs is left after :data:`GRACE_S`) and ends it.
+- SIGTERM (``clustersdk cluster down``, systemd's stop) stops every process at once
+  (SIGINT: a nanny closes its worker without the SIGTERM notice, as ``down`` suspended
+  the jobs first, or was asked ``--now``; then SIGKILL to whatever of theirs is left
+  after :data:`GRACE_S`) and ends it.
 
 Every start, exit, restart and give-up is a line of ``events.jsonl``, and
 ``run/status.json`` says what runs now. The supervisor itself is watched by nothing:
@@ -197,13 +199,13 @@ class Supervisor:
         )
 
     def _stop_all(self) -> None:
-        """SIGTERM to every process (the scheduler last: its workers leave first), then
+        """SIGINT to every process (the scheduler last: its workers leave first), then
         SIGKILL to whatever of them and theirs is left after the grace."""
         family = _descendants()
         live = [e for e in self.running if e.popen is not None]
         for entry in sorted(live, key=lambda e: e.process.name == "scheduler"):
             with contextlib.suppress(OSError):
-                os.killpg(entry.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+                os.killpg(entry.popen.pid, signal.SIGINT)  # type: ignore[union-attr]
         deadline = time.time() + GRACE_S
         while time.time() < deadline and any(e.popen.poll() is None for e in live):  # type: ignore[union-attr]
             time.sleep(POLL_S)

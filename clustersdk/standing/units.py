@@ -40,7 +40,9 @@ from .record import HostPlan, Paths, Record, RecordError, check_name, read_json
 __all__ = ["Units", "exec_line", "render_units", "write_units"]
 
 RESTART_S = 2  # systemd's wait before a restart (the supervisor's: 0.5 s, doubling to 10 s)
-STOP_S = 30  # what a stopped process has to end before systemd kills its unit's processes
+# what a stopped process has to end before systemd kills its unit's processes: a worker's
+# job checkpoints and moves first, within clustersdk.notice-grace (30 s) and a margin
+STOP_S = 45
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")  # a word systemd takes as it is
 
 
@@ -134,8 +136,9 @@ def render_units(
             "ExecStart": exec_line(process.argv),
             "Restart": "always",
             "RestartSec": str(RESTART_S),
-            # SIGTERM to the process alone (it closes its workers and ranks itself), the
-            # rest of the unit's processes killed only if still there after STOP_S
+            # SIGTERM to the process alone (its worker's job moves first, then it closes its
+            # worker and ranks itself), the rest of the unit's processes killed only if
+            # still there after STOP_S
             "KillMode": "mixed",
             "TimeoutStopSec": str(STOP_S),
             "StandardOutput": "journal",
