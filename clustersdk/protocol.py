@@ -36,6 +36,8 @@ EXIT_TOPIC = "clustersdk-worker-exit"  # a nanny's report of how its worker proc
 # what a standing cluster's supervisor tells a process it started again (JSON: the process,
 # its restart count, how its predecessor ended): the control plane journals it
 ENV_RESTART = "CLUSTERSDK_RESTART"
+#: A Cluster.slurm worker's: Slurm warns it (SIGUSR1) this many seconds before its walltime.
+ENV_SLURM_NOTICE = "CLUSTERSDK_SLURM_NOTICE"
 
 
 # --- the control vector ------------------------------------------------------------------

@@ -174,12 +174,12 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("to_the_worker_too", [False, True], ids=["systemd", "scancel"])
+@pytest.mark.parametrize("to_the_worker_too", [False, True], ids=["systemd", "host-shutdown"])
 def test_a_sigterm_to_a_nanny_moves_its_job_first_and_the_nanny_goes(
     team, state, tmp_path, to_the_worker_too
 ):
     """What systemd or Kubernetes do to a worker's service: SIGTERM to the process they
-    started, its nanny (scancel: to every process of the step, its worker too, whose
+    started, its nanny (a host's shutdown: to every process, its worker too, whose
     agent takes the nanny's SIGTERM after its own for the same one). The job
     checkpoints, moves (to the worker the supervisor starts again) and loses no step;
     the nanny and its worker are gone."""

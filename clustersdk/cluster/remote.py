@@ -19,7 +19,7 @@ starts listens on ``tls://`` and checks the cluster's revocation list.
 It leads its own process group. When its stdin closes (``cluster.close()``, or
 the SSH connection dying with the notebook), on SIGHUP or SIGINT, or when its
 servers end, it closes them and then kills its whole process group: nothing
-it started outlives it. A SIGTERM (the host shutting down, ``scancel``) lets the
+it started outlives it. A SIGTERM (the host shutting down) lets the
 workers' jobs checkpoint and move first (``clustersdk.runtime.nannies``); a second
 one stops it at once.
 """

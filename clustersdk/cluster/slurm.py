@@ -26,6 +26,7 @@ from .. import network
 from ..client import ControlClient
 from ..errors import SpecError, StartError
 from ..options import check_env
+from ..protocol import ENV_SLURM_NOTICE
 from ..status import JobStatus
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def slurm(
     partition: str | None = None,
     account: str | None = None,
     walltime: str | None = "01:00:00",
+    notice: int | None = 120,
     python: str | None = None,
     env: dict[str, str] | None = None,
     job_extra_directives: list[str] | tuple[str, ...] = (),
@@ -63,7 +65,12 @@ def slurm(
     ranks and go after ``idle_timeout`` idle seconds. Each worker job asks for
     ``gpus_per_worker`` GPUs (``--gres=gpu:N``; 0: a CPU slot), ``cpus_per_worker``
     CPUs and ``memory``, in ``partition`` under ``account`` for ``walltime``.
-    ``python`` runs the workers (default: this one's path; it must see clustersdk),
+    Slurm warns a worker ``notice`` seconds before its walltime ends (``sbatch
+    --signal=B:USR1@notice``; None: no warning): its job checkpoints at its next step
+    boundary and moves to another worker, which a new worker job brings if need be, and
+    the warned worker leaves (at the walltime itself Slurm's SIGTERM does the same, with
+    ``KillWait`` seconds to go). ``python`` runs the workers (default: this one's path;
+    it must see clustersdk),
     ``env`` is exported in their job scripts. Other keywords go to dask-jobqueue's
     ``SLURMCluster``. The job script is checked with ``sbatch --test-only`` first, so
     a partition or GRES Slurm does not have fails here, with sbatch's own words.
@@ -100,6 +107,14 @@ def slurm(
     directives = [f"--gres=gpu:{gpus_per_worker}"] * bool(gpus_per_worker) + list(
         job_extra_directives
     )
+    if notice is not None:
+        if isinstance(notice, bool) or not isinstance(notice, int) or notice < 1:
+            raise SpecError(
+                f"notice must be seconds (an int of at least 1) or None, got {notice!r}"
+            )
+        # B: the batch shell alone, which the worker becomes (exec): steps are not signalled
+        directives.append(f"--signal=B:USR1@{notice}")
+        prologue.append(f"export {ENV_SLURM_NOTICE}={notice}")
     import dask.config
 
     from .. import config
@@ -122,7 +137,8 @@ def slurm(
                 processes=1,
                 job_cpu=cpus_per_worker,
                 memory=memory,
-                python=python or sys.executable,
+                # exec: the worker is the job's batch shell, which Slurm's warning reaches
+                python=f"exec {shlex.quote(python or sys.executable)}",
                 job_extra_directives=directives,
                 job_script_prologue=prologue,
                 job_name="clustersdk",
@@ -181,6 +197,10 @@ def _jobqueue_security(prepared: Any) -> Any:
         tls_client_cert=prepared.credentials,
         tls_client_key=prepared.credentials,
     )
+
+
+# the states of a worker job that still is, or will be, a worker
+_ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING"})
 
 
 class SlurmNodes:
@@ -268,6 +288,7 @@ class SlurmNodes:
                     logger.warning("clustersdk: the Slurm watcher failed", exc_info=True)
 
     def _tick(self) -> None:
+        self._forget_ended()
         demand = self._demand()
         if demand > self.target:  # e.g. a suspended job resumed
             self._scale(demand)
@@ -295,6 +316,11 @@ class SlurmNodes:
 
     def pending(self) -> dict[str, str]:
         """Slurm's reason for each worker job it has not started (``squeue`` ``%r``)."""
+        known = self._squeue()
+        return {job: reason for job, (state, reason) in (known or {}).items() if state == "PENDING"}
+
+    def _squeue(self) -> dict[str, tuple[str, str]] | None:
+        """Each worker job Slurm still lists: its state and reason (None: squeue failed)."""
         ids = self.job_ids()
         if not ids:
             return {}
@@ -304,12 +330,26 @@ class SlurmNodes:
             text=True,
             timeout=30,
         )
+        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:  # every one ended
+            return None
         out = {}
         for line in proc.stdout.splitlines():
             job, state, reason = (line.split("|", 2) + ["", ""])[:3]
-            if state == "PENDING":
-                out[job] = reason
+            out[job] = (state, reason)
         return out
+
+    def _forget_ended(self) -> None:
+        """Worker jobs that ended by themselves (a walltime, a worker warned of it that
+        left, a node lost) leave the spec, so that the next scaling asks for new ones."""
+        known = self._squeue()
+        if known is None:
+            return
+        for name, job in list(self.jobqueue.workers.items()):
+            job_id = str(getattr(job, "job_id", None) or "")
+            state = known.get(job_id, ("", ""))[0]
+            if job_id and state not in _ALIVE and not state.startswith("REQUEUE"):
+                logger.info("clustersdk: Slurm worker job %s ended (%s)", job_id, state or "gone")
+                self.jobqueue.worker_spec.pop(name, None)
 
     def _pending_note(self) -> str:
         pending = self.pending()

@@ -28,7 +28,17 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import cpus
 from ..errors import SpecError
-from ..protocol import ENV_RESTART, Op, RankEvent, WireSpec, Word, WorkerOp, no_words, op
+from ..protocol import (
+    ENV_RESTART,
+    ENV_SLURM_NOTICE,
+    Op,
+    RankEvent,
+    WireSpec,
+    Word,
+    WorkerOp,
+    no_words,
+    op,
+)
 from ..security.tls import apply_crl, cluster_only
 from .cloud import Notice, Poller
 from .control_words import Control
@@ -45,7 +55,7 @@ FLUSH_MIN_S = 0.05
 FLUSH_IDLE_S = 0.5  # ...and at most this long (no rank, or only slow rates)
 HEARTBEAT_S = 1.0  # a rank with nothing to ship still says where it is this often (hangs)
 # a SIGTERM this soon after the first is the same stop twice, not a second one: its nanny
-# passes on what reached every process at once (scancel, a host's shutdown)
+# passes on what reached every process at once (a host's shutdown)
 REPEAT_S = 2.0
 
 
@@ -108,6 +118,8 @@ class Agent(WorkerPlugin):
             # SIGTERM to this process (or to its nanny, which passes it on): move its job
             # first, then leave
             self._sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if os.environ.get(ENV_SLURM_NOTICE):  # Cluster.slurm's worker, warned by Slurm
+                signal.signal(signal.SIGUSR1, self._on_walltime)
         # started again by a standing cluster's supervisor: how its predecessor ended
         restart = os.environ.get(ENV_RESTART)
         ready = await op(worker.scheduler, Op.WORKER_READY)(slot=slot, restart=restart)
@@ -153,10 +165,24 @@ class Agent(WorkerPlugin):
             lambda: asyncio.ensure_future(self._leave("SIGTERM"))
         )
 
-    async def _leave(self, why: str) -> None:
+    def _on_walltime(self, signum: int, frame: Any) -> None:
+        """Slurm's warning that this worker's walltime ends in ``--signal=B:USR1@N``
+        seconds: as a SIGTERM, with N seconds to leave (and leave it does: its Slurm job
+        ends, a new worker job takes over)."""
+        if self._noticed is not None or self.closing:
+            return
+        self._noticed = time.monotonic()
+        lead = float(os.environ.get(ENV_SLURM_NOTICE) or 0)
+        why = f"Slurm's warning that its walltime ends in {lead:.0f} s"
+        asyncio.get_event_loop().call_soon_threadsafe(
+            lambda: asyncio.ensure_future(self._leave(why, grace=max(1.0, lead - 5)))
+        )
+
+    async def _leave(self, why: str, grace: float | None = None) -> None:
         """Tell the scheduler (its jobs here checkpoint and move), wait until this
         worker's ranks are gone or the grace is up, then exit as SIGTERM asked."""
-        grace = float(dask.config.get("clustersdk.notice-grace"))
+        if grace is None:
+            grace = float(dask.config.get("clustersdk.notice-grace"))
         deadline = time.monotonic() + grace
         logger.warning(
             "clustersdk: worker %s received %s: leaving within %.0f s",

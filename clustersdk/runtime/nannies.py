@@ -1,6 +1,6 @@
 """A SIGTERM to a process that runs nannies: their workers leave first.
 
-systemd, ``scancel`` and Kubernetes signal the process they started: a standing
+systemd and Kubernetes signal the process they started: a standing
 cluster's ``serve worker`` (:mod:`clustersdk.standing.serve`) or ``Cluster.ssh``'s
 launcher (:mod:`clustersdk.cluster.remote`), where the nannies run. Closing a nanny
 ends its worker at once, and its job loses the work since its last checkpoint. So the

@@ -13,7 +13,7 @@ worker at once. Both listen on ``tls://`` with the cluster's certificates in ``-
 (``ca.pem``, ``crl.pem`` and the role's ``scheduler.pem`` or ``worker.pem``), and check
 its revocation list.
 
-A worker's SIGTERM (systemd's stop, ``scancel``, a Kubernetes eviction) lets its job
+A worker's SIGTERM (systemd's stop, a Kubernetes eviction) lets its job
 checkpoint and move before the nanny closes (:mod:`clustersdk.runtime.nannies`); SIGINT,
 or a second SIGTERM, closes it at once.
 
@@ -117,7 +117,7 @@ async def run_worker(
             **options,
         )
         await nanny
-    # SIGTERM (systemd, scancel, Kubernetes): the worker's job moves first; SIGINT: at once
+    # SIGTERM (systemd, Kubernetes): the worker's job moves first; SIGINT: at once
     NannySignals([nanny], stop=lambda: asyncio.ensure_future(nanny.close()))
     await nanny.finished()
 

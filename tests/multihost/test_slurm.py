@@ -11,7 +11,7 @@ import torch
 import clustersdk as cs
 
 from .. import workloads
-from ..helpers import wait_for
+from ..helpers import Statuses, assert_bitwise, step_reached, wait_for
 from . import jobs
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,6 +73,38 @@ def test_a_two_rank_ddp_job_runs_on_two_slurm_allocations(cluster, slurm):
     env = cluster.launch(jobs.slurm_env, world_size=2).wait(timeout=60)
     assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in env) == ["0", "1"]
     assert len({e["SLURM_JOB_ID"] for e in env}) == 2
+
+
+def test_slurms_warning_before_the_walltime_moves_the_job_to_a_new_worker_job(
+    cluster, slurm, tmp_path
+):
+    script = cluster.dask_cluster.job_script()
+    assert "#SBATCH --signal=B:USR1@120" in script  # the batch shell alone: the worker (exec)
+    assert "\nexec " in script
+    kw = {"kind": "mlp", "steps": 20, "global_batch": 24}
+    want = cluster.launch(workloads.train_exact, kwargs=kw, world_size=2).wait(timeout=180)
+    job = cluster.launch(
+        workloads.train_exact,
+        kwargs={**kw, "delay": 0.3},
+        world_size=2,
+        checkpoint_dir=str(tmp_path),
+    )
+    seen = Statuses(job)
+    wait_for(lambda: step_reached(job, 3), timeout=120)
+    warned = job.info()["ranks"][1]["worker"]
+    slurm_job = cluster.client.run(lambda: os.environ["SLURM_JOB_ID"], workers=[warned])[warned]
+    # what Slurm sends 120 s before the walltime, sent now, by Slurm, to the same process
+    sent = slurm.sh("scancel", "--batch", "--signal=USR1", slurm_job)
+    assert sent.returncode == 0, sent.stderr
+
+    got = job.wait(timeout=180)
+    assert_bitwise(got, want, kw["steps"])
+    assert seen.after("RUNNING")[:3] == ["RUNNING", "SUSPENDING", "QUEUED"]
+    (moved,) = [e for e in job.events() if e["kind"] == "preempted"]
+    assert "Slurm's warning that its walltime ends in 120 s" in moved["message"]
+    assert job.restarts == 0 and job.goodput["lost_steps"] == 0
+    assert warned not in {r["worker"] for r in job.info()["ranks"]}  # a new worker job's
+    wait_for(lambda: not any(line.startswith(f"{slurm_job} ") for line in slurm.jobs()), 60)
 
 
 def test_a_worker_slurm_cannot_place_keeps_the_job_queued_with_slurms_reason(cluster, slurm):
