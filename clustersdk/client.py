@@ -134,6 +134,29 @@ class ControlClient:
     async def suspend(self, job: str, timeout: float | None = None) -> dict[str, Any]:
         return await self.call(Op.SUSPEND, job=job, timeout=timeout)
 
+    async def fork(
+        self,
+        job: str,
+        name: str | None = None,
+        at: int | None = None,
+        changes: dict[str, Any] | None = None,
+        world_size: int | None = None,
+        checkpoint_dir: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """A new job from a checkpoint of ``job`` (its next one, or the one before step
+        ``at``) with ``changes``; the new job's record."""
+        return await self.call(
+            Op.FORK,
+            job=job,
+            name=name,
+            at=at,
+            changes=changes,
+            world_size=world_size,
+            checkpoint_dir=checkpoint_dir,
+            timeout=timeout,
+        )
+
     async def profile(
         self, job: str, steps: int, timeout: float | None = None, wait: bool = True
     ) -> dict[str, Any]:

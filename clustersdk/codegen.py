@@ -122,6 +122,16 @@ CONTROL_FIELDS: dict[str, dict[str, object]] = {
         "items": {"type": "integer"},
         "description": "Steps whose batch is dropped (rollbacks)",
     },
+    "parent": {
+        "type": "string",
+        "nullable": True,
+        "description": "The id of the job it was forked from (job.fork)",
+    },
+    "forked_at": {
+        "type": "integer",
+        "nullable": True,
+        "description": "The step of its parent's checkpoint it was forked from",
+    },
     "version": {"type": "integer"},
 }
 JSON_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}

@@ -388,6 +388,58 @@ class Job:
         self._record = self.cluster.sync(self.cluster.control.checkpoint, self.id, timeout=timeout)
         return None if self._record["status"] == "QUEUED" else self._record["checkpoint"]
 
+    def fork(
+        self,
+        name: str | None = None,
+        *,
+        at: int | str = "next",
+        hparams: dict[str, Any] | None = None,
+        world_size: int | None = None,
+        checkpoint_dir: str | None = None,
+        timeout: float | None = 120.0,
+    ) -> Job:
+        """A new job that goes on from this one's state while this one goes on too.
+
+        ``at="next"`` checkpoints this job at its next step boundary and starts the fork
+        from there; ``at=step`` starts it from the committed checkpoint that resumes at
+        ``step`` (the job needs a ``checkpoint_dir``). The data position, the RNG and the
+        optimizer come with the checkpoint, so a fork without changes is bitwise this job
+        from there on. ``hparams`` are applied before the fork's first step, as
+        :meth:`update` would (and checked first: a bad key changes nothing);
+        ``world_size`` may differ. The fork's checkpoints go to ``checkpoint_dir``
+        (default: ``<this job's>-forks/<name>``); its name defaults to
+        ``<name>-fork<step>``. Its :attr:`parent` is this job; :meth:`forks` lists them.
+
+        >>> half = job.fork(hparams={"lr": 5e-4})                     # doctest: +SKIP
+        >>> half.parent.name, half.spec.forked_at                     # doctest: +SKIP
+        ('a', 200)
+        """
+        record = self.cluster.sync(
+            self.cluster.control.fork,
+            self.id,
+            name,
+            None if at == "next" else at,
+            hparams,
+            world_size,
+            checkpoint_dir,
+            timeout,
+        )
+        return Job(self.cluster, record)
+
+    @property
+    def parent(self) -> Job | None:
+        """The job this one was forked from (:meth:`fork`), or None."""
+        parent = self.spec.parent
+        return None if parent is None else Job(self.cluster, self.cluster.job_record(job=parent))
+
+    def forks(self) -> list[Job]:
+        """The jobs forked from this one, oldest first."""
+        return [
+            Job(self.cluster, r)
+            for r in self.cluster.job_records()
+            if (r.get("spec") or {}).get("parent") == self.id
+        ]
+
     def suspend(self, timeout: float | None = None) -> str | None:
         """Checkpoint, free the slots and wait SUSPENDED; ``resume()`` continues.
 

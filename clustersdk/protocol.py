@@ -128,6 +128,7 @@ class Op(str, enum.Enum):
     DRAIN = "drain"  # an admin takes a host (or a worker) out: its jobs move, no new ranks
     UNDRAIN = "undrain"  # ... and gives it back
     NOTICE = "notice"  # from a worker: it goes away soon (SIGTERM); its jobs move first
+    FORK = "fork"  # job.fork: a new job from a checkpoint of this one, which goes on
 
     @property
     def handler(self) -> str:
@@ -438,6 +439,8 @@ class WireSpec:
     profile_dir: str | None = None  # the control plane's state dir (profile traces)
     args: list[str] | None = None  # the script's arguments
     skip_steps: list[int] | None = None  # steps whose batch is drawn and dropped (rollbacks)
+    parent: str | None = None  # the job it was forked from (job.fork) ...
+    forked_at: int | None = None  # ... at the step its checkpoint resumes from
     version: int = VERSION
 
     @property

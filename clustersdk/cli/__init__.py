@@ -8,6 +8,7 @@
     clustersdk stop JOB [--no-wait]
     clustersdk update JOB KEY=VALUE... [--timeout S]     lr=1e-4 lr[1]=1e-5 betas=[0.9,0.95]
     clustersdk restart JOB                     a HELD job: continue from its newest checkpoint
+    clustersdk fork JOB [--set lr=1e-4] [--at STEP] [-n N]   a new job from its state
     clustersdk debug JOB [--rank R]            a HELD rank's failing stack with its locals
     clustersdk stacks JOB [--all-threads]      where every rank is now
     clustersdk logs JOB [--rank R] [-f]
@@ -164,6 +165,29 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="seconds to wait for the ranks to apply it (default: 60)",
     )
+    fork = job_command(
+        "fork", "a new job from the job's state (which goes on), with changes", commands.fork
+    )
+    fork.add_argument("--name", help="the fork's name (default: JOB-forkSTEP)")
+    fork.add_argument(
+        "--at",
+        type=int,
+        metavar="STEP",
+        help="from its checkpoint that resumes at STEP (default: one taken at its next step)",
+    )
+    fork.add_argument(
+        "--set",
+        dest="changes",
+        action="append",
+        default=[],
+        type=_assignment,
+        metavar="KEY=VALUE",
+        help="a change before the fork's first step, as for update (repeat for more)",
+    )
+    fork.add_argument(
+        "-n", "--world-size", type=_positive(int), metavar="N", help="its ranks (default: the same)"
+    )
+    fork.add_argument("--checkpoint-dir", help="its checkpoints (default: beside the job's)")
     debug = job_command(
         "debug", "the failing stack of a HELD rank, with its locals", commands.debug
     )

@@ -291,16 +291,48 @@ _ACTIONS = {
 }
 
 
-def update(args: argparse.Namespace) -> int:
-    """Change hyperparameters before one step on every rank; print old -> new."""
+def _changes(command: str, assignments: list[tuple[str, int | None, Any]]) -> dict[str, Any]:
+    """``KEY=VALUE`` and ``KEY[GROUP]=VALUE`` assignments as one changes dict."""
     changes: dict[str, Any] = {}
-    for key, group, value in args.changes:
+    for key, group, value in assignments:
         if group is None:
             changes[key] = value
         elif not isinstance(changes.setdefault(key, {}), dict):
-            raise SpecError(f"update: {key}= and {key}[{group}]= together; give one or the other")
+            raise SpecError(
+                f"{command}: {key}= and {key}[{group}]= together; give one or the other"
+            )
         else:
             changes[key][group] = value
+    return changes
+
+
+def fork(args: argparse.Namespace) -> int:
+    """A new job from the job's state, which goes on (``job.fork``)."""
+    changes = _changes("fork", args.changes)
+    with Clusters.of(args) as clusters:
+        job = clusters.find(args.job)
+        forked = job.fork(
+            args.name,
+            at="next" if args.at is None else args.at,
+            hparams=changes or None,
+            world_size=args.world_size,
+            checkpoint_dir=args.checkpoint_dir,
+        )
+        spec = forked.spec
+        if args.json:
+            _out(render.to_json(forked.info()))
+        else:
+            changed = f", {', '.join(f'{k}={v}' for k, v in changes.items())}" if changes else ""
+            _out(
+                f"forked job {job.name!r} at step {spec.forked_at} as {forked.name!r} "
+                f"({forked.id}, {spec.world_size} rank(s){changed}): {forked.status.name}"
+            )
+    return OK
+
+
+def update(args: argparse.Namespace) -> int:
+    """Change hyperparameters before one step on every rank; print old -> new."""
+    changes = _changes("update", args.changes)
     with Clusters.of(args) as clusters:
         job = clusters.find(args.job)
         step = job.update(changes, timeout=args.timeout)

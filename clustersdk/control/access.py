@@ -68,6 +68,7 @@ KINDS: dict[Op, str] = {
     Op.SUSPEND: CHANGE,
     Op.RESTART: CHANGE,
     Op.UPDATE: CHANGE,
+    Op.FORK: CHANGE,  # it checkpoints the job: its owner's (or an admin's) call
     Op.RUN: CHANGE,
     Op.RUN_WAIT: CHANGE,
     Op.PROFILE: CHANGE,

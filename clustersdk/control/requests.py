@@ -27,7 +27,8 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
-from .. import config, hparams
+from .. import config, hparams, options
+from ..checkpoint_files import committed
 from ..errors import (
     CapacityError,
     CheckpointError,
@@ -38,6 +39,7 @@ from ..errors import (
 )
 from ..protocol import Op, WireSpec, Word, WorkerOp
 from ..security.identity import Identity
+from ..spec import new_id
 from ..status import EARLY, JobStatus
 from . import events as ev
 from . import policy
@@ -90,6 +92,7 @@ class Requests:
             Op.RUN: self.run,
             Op.RUN_WAIT: self.run_wait,
             Op.UPDATE: self.update,
+            Op.FORK: self.fork,
             Op.WHOAMI: self.whoami,
             Op.REVOKE: self.revoke,
         }
@@ -358,6 +361,86 @@ class Requests:
         raise InvalidTransitionError(
             f"job {machine.name!r} became {machine.status.name} before it could checkpoint"
         )
+
+    async def fork(
+        self,
+        job: str,
+        name: str | None = None,
+        at: int | None = None,
+        changes: dict | None = None,
+        world_size: int | None = None,
+        checkpoint_dir: str | None = None,
+        timeout: float | None = None,
+        who: Identity | None = None,
+    ) -> dict:
+        """A new job from a checkpoint of ``job``, which goes on: the one it takes at its
+        next step boundary, or (``at``) its committed checkpoint that resumes at step
+        ``at``; at ``world_size`` (default: the same), with ``changes`` applied before the
+        fork's first step (as ``job.update``'s, checked first), its checkpoints in
+        ``checkpoint_dir`` (default: beside the job's, ``<dir>-forks/<name>``). The data
+        position, RNG and optimizer states come with the checkpoint: a fork without
+        changes is bitwise the job from there on. The new job's record."""
+        parent = self.journal.get(job)
+        if parent is None:
+            raise JobNotFoundError(f"no job with id {job!r} on this cluster")
+        spec = WireSpec.from_dict(parent["spec"])
+        if not spec.checkpoint_dir:
+            raise SpecError(
+                f"job {spec.name!r} has no checkpoint_dir: a fork starts from one of its "
+                "checkpoints (launch it with checkpoint_dir=...)"
+            )
+        run = self.plane.runs.get(job)
+        payload = run.payload if run is not None else parent.get("payload")
+        if not payload:  # released with its end
+            raise InvalidTransitionError(
+                f"job {spec.name!r} is {parent['status']}: its function is no longer kept; "
+                f"launch it again with resume= one of its checkpoints (in {spec.checkpoint_dir})"
+            )
+        if world_size is not None:
+            world_size = options.check_world_size(world_size)
+        if changes:  # refused before anything happens, as job.update would be
+            info = run.machine.live.info if run is not None else {}
+            changes = hparams.check(changes, spec, info, deferred=not info)
+        if at is None:
+            record = await self.checkpoint(job, timeout=timeout)
+            if record["status"] == JobStatus.QUEUED.name:
+                raise InvalidTransitionError(
+                    f"job {spec.name!r} is QUEUED: it has no step to fork from yet"
+                )
+            path, step = record["checkpoint"], record["checkpoint_step"]
+        else:
+            loop = asyncio.get_running_loop()
+            found = dict(await loop.run_in_executor(None, committed, spec.checkpoint_dir))
+            if at not in found:
+                raise SpecError(
+                    f"job {spec.name!r} has no checkpoint that resumes at step {at}; its "
+                    f"checkpoints resume at steps {sorted(found) or 'none yet'}"
+                )
+            path, step = found[at], at
+        name = name or f"{spec.name}-fork{step}"
+        forked = spec.replace(
+            id=new_id(),
+            name=name,
+            resume=path,
+            attempt=0,
+            world_size=world_size or spec.world_size,
+            asked_world_size=None,
+            checkpoint_dir=checkpoint_dir or f"{spec.checkpoint_dir.rstrip('/')}-forks/{name}",
+            parent=job,
+            forked_at=step,
+        )
+        record = self.submit(forked.as_dict(), payload, who)
+        if changes:
+            self.plane.feed(self.plane.runs[forked.id], ev.UpdateRequested(changes))
+        self.journal.add_event(
+            job,
+            time.time(),
+            step,
+            "forked",
+            f"forked as {name!r} at step {step}",
+            {"fork": forked.id},
+        )
+        return record
 
     async def suspend(self, job: str, timeout: float | None = None) -> dict:
         run = self._active(job, "suspend")

@@ -320,6 +320,40 @@ class UpdateHandler(ClusterSDKHandler):
         return result
 
 
+class ForkHandler(ClusterSDKHandler):
+    """POST ``{"name": "half-lr", "hparams": {"lr": 5e-4}}`` (also ``at``, ``world_size``,
+    ``checkpoint_dir``): ``job.fork``, a new job from the job's state; 201 with the fork's
+    record, 400 for a change it can't take or a job without checkpoints."""
+
+    FIELDS = {"name": str, "at": int, "hparams": dict, "world_size": int, "checkpoint_dir": str}
+    JSON = {str: "a string", int: "an integer", dict: "an object"}
+
+    @web.authenticated
+    @authorized
+    @_json
+    async def post(self, job: str) -> Any:
+        raw = self.request.body.strip()
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            raise BadRequestError("the request body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BadRequestError(
+                'the request body must be a JSON object, e.g. {"hparams": {"lr": 0.0005}}'
+            )
+        for key, value in body.items():
+            kind = self.FIELDS.get(key)
+            if kind is None:
+                raise BadRequestError(
+                    f"unknown field {key!r}; a fork takes {', '.join(self.FIELDS)}"
+                )
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+                raise BadRequestError(f"{key} must be {self.JSON[kind]}, got {value!r}")
+        record = await self.manager.fork(job, **body)
+        self.set_status(201)
+        return record
+
+
 class StacksHandler(ClusterSDKHandler):
     """GET: where every rank is now, its step, phase and training thread's stack (every
     thread's with ``?all_threads=true``), collected without the rank's help."""
@@ -405,6 +439,7 @@ ROUTES: list[tuple[str, type[ClusterSDKHandler]]] = [
     (rf"/clustersdk/api/jobs/{_JOB}/checkpoints", CheckpointsHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/stacks", StacksHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/update", UpdateHandler),
+    (rf"/clustersdk/api/jobs/{_JOB}/fork", ForkHandler),
     (rf"/clustersdk/api/jobs/{_JOB}/(?P<action>{'|'.join(ACTIONS)})", ActionHandler),
     (r"/clustersdk/api/openapi\.(?P<fmt>json|yaml)", OpenAPIHandler),
     (r"/clustersdk/metrics", MetricsHandler),

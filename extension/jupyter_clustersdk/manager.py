@@ -476,6 +476,31 @@ class ClusterManager(Following, PanelQueries):
             record = await self.call(target, "job", job=record["id"])
         return models.update_model(result, record, target.id)
 
+    async def fork(
+        self,
+        ref: str,
+        name: str | None = None,
+        at: int | None = None,
+        hparams: dict[str, Any] | None = None,
+        world_size: int | None = None,
+        checkpoint_dir: str | None = None,
+    ) -> dict[str, Any]:
+        """``job.fork``: a new job from the job's state (see ``Job.fork``); its record."""
+        target, record = await self.locate(ref)
+        result = await self.call(
+            target,
+            Op.FORK,
+            job=record["id"],
+            name=name,
+            at=at,
+            changes=hparams,
+            world_size=world_size,
+            checkpoint_dir=checkpoint_dir,
+            timeout=self.action_timeout,
+            call_timeout=self.action_timeout + 5,
+        )
+        return await self.job_view(target, result)
+
     async def stacks(self, ref: str, all_threads: bool = False) -> dict[str, Any]:
         """Where every rank is now (see ``Job.stacks``)."""
         target, record = await self.locate(ref)

@@ -517,3 +517,53 @@ async def test_a_script_job_is_submitted_over_rest_and_bad_fields_are_400(
         )
         assert (code, error["error"]) == (400, "bad_request"), body
         assert word in error["message"], error
+
+
+async def test_fork_over_rest_starts_a_job_from_the_jobs_state_and_bad_bodies_are_400(
+    jp_fetch, free_slot, spin_job, tmp_path
+):
+    job = await asyncio.to_thread(
+        free_slot.launch,
+        workloads.ticker,
+        kwargs={"steps": 1_000_000},
+        world_size=1,
+        name="ext-fork-me",
+        checkpoint_dir=str(tmp_path / "ticks"),
+    )
+    try:
+        await asyncio.to_thread(_wait_running, job)
+        forked = await post(
+            jp_fetch,
+            "api",
+            "jobs",
+            job.name,
+            "fork",
+            body=json.dumps({"name": "ext-forked", "hparams": {"lr": 0.005}}).encode(),
+        )
+        assert forked["name"] == "ext-forked" and forked["spec"]["parent"] == job.id
+        assert forked["spec"]["forked_at"] == (await asyncio.to_thread(job.info))["checkpoint_step"]
+        assert forked["status"] == "QUEUED"  # the one free slot is the job's
+        refusals = [
+            ({"at": "soon"}, "at must be an integer, got 'soon'"),
+            ({"bogus": 1}, "unknown field 'bogus'"),
+            ({"hparams": {"lr": -1}}, "lr must be a finite number >= 0"),
+        ]
+        for body, message in refusals:
+            code, error = await fails(
+                jp_fetch,
+                "api",
+                "jobs",
+                job.id,
+                "fork",
+                method="POST",
+                body=json.dumps(body).encode(),
+            )
+            assert code == 400 and message in error["message"], (body, error)
+        code, error = await fails(
+            jp_fetch, "api", "jobs", spin_job.id, "fork", method="POST", body=b"{}"
+        )
+        assert code == 400 and "has no checkpoint_dir" in error["message"]
+    finally:
+        for one in await asyncio.to_thread(job.forks):
+            await asyncio.to_thread(one.stop)
+        await asyncio.to_thread(job.stop)

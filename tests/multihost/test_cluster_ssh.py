@@ -14,7 +14,7 @@ import clustersdk as cs
 from clustersdk import cpus
 
 from .. import workloads
-from ..helpers import Statuses, wait_for
+from ..helpers import Statuses, cli, wait_for
 from . import jobs, netbed
 from .helpers import addresses, ssh_options
 
@@ -163,6 +163,33 @@ def test_pause_suspend_and_resume_at_world_size_4_move_across_hosts(idle, uninte
     assert got.keys() == reference_losses.keys()
     for step, loss in got.items():
         assert loss == pytest.approx(reference_losses[step], abs=1e-6)
+
+
+def test_clustersdk_drain_moves_a_hosts_ranks_to_the_others_and_undrain_returns_it(
+    idle, uninterrupted4, tmp_path
+):
+    reference, reference_losses = uninterrupted4
+    job = idle.launch(
+        workloads.train_ckpt, kwargs=TRAIN, world_size=4, checkpoint_dir=str(tmp_path / "ckpt")
+    )
+    wait_for(lambda: step_reached(job, 10), timeout=120)
+    host = hosts_of(job)[-1]
+    drained = cli(
+        idle.state_dir, "drain", host, "--reason", "bed maintenance",
+        "--cluster", idle.scheduler_address,
+    )  # fmt: skip
+    try:
+        assert drained.returncode == 0, drained.stderr
+        assert drained.stdout.startswith(f"drained {host} (2 worker(s)): it takes no new ranks")
+        out = job.wait(timeout=180)
+        assert host not in hosts_of(job)  # its ranks went to the other two hosts
+        assert {s["drained"] for s in idle.slots() if s["host"] == host} == {"bed maintenance"}
+        assert_close_run(out, reference)
+        assert losses(job) == pytest.approx(reference_losses, abs=1e-6)
+        assert job.goodput["lost_steps"] == 0
+    finally:
+        idle.undrain(host)
+    assert {s["drained"] for s in idle.slots()} == {None}
 
 
 def host_named(bed, address: str):
