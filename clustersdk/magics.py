@@ -17,6 +17,7 @@
     %job console NAME                   the console of a breakpoint's pdb session
     %%job run NAME [--ranks 0,1]        run the cell on the job's ranks, ``ctx`` bound (job.run)
     %job update NAME lr=1e-4 warmup=50  change hyperparameters at one step (job.update)
+    %job fork NAME lr=5e-4              a new job from its state, which goes on (job.fork)
 
 Each takes ``--help``. They parse, call the public API and display; a mistake
 is one line (``UsageError``), never a traceback from inside clustersdk.
@@ -391,8 +392,8 @@ class ClusterMagics(Magics):
         "action",
         nargs="?",
         help=" | ".join(VERBS) + " (restart: a HELD job, from its checkpoint) | show | logs | "
-        "run | update | debug | console | stacks (where every rank is now) | history (every "
-        "metric row)",
+        "run | update | fork (a new job from its state) | debug | console | stacks (where every "
+        "rank is now) | history (every metric row)",
     )
     @argument("name", nargs="?", help="the job's name (see %%jobs)")
     @argument(
@@ -400,9 +401,9 @@ class ClusterMagics(Magics):
         nargs="*",
         metavar="RANK | KEY=VALUE",
         help="debug: the held rank (default: the one whose error is the cause); "
-        "update: KEY=VALUE ... (e.g. lr=1e-4 warmup=50)",
+        "update, fork: KEY=VALUE ... (e.g. lr=1e-4 warmup=50)",
     )
-    @argument("--world-size", type=int, default=None, help="resume: continue on this many ranks")
+    @argument("--world-size", type=int, default=None, help="resume, fork: on this many ranks")
     @argument("--rank", type=int, default=0, help="logs: whose output (default 0)")
     @argument("--ranks", default=None, help="run: the ranks, e.g. 0,1 (default: every rank)")
     @argument(
@@ -425,7 +426,10 @@ class ClusterMagics(Magics):
         args = parse_argstring(self.job, line)
         if _help(self.job, args):
             return None
-        actions = (*VERBS, "show", "logs", "run", "update", "debug", "console", "stacks", "history")
+        actions = (
+            *VERBS,
+            *("show", "logs", "run", "update", "fork", "debug", "console", "stacks", "history"),
+        )
         if args.action not in actions or not args.name:
             raise UsageError(
                 f"usage: %job {{{'|'.join(actions)}}} NAME (got {line.strip()!r}; %job --help)"
@@ -443,7 +447,7 @@ class ClusterMagics(Magics):
                 "line magics (%job ACTION NAME)"
             )
         rank = _held_rank(args) if args.action == "debug" else None
-        if args.rest and args.action not in ("update", "debug"):
+        if args.rest and args.action not in ("update", "fork", "debug"):
             raise UsageError(
                 f"%job {args.action} NAME takes nothing after the name (got {' '.join(args.rest)})"
             )
@@ -470,10 +474,13 @@ class ClusterMagics(Magics):
                 return None
             if args.action == "history":
                 return job.history()
+            if args.action == "fork":  # the fork, shown as its dashboard
+                changes = _changes(args.rest, "fork") if args.rest else None
+                return job.fork(hparams=changes, world_size=args.world_size)
             if not callable(getattr(job, args.action, None)):
                 raise UsageError(f"this clustersdk has no Job.{args.action}() yet")
             if args.action == "update":
-                result = job.update(_changes(args.rest), timeout=args.timeout)
+                result = job.update(_changes(args.rest, "update"), timeout=args.timeout)
             elif args.action == "resume":
                 result = job.resume(world_size=args.world_size)
             elif args.action == "stop":
@@ -506,16 +513,16 @@ def _held_rank(args: Any) -> int | None:
     return int(args.rest[0])
 
 
-def _changes(items: list[str]) -> dict[str, Any]:
+def _changes(items: list[str], verb: str) -> dict[str, Any]:
     """``["lr=1e-4", "schedule=cosine"]`` -> ``{"lr": 0.0001, "schedule": "cosine"}``: values
     are Python literals (numbers, tuples, dicts), else strings."""
     if not items:
-        raise UsageError("%job update NAME needs changes, e.g. %job update NAME lr=1e-4")
+        raise UsageError(f"%job {verb} NAME needs changes, e.g. %job {verb} NAME lr=1e-4")
     out = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.isidentifier():
-            raise UsageError(f"%job update: {item!r} is not KEY=VALUE (e.g. lr=1e-4)")
+            raise UsageError(f"%job {verb}: {item!r} is not KEY=VALUE (e.g. lr=1e-4)")
         try:
             out[key] = ast.literal_eval(text)
         except (ValueError, SyntaxError):

@@ -92,6 +92,7 @@ def _examples() -> dict[str, BaseException]:
     from clustersdk.control.scheduling.slot_holds import GiveUp
     from clustersdk.hooks import HookMissingError
     from clustersdk.runtime import holds
+    from clustersdk.runtime.cloud import PollError
     from clustersdk.runtime.control_words import JobStopped, JobSuspended
     from clustersdk.runtime.inside import ReportRefused
     from clustersdk.runtime.zygote import ZygoteGone
@@ -149,6 +150,7 @@ def _examples() -> dict[str, BaseException]:
         ZygoteGone("the zygote of worker tcp://127.0.0.1:4000 died (exit code -9)"),
         InsecureClusterWarning("tcp://10.0.0.5:8786 is not encrypted"),
         RecordError("a standing cluster's name is 1-40 lower-case letters; got 'Team A'"),
+        PollError("spot/instance-action answered HTTP 500"),
         ext.BadRequestError("since must be an integer >= 0, got 'x'"),
         ext.ClusterNotFoundError("no cluster 'c9' (known: c1)"),
         ext.UpstreamError("the scheduler at tcp://10.0.0.5:8786 answered an error"),

@@ -349,6 +349,10 @@ def test_job_run_cell_magic_and_update_line_magic(idle, capsys):
         result = shell.run_cell("%job update magic-live", store_history=False)
         assert not result.success
         assert "needs changes" in capsys.readouterr().err
+        # a fork starts from a checkpoint: this job keeps none, so none is made
+        result = shell.run_cell("%job fork magic-live lr=0.02", store_history=False)
+        assert not result.success
+        assert "has no checkpoint_dir: a fork starts from one" in capsys.readouterr().err
         job.stop()
     finally:
         shell.user_ns.pop("cluster", None)

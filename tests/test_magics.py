@@ -71,7 +71,7 @@ def test_every_magic_has_help(shell, capsys, magic):
         ("%job pause no-such-job", "no job named 'no-such-job' on this cluster"),
         (
             "%job frob x",
-            "usage: %job {pause|resume|checkpoint|suspend|stop|restart|show|logs|run|update|"
+            "usage: %job {pause|resume|checkpoint|suspend|stop|restart|show|logs|run|update|fork|"
             "debug|console|stacks|history} NAME",
         ),
         ("%%distributed -n 5\npass", "world_size=5 is more than this cluster can ever hold"),

@@ -340,7 +340,9 @@ class SlurmNodes:
 
     def _forget_ended(self) -> None:
         """Worker jobs that ended by themselves (a walltime, a worker warned of it that
-        left, a node lost) leave the spec, so that the next scaling asks for new ones."""
+        left, a node lost) are forgotten, so that the next scaling asks for new ones (out
+        of ``workers`` too: dask-jobqueue may give a new job the same name, which it would
+        then take for the old one, already there)."""
         known = self._squeue()
         if known is None:
             return
@@ -350,6 +352,7 @@ class SlurmNodes:
             if job_id and state not in _ALIVE and not state.startswith("REQUEUE"):
                 logger.info("clustersdk: Slurm worker job %s ended (%s)", job_id, state or "gone")
                 self.jobqueue.worker_spec.pop(name, None)
+                self.jobqueue.workers.pop(name, None)
 
     def _pending_note(self) -> str:
         pending = self.pending()

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 LOG_TAIL = 120  # lines shown in the log panel
 RECORD_EVERY_S = 5.0  # how often a running job's record (its goodput) is read again
-LIVE = frozenset({"STARTING", "RUNNING", "HUNG", "SUSPENDING", "STOPPING", "RESTARTING"})
+ENDED = frozenset({"FINISHED", "FAILED", "STOPPED"})
 BUTTONS = (  # action, label, icon, style, tooltip
     (
         "pause",
@@ -224,7 +224,7 @@ class JobDashboard:
                     )
             # the record on a status change, and its goodput now and then while it runs
             stale = time.monotonic() - self._record_read > RECORD_EVERY_S
-            if status_seen or (stale and self.view.status in LIVE):
+            if status_seen or (stale and self.view.status not in ENDED):
                 self._refresh_record()
             if console_seen:
                 self._show_console()

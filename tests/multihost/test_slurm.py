@@ -91,7 +91,11 @@ def test_slurms_warning_before_the_walltime_moves_the_job_to_a_new_worker_job(
     )
     seen = Statuses(job)
     wait_for(lambda: step_reached(job, 3), timeout=120)
-    warned = job.info()["ranks"][1]["worker"]
+    # the newest worker job's: dask-jobqueue names the next one as it was named (the case
+    # where a forgotten job's name came back and no new job was submitted)
+    names = {w: str(i["name"]) for w, i in cluster.client.scheduler_info()["workers"].items()}
+    workers = [r["worker"] for r in job.info()["ranks"]]
+    warned = max(workers, key=lambda w: int(names[w].rsplit("-", 1)[-1]))
     slurm_job = cluster.client.run(lambda: os.environ["SLURM_JOB_ID"], workers=[warned])[warned]
     # what Slurm sends 120 s before the walltime, sent now, by Slurm, to the same process
     sent = slurm.sh("scancel", "--batch", "--signal=USR1", slurm_job)
