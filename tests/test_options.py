@@ -46,6 +46,8 @@ WIRE_ONLY = {
     "asked_world_size",
     "profile_dir",
     "skip_steps",
+    "parent",
+    "forked_at",
     "args",
     "version",
 }

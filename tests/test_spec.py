@@ -187,6 +187,8 @@ def test_to_wire_is_msgpackable_and_has_no_function():
         "args": None,
         "grace": 30.0,
         "skip_steps": None,
+        "parent": None,
+        "forked_at": None,
         "version": 1,
     }
 
