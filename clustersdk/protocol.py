@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
@@ -370,6 +371,11 @@ def what_runs(spec: Mapping[str, Any]) -> str:
 
 
 # --- the job spec ------------------------------------------------------------------------------
+def new_id() -> str:
+    """A job id: 12 hex digits."""
+    return uuid.uuid4().hex[:12]
+
+
 @dataclasses.dataclass(frozen=True)
 class WireSpec:
     """A job as the control plane and the ranks see it: every option, no Python objects.

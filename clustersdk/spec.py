@@ -9,7 +9,6 @@ import inspect
 import os
 import re
 import reprlib
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,12 +19,7 @@ from . import (
     options,
 )
 from .errors import SpecError
-from .protocol import WireSpec
-
-
-def new_id() -> str:
-    """A job id: 12 hex digits."""
-    return uuid.uuid4().hex[:12]
+from .protocol import WireSpec, new_id
 
 
 @dataclasses.dataclass

@@ -37,9 +37,8 @@ from ..errors import (
     JobTimeoutError,
     SpecError,
 )
-from ..protocol import Op, WireSpec, Word, WorkerOp
+from ..protocol import Op, WireSpec, Word, WorkerOp, new_id
 from ..security.identity import Identity
-from ..spec import new_id
 from ..status import EARLY, JobStatus
 from . import events as ev
 from . import policy
