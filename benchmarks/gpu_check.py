@@ -724,7 +724,8 @@ def section_telemetry(run: Run, sec: Section) -> None:
         after = reader.read()
     finally:
         reader.stop()
-    samples = [x for x in job.system() if fields[0] in x]
+    # (a sample taken as the rank's process ended has no rss: it is not a reading of it)
+    samples = [x for x in job.system() if all(f in x for f in fields)]
     pairs = pair_samples(samples, reader.reads, out["marks"], fields, settle=s["settle"])
     steady = [p for p in pairs if p["steady"]]
     judged = {m["name"] for m in s["phases"] if m.get("judge_util", True)}
